@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""PyTorch reference workloads for the Redline benchmark (bench/run.sh).
+
+Trains the same models as `redline train` on Fashion-MNIST on the CPU and prints ONE JSON
+line with the results on stdout (everything else goes to stderr).
+
+Workloads (--workload):
+  tutorial  the PyTorch "Quickstart" pipeline: torchvision datasets.FashionMNIST with
+            ToTensor() + Normalize((0.5,), (0.5,)) and DataLoader(batch_size, shuffle=True)
+            (num_workers=0, as in the tutorial).
+  tensor    the whole split as one pre-normalised float32 tensor (N,1,28,28); each epoch
+            draws torch.randperm(N) and slices batches of --batch-size from it.
+
+Models (--model): mlp (Flatten-Linear(784,128)-ReLU-Linear(128,10)) or cnn
+(Conv(1,32,3,p1)-ReLU-MaxPool2-Conv(32,64,3,p1)-ReLU-MaxPool2-Flatten-Linear(3136,128)-ReLU-
+Linear(128,10)). Optimiser Adam, cross-entropy loss.
+
+Timing: time.perf_counter() around each epoch's training loop only (the data pipeline is
+inside it, as it is part of training; evaluation is not). Test accuracy is measured on the
+10k test split after the last epoch.
+
+The data comes from the repository's data/fashion-mnist/ (IDX, gzipped). Nothing is ever
+downloaded: sockets are disabled for the whole run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_DATA = REPO / "data" / "fashion-mnist"
+FILES = {
+    "train_images": "train-images-idx3-ubyte.gz",
+    "train_labels": "train-labels-idx1-ubyte.gz",
+    "test_images": "t10k-images-idx3-ubyte.gz",
+    "test_labels": "t10k-labels-idx1-ubyte.gz",
+}
+
+
+def log(*a: object) -> None:
+    print(*a, file=sys.stderr, flush=True)
+
+
+def forbid_network() -> None:
+    """Make any attempt to open a network connection fail loudly."""
+
+    def _refuse(*_a: object, **_k: object) -> None:
+        raise RuntimeError("torch_mnist.py: network access attempted (it must never download)")
+
+    socket.socket.connect = _refuse  # type: ignore[assignment]
+    socket.socket.connect_ex = _refuse  # type: ignore[assignment]
+    socket.create_connection = _refuse  # type: ignore[assignment]
+    socket.getaddrinfo = _refuse  # type: ignore[assignment]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", choices=["tutorial", "tensor"], default="tensor")
+    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads(n)")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with the four IDX .gz files")
+    p.add_argument(
+        "--tv-root",
+        type=Path,
+        default=None,
+        help="torchvision root to use/prepare for the tutorial workload (ROOT/FashionMNIST/raw/); "
+        "default: a fresh temp folder, removed afterwards",
+    )
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=0,
+        help="SMOKE TESTS ONLY: train on the first N training samples (0 = all 60000)",
+    )
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def read_idx_gz(path: Path):
+    import numpy as np
+
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    magic = int.from_bytes(raw[0:4], "big")
+    ndim = magic & 0xFF
+    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    off = 4 + 4 * ndim
+    return np.frombuffer(raw, dtype=np.uint8, offset=off).reshape(dims)
+
+
+def load_tensors(data: Path, train: bool):
+    """The split as (x float32 (N,1,28,28) normalised like ToTensor+Normalize(0.5,0.5), y int64)."""
+    import torch
+
+    img = read_idx_gz(data / FILES["train_images" if train else "test_images"])
+    lab = read_idx_gz(data / FILES["train_labels" if train else "test_labels"])
+    x = torch.from_numpy(img.copy()).to(torch.float32).div_(255.0).sub_(0.5).div_(0.5).unsqueeze(1)
+    y = torch.from_numpy(lab.astype("int64"))
+    return x.contiguous(), y
+
+
+def prepare_tv_root(data: Path, root: Path) -> None:
+    """Lay out ROOT/FashionMNIST/raw/ from the repo's gz files (symlinks) and extract them with
+    torchvision's own extract_archive, so that datasets.FashionMNIST(download=False) finds them.
+    (torchvision's _check_exists looks for the *uncompressed* files.)"""
+    from torchvision.datasets.utils import extract_archive
+
+    raw = root / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for name in FILES.values():
+        link = raw / name
+        if not link.exists():
+            link.symlink_to((data / name).resolve())
+        if not (raw / name[: -len(".gz")]).exists():
+            extract_archive(str(link), str(raw), remove_finished=False)
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def build_model(kind: str):
+    from torch import nn
+
+    if kind == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(3136, 128),
+        nn.ReLU(),
+        nn.Linear(128, 10),
+    )
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    forbid_network()
+
+    import torch
+    from torch import nn
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+    tmp_root = None
+    if args.workload == "tutorial":
+        from torch.utils.data import DataLoader, Subset
+        from torchvision import datasets
+        from torchvision.transforms import Compose, Normalize, ToTensor
+
+        root = args.tv_root
+        if root is None:
+            tmp_root = tempfile.TemporaryDirectory(prefix="redline-bench-tv-")
+            root = Path(tmp_root.name)
+        prepare_tv_root(args.data, root)
+        tf = Compose([ToTensor(), Normalize((0.5,), (0.5,))])
+        train_ds = datasets.FashionMNIST(root=str(root), train=True, download=False, transform=tf)
+        test_ds = datasets.FashionMNIST(root=str(root), train=False, download=False, transform=tf)
+        if args.limit:
+            train_ds = Subset(train_ds, range(min(args.limit, len(train_ds))))
+        n_train = len(train_ds)
+        train_dl = DataLoader(train_ds, batch_size=args.batch_size, shuffle=True)
+
+        def train_batches():
+            yield from train_dl
+
+        def test_batches():
+            yield from DataLoader(test_ds, batch_size=1000)
+
+    else:
+        x_train, y_train = load_tensors(args.data, train=True)
+        x_test, y_test = load_tensors(args.data, train=False)
+        if args.limit:
+            x_train, y_train = x_train[: args.limit].contiguous(), y_train[: args.limit].contiguous()
+        n_train = x_train.shape[0]
+        bs = args.batch_size
+
+        def train_batches():
+            perm = torch.randperm(n_train)
+            for i in range(0, n_train, bs):
+                idx = perm[i : i + bs]
+                yield x_train[idx], y_train[idx]
+
+        def test_batches():
+            for i in range(0, x_test.shape[0], 1000):
+                yield x_test[i : i + 1000], y_test[i : i + 1000]
+
+    model = build_model(args.model)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    loss_fn = nn.CrossEntropyLoss()
+
+    epoch_s: list[float] = []
+    train_loss: list[float] = []
+    for epoch in range(1, args.epochs + 1):
+        model.train()
+        loss_sum = torch.zeros(())
+        steps = 0
+        t0 = time.perf_counter()
+        for xb, yb in train_batches():
+            loss = loss_fn(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            loss_sum += loss.detach()
+            steps += 1
+        dt = time.perf_counter() - t0
+        epoch_s.append(dt)
+        train_loss.append(float(loss_sum) / max(steps, 1))
+        log(f"[torch {args.workload}/{args.model} t={args.threads} b={args.batch_size}] "
+            f"epoch {epoch}: {dt:.3f} s, train loss {train_loss[-1]:.4f}")
+
+    model.eval()
+    correct = total = 0
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for xb, yb in test_batches():
+            correct += int((model(xb).argmax(1) == yb).sum())
+            total += int(yb.shape[0])
+    eval_s = time.perf_counter() - t0
+    if tmp_root is not None:
+        tmp_root.cleanup()
+
+    med = statistics.median(epoch_s)
+    out = {
+        "impl": "pytorch",
+        "workload": args.workload,
+        "model": args.model,
+        "threads": args.threads,
+        "torch_threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
+        "batch_size": args.batch_size,
+        "epochs": args.epochs,
+        "train_samples": n_train,
+        "limit": args.limit,
+        "epoch_s": [round(s, 4) for s in epoch_s],
+        "median_epoch_s": med,
+        "samples_per_s": n_train / med,
+        "train_loss": [round(v, 5) for v in train_loss],
+        "test_accuracy": correct / total,
+        "eval_s": eval_s,
+        "torch_version": torch.__version__,
+    }
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+//! The error type of `redline-core`.
+
+/// Errors raised by device selection, dtype policy and host reads.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A `--device` string that does not parse.
+    #[error("--device {spec:?}: not a device; expected `auto`, `cpu` or `cuda:N` (e.g. cuda:0)")]
+    BadDeviceSpec {
+        /// What the user wrote.
+        spec: String,
+    },
+    /// A device that this machine or this build does not have.
+    #[error("--device {requested}: {reason}\nHINT: {hint}")]
+    DeviceUnavailable {
+        /// The device asked for, as written.
+        requested: String,
+        /// What exists instead.
+        reason: String,
+        /// How to fix it.
+        hint: String,
+    },
+    /// A precision name that does not parse.
+    #[error("--precision {0:?}: expected `32` / `fp32`")]
+    BadPrecision(String),
+    /// A tensor operation failed in candle.
+    #[error("tensor operation failed: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,21 @@
+//! Redline core: the one place that talks to candle's device APIs.
+//!
+//! * [`Device`] / [`DeviceSpec`]: which accelerator a run uses (`auto | cpu | cuda:N`).
+//! * [`Precision`]: the dtype policy (one place picks parameter and compute dtypes).
+//! * [`host`]: every read of a tensor back to the host goes through here and is counted.
+//! * [`ops`]: tensor operations candle lacks or gets wrong (max-pool backward).
+//! * [`system`]: discovery of the machine's devices for `redline devices`.
+
+mod device;
+mod dtype;
+mod error;
+pub mod host;
+pub mod ops;
+pub mod system;
+
+pub use device::{Device, DeviceSpec};
+pub use dtype::Precision;
+pub use error::{Error, Result};
+
+/// Re-export of candle's tensor types so downstream crates name one version.
+pub use candle_core::{DType, Tensor};

@@ -1,0 +1,110 @@
+//! A small CNN: [Conv2d(3x3, pad 1)-ReLU-MaxPool2] blocks, Flatten, Linear-ReLU, Linear.
+//! The default is conv 1->32->64, fc 3136->128->10 (`conv1.* conv2.* fc1.* fc2.*`).
+
+use candle_core::{Module, Tensor};
+use candle_nn::{Conv2d, Conv2dConfig, Linear};
+use serde::{Deserialize, Serialize};
+
+use redline_core::ops::max_pool2d;
+
+use crate::error::{Error, Result};
+use crate::init::Initializer;
+use crate::params::Params;
+use crate::Model;
+
+/// Shape of a CNN.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CnnConfig {
+    /// Input channels (1 for greyscale).
+    pub in_channels: usize,
+    /// Input height and width (square images).
+    pub image_size: usize,
+    /// Output channels of each conv block; each block halves the spatial size.
+    pub channels: Vec<usize>,
+    /// Width of the hidden fully connected layer.
+    pub hidden: usize,
+    /// Output classes.
+    pub classes: usize,
+}
+
+impl Default for CnnConfig {
+    fn default() -> Self {
+        Self {
+            in_channels: 1,
+            image_size: 28,
+            channels: vec![32, 64],
+            hidden: 128,
+            classes: 10,
+        }
+    }
+}
+
+/// The built network.
+pub struct Cnn {
+    convs: Vec<Conv2d>,
+    fc1: Linear,
+    fc2: Linear,
+    params: Params,
+}
+
+impl Cnn {
+    /// Builds the layers with PyTorch's default initialisation.
+    pub fn new(cfg: &CnnConfig, init: &mut Initializer) -> Result<Self> {
+        let side = cfg.image_size >> cfg.channels.len();
+        if side == 0 || cfg.channels.contains(&0) || cfg.hidden == 0 || cfg.classes == 0 {
+            return Err(Error::Config(format!(
+                "CNN shape does not work: {cfg:?} (each conv block halves the image side)"
+            )));
+        }
+        let mut params = Params::new();
+        let mut convs = Vec::new();
+        let conv_cfg = Conv2dConfig {
+            padding: 1,
+            ..Default::default()
+        };
+        let mut c_in = cfg.in_channels;
+        for (i, &c_out) in cfg.channels.iter().enumerate() {
+            let (w, b) = init.layer(&[c_out, c_in, 3, 3], c_out, c_in * 9)?;
+            convs.push(Conv2d::new(
+                w.as_tensor().clone(),
+                Some(b.as_tensor().clone()),
+                conv_cfg,
+            ));
+            params.push(format!("conv{}.weight", i + 1), w)?;
+            params.push(format!("conv{}.bias", i + 1), b)?;
+            c_in = c_out;
+        }
+        let flat = c_in * side * side;
+        let (w1, b1) = init.layer(&[cfg.hidden, flat], cfg.hidden, flat)?;
+        let (w2, b2) = init.layer(&[cfg.classes, cfg.hidden], cfg.classes, cfg.hidden)?;
+        let fc1 = Linear::new(w1.as_tensor().clone(), Some(b1.as_tensor().clone()));
+        let fc2 = Linear::new(w2.as_tensor().clone(), Some(b2.as_tensor().clone()));
+        params.push("fc1.weight", w1)?;
+        params.push("fc1.bias", b1)?;
+        params.push("fc2.weight", w2)?;
+        params.push("fc2.bias", b2)?;
+        Ok(Self {
+            convs,
+            fc1,
+            fc2,
+            params,
+        })
+    }
+}
+
+impl Model for Cnn {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut h = x.clone();
+        for conv in &self.convs {
+            // (B, Cin, S, S) -> (B, Cout, S, S) -> (B, Cout, S/2, S/2)
+            h = max_pool2d(&conv.forward(&h)?.relu()?, 2)?;
+        }
+        // (B, C, s, s) -> (B, C*s*s) -> (B, hidden) -> (B, classes)
+        let h = self.fc1.forward(&h.flatten_from(1)?)?.relu()?;
+        Ok(self.fc2.forward(&h)?)
+    }
+
+    fn params(&self) -> &Params {
+        &self.params
+    }
+}

@@ -1,0 +1,72 @@
+//! Redline models: plain configs and constructors, no training logic.
+//!
+//! * [`params`]: the named parameter store (PyTorch `state_dict()` names) and safetensors I/O.
+//! * [`init`]: PyTorch's default initialisation for Linear and Conv2d.
+//! * [`mlp`], [`cnn`]: the model families; [`ModelConfig`] picks one.
+
+pub mod cnn;
+mod error;
+pub mod init;
+pub mod mlp;
+pub mod params;
+
+use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
+
+pub use cnn::{Cnn, CnnConfig};
+pub use error::{Error, Result};
+pub use mlp::{Mlp, MlpConfig};
+pub use params::Params;
+
+/// A network the trainer can fit: a forward pass over named parameters.
+pub trait Model: Send + Sync {
+    /// Logits `(B, classes)` for inputs `(B, C, H, W)`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+    /// The trainable parameters, in PyTorch `state_dict()` order.
+    fn params(&self) -> &Params;
+}
+
+/// Which model to build, with its shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum ModelConfig {
+    /// A multi-layer perceptron.
+    Mlp(MlpConfig),
+    /// A small convolutional network.
+    Cnn(CnnConfig),
+}
+
+impl ModelConfig {
+    /// The zoo's model by name: `mlp` (784-128-10) or `cnn`.
+    pub fn by_name(name: &str) -> Result<Self> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "mlp" => Ok(Self::Mlp(MlpConfig::default())),
+            "cnn" => Ok(Self::Cnn(CnnConfig::default())),
+            other => Err(Error::Config(format!(
+                "--model {other:?}: unknown model; available: mlp, cnn"
+            ))),
+        }
+    }
+
+    /// Short name for logs and run directories.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Mlp(_) => "mlp",
+            Self::Cnn(_) => "cnn",
+        }
+    }
+
+    /// Builds the model with PyTorch's default initialisation drawn from `seed`.
+    pub fn build(
+        &self,
+        device: &redline_core::Device,
+        precision: redline_core::Precision,
+        seed: u64,
+    ) -> Result<Box<dyn Model>> {
+        let mut init = init::Initializer::new(seed, device, precision);
+        Ok(match self {
+            Self::Mlp(c) => Box::new(Mlp::new(c, &mut init)?),
+            Self::Cnn(c) => Box::new(Cnn::new(c, &mut init)?),
+        })
+    }
+}

@@ -1,0 +1,86 @@
+//! Multi-layer perceptron: Flatten, then Linear-ReLU blocks, then a Linear head.
+//! The default is the tutorial's 784-128-10 (`fc1.*`, `fc2.*`).
+
+use candle_core::{Module, Tensor};
+use candle_nn::Linear;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::init::Initializer;
+use crate::params::Params;
+use crate::Model;
+
+/// Shape of an MLP.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MlpConfig {
+    /// Input features after flattening (28*28 for MNIST).
+    pub in_features: usize,
+    /// Widths of the hidden layers, each followed by ReLU.
+    pub hidden: Vec<usize>,
+    /// Output classes.
+    pub classes: usize,
+}
+
+impl Default for MlpConfig {
+    fn default() -> Self {
+        Self {
+            in_features: 784,
+            hidden: vec![128],
+            classes: 10,
+        }
+    }
+}
+
+/// The built network; layers are named `fc1`, `fc2`, ... as in PyTorch.
+pub struct Mlp {
+    layers: Vec<Linear>,
+    params: Params,
+}
+
+impl Mlp {
+    /// Builds the layers with PyTorch's default initialisation.
+    pub fn new(cfg: &MlpConfig, init: &mut Initializer) -> Result<Self> {
+        if cfg.in_features == 0 || cfg.classes == 0 || cfg.hidden.contains(&0) {
+            return Err(Error::Config(format!(
+                "MLP widths must be non-zero: {cfg:?}"
+            )));
+        }
+        let widths: Vec<usize> = std::iter::once(cfg.in_features)
+            .chain(cfg.hidden.iter().copied())
+            .chain(std::iter::once(cfg.classes))
+            .collect();
+        let mut params = Params::new();
+        let mut layers = Vec::new();
+        for (i, w) in widths.windows(2).enumerate() {
+            let (fan_in, fan_out) = (w[0], w[1]);
+            let (weight, bias) = init.layer(&[fan_out, fan_in], fan_out, fan_in)?;
+            layers.push(Linear::new(
+                weight.as_tensor().clone(),
+                Some(bias.as_tensor().clone()),
+            ));
+            params.push(format!("fc{}.weight", i + 1), weight)?;
+            params.push(format!("fc{}.bias", i + 1), bias)?;
+        }
+        Ok(Self { layers, params })
+    }
+}
+
+impl Model for Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        // (B, C, H, W) -> (B, C*H*W)
+        let mut h = x.flatten_from(1)?;
+        let last = self.layers.len().saturating_sub(1);
+        for (i, layer) in self.layers.iter().enumerate() {
+            // (B, in) -> (B, out)
+            h = layer.forward(&h)?;
+            if i < last {
+                h = h.relu()?;
+            }
+        }
+        Ok(h)
+    }
+
+    fn params(&self) -> &Params {
+        &self.params
+    }
+}

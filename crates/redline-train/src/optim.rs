@@ -1,0 +1,310 @@
+//! Optimizers with PyTorch's update rules (the single-tensor CPU code paths of
+//! `torch.optim.Adam`, `AdamW` and `SGD`), over candle variables.
+//!
+//! State (moments, momentum buffers) lives on the parameters' device and is
+//! created lazily at the first step, as PyTorch does.
+
+use candle_core::backprop::GradStore;
+use candle_core::{Tensor, Var};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Optimizer choice and hyperparameters (PyTorch's defaults).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "name", rename_all = "lowercase")]
+pub enum OptimizerConfig {
+    /// Adam; `weight_decay` is L2 added to the gradient.
+    Adam {
+        /// Learning rate.
+        lr: f64,
+        /// Coefficients of the running averages.
+        betas: (f64, f64),
+        /// Added to the denominator.
+        eps: f64,
+        /// L2 penalty.
+        weight_decay: f64,
+    },
+    /// AdamW: decoupled weight decay.
+    AdamW {
+        /// Learning rate.
+        lr: f64,
+        /// Coefficients of the running averages.
+        betas: (f64, f64),
+        /// Added to the denominator.
+        eps: f64,
+        /// Decoupled decay (PyTorch default 0.01).
+        weight_decay: f64,
+    },
+    /// Stochastic gradient descent with optional (Nesterov) momentum.
+    Sgd {
+        /// Learning rate.
+        lr: f64,
+        /// Momentum factor (0 disables the buffer).
+        momentum: f64,
+        /// Dampening for momentum.
+        dampening: f64,
+        /// Nesterov momentum (needs momentum > 0 and dampening 0).
+        nesterov: bool,
+        /// L2 penalty.
+        weight_decay: f64,
+    },
+}
+
+impl OptimizerConfig {
+    /// PyTorch's defaults for `name` (`adam`, `adamw`, `sgd`) at learning rate `lr`.
+    pub fn by_name(name: &str, lr: f64) -> Result<Self> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "adam" => Ok(Self::Adam {
+                lr,
+                betas: (0.9, 0.999),
+                eps: 1e-8,
+                weight_decay: 0.0,
+            }),
+            "adamw" => Ok(Self::AdamW {
+                lr,
+                betas: (0.9, 0.999),
+                eps: 1e-8,
+                weight_decay: 0.01,
+            }),
+            "sgd" => Ok(Self::Sgd {
+                lr,
+                momentum: 0.0,
+                dampening: 0.0,
+                nesterov: false,
+                weight_decay: 0.0,
+            }),
+            other => Err(Error::Config(format!(
+                "--optimizer {other:?}: unknown; available: adam, adamw, sgd"
+            ))),
+        }
+    }
+
+    /// The learning rate.
+    pub fn lr(&self) -> f64 {
+        match self {
+            Self::Adam { lr, .. } | Self::AdamW { lr, .. } | Self::Sgd { lr, .. } => *lr,
+        }
+    }
+
+    /// Checks ranges, then builds the optimizer over `vars`.
+    pub fn build(&self, vars: Vec<Var>) -> Result<Optimizer> {
+        let bad = |m: String| Err(Error::Config(m));
+        if !(self.lr().is_finite() && self.lr() >= 0.0) {
+            return bad(format!("--lr {}: must be a finite number >= 0", self.lr()));
+        }
+        match self {
+            Self::Adam { betas, eps, .. } | Self::AdamW { betas, eps, .. } => {
+                for b in [betas.0, betas.1] {
+                    if !(0.0..1.0).contains(&b) {
+                        return bad(format!("Adam beta {b}: must be in [0, 1)"));
+                    }
+                }
+                if *eps < 0.0 {
+                    return bad(format!("Adam eps {eps}: must be >= 0"));
+                }
+            }
+            Self::Sgd {
+                momentum,
+                dampening,
+                nesterov,
+                ..
+            } => {
+                if *momentum < 0.0 {
+                    return bad(format!("--momentum {momentum}: must be >= 0"));
+                }
+                if *nesterov && (*momentum <= 0.0 || *dampening != 0.0) {
+                    return bad("--nesterov needs --momentum > 0 and zero dampening".into());
+                }
+            }
+        }
+        Ok(Optimizer {
+            cfg: self.clone(),
+            state: vars
+                .into_iter()
+                .map(|var| Slot {
+                    var,
+                    a: None,
+                    b: None,
+                })
+                .collect(),
+            step: 0,
+        })
+    }
+}
+
+/// One parameter and its state tensors (Adam: m, v; SGD: momentum buffer, unused).
+struct Slot {
+    var: Var,
+    a: Option<Tensor>,
+    b: Option<Tensor>,
+}
+
+/// A built optimizer.
+pub struct Optimizer {
+    cfg: OptimizerConfig,
+    state: Vec<Slot>,
+    step: u64,
+}
+
+impl Optimizer {
+    /// Current learning rate.
+    pub fn lr(&self) -> f64 {
+        self.cfg.lr()
+    }
+
+    /// Steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
+    /// Applies one update from `grads`; parameters without a gradient are skipped.
+    pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+        self.step += 1;
+        let t = self.step as i32;
+        for slot in &mut self.state {
+            let Some(g) = grads.get(slot.var.as_tensor()) else {
+                continue;
+            };
+            let p = &slot.var.as_tensor().clone();
+            let new_p = match &self.cfg {
+                OptimizerConfig::Adam {
+                    lr,
+                    betas,
+                    eps,
+                    weight_decay,
+                } => {
+                    let g = if *weight_decay != 0.0 {
+                        (g + p.affine(*weight_decay, 0.0)?)?
+                    } else {
+                        g.clone()
+                    };
+                    adam_update(slot, p, &g, *lr, *betas, *eps, t)?
+                }
+                OptimizerConfig::AdamW {
+                    lr,
+                    betas,
+                    eps,
+                    weight_decay,
+                } => {
+                    let decayed = p.affine(1.0 - lr * weight_decay, 0.0)?;
+                    adam_update(slot, &decayed, g, *lr, *betas, *eps, t)?
+                }
+                OptimizerConfig::Sgd {
+                    lr,
+                    momentum,
+                    dampening,
+                    nesterov,
+                    weight_decay,
+                } => {
+                    let mut g = if *weight_decay != 0.0 {
+                        (g + p.affine(*weight_decay, 0.0)?)?
+                    } else {
+                        g.clone()
+                    };
+                    if *momentum != 0.0 {
+                        let buf = match slot.a.take() {
+                            None => g.clone(),
+                            Some(b) => {
+                                (b.affine(*momentum, 0.0)? + g.affine(1.0 - dampening, 0.0)?)?
+                            }
+                        };
+                        g = if *nesterov {
+                            (g + buf.affine(*momentum, 0.0)?)?
+                        } else {
+                            buf.clone()
+                        };
+                        slot.a = Some(buf);
+                    }
+                    (p - g.affine(*lr, 0.0)?)?
+                }
+            };
+            slot.var.set(&new_p)?;
+        }
+        Ok(())
+    }
+}
+
+/// PyTorch's Adam arithmetic: m.lerp_(g, 1-b1); v = b2 v + (1-b2) g^2;
+/// p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps).
+fn adam_update(
+    slot: &mut Slot,
+    p: &Tensor,
+    g: &Tensor,
+    lr: f64,
+    (b1, b2): (f64, f64),
+    eps: f64,
+    t: i32,
+) -> Result<Tensor> {
+    let m = match slot.a.take() {
+        None => g.affine(1.0 - b1, 0.0)?,
+        Some(m) => (&m + (g - &m)?.affine(1.0 - b1, 0.0)?)?,
+    };
+    let v = match slot.b.take() {
+        None => g.sqr()?.affine(1.0 - b2, 0.0)?,
+        Some(v) => (v.affine(b2, 0.0)? + g.sqr()?.affine(1.0 - b2, 0.0)?)?,
+    };
+    let bc1 = 1.0 - b1.powi(t);
+    let bc2_sqrt = (1.0 - b2.powi(t)).sqrt();
+    let denom = v.sqrt()?.affine(1.0 / bc2_sqrt, eps)?;
+    let new_p = (p - (&m / denom)?.affine(lr / bc1, 0.0)?)?;
+    slot.a = Some(m);
+    slot.b = Some(v);
+    Ok(new_p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    /// Minimises (x - 3)^2 from 0; each optimizer must get close.
+    fn converges(cfg: OptimizerConfig, steps: usize) -> Result<f32> {
+        let x = Var::zeros(1, DType::F32, &Device::Cpu)?;
+        let mut opt = cfg.build(vec![x.clone()])?;
+        for _ in 0..steps {
+            let loss = (x.as_tensor() - 3.0)?.sqr()?.sum_all()?;
+            opt.step(&loss.backward()?)?;
+        }
+        Ok(x.as_tensor().to_vec1::<f32>()?[0])
+    }
+
+    #[test]
+    fn all_optimizers_descend() -> Result<()> {
+        assert!((converges(OptimizerConfig::by_name("adam", 0.1)?, 300)? - 3.0).abs() < 0.05);
+        assert!((converges(OptimizerConfig::by_name("adamw", 0.1)?, 300)? - 3.0).abs() < 0.1);
+        let sgd = OptimizerConfig::Sgd {
+            lr: 0.05,
+            momentum: 0.9,
+            dampening: 0.0,
+            nesterov: true,
+            weight_decay: 0.0,
+        };
+        assert!((converges(sgd, 200)? - 3.0).abs() < 0.01);
+        Ok(())
+    }
+
+    #[test]
+    fn adam_first_step_is_lr_times_sign() -> Result<()> {
+        // With bias correction the first Adam step is lr * g/(|g| + eps').
+        let x = converges(OptimizerConfig::by_name("adam", 0.01)?, 1)?;
+        assert!((x - 0.01).abs() < 1e-6, "{x}");
+        Ok(())
+    }
+
+    #[test]
+    fn bad_settings_are_refused() {
+        assert!(OptimizerConfig::by_name("lion", 0.1).is_err());
+        let nest = OptimizerConfig::Sgd {
+            lr: 0.1,
+            momentum: 0.0,
+            dampening: 0.0,
+            nesterov: true,
+            weight_decay: 0.0,
+        };
+        assert!(nest.build(vec![]).is_err());
+        assert!(OptimizerConfig::by_name("adam", f64::NAN)
+            .and_then(|c| c.build(vec![]).map(|_| ()))
+            .is_err());
+    }
+}

@@ -1,0 +1,343 @@
+//! The trainer: fit, validate, test. Built by a by-value builder; the loop emits
+//! [`Event`]s to callbacks and reads device values only at log points.
+
+use std::time::Instant;
+
+use redline_core::{host, Device};
+use redline_data::Loader;
+use redline_models::Model;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::events::{Callback, EpochLog, Event, FitSummary, StepLog};
+use crate::loss::cross_entropy;
+use crate::optim::{Optimizer, OptimizerConfig};
+use crate::running::Running;
+
+/// Loop settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// Epochs to run.
+    pub epochs: usize,
+    /// Stop after this many optimizer steps (overrides `epochs` when reached first).
+    pub max_steps: Option<usize>,
+    /// Read the running loss back every this many steps.
+    pub log_every: usize,
+    /// Validate after each epoch when a validation loader is given.
+    pub validate: bool,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            epochs: 5,
+            max_steps: None,
+            log_every: 50,
+            validate: true,
+        }
+    }
+}
+
+/// Result of a validation or test pass.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct EvalResult {
+    /// Mean loss.
+    pub loss: f64,
+    /// Top-1 accuracy (fraction).
+    pub accuracy: f64,
+    /// Samples evaluated.
+    pub samples: usize,
+    /// Seconds taken.
+    pub seconds: f64,
+}
+
+/// Assembles a [`Trainer`].
+pub struct TrainerBuilder {
+    cfg: TrainConfig,
+    optimizer: OptimizerConfig,
+    callbacks: Vec<Box<dyn Callback>>,
+    model_name: String,
+}
+
+impl TrainerBuilder {
+    /// Loop settings.
+    pub fn config(mut self, cfg: TrainConfig) -> Self {
+        self.cfg = cfg;
+        self
+    }
+
+    /// Epochs to run.
+    pub fn epochs(mut self, epochs: usize) -> Self {
+        self.cfg.epochs = epochs;
+        self
+    }
+
+    /// Step limit.
+    pub fn max_steps(mut self, steps: Option<usize>) -> Self {
+        self.cfg.max_steps = steps;
+        self
+    }
+
+    /// Log interval in steps.
+    pub fn log_every(mut self, steps: usize) -> Self {
+        self.cfg.log_every = steps;
+        self
+    }
+
+    /// The optimizer to build over the model's parameters.
+    pub fn optimizer(mut self, optimizer: OptimizerConfig) -> Self {
+        self.optimizer = optimizer;
+        self
+    }
+
+    /// Adds an observer.
+    pub fn callback(mut self, cb: Box<dyn Callback>) -> Self {
+        self.callbacks.push(cb);
+        self
+    }
+
+    /// The model's name, for events.
+    pub fn model_name(mut self, name: impl Into<String>) -> Self {
+        self.model_name = name.into();
+        self
+    }
+
+    /// Validates the settings and builds the trainer around `model` on `device`.
+    pub fn build(self, model: Box<dyn Model>, device: Device) -> Result<Trainer> {
+        if self.cfg.log_every == 0 {
+            return Err(Error::Config("--log-every must be at least 1".into()));
+        }
+        if self.cfg.epochs == 0 && self.cfg.max_steps.is_none() {
+            return Err(Error::Config(
+                "--epochs must be at least 1 (or give --max-steps)".into(),
+            ));
+        }
+        if self.cfg.max_steps == Some(0) {
+            return Err(Error::Config("--max-steps must be at least 1".into()));
+        }
+        let optimizer = self.optimizer.build(model.params().vars())?;
+        Ok(Trainer {
+            cfg: self.cfg,
+            model,
+            optimizer,
+            callbacks: self.callbacks.into_iter().map(Some).collect(),
+            device,
+            model_name: self.model_name,
+        })
+    }
+}
+
+/// Fits a model with an optimizer, telling callbacks what happens.
+pub struct Trainer {
+    cfg: TrainConfig,
+    model: Box<dyn Model>,
+    optimizer: Optimizer,
+    callbacks: Vec<Option<Box<dyn Callback>>>,
+    device: Device,
+    model_name: String,
+}
+
+impl Trainer {
+    /// A builder with PyTorch-tutorial defaults (5 epochs, Adam 1e-3).
+    pub fn builder() -> TrainerBuilder {
+        TrainerBuilder {
+            cfg: TrainConfig::default(),
+            optimizer: OptimizerConfig::Adam {
+                lr: 1e-3,
+                betas: (0.9, 0.999),
+                eps: 1e-8,
+                weight_decay: 0.0,
+            },
+            callbacks: Vec::new(),
+            model_name: "model".into(),
+        }
+    }
+
+    /// The model being trained.
+    pub fn model(&self) -> &dyn Model {
+        self.model.as_ref()
+    }
+
+    /// Sends an event to every live callback; a failing one is reported and detached.
+    fn emit(&mut self, event: &Event<'_>) {
+        for slot in &mut self.callbacks {
+            if let Some(cb) = slot {
+                if let Err(e) = cb.on_event(event) {
+                    tracing::warn!("callback `{}` failed and was detached: {e}", cb.name());
+                    *slot = None;
+                }
+            }
+        }
+    }
+
+    /// Trains on `train`, validating on `val` after each epoch when given.
+    pub fn fit(&mut self, train: &Loader, val: Option<&Loader>) -> Result<FitSummary> {
+        let fit_start = Instant::now();
+        let reads_before = host::host_reads();
+        let steps_per_epoch = train.batches_per_epoch();
+        let planned = steps_per_epoch * self.cfg.epochs;
+        let total_steps = self.cfg.max_steps.map_or(planned, |m| {
+            if self.cfg.epochs == 0 {
+                m
+            } else {
+                m.min(planned)
+            }
+        });
+        let epochs = if self.cfg.epochs == 0 {
+            total_steps.div_ceil(steps_per_epoch.max(1))
+        } else {
+            self.cfg.epochs
+        };
+        let (name, dev) = (self.model_name.clone(), self.device.to_string());
+        self.emit(&Event::FitStart {
+            model: &name,
+            device: &dev,
+            params: self.model.params().numel(),
+            epochs,
+            steps_per_epoch,
+            total_steps,
+        });
+
+        let mut step = 0usize;
+        let mut logs = Vec::new();
+        let (mut train_s, mut eval_s_total, mut samples) = (0.0, 0.0, 0usize);
+        let candle_dev = self.device.candle().clone();
+        for epoch in 1..=epochs {
+            if step >= total_steps {
+                break;
+            }
+            self.emit(&Event::EpochStart { epoch });
+            let epoch_start = Instant::now();
+            let mut epoch_sums = Running::new(&candle_dev)?;
+            let mut window = Running::new(&candle_dev)?;
+            let mut window_start = Instant::now();
+            let mut epoch_steps = 0;
+            for batch in train.epoch(epoch - 1) {
+                let batch = batch?;
+                let logits = self.model.forward(&batch.x)?;
+                let loss = cross_entropy(&logits, &batch.y)?;
+                let grads = loss.backward()?;
+                self.optimizer.step(&grads)?;
+                epoch_sums.add(&loss, &logits, &batch.y)?;
+                window.add_loss(&loss, batch.size())?;
+
+                step += 1;
+                epoch_steps += 1;
+                self.emit(&Event::StepEnd { step, epoch });
+                if step.is_multiple_of(self.cfg.log_every) || step == total_steps {
+                    let log = self.log_point(&window, step, epoch, window_start, fit_start)?;
+                    self.emit(&Event::Log(&log));
+                    window = Running::new(&candle_dev)?;
+                    window_start = Instant::now();
+                }
+                if step >= total_steps {
+                    break;
+                }
+            }
+            let (train_loss, train_accuracy) = epoch_sums.read()?;
+            let epoch_s = epoch_start.elapsed().as_secs_f64();
+            check_finite(train_loss, step, epoch, self.optimizer.lr())?;
+            train_s += epoch_s;
+            samples += epoch_sums.samples;
+
+            let eval = match val.filter(|_| self.cfg.validate) {
+                Some(v) => {
+                    self.emit(&Event::ValidationStart { epoch });
+                    Some(self.evaluate(v)?)
+                }
+                None => None,
+            };
+            let log = EpochLog {
+                epoch,
+                train_loss,
+                train_accuracy,
+                test_loss: eval.map_or(f64::NAN, |e| e.loss),
+                test_accuracy: eval.map_or(f64::NAN, |e| e.accuracy),
+                epoch_s,
+                eval_s: eval.map_or(0.0, |e| e.seconds),
+                steps: epoch_steps,
+                samples: epoch_sums.samples,
+            };
+            eval_s_total += log.eval_s;
+            self.emit(&Event::EpochEnd(&log));
+            logs.push(log);
+        }
+        let last = logs.last();
+        let summary = FitSummary {
+            epochs: logs.len(),
+            steps: step,
+            samples,
+            train_s,
+            eval_s: eval_s_total,
+            wall_s: fit_start.elapsed().as_secs_f64(),
+            samples_per_s: if train_s > 0.0 {
+                samples as f64 / train_s
+            } else {
+                0.0
+            },
+            test_loss: last.map_or(f64::NAN, |l| l.test_loss),
+            test_accuracy: last.map_or(f64::NAN, |l| l.test_accuracy),
+            host_syncs_per_step: (host::host_reads() - reads_before) as f64 / step.max(1) as f64,
+            epochs_log: logs,
+        };
+        self.emit(&Event::FitEnd(&summary));
+        Ok(summary)
+    }
+
+    fn log_point(
+        &self,
+        window: &Running,
+        step: usize,
+        epoch: usize,
+        window_start: Instant,
+        fit_start: Instant,
+    ) -> Result<StepLog> {
+        let loss = window.read_loss()?;
+        check_finite(loss, step, epoch, self.optimizer.lr())?;
+        let secs = window_start.elapsed().as_secs_f64();
+        Ok(StepLog {
+            step,
+            epoch,
+            loss,
+            lr: self.optimizer.lr(),
+            samples_per_s: if secs > 0.0 {
+                window.samples as f64 / secs
+            } else {
+                f64::NAN
+            },
+            elapsed_s: fit_start.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Mean loss and accuracy over every batch of `loader` (no gradients kept).
+    pub fn evaluate(&self, loader: &Loader) -> Result<EvalResult> {
+        let start = Instant::now();
+        let mut sums = Running::new(self.device.candle())?;
+        for batch in loader.epoch(0) {
+            let batch = batch?;
+            let logits = self.model.forward(&batch.x)?.detach();
+            let loss = cross_entropy(&logits, &batch.y)?;
+            sums.add(&loss, &logits, &batch.y)?;
+        }
+        let (loss, accuracy) = sums.read()?;
+        Ok(EvalResult {
+            loss,
+            accuracy,
+            samples: sums.samples,
+            seconds: start.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+fn check_finite(loss: f64, step: usize, epoch: usize, lr: f64) -> Result<()> {
+    if loss.is_finite() {
+        Ok(())
+    } else {
+        Err(Error::NonFiniteLoss {
+            value: loss,
+            step,
+            epoch,
+            lr,
+        })
+    }
+}

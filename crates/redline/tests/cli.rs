@@ -1,0 +1,344 @@
+//! End-to-end tests of the `redline` binary: the golden run through the CLI,
+//! determinism, and the clear errors for bad input.
+
+// Tests may panic on unexpected values: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn redline(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_redline"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = redline(args);
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "redline {args:?} failed\nstdout:\n{so}\nstderr:\n{se}"
+    );
+    so.into_owned()
+}
+
+fn fails(args: &[&str]) -> String {
+    let out = redline(args);
+    assert!(!out.status.success(), "redline {args:?} should have failed");
+    let se = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!se.contains("panicked"), "{se}");
+    se
+}
+
+fn jsonl(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn step_losses(rows: &[serde_json::Value]) -> Vec<f64> {
+    rows.iter()
+        .filter(|r| r["kind"] == "step")
+        .map(|r| r["loss"].as_f64().unwrap())
+        .collect()
+}
+
+#[test]
+fn golden_mlp_run_through_the_cli_matches_pytorch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, metrics) = (dir.path().join("O.safetensors"), dir.path().join("M.jsonl"));
+    let init = root().join("testdata/golden/mlp_init.safetensors");
+    let stdout = ok(&[
+        "train",
+        "--model",
+        "mlp",
+        "--device",
+        "cpu",
+        "--init",
+        init.to_str().unwrap(),
+        "--no-shuffle",
+        "--max-steps",
+        "20",
+        "--batch-size",
+        "64",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-3",
+        "--save",
+        out.to_str().unwrap(),
+        "--metrics",
+        metrics.to_str().unwrap(),
+        "--log-every",
+        "1",
+    ]);
+    assert!(stdout.contains("test accuracy"), "{stdout}");
+
+    let rows = jsonl(&metrics);
+    let trace: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("testdata/golden/mlp_trace.json")).unwrap(),
+    )
+    .unwrap();
+    let want: Vec<f64> = trace["losses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let got = step_losses(&rows);
+    assert_eq!(got.len(), 20);
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() / w < 1e-5, "ours {g} PyTorch {w}");
+    }
+    for r in rows.iter().filter(|r| r["kind"] == "step") {
+        for key in ["step", "epoch", "loss", "lr", "samples_per_s", "elapsed_s"] {
+            assert!(!r[key].is_null(), "{key} missing in {r}");
+        }
+    }
+    let epoch = rows.iter().find(|r| r["kind"] == "epoch").unwrap();
+    for key in [
+        "epoch",
+        "train_loss",
+        "test_loss",
+        "test_accuracy",
+        "epoch_s",
+        "eval_s",
+    ] {
+        assert!(epoch[key].is_number(), "{key} missing in {epoch}");
+    }
+    let acc = epoch["test_accuracy"].as_f64().unwrap();
+    assert!(
+        acc > 0.5 && acc <= 1.0,
+        "20 steps should beat chance by far: {acc}"
+    );
+
+    let saved = candle_core::safetensors::load(&out, &candle_core::Device::Cpu).unwrap();
+    let want = candle_core::safetensors::load(
+        root().join("testdata/golden/mlp_final.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let mut names: Vec<_> = saved.keys().cloned().collect();
+    names.sort();
+    assert_eq!(names, ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]);
+    for (name, t) in &saved {
+        let d = (t - &want[name])
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(d < 1e-5, "{name}: max abs diff {d}");
+    }
+}
+
+#[test]
+fn same_seed_same_run_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str| {
+        let m = dir.path().join(name);
+        ok(&[
+            "train",
+            "--device",
+            "cpu",
+            "--seed",
+            "3",
+            "--max-steps",
+            "30",
+            "--log-every",
+            "1",
+            "--no-validate",
+            "--metrics",
+            m.to_str().unwrap(),
+        ]);
+        step_losses(&jsonl(&m))
+    };
+    let (a, b) = (run("a.jsonl"), run("b.jsonl"));
+    assert_eq!(a.len(), 30);
+    assert_eq!(a, b);
+    let m = dir.path().join("c.jsonl");
+    ok(&[
+        "train",
+        "--device",
+        "cpu",
+        "--seed",
+        "4",
+        "--max-steps",
+        "30",
+        "--log-every",
+        "1",
+        "--no-validate",
+        "--metrics",
+        m.to_str().unwrap(),
+    ]);
+    assert_ne!(
+        a,
+        step_losses(&jsonl(&m)),
+        "another seed must give another run"
+    );
+}
+
+#[test]
+fn torch_saved_weights_reproduce_pytorch_logits() {
+    // torch_saved_mlp.safetensors was written by safetensors.torch.save_file(model.state_dict()).
+    use redline_like::*;
+    let logits = mlp_logits(&root().join("testdata/golden/torch_saved_mlp.safetensors"));
+    let want = candle_core::safetensors::load(
+        root().join("testdata/golden/torch_saved_mlp_logits.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let d = (&logits - &want["logits"])
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(d < 1e-5, "max abs diff {d}");
+}
+
+/// The weight-loading path the CLI uses, driven from a test.
+mod redline_like {
+    use super::*;
+    pub fn mlp_logits(weights: &Path) -> candle_core::Tensor {
+        let dev = redline_core::Device::cpu();
+        let m = redline_models::ModelConfig::by_name("mlp")
+            .unwrap()
+            .build(&dev, redline_core::Precision::Fp32, 0)
+            .unwrap();
+        m.params().load_safetensors(weights).unwrap();
+        let input = candle_core::safetensors::load(
+            root().join("testdata/golden/torch_saved_mlp_logits.safetensors"),
+            dev.candle(),
+        )
+        .unwrap();
+        m.forward(&input["input"]).unwrap()
+    }
+}
+
+#[test]
+fn help_has_a_line_per_flag() {
+    let help = ok(&["train", "--help"]);
+    for flag in [
+        "--model",
+        "--data",
+        "--device",
+        "--epochs",
+        "--max-steps",
+        "--batch-size",
+        "--optimizer",
+        "--lr",
+        "--seed",
+        "--no-shuffle",
+        "--prefetch",
+        "--mean",
+        "--std",
+        "--log-every",
+        "--init",
+        "--save",
+        "--metrics",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from --help");
+    }
+}
+
+#[test]
+fn devices_lists_the_cpu() {
+    let out = ok(&["devices"]);
+    assert!(out.contains("cpu") && out.contains("GiB"), "{out}");
+}
+
+#[test]
+fn missing_gpu_is_a_clear_error() {
+    let err = fails(&["train", "--device", "cuda:3", "--max-steps", "1"]);
+    assert!(err.contains("cuda:3") && err.contains("HINT"), "{err}");
+    let err = fails(&["train", "--device", "tpu"]);
+    assert!(err.contains("expected `auto`, `cpu` or `cuda:N`"), "{err}");
+}
+
+#[test]
+fn bad_data_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = fails(&["train", "--data", dir.path().to_str().unwrap()]);
+    assert!(
+        err.contains("train-images-idx3-ubyte") && err.contains("--data"),
+        "{err}"
+    );
+
+    // A truncated gzip, then a label file whose count does not match.
+    for f in [
+        "train-images-idx3-ubyte.gz",
+        "train-labels-idx1-ubyte.gz",
+        "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte.gz",
+    ] {
+        std::fs::copy(
+            root().join("data/fashion-mnist").join(f),
+            dir.path().join(f),
+        )
+        .unwrap();
+    }
+    let lbl = dir.path().join("train-labels-idx1-ubyte.gz");
+    let bytes = std::fs::read(&lbl).unwrap();
+    std::fs::write(&lbl, &bytes[..bytes.len() / 2]).unwrap();
+    let err = fails(&[
+        "train",
+        "--data",
+        dir.path().to_str().unwrap(),
+        "--max-steps",
+        "1",
+    ]);
+    assert!(
+        err.contains("train-labels-idx1-ubyte.gz") && err.contains("gzip"),
+        "{err}"
+    );
+
+    let mut raw = vec![0u8, 0, 8, 1];
+    raw.extend_from_slice(&59_999u32.to_be_bytes());
+    raw.extend(std::iter::repeat_n(1u8, 59_999));
+    std::fs::remove_file(&lbl).unwrap();
+    std::fs::write(dir.path().join("train-labels-idx1-ubyte"), raw).unwrap();
+    let err = fails(&[
+        "train",
+        "--data",
+        dir.path().to_str().unwrap(),
+        "--max-steps",
+        "1",
+    ]);
+    assert!(err.contains("59999 labels but 60000 images"), "{err}");
+}
+
+#[test]
+fn mismatched_init_lists_the_offending_names() {
+    let init = root().join("testdata/golden/cnn_init.safetensors");
+    let err = fails(&[
+        "train",
+        "--model",
+        "mlp",
+        "--init",
+        init.to_str().unwrap(),
+        "--max-steps",
+        "1",
+    ]);
+    assert!(
+        err.contains("unexpected conv1.bias")
+            && err.contains("fc1.weight: file [128, 3136], model [128, 784]"),
+        "{err}"
+    );
+}

@@ -56,9 +56,9 @@ def sh(cmd: list[str], cwd: Path | None = None) -> str:
 
 
 def busy_builds() -> list[str]:
-    """cargo/rustc processes currently running (other than ours: we start none here)."""
+    """cargo/rustc/redline processes running now (called only while none of ours runs)."""
     out = []
-    for name in ("cargo", "rustc"):
+    for name in ("cargo", "rustc", "redline"):
         got = sh(["pgrep", "-a", "-x", name])
         for line in got.splitlines():
             parts = line.split()
@@ -96,6 +96,7 @@ class Job:
     threads: int = 0  # pytorch only
     result: dict = field(default_factory=dict)
     error: str = ""
+    busy_note: str = ""  # other heavy processes seen right before this run
 
     @property
     def name(self) -> str:
@@ -113,6 +114,27 @@ def torch_env(threads: int) -> dict[str, str]:
     else:
         env.pop("OMP_WAIT_POLICY", None)
     return env
+
+
+def wait_until_quiet(job: Job, args: argparse.Namespace) -> None:
+    """Before each run: if a build or another redline started meanwhile, wait for it to end
+    (up to --busy-wait s; not with --allow-busy) and note it in the report."""
+    seen = busy_builds()
+    if not seen:
+        return
+    job.busy_note = "; ".join(seen)
+    if args.allow_busy:
+        return
+    log(f"busy before {job.name}: {job.busy_note}; waiting up to {args.busy_wait:.0f} s")
+    t0 = time.monotonic()
+    while seen and time.monotonic() - t0 < args.busy_wait:
+        time.sleep(10)
+        seen = busy_builds()
+    if seen:
+        job.busy_note += " (still running when this run started)"
+    else:
+        job.busy_note += f" (waited {time.monotonic() - t0:.0f} s for them to end)"
+        time.sleep(5)
 
 
 def run_torch(job: Job, args: argparse.Namespace, tv_root: Path) -> None:
@@ -238,7 +260,7 @@ def header(args: argparse.Namespace, torch_ver: str, start: dict) -> list[str]:
     la = start["load"]
     builds = start["builds"]
     out = [
-        f"# Redline vs PyTorch, CPU — {dt.datetime.now().strftime('%Y-%m-%d %H:%M %Z').strip()}",
+        f"# Redline vs PyTorch, CPU — {start['when']}",
         "",
         "```",
         f"uptime:          {start['uptime']}",
@@ -249,7 +271,7 @@ def header(args: argparse.Namespace, torch_ver: str, start: dict) -> list[str]:
         f"redline binary:  {args.redline_bin}  {redline_ver}",
         f"torch:           {torch_ver}",
         f"python:          {args.python}",
-        f"cargo/rustc running at start: {'; '.join(builds) if builds else 'none'}",
+        f"cargo/rustc/redline running at start: {'; '.join(builds) if builds else 'none'}",
         f"command:         {' '.join(shlex.quote(a) for a in sys.argv)}",
         "```",
     ]
@@ -337,6 +359,11 @@ def report(args: argparse.Namespace, jobs: list[Job], torch_ver: str, start: dic
             f"{fmt_s(r['median_epoch_s'])} | {r['samples_per_s']:,.0f} | {r['test_accuracy'] * 100:.2f}% | {last_loss} |"
         )
 
+    noisy = [j for j in jobs if j.busy_note]
+    if noisy:
+        out += ["", "## Busy machine", "", "Other heavy processes were seen right before these runs:", ""]
+        out += [f"- {j.label} {j.name}: {j.busy_note}" for j in noisy]
+
     errors = [j for j in jobs if j.error]
     if errors:
         out += ["", "## Failures", ""]
@@ -378,7 +405,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="SMOKE TESTS ONLY: PyTorch trains on the first N samples")
     p.add_argument("--pause", type=float, default=2.0, help="seconds of rest between runs")
     p.add_argument("--allow-busy", action="store_true",
-                   help="run even if cargo/rustc processes are running (numbers will be noisy)")
+                   help="run even if cargo/rustc/redline processes are running (numbers will be noisy)")
+    p.add_argument("--busy-wait", type=float, default=600.0,
+                   help="if a build starts mid-run, wait up to this many seconds before the next run")
     a = p.parse_args(argv)
     if a.quick:
         a.epochs = a.cnn_epochs = 1
@@ -418,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     builds = busy_builds()
     if builds and not args.allow_busy:
-        log("refusing to benchmark while a build runs (use --allow-busy to override):\n  " + "\n  ".join(builds))
+        log("refusing to benchmark while a build (or another redline) runs (use --allow-busy to override):\n  " + "\n  ".join(builds))
         return 3
     if not args.skip_redline and not os.access(args.redline_bin, os.X_OK):
         log(f"no executable redline binary at {args.redline_bin} (cargo build --release, or --skip-redline)")
@@ -428,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch_ver:
         log(f"{args.python} cannot import torch + torchvision")
         return 2
-    start = {"uptime": sh(["uptime"]), "load": loadavg(), "builds": builds}
+    start = {"uptime": sh(["uptime"]), "load": loadavg(), "builds": builds,
+             "when": dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")}
     log(f"uptime: {start['uptime']}\n{torch_ver}")
 
     jobs = plan(args)
@@ -438,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, job in enumerate(jobs):
             if i and args.pause:
                 time.sleep(args.pause)
+            wait_until_quiet(job, args)
             if job.impl == "redline":
                 run_redline(job, args, workdir)
             else:

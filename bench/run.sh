@@ -8,7 +8,7 @@
 #    $HOME/.venvs/redline-bench; created with `python3 -m venv` + `pip install torch torchvision numpy`
 #    if `import torch, torchvision, numpy` fails there; extra pip flags via $REDLINE_BENCH_PIP_ARGS),
 # 2. builds Redline (`cargo build --release`) unless --no-build,
-# 3. runs bench/compare.py (refuses to start while cargo/rustc run), prints the markdown report
+# 3. runs bench/compare.py (refuses to start while cargo/rustc/redline run), prints the markdown report
 #    and saves it as bench/results/<date>-<host>-cpu.md (--quick runs are not saved unless --out).
 set -euo pipefail
 
@@ -29,7 +29,7 @@ while [[ $# -gt 0 ]]; do
     --out=*) out="${1#--out=}" ;;
     --quick) quick=1; pass+=("$1") ;;
     -h|--help)
-      sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
       echo
       echo "compare.py flags:"
       exec python3 "$here/compare.py" --help ;;
@@ -56,7 +56,11 @@ fi
 if [[ $build -eq 1 ]]; then
   echo ">>> cargo build --release" >&2
   (cd "$repo" && cargo build --release) >&2
-  sleep 5  # let the machine settle after the build
+  # let the machine settle after the build: wait (up to 120 s) for the 1-min load average < 0.5
+  for _ in $(seq 1 24); do
+    sleep 5
+    awk '{ exit !($1 < 0.5) }' /proc/loadavg 2>/dev/null && break
+  done
 fi
 
 # --- 3. run and report --------------------------------------------------------------------------

@@ -342,3 +342,23 @@ fn mismatched_init_lists_the_offending_names() {
         "{err}"
     );
 }
+
+#[test]
+fn diverging_loss_stops_with_a_hint() {
+    let err = fails(&[
+        "train",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "1e30",
+        "--max-steps",
+        "20",
+        "--log-every",
+        "1",
+        "--no-validate",
+    ]);
+    assert!(
+        err.contains("loss became") && err.contains("HINT: lower --lr"),
+        "{err}"
+    );
+}

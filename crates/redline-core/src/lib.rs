@@ -4,6 +4,7 @@
 //! * [`Precision`]: the dtype policy (one place picks parameter and compute dtypes).
 //! * [`host`]: every read of a tensor back to the host goes through here and is counted.
 //! * [`ops`]: tensor operations candle lacks or gets wrong (max-pool backward).
+//! * [`threads`]: the process's one thread policy (compute threads = free cores).
 //! * [`system`]: discovery of the machine's devices for `redline devices`.
 
 mod device;
@@ -12,6 +13,7 @@ mod error;
 pub mod host;
 pub mod ops;
 pub mod system;
+pub mod threads;
 
 pub use device::{Device, DeviceSpec};
 pub use dtype::Precision;

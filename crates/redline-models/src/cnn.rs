@@ -2,10 +2,10 @@
 //! The default is conv 1->32->64, fc 3136->128->10 (`conv1.* conv2.* fc1.* fc2.*`).
 
 use candle_core::{Module, Tensor};
-use candle_nn::{Conv2d, Conv2dConfig, Linear};
+use candle_nn::Linear;
 use serde::{Deserialize, Serialize};
 
-use redline_core::ops::max_pool2d;
+use redline_core::ops::{conv2d, max_pool2d};
 
 use crate::error::{Error, Result};
 use crate::init::Initializer;
@@ -41,7 +41,8 @@ impl Default for CnnConfig {
 
 /// The built network.
 pub struct Cnn {
-    convs: Vec<Conv2d>,
+    /// (weight (Cout, Cin, 3, 3), bias (Cout)) of each conv block.
+    convs: Vec<(Tensor, Tensor)>,
     fc1: Linear,
     fc2: Linear,
     params: Params,
@@ -58,18 +59,10 @@ impl Cnn {
         }
         let mut params = Params::new();
         let mut convs = Vec::new();
-        let conv_cfg = Conv2dConfig {
-            padding: 1,
-            ..Default::default()
-        };
         let mut c_in = cfg.in_channels;
         for (i, &c_out) in cfg.channels.iter().enumerate() {
             let (w, b) = init.layer(&[c_out, c_in, 3, 3], c_out, c_in * 9)?;
-            convs.push(Conv2d::new(
-                w.as_tensor().clone(),
-                Some(b.as_tensor().clone()),
-                conv_cfg,
-            ));
+            convs.push((w.as_tensor().clone(), b.as_tensor().clone()));
             params.push(format!("conv{}.weight", i + 1), w)?;
             params.push(format!("conv{}.bias", i + 1), b)?;
             c_in = c_out;
@@ -95,9 +88,9 @@ impl Cnn {
 impl Model for Cnn {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut h = x.clone();
-        for conv in &self.convs {
+        for (w, b) in &self.convs {
             // (B, Cin, S, S) -> (B, Cout, S, S) -> (B, Cout, S/2, S/2)
-            h = max_pool2d(&conv.forward(&h)?.relu()?, 2)?;
+            h = max_pool2d(&conv2d(&h, w, b, 1)?.relu()?, 2)?;
         }
         // (B, C, s, s) -> (B, C*s*s) -> (B, hidden) -> (B, classes)
         let h = self.fc1.forward(&h.flatten_from(1)?)?.relu()?;

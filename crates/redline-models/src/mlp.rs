@@ -1,8 +1,8 @@
 //! Multi-layer perceptron: Flatten, then Linear-ReLU blocks, then a Linear head.
 //! The default is the tutorial's 784-128-10 (`fc1.*`, `fc2.*`).
 
-use candle_core::{Module, Tensor};
-use candle_nn::Linear;
+use candle_core::Tensor;
+use redline_core::ops::linear;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -33,7 +33,8 @@ impl Default for MlpConfig {
 
 /// The built network; layers are named `fc1`, `fc2`, ... as in PyTorch.
 pub struct Mlp {
-    layers: Vec<Linear>,
+    /// (weight (out, in), bias (out)) per layer, sharing storage with `params`.
+    layers: Vec<(Tensor, Tensor)>,
     params: Params,
 }
 
@@ -54,10 +55,7 @@ impl Mlp {
         for (i, w) in widths.windows(2).enumerate() {
             let (fan_in, fan_out) = (w[0], w[1]);
             let (weight, bias) = init.layer(&[fan_out, fan_in], fan_out, fan_in)?;
-            layers.push(Linear::new(
-                weight.as_tensor().clone(),
-                Some(bias.as_tensor().clone()),
-            ));
+            layers.push((weight.as_tensor().clone(), bias.as_tensor().clone()));
             params.push(format!("fc{}.weight", i + 1), weight)?;
             params.push(format!("fc{}.bias", i + 1), bias)?;
         }
@@ -70,12 +68,9 @@ impl Model for Mlp {
         // (B, C, H, W) -> (B, C*H*W)
         let mut h = x.flatten_from(1)?;
         let last = self.layers.len().saturating_sub(1);
-        for (i, layer) in self.layers.iter().enumerate() {
-            // (B, in) -> (B, out)
-            h = layer.forward(&h)?;
-            if i < last {
-                h = h.relu()?;
-            }
+        for (i, (w, b)) in self.layers.iter().enumerate() {
+            // (B, in) -> (B, out), bias and ReLU fused into the GEMM's output pass
+            h = linear(&h, w, b, i < last)?;
         }
         Ok(h)
     }

@@ -18,8 +18,21 @@ fn main() -> anyhow::Result<()> {
     let max_steps: usize = args.get(3).map_or(Ok(usize::MAX), |s| s.parse())?;
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/fashion-mnist");
     let dev = Device::cpu();
-    let split = Split::load(&dir, SplitKind::Train, 10, Normalize::default(), dev.candle())?;
-    let loader = Loader::new(split, LoaderConfig { batch_size: batch, prefetch: 0, ..Default::default() })?;
+    let split = Split::load(
+        &dir,
+        SplitKind::Train,
+        10,
+        Normalize::default(),
+        dev.candle(),
+    )?;
+    let loader = Loader::new(
+        split,
+        LoaderConfig {
+            batch_size: batch,
+            prefetch: 0,
+            ..Default::default()
+        },
+    )?;
     let model = ModelConfig::by_name(model_name)?.build(&dev, Precision::Fp32, 0)?;
     let mut opt = OptimizerConfig::by_name("adam", 1e-3)?.build(model.params().vars())?;
     let mut t = [0f64; 5];
@@ -40,15 +53,25 @@ fn main() -> anyhow::Result<()> {
         let t4 = Instant::now();
         opt.step(&grads)?;
         let t5 = Instant::now();
-        for (i, d) in [t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4].iter().enumerate() {
+        for (i, d) in [t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4]
+            .iter()
+            .enumerate()
+        {
             t[i] += d.as_secs_f64();
         }
         steps += 1;
     }
     let total = start.elapsed().as_secs_f64();
-    println!("{model_name} batch {batch}: {steps} steps in {total:.3} s ({:.3} ms/step)", 1e3 * total / steps as f64);
+    println!(
+        "{model_name} batch {batch}: {steps} steps in {total:.3} s ({:.3} ms/step)",
+        1e3 * total / steps as f64
+    );
     for (n, s) in names.iter().zip(t) {
-        println!("  {n:<10} {:>8.3} ms/step {:>5.1}%", 1e3 * s / steps as f64, 100.0 * s / total);
+        println!(
+            "  {n:<10} {:>8.3} ms/step {:>5.1}%",
+            1e3 * s / steps as f64,
+            100.0 * s / total
+        );
     }
     Ok(())
 }

@@ -8,6 +8,8 @@ use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
 use serde::{Deserialize, Serialize};
 
+use redline_core::ops::optim::{adam_step, sgd_step, AdamStep, SgdStep, SlotState};
+
 use crate::error::{Error, Result};
 
 /// Optimizer choice and hyperparameters (PyTorch's defaults).
@@ -124,6 +126,7 @@ impl OptimizerConfig {
                 .into_iter()
                 .map(|var| Slot {
                     var,
+                    fused: SlotState::default(),
                     a: None,
                     b: None,
                 })
@@ -133,9 +136,11 @@ impl OptimizerConfig {
     }
 }
 
-/// One parameter and its state tensors (Adam: m, v; SGD: momentum buffer, unused).
+/// One parameter and its state: host vectors for the fused CPU kernel, or
+/// tensors (Adam: m, v; SGD: momentum buffer) for the generic path.
 struct Slot {
     var: Var,
+    fused: SlotState,
     a: Option<Tensor>,
     b: Option<Tensor>,
 }
@@ -159,36 +164,39 @@ impl Optimizer {
     }
 
     /// Applies one update from `grads`; parameters without a gradient are skipped.
+    /// The fused in-place kernel runs where it covers the device; otherwise the
+    /// generic tensor path (same arithmetic) does.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
         self.step += 1;
-        let t = self.step as i32;
+        let t = self.step;
         for slot in &mut self.state {
             let Some(g) = grads.get(slot.var.as_tensor()) else {
                 continue;
             };
-            let p = &slot.var.as_tensor().clone();
-            let new_p = match &self.cfg {
+            let p = slot.var.as_tensor();
+            let fused = match &self.cfg {
                 OptimizerConfig::Adam {
                     lr,
                     betas,
                     eps,
                     weight_decay,
-                } => {
-                    let g = if *weight_decay != 0.0 {
-                        (g + p.affine(*weight_decay, 0.0)?)?
-                    } else {
-                        g.clone()
-                    };
-                    adam_update(slot, p, &g, *lr, *betas, *eps, t)?
                 }
-                OptimizerConfig::AdamW {
+                | OptimizerConfig::AdamW {
                     lr,
                     betas,
                     eps,
                     weight_decay,
                 } => {
-                    let decayed = p.affine(1.0 - lr * weight_decay, 0.0)?;
-                    adam_update(slot, &decayed, g, *lr, *betas, *eps, t)?
+                    let decoupled = matches!(self.cfg, OptimizerConfig::AdamW { .. });
+                    let hp = AdamStep {
+                        lr: *lr,
+                        betas: *betas,
+                        eps: *eps,
+                        weight_decay: *weight_decay,
+                        decoupled,
+                        step: t,
+                    };
+                    adam_step(p, g, &mut slot.fused, hp)?
                 }
                 OptimizerConfig::Sgd {
                     lr,
@@ -197,32 +205,86 @@ impl Optimizer {
                     nesterov,
                     weight_decay,
                 } => {
-                    let mut g = if *weight_decay != 0.0 {
-                        (g + p.affine(*weight_decay, 0.0)?)?
-                    } else {
-                        g.clone()
+                    let hp = SgdStep {
+                        lr: *lr,
+                        momentum: *momentum,
+                        dampening: *dampening,
+                        nesterov: *nesterov,
+                        weight_decay: *weight_decay,
                     };
-                    if *momentum != 0.0 {
-                        let buf = match slot.a.take() {
-                            None => g.clone(),
-                            Some(b) => {
-                                (b.affine(*momentum, 0.0)? + g.affine(1.0 - dampening, 0.0)?)?
-                            }
-                        };
-                        g = if *nesterov {
-                            (g + buf.affine(*momentum, 0.0)?)?
-                        } else {
-                            buf.clone()
-                        };
-                        slot.a = Some(buf);
-                    }
-                    (p - g.affine(*lr, 0.0)?)?
+                    sgd_step(p, g, &mut slot.fused, hp)?
                 }
             };
-            slot.var.set(&new_p)?;
+            if !fused {
+                // candle leaves variables' gradients attached to the step's graph;
+                // state built from them would chain every step's activations together.
+                let g = g.detach();
+                let new_p = generic_update(&self.cfg, slot, &p.detach(), &g, t as i32)?;
+                slot.var.set(&new_p)?;
+            }
         }
         Ok(())
     }
+}
+
+/// The update from candle tensor ops, for devices the fused kernel does not cover.
+fn generic_update(
+    cfg: &OptimizerConfig,
+    slot: &mut Slot,
+    p: &Tensor,
+    g: &Tensor,
+    t: i32,
+) -> Result<Tensor> {
+    Ok(match cfg {
+        OptimizerConfig::Adam {
+            lr,
+            betas,
+            eps,
+            weight_decay,
+        } => {
+            let g = if *weight_decay != 0.0 {
+                (g + p.affine(*weight_decay, 0.0)?)?
+            } else {
+                g.clone()
+            };
+            adam_update(slot, p, &g, *lr, *betas, *eps, t)?
+        }
+        OptimizerConfig::AdamW {
+            lr,
+            betas,
+            eps,
+            weight_decay,
+        } => {
+            let decayed = p.affine(1.0 - lr * weight_decay, 0.0)?;
+            adam_update(slot, &decayed, g, *lr, *betas, *eps, t)?
+        }
+        OptimizerConfig::Sgd {
+            lr,
+            momentum,
+            dampening,
+            nesterov,
+            weight_decay,
+        } => {
+            let mut g = if *weight_decay != 0.0 {
+                (g + p.affine(*weight_decay, 0.0)?)?
+            } else {
+                g.clone()
+            };
+            if *momentum != 0.0 {
+                let buf = match slot.a.take() {
+                    None => g.clone(),
+                    Some(b) => (b.affine(*momentum, 0.0)? + g.affine(1.0 - dampening, 0.0)?)?,
+                };
+                g = if *nesterov {
+                    (g + buf.affine(*momentum, 0.0)?)?
+                } else {
+                    buf.clone()
+                };
+                slot.a = Some(buf);
+            }
+            (p - g.affine(*lr, 0.0)?)?
+        }
+    })
 }
 
 /// PyTorch's Adam arithmetic: m.lerp_(g, 1-b1); v = b2 v + (1-b2) g^2;
@@ -289,6 +351,39 @@ mod tests {
         // With bias correction the first Adam step is lr * g/(|g| + eps').
         let x = converges(OptimizerConfig::by_name("adam", 0.01)?, 1)?;
         assert!((x - 0.01).abs() < 1e-6, "{x}");
+        Ok(())
+    }
+
+    #[test]
+    fn generic_path_state_holds_no_graph() -> Result<()> {
+        // f64 parameters take the generic (tensor-op) path. The gradient of `w`
+        // flows through an activation, so candle hands it over still attached
+        // to the forward graph; the optimizer state must not keep that graph.
+        for name in ["adam", "adamw", "sgd"] {
+            let w = Var::new(&[0.5f64, -1.5, 2.0], &Device::Cpu)?;
+            let mut cfg = OptimizerConfig::by_name(name, 0.1)?;
+            if let OptimizerConfig::Sgd { momentum, .. } = &mut cfg {
+                *momentum = 0.9;
+            }
+            let mut opt = cfg.build(vec![w.clone()])?;
+            for _ in 0..3 {
+                let act = w.as_tensor().affine(2.0, 0.0)?.tanh()?;
+                let loss = (act * w.as_tensor())?.sum_all()?;
+                opt.step(&loss.backward()?)?;
+            }
+            for slot in &opt.state {
+                for t in [&slot.a, &slot.b].into_iter().flatten() {
+                    assert!(
+                        !t.track_op(),
+                        "{name}: optimizer state keeps a backprop graph"
+                    );
+                }
+                assert!(
+                    slot.fused.a.is_empty(),
+                    "{name}: f64 must take the generic path"
+                );
+            }
+        }
         Ok(())
     }
 

@@ -100,6 +100,9 @@ pub struct TrainArgs {
     /// Save the trained weights here (safetensors with PyTorch names).
     #[arg(long, value_name = "FILE")]
     pub save: Option<PathBuf>,
+    /// Compute threads [default: the cores not busy with other work, measured at start].
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
     /// Write metrics as JSON lines here.
     #[arg(long, value_name = "FILE")]
     pub metrics: Option<PathBuf>,

@@ -79,6 +79,10 @@ fn optimizer(args: &TrainArgs) -> anyhow::Result<OptimizerConfig> {
 
 /// Runs `redline train`.
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
+    if args.threads == Some(0) {
+        bail!("--threads must be at least 1");
+    }
+    let threads = redline_core::threads::configure(args.threads);
     let spec: DeviceSpec = args.device.parse()?;
     let device = Device::resolve(spec)?;
     let model_cfg = ModelConfig::by_name(&args.model)?;
@@ -143,10 +147,11 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         model.params().load_safetensors(init).context("--init")?;
     }
     println!(
-        "redline: {} ({} params) on {}, data {} ({} train / {} test), {} batch {}, lr {}",
+        "redline: {} ({} params) on {} ({} compute threads), data {} ({} train / {} test), {} batch {}, lr {}",
         model_cfg.name(),
         model.params().numel(),
         device,
+        threads,
         data_dir.display(),
         train_loader.len(),
         test_loader.as_ref().map_or(0, |l| l.len()),

@@ -1,0 +1,573 @@
+//! 2-D convolution (stride 1, zero padding, bias) with a fused CPU kernel.
+//!
+//! candle 0.11's CPU conv2d backward runs a conv-transpose for the input
+//! gradient and a conv over transposed tensors for the weight gradient; on a
+//! small CNN that is most of the step. Here the forward is im2col + GEMM per
+//! sample, and one fused backward kernel computes dW and db (GEMM of the
+//! output gradient with the im2col matrix) and, only when the input needs a
+//! gradient, dx (GEMM + col2im). Samples are split across the compute
+//! threads; each GEMM is small, so it stays on its thread.
+
+use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Tensor};
+use rayon::prelude::*;
+
+use super::gemm::{self, Mat};
+use super::slices::{f32s, fused_cpu};
+use crate::error::{Error, Result};
+
+/// 2-D convolution with bias, stride 1, dilation 1, one group: PyTorch's
+/// `F.conv2d(x, w, b, padding=padding)`.
+///
+/// `x (B, Cin, H, W)`, `w (Cout, Cin, kh, kw)`, `b (Cout)` ->
+/// `(B, Cout, H + 2p - kh + 1, W + 2p - kw + 1)`. CPU f32 tensors take the
+/// fused kernel (the input gradient is computed only when `x` is tracked);
+/// anything else takes [`conv2d_generic`].
+pub fn conv2d(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Result<Tensor> {
+    let geom = Geom::new(x, w, b, padding)?;
+    if ![x, w, b].into_iter().all(fused_cpu) {
+        return conv2d_generic(x, w, b, padding);
+    }
+    let op = Conv2dOp {
+        geom,
+        input_grad: x.track_op(),
+    };
+    Ok(x.contiguous()?
+        .apply_op3(&w.contiguous()?, &b.contiguous()?, op)?)
+}
+
+/// The same convolution from candle's own ops (what `candle_nn::Conv2d`
+/// does): runs on every device and dtype, slowly backward on the CPU.
+pub fn conv2d_generic(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Result<Tensor> {
+    let cout = w.dim(0)?;
+    let y = x.conv2d(w, padding, 1, 1, 1)?;
+    Ok(y.broadcast_add(&b.reshape((1, cout, 1, 1))?)?)
+}
+
+/// Sizes of one convolution, checked once when the op is built.
+#[derive(Debug, Clone, Copy)]
+struct Geom {
+    b: usize,
+    cin: usize,
+    h: usize,
+    w: usize,
+    cout: usize,
+    kh: usize,
+    kw: usize,
+    pad: usize,
+    oh: usize,
+    ow: usize,
+}
+
+impl Geom {
+    fn new(x: &Tensor, w: &Tensor, b: &Tensor, pad: usize) -> Result<Self> {
+        let bad = || {
+            Error::Candle(candle_core::Error::Msg(format!(
+                "conv2d: input {:?}, weight {:?}, bias {:?}, padding {pad}: expected \
+                 input (B, Cin, H, W), weight (Cout, Cin, kh, kw), bias (Cout) with \
+                 non-zero sizes and kh <= H + 2*padding, kw <= W + 2*padding",
+                x.dims(),
+                w.dims(),
+                b.dims()
+            )))
+        };
+        let (Ok((bsz, cin, h, wd)), Ok((cout, wcin, kh, kw))) = (x.dims4(), w.dims4()) else {
+            return Err(bad());
+        };
+        let sizes_ok = [cin, h, wd, cout, kh, kw].iter().all(|&n| n > 0);
+        if !sizes_ok || wcin != cin || b.dims() != [cout] || kh > h + 2 * pad || kw > wd + 2 * pad {
+            return Err(bad());
+        }
+        Ok(Self {
+            b: bsz,
+            cin,
+            h,
+            w: wd,
+            cout,
+            kh,
+            kw,
+            pad,
+            oh: h + 2 * pad - kh + 1,
+            ow: wd + 2 * pad - kw + 1,
+        })
+    }
+
+    /// Rows of the im2col matrix: `Cin * kh * kw`.
+    fn k(&self) -> usize {
+        self.cin * self.kh * self.kw
+    }
+
+    /// Output pixels per channel.
+    fn ohw(&self) -> usize {
+        self.oh * self.ow
+    }
+
+    /// Elements of one input sample.
+    fn in_len(&self) -> usize {
+        self.cin * self.h * self.w
+    }
+
+    /// Elements of one output sample.
+    fn out_len(&self) -> usize {
+        self.cout * self.ohw()
+    }
+
+    /// Samples per thread chunk.
+    fn per_chunk(&self) -> usize {
+        self.b.div_ceil(gemm::threads()).max(1)
+    }
+
+    /// Output columns `lo..hi` whose input column `ox + kx - pad` lies inside
+    /// the image, and the input column of `lo`; `None` when there are none.
+    fn col_span(&self, kx: usize) -> Option<(usize, usize, usize)> {
+        let lo = self.pad.saturating_sub(kx);
+        let hi = (self.w + self.pad).saturating_sub(kx).min(self.ow);
+        (lo < hi).then(|| (lo, hi, lo + kx - self.pad))
+    }
+
+    /// Input row of output row `oy` under kernel row `ky`, if inside the image.
+    fn in_row(&self, oy: usize, ky: usize) -> Option<usize> {
+        (oy + ky).checked_sub(self.pad).filter(|&iy| iy < self.h)
+    }
+
+    /// (input channel, kernel row, kernel column) of im2col row `r`. Rows run
+    /// `(ky, kx, ci)` with the channel fastest, as in candle's CPU conv: the
+    /// same summation order gives the same rounding, and max-pool after a
+    /// conv breaks near-ties by those last bits (the golden tests see it).
+    fn tap(&self, r: usize) -> (usize, usize, usize) {
+        (
+            r % self.cin,
+            r / (self.cin * self.kw),
+            (r / self.cin) % self.kw,
+        )
+    }
+
+    /// Weights `(Cout, Cin, kh, kw)` -> `(Cout, kh, kw, Cin)`, the im2col row
+    /// order; with `back`, the inverse.
+    fn permute_taps(&self, w: &[f32], back: bool) -> Vec<f32> {
+        let (k, kk) = (self.k(), self.kh * self.kw);
+        let mut out = vec![0f32; w.len()];
+        for (o, i) in out.chunks_mut(k).zip(w.chunks(k)) {
+            for (r, &v) in i.iter().enumerate() {
+                // r indexes (ci, ky, kx); j the same tap in (ky, kx, ci).
+                let j = (r % kk) * self.cin + r / kk;
+                if back {
+                    o[r] = i[j];
+                } else {
+                    o[j] = v;
+                }
+            }
+        }
+        out
+    }
+
+    /// One sample's `(Cin, H, W)` input as the `(kh*kw*Cin, oh*ow)` matrix
+    /// whose column is the receptive field of one output pixel (zero where
+    /// the window hangs over the padding); rows in [`Geom::tap`] order.
+    fn im2col(&self, x: &[f32], cols: &mut [f32]) {
+        let hw = self.h * self.w;
+        for (r, row) in cols.chunks_mut(self.ohw()).enumerate() {
+            let (ci, ky, kx) = self.tap(r);
+            let plane = &x[ci * hw..(ci + 1) * hw];
+            let span = self.col_span(kx);
+            for (oy, orow) in row.chunks_mut(self.ow).enumerate() {
+                match (self.in_row(oy, ky), span) {
+                    (Some(iy), Some((lo, hi, ix))) => {
+                        orow[..lo].fill(0.0);
+                        let src = &plane[iy * self.w + ix..][..hi - lo];
+                        orow[lo..hi].copy_from_slice(src);
+                        orow[hi..].fill(0.0);
+                    }
+                    _ => orow.fill(0.0),
+                }
+            }
+        }
+    }
+
+    /// The adjoint of [`Geom::im2col`]: adds each column entry back onto the
+    /// input pixel it was read from (`dx` must start zeroed).
+    fn col2im(&self, cols: &[f32], dx: &mut [f32]) {
+        let hw = self.h * self.w;
+        for (r, row) in cols.chunks(self.ohw()).enumerate() {
+            let (ci, ky, kx) = self.tap(r);
+            let Some((lo, hi, ix)) = self.col_span(kx) else {
+                continue;
+            };
+            let plane = &mut dx[ci * hw..(ci + 1) * hw];
+            for (oy, orow) in row.chunks(self.ow).enumerate() {
+                if let Some(iy) = self.in_row(oy, ky) {
+                    let dst = &mut plane[iy * self.w + ix..][..hi - lo];
+                    for (d, s) in dst.iter_mut().zip(&orow[lo..hi]) {
+                        *d += s;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Checks the operand lengths against the geometry.
+    fn check(&self, name: &str, got: &[(&str, usize, usize)]) -> candle_core::Result<()> {
+        for &(what, len, want) in got {
+            if len != want {
+                bail!("{name}: {what} has {len} elements, expected {want} for {self:?}");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `dst = [dst +] a * b`, or a candle error naming the op when the shapes
+/// disagree (they cannot once [`Geom`] checked them).
+fn gemm_or_err(
+    name: &str,
+    dst: &mut [f32],
+    a: Mat<'_>,
+    b: Mat<'_>,
+    acc: bool,
+) -> candle_core::Result<()> {
+    if !gemm::matmul(dst, a, b, acc) {
+        bail!(
+            "{name}: GEMM shapes disagree ({}x{} * {}x{})",
+            a.rows,
+            a.cols,
+            b.rows,
+            b.cols
+        )
+    }
+    Ok(())
+}
+
+/// The forward op: `(x, w, b) -> y`, all contiguous f32 on the CPU.
+struct Conv2dOp {
+    geom: Geom,
+    /// Whether `x` was tracked at forward time; if not, no dx is computed.
+    input_grad: bool,
+}
+
+impl CustomOp3 for Conv2dOp {
+    fn name(&self) -> &'static str {
+        "redline-conv2d"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (g, name) = (self.geom, self.name());
+        let (x, w, b) = (
+            f32s(s1, l1, "conv2d input")?,
+            f32s(s2, l2, "conv2d weight")?,
+            f32s(s3, l3, "conv2d bias")?,
+        );
+        g.check(
+            name,
+            &[
+                ("input", x.len(), g.b * g.in_len()),
+                ("weight", w.len(), g.cout * g.k()),
+                ("bias", b.len(), g.cout),
+            ],
+        )?;
+        let shape = Shape::from((g.b, g.cout, g.oh, g.ow));
+        let mut out = vec![0f32; g.b * g.out_len()];
+        if g.b == 0 {
+            return Ok((CpuStorage::F32(out), shape));
+        }
+        let w = g.permute_taps(w, false);
+        let w = w.as_slice();
+        let per = g.per_chunk();
+        out.par_chunks_mut(per * g.out_len())
+            .zip(x.par_chunks(per * g.in_len()))
+            .try_for_each(|(out, x)| {
+                let mut cols = vec![0f32; g.k() * g.ohw()];
+                for (y, x) in out.chunks_mut(g.out_len()).zip(x.chunks(g.in_len())) {
+                    g.im2col(x, &mut cols);
+                    // y (Cout, oh*ow) = w (Cout, K) * cols (K, oh*ow) + bias, the
+                    // bias added last as candle's conv + broadcast_add do.
+                    let (wm, cm) = (Mat::new(w, g.cout, g.k()), Mat::new(&cols, g.k(), g.ohw()));
+                    gemm_or_err(name, y, wm, cm, false)?;
+                    for (row, &bias) in y.chunks_mut(g.ohw()).zip(b) {
+                        row.iter_mut().for_each(|v| *v += bias);
+                    }
+                }
+                Ok::<(), candle_core::Error>(())
+            })?;
+        Ok((CpuStorage::F32(out), shape))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let g = self.geom;
+        let op = Conv2dBackward {
+            geom: g,
+            input_grad: self.input_grad,
+        };
+        // One flat tensor [dW | db | dx]: the kernel computes all three in one pass.
+        let flat = x.apply_op3_no_bwd(w, &grad.contiguous()?, &op)?;
+        let wlen = g.cout * g.k();
+        let dw = flat
+            .narrow(0, 0, wlen)?
+            .reshape((g.cout, g.cin, g.kh, g.kw))?;
+        let db = flat.narrow(0, wlen, g.cout)?;
+        let dx = if self.input_grad {
+            Some(
+                flat.narrow(0, wlen + g.cout, x.elem_count())?
+                    .reshape(x.shape())?,
+            )
+        } else {
+            None
+        };
+        Ok((dx, Some(dw), Some(db)))
+    }
+}
+
+/// The backward kernel: `(x, w, dy) -> [dW | db | dx]` (dx only when asked).
+struct Conv2dBackward {
+    geom: Geom,
+    input_grad: bool,
+}
+
+impl Conv2dBackward {
+    /// dW and db (as one `[dW | db]` buffer, dW in im2col row order like `w`)
+    /// of a chunk of samples, and dx of each sample into `dx` when given.
+    fn chunk(
+        &self,
+        x: &[f32],
+        w: &[f32],
+        dy: &[f32],
+        dx: Option<&mut [f32]>,
+    ) -> candle_core::Result<Vec<f32>> {
+        let (g, name) = (self.geom, self.name());
+        let wlen = g.cout * g.k();
+        let mut acc = vec![0f32; wlen + g.cout];
+        let mut cols = vec![0f32; g.k() * g.ohw()];
+        let mut dcols = vec![0f32; if dx.is_some() { g.k() * g.ohw() } else { 0 }];
+        let mut dx = dx.map(|d| d.chunks_mut(g.in_len()));
+        for (x, dy) in x.chunks(g.in_len()).zip(dy.chunks(g.out_len())) {
+            g.im2col(x, &mut cols);
+            let (dw, db) = acc.split_at_mut(wlen);
+            let dym = Mat::new(dy, g.cout, g.ohw());
+            // dW (Cout, K) += dy (Cout, oh*ow) * cols^T (oh*ow, K)
+            gemm_or_err(name, dw, dym, Mat::new(&cols, g.k(), g.ohw()).t(), true)?;
+            for (d, row) in db.iter_mut().zip(dy.chunks(g.ohw())) {
+                *d += row.iter().sum::<f32>();
+            }
+            if let Some(dx) = dx.as_mut().and_then(Iterator::next) {
+                // dcols (K, oh*ow) = w^T (K, Cout) * dy (Cout, oh*ow)
+                gemm_or_err(name, &mut dcols, Mat::new(w, g.cout, g.k()).t(), dym, false)?;
+                g.col2im(&dcols, dx);
+            }
+        }
+        Ok(acc)
+    }
+}
+
+impl CustomOp3 for Conv2dBackward {
+    fn name(&self) -> &'static str {
+        "redline-conv2d-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (g, name) = (self.geom, self.name());
+        let (x, w, dy) = (
+            f32s(s1, l1, "conv2d input")?,
+            f32s(s2, l2, "conv2d weight")?,
+            f32s(s3, l3, "conv2d output grad")?,
+        );
+        g.check(
+            name,
+            &[
+                ("input", x.len(), g.b * g.in_len()),
+                ("weight", w.len(), g.cout * g.k()),
+                ("output grad", dy.len(), g.b * g.out_len()),
+            ],
+        )?;
+        let wlen = g.cout * g.k() + g.cout;
+        let dx_len = if self.input_grad { x.len() } else { 0 };
+        let mut out = vec![0f32; wlen + dx_len];
+        let shape = Shape::from(out.len());
+        if g.b == 0 {
+            return Ok((CpuStorage::F32(out), shape));
+        }
+        let w = g.permute_taps(w, false);
+        let per = g.per_chunk();
+        let (dwb, dx) = out.split_at_mut(wlen);
+        let dx_chunks: Vec<Option<&mut [f32]>> = if self.input_grad {
+            dx.chunks_mut(per * g.in_len()).map(Some).collect()
+        } else {
+            (0..g.b.div_ceil(per)).map(|_| None).collect()
+        };
+        // Each chunk accumulates its own [dW | db]; summed below in chunk order.
+        let partials = x
+            .par_chunks(per * g.in_len())
+            .zip(dy.par_chunks(per * g.out_len()))
+            .zip(dx_chunks)
+            .map(|((x, dy), dx)| self.chunk(x, &w, dy, dx))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        for p in partials {
+            for (d, s) in dwb.iter_mut().zip(p) {
+                *d += s;
+            }
+        }
+        // dW back from the im2col row order to (Cout, Cin, kh, kw).
+        let (dw, _) = dwb.split_at_mut(g.cout * g.k());
+        let dw_std = g.permute_taps(dw, true);
+        dw.copy_from_slice(&dw_std);
+        Ok((CpuStorage::F32(out), shape))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    /// Deterministic values in [-1, 1].
+    fn data(dims: &[usize], seed: f32) -> Result<Tensor> {
+        let n: usize = dims.iter().product();
+        let v: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37 + seed).sin()).collect();
+        Ok(Tensor::from_vec(v, dims, &Device::Cpu)?)
+    }
+
+    fn max_rel_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
+        assert_eq!(a.dims(), b.dims());
+        let scale = b.abs()?.max_all()?.to_scalar::<f32>()?.max(1.0);
+        Ok((a - b)?.abs()?.max_all()?.to_scalar::<f32>()? / scale)
+    }
+
+    /// (batch, Cin, H, W, Cout, kernel, padding)
+    const SHAPES: [(usize, usize, usize, usize, usize, usize, usize); 6] = [
+        (2, 1, 6, 5, 3, 3, 1),
+        (3, 3, 7, 9, 4, 3, 0),
+        (2, 3, 8, 6, 2, 5, 1),
+        (1, 1, 5, 7, 5, 5, 0),
+        (4, 2, 4, 4, 3, 3, 2),
+        (3, 2, 3, 5, 2, 5, 2),
+    ];
+
+    #[test]
+    fn forward_matches_candle() -> Result<()> {
+        for (b, cin, h, w, cout, k, p) in SHAPES {
+            let x = data(&[b, cin, h, w], 0.0)?;
+            let wt = data(&[cout, cin, k, k], 1.0)?;
+            let bias = data(&[cout], 2.0)?;
+            let got = conv2d(&x, &wt, &bias, p)?;
+            let want = conv2d_generic(&x, &wt, &bias, p)?;
+            assert!(
+                max_rel_diff(&got, &want)? < 1e-5,
+                "shape {:?}",
+                (b, cin, h, w, cout, k, p)
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn forward_rounds_exactly_like_candle_on_the_cnn_shapes() -> Result<()> {
+        // Max-pool after the conv picks among near-equal values by their last
+        // bits; the golden tests need the same picks as candle and PyTorch.
+        for (b, cin, side, cout) in [(16, 1, 28, 32), (16, 32, 14, 64)] {
+            let x = data(&[b, cin, side, side], 0.0)?;
+            let (wt, bias) = (
+                data(&[cout, cin, 3, 3], 1.0)?.affine(0.1, 0.0)?,
+                data(&[cout], 2.0)?,
+            );
+            let got = conv2d(&x, &wt, &bias, 1)?;
+            let want = conv2d_generic(&x, &wt, &bias, 1)?;
+            assert_eq!(
+                max_rel_diff(&got, &want)?,
+                0.0,
+                "{:?}",
+                (b, cin, side, cout)
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn non_contiguous_input_is_accepted() -> Result<()> {
+        // (B, W, Cin, H) transposed to (B, Cin, H, W) is a strided view.
+        let x = data(&[2, 5, 3, 4], 0.5)?.permute((0, 2, 3, 1))?;
+        let (wt, bias) = (data(&[2, 3, 3, 3], 1.0)?, data(&[2], 2.0)?);
+        let got = conv2d(&x, &wt, &bias, 1)?;
+        assert!(max_rel_diff(&got, &conv2d_generic(&x, &wt, &bias, 1)?)? < 1e-5);
+        Ok(())
+    }
+
+    #[test]
+    fn gradients_match_candle_autograd() -> Result<()> {
+        for (b, cin, h, w, cout, k, p) in SHAPES {
+            let x = Var::from_tensor(&data(&[b, cin, h, w], 0.0)?)?;
+            let wt = Var::from_tensor(&data(&[cout, cin, k, k], 1.0)?)?;
+            let bias = Var::from_tensor(&data(&[cout], 2.0)?)?;
+            let (oh, ow) = (h + 2 * p - k + 1, w + 2 * p - k + 1);
+            // A non-uniform output gradient.
+            let r = data(&[b, cout, oh, ow], 3.0)?;
+            let run = |f: fn(&Tensor, &Tensor, &Tensor, usize) -> Result<Tensor>| -> Result<_> {
+                let y = f(x.as_tensor(), wt.as_tensor(), bias.as_tensor(), p)?;
+                let grads = (y * &r)?.sum_all()?.backward()?;
+                let get = |v: &Var| grads.get(v.as_tensor()).cloned();
+                Ok((get(&x), get(&wt), get(&bias)))
+            };
+            let got = run(conv2d)?;
+            let want = run(conv2d_generic)?;
+            for (name, ours, theirs) in [
+                ("dx", got.0, want.0),
+                ("dW", got.1, want.1),
+                ("db", got.2, want.2),
+            ] {
+                let (Some(ours), Some(theirs)) = (ours, theirs) else {
+                    panic!("{name} missing for {:?}", (b, cin, h, w, cout, k, p));
+                };
+                let d = max_rel_diff(&ours, &theirs)?;
+                assert!(
+                    d < 1e-4,
+                    "{name} differs by {d} for {:?}",
+                    (b, cin, h, w, cout, k, p)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn untracked_input_gets_no_gradient() -> Result<()> {
+        let x = data(&[2, 1, 5, 5], 0.0)?;
+        let wt = Var::from_tensor(&data(&[3, 1, 3, 3], 1.0)?)?;
+        let bias = Var::from_tensor(&data(&[3], 2.0)?)?;
+        let y = conv2d(&x, wt.as_tensor(), bias.as_tensor(), 1)?;
+        let grads = y.sqr()?.sum_all()?.backward()?;
+        assert!(grads.get(&x).is_none());
+        assert!(grads.get(wt.as_tensor()).is_some());
+        assert!(grads.get(bias.as_tensor()).is_some());
+        Ok(())
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() -> Result<()> {
+        let x = data(&[1, 2, 4, 4], 0.0)?;
+        let bias = data(&[3], 0.0)?;
+        // Channel mismatch, kernel larger than the padded image, wrong bias.
+        assert!(conv2d(&x, &data(&[3, 1, 3, 3], 0.0)?, &bias, 0).is_err());
+        assert!(conv2d(&x, &data(&[3, 2, 7, 7], 0.0)?, &bias, 1).is_err());
+        assert!(conv2d(&x, &data(&[3, 2, 3, 3], 0.0)?, &data(&[2], 0.0)?, 0).is_err());
+        Ok(())
+    }
+}

@@ -1,0 +1,284 @@
+//! Fully connected layer `y = x W^T + b`, optionally followed by ReLU, as one
+//! fused CPU kernel: the GEMM writes `y`, one pass adds the bias and clamps.
+//!
+//! The backward is one kernel too: it masks the incoming gradient by the ReLU,
+//! sums the bias gradient, runs the dW GEMM and, only when the input needs a
+//! gradient, the dx GEMM (candle's matmul backward always computes dx, which
+//! for the first layer is the data batch: wasted work every step).
+
+use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Tensor};
+
+use super::gemm::{matmul, Mat};
+use super::slices::{f32s, fused_cpu};
+use crate::error::Result;
+
+/// `x (B, in) -> (B, out)` with `w (out, in)` and `b (out)`; ReLU when `relu`.
+pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor, relu: bool) -> Result<Tensor> {
+    if !(fused_cpu(x) && fused_cpu(w) && fused_cpu(b)) {
+        let y = x.matmul(&w.t()?)?.broadcast_add(b)?;
+        return Ok(if relu { y.relu()? } else { y });
+    }
+    let op = LinearOp {
+        relu,
+        input_grad: x.track_op(),
+    };
+    Ok(x.contiguous()?
+        .apply_op3(&w.contiguous()?, &b.contiguous()?, op)?)
+}
+
+struct LinearOp {
+    relu: bool,
+    input_grad: bool,
+}
+
+fn dims(l1: &Layout, l2: &Layout, l3: &Layout) -> candle_core::Result<(usize, usize, usize)> {
+    let (bsz, fan_in) = l1.shape().dims2()?;
+    let (fan_out, fan_in2) = l2.shape().dims2()?;
+    let bias = l3.shape().dims1()?;
+    if fan_in != fan_in2 || bias != fan_out {
+        bail!(
+            "linear: input {:?}, weight {:?}, bias {:?} do not fit",
+            l1.shape(),
+            l2.shape(),
+            l3.shape()
+        )
+    }
+    Ok((bsz, fan_in, fan_out))
+}
+
+impl CustomOp3 for LinearOp {
+    fn name(&self) -> &'static str {
+        "redline-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (bsz, fan_in, fan_out) = dims(l1, l2, l3)?;
+        let (x, w, b) = (
+            f32s(s1, l1, "linear")?,
+            f32s(s2, l2, "linear")?,
+            f32s(s3, l3, "linear")?,
+        );
+        let mut y = vec![0f32; bsz * fan_out];
+        // (B, in) x (in, out) -> (B, out)
+        if !matmul(
+            &mut y,
+            Mat::new(x, bsz, fan_in),
+            Mat::new(w, fan_out, fan_in).t(),
+            false,
+        ) {
+            bail!("linear: gemm shapes do not fit")
+        }
+        for row in y.chunks_exact_mut(fan_out) {
+            for (v, bias) in row.iter_mut().zip(b) {
+                let s = *v + bias;
+                *v = if self.relu && s < 0.0 { 0.0 } else { s };
+            }
+        }
+        Ok((CpuStorage::F32(y), Shape::from((bsz, fan_out))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        y: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (bsz, fan_in) = x.dims2()?;
+        let fan_out = w.dims2()?.0;
+        let grad = grad.contiguous()?;
+        // One buffer holds [dW | db | dx]; the three results are views into it.
+        let flat = if self.relu {
+            let packed = Tensor::cat(&[&grad.flatten_all()?, &y.flatten_all()?], 0)?;
+            packed.apply_op3_no_bwd(
+                x,
+                w,
+                &LinearBwd {
+                    relu: true,
+                    input_grad: self.input_grad,
+                    bsz,
+                },
+            )?
+        } else {
+            grad.flatten_all()?.apply_op3_no_bwd(
+                x,
+                w,
+                &LinearBwd {
+                    relu: false,
+                    input_grad: self.input_grad,
+                    bsz,
+                },
+            )?
+        };
+        let nw = fan_out * fan_in;
+        let dw = flat.narrow(0, 0, nw)?.reshape((fan_out, fan_in))?;
+        let db = flat.narrow(0, nw, fan_out)?;
+        let dx = if self.input_grad {
+            Some(
+                flat.narrow(0, nw + fan_out, bsz * fan_in)?
+                    .reshape((bsz, fan_in))?,
+            )
+        } else {
+            None
+        };
+        let _ = b;
+        Ok((dx, Some(dw), Some(db)))
+    }
+}
+
+/// Backward kernel: input `g (B*out)` (or `[g | y]` with ReLU), `x`, `w`;
+/// output `[dW (out*in) | db (out) | dx (B*in) when input_grad]`.
+struct LinearBwd {
+    relu: bool,
+    input_grad: bool,
+    bsz: usize,
+}
+
+impl CustomOp3 for LinearBwd {
+    fn name(&self) -> &'static str {
+        "redline-linear-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let op = "linear backward";
+        let (packed, x, w) = (f32s(s1, l1, op)?, f32s(s2, l2, op)?, f32s(s3, l3, op)?);
+        let (fan_out, fan_in) = l3.shape().dims2()?;
+        let bsz = self.bsz;
+        let n = bsz * fan_out;
+        if packed.len() != if self.relu { 2 * n } else { n } || x.len() != bsz * fan_in {
+            bail!("{op}: gradient/input sizes do not fit")
+        }
+        let g: Vec<f32> = if self.relu {
+            let (g, y) = packed.split_at(n);
+            g.iter()
+                .zip(y)
+                .map(|(g, y)| if *y > 0.0 { *g } else { 0.0 })
+                .collect()
+        } else {
+            packed.to_vec()
+        };
+        let nw = fan_out * fan_in;
+        let total = nw + fan_out + if self.input_grad { bsz * fan_in } else { 0 };
+        let mut out = vec![0f32; total];
+        let (dw, rest) = out.split_at_mut(nw);
+        let (db, dx) = rest.split_at_mut(fan_out);
+        for row in g.chunks_exact(fan_out) {
+            for (acc, v) in db.iter_mut().zip(row) {
+                *acc += v;
+            }
+        }
+        // dW (out, in) = g^T (out, B) x (B, in)
+        let ok = matmul(
+            dw,
+            Mat::new(&g, bsz, fan_out).t(),
+            Mat::new(x, bsz, fan_in),
+            false,
+        );
+        // dx (B, in) = g (B, out) x W (out, in)
+        let ok = ok
+            && (!self.input_grad
+                || matmul(
+                    dx,
+                    Mat::new(&g, bsz, fan_out),
+                    Mat::new(w, fan_out, fan_in),
+                    false,
+                ));
+        if !ok {
+            bail!("{op}: gemm shapes do not fit")
+        }
+        Ok((CpuStorage::F32(out), Shape::from(total)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn data(n: usize, f: f32) -> Vec<f32> {
+        (0..n).map(|i| ((i as f32 + 1.0) * f).sin()).collect()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .and_then(|d| d.abs()?.max_all()?.to_scalar::<f32>())
+            .unwrap_or(f32::INFINITY)
+    }
+
+    /// Fused forward and gradients equal candle's unfused ops.
+    fn check(relu: bool, x_is_var: bool) -> Result<()> {
+        let dev = Device::Cpu;
+        let (bsz, fi, fo) = (5, 7, 3);
+        let xv = Var::from_vec(data(bsz * fi, 0.3), (bsz, fi), &dev)?;
+        let x = if x_is_var {
+            xv.as_tensor().clone()
+        } else {
+            xv.as_tensor().detach()
+        };
+        let w = Var::from_vec(data(fo * fi, 0.7), (fo, fi), &dev)?;
+        let b = Var::from_vec(data(fo, 1.1), fo, &dev)?;
+        let up = Tensor::new(data(bsz * fo, 0.9), &dev)?.reshape((bsz, fo))?;
+
+        let fused = linear(&x, w.as_tensor(), b.as_tensor(), relu)?;
+        let plain = {
+            let y = x
+                .matmul(&w.as_tensor().t()?)?
+                .broadcast_add(b.as_tensor())?;
+            if relu {
+                y.relu()?
+            } else {
+                y
+            }
+        };
+        assert!(max_diff(&fused, &plain) < 1e-6);
+        let gf = (fused * &up)?.sum_all()?.backward()?;
+        let gp = (plain * &up)?.sum_all()?.backward()?;
+        for t in [w.as_tensor(), b.as_tensor()] {
+            let (a, e) = (gf.get(t), gp.get(t));
+            assert!(a.zip(e).is_some_and(|(a, e)| max_diff(a, e) < 1e-5));
+        }
+        match (gf.get(&x), gp.get(&x)) {
+            (Some(a), Some(e)) => assert!(x_is_var && max_diff(a, e) < 1e-5),
+            (None, _) => assert!(!x_is_var, "input gradient missing"),
+            _ => unreachable!(),
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn matches_unfused_ops() -> Result<()> {
+        for relu in [false, true] {
+            for x_is_var in [false, true] {
+                check(relu, x_is_var)?;
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn shape_mismatch_is_an_error() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Tensor::zeros((2, 4), candle_core::DType::F32, &dev)?;
+        let w = Tensor::zeros((3, 5), candle_core::DType::F32, &dev)?;
+        let b = Tensor::zeros(3, candle_core::DType::F32, &dev)?;
+        assert!(linear(&x, &w, &b, false).is_err());
+        Ok(())
+    }
+}

@@ -1,0 +1,172 @@
+//! Mean softmax cross-entropy fused with its gradient (PyTorch's
+//! `F.cross_entropy(logits, targets)`), one pass per row each way.
+
+use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Shape, Tensor};
+
+use super::slices::{f32s, fused_cpu, u32s};
+use crate::error::Result;
+
+/// Mean cross-entropy of `logits (B, C)` against class indices `targets (B,)` (u32).
+/// A target `>= C` is an error, not a silent wrong answer.
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    if !fused_cpu(logits)
+        || !targets.device().is_cpu()
+        || targets.dtype() != candle_core::DType::U32
+    {
+        let logp = candle_nn_free_log_softmax(logits)?;
+        let picked = logp.gather(&targets.unsqueeze(1)?, 1)?;
+        return Ok(picked.mean_all()?.neg()?);
+    }
+    Ok(logits
+        .contiguous()?
+        .apply_op2(&targets.contiguous()?, CrossEntropy)?)
+}
+
+/// `log_softmax` over the last dim from generic ops (the fallback path).
+fn candle_nn_free_log_softmax(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(1)?.detach();
+    let shifted = x.broadcast_sub(&max)?;
+    let lse = shifted.exp()?.sum_keepdim(1)?.log()?;
+    Ok(shifted.broadcast_sub(&lse)?)
+}
+
+struct CrossEntropy;
+
+fn check(l1: &Layout, l2: &Layout) -> candle_core::Result<(usize, usize)> {
+    let (b, c) = l1.shape().dims2()?;
+    let t = l2.shape().dims1()?;
+    if t != b || c == 0 {
+        bail!(
+            "cross_entropy: logits {:?} but targets {:?}",
+            l1.shape(),
+            l2.shape()
+        )
+    }
+    Ok((b, c))
+}
+
+/// (log-sum-exp, max) of one row, in f64 for a stable, accurate sum.
+fn lse(row: &[f32]) -> (f64, f32) {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let s: f64 = row.iter().map(|v| ((v - m) as f64).exp()).sum();
+    (s.ln() + m as f64, m)
+}
+
+impl CustomOp2 for CrossEntropy {
+    fn name(&self) -> &'static str {
+        "redline-cross-entropy"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (b, c) = check(l1, l2)?;
+        let (x, t) = (
+            f32s(s1, l1, "cross_entropy")?,
+            u32s(s2, l2, "cross_entropy")?,
+        );
+        let mut total = 0f64;
+        for (row, &y) in x.chunks_exact(c).zip(t) {
+            let Some(&xy) = row.get(y as usize) else {
+                bail!("cross_entropy: target {y} is out of range for {c} classes")
+            };
+            total += lse(row).0 - xy as f64;
+        }
+        Ok((
+            CpuStorage::F32(vec![(total / b as f64) as f32]),
+            Shape::from(()),
+        ))
+    }
+
+    fn bwd(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let g = logits.apply_op3_no_bwd(targets, &grad.flatten_all()?, &CrossEntropyBwd)?;
+        Ok((Some(g), None))
+    }
+}
+
+/// `(softmax(x) - onehot(t)) * g / B` for inputs `(x, t, g)`.
+struct CrossEntropyBwd;
+
+impl CustomOp3 for CrossEntropyBwd {
+    fn name(&self) -> &'static str {
+        "redline-cross-entropy-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (b, c) = check(l1, l2)?;
+        let op = "cross_entropy backward";
+        let (x, t, g) = (f32s(s1, l1, op)?, u32s(s2, l2, op)?, f32s(s3, l3, op)?);
+        let scale = g.first().copied().unwrap_or(1.0) / b as f32;
+        let mut out = vec![0f32; b * c];
+        for ((row, o), &y) in x.chunks_exact(c).zip(out.chunks_exact_mut(c)).zip(t) {
+            let (lse, _) = lse(row);
+            for (v, d) in row.iter().zip(o.iter_mut()) {
+                *d = ((*v as f64 - lse).exp() as f32) * scale;
+            }
+            if let Some(d) = o.get_mut(y as usize) {
+                *d -= scale;
+            }
+        }
+        Ok((CpuStorage::F32(out), Shape::from((b, c))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    #[test]
+    fn matches_generic_path_value_and_gradient() -> Result<()> {
+        let dev = Device::Cpu;
+        let vals: Vec<f32> = (0..24).map(|i| ((i as f32) * 0.77).sin() * 4.0).collect();
+        let x = Var::from_vec(vals, (6, 4), &dev)?;
+        let t = Tensor::new(&[0u32, 3, 1, 2, 2, 0], &dev)?;
+        let fused = cross_entropy(x.as_tensor(), &t)?;
+        let plain = candle_nn_free_log_softmax(x.as_tensor())?
+            .gather(&t.unsqueeze(1)?, 1)?
+            .mean_all()?
+            .neg()?;
+        let (a, b) = (fused.to_scalar::<f32>()?, plain.to_scalar::<f32>()?);
+        assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        let (gf, gp) = ((fused * 3.0)?.backward()?, (plain * 3.0)?.backward()?);
+        let d = (gf
+            .get(x.as_tensor())
+            .cloned()
+            .ok_or(candle_core::Error::Msg("no grad".into()))?
+            - gp.get(x.as_tensor())
+                .cloned()
+                .ok_or(candle_core::Error::Msg("no grad".into()))?)?
+        .abs()?
+        .max_all()?
+        .to_scalar::<f32>()?;
+        assert!(d < 1e-6, "{d}");
+        Ok(())
+    }
+
+    #[test]
+    fn out_of_range_target_is_an_error() -> Result<()> {
+        let x = Tensor::zeros((2, 3), candle_core::DType::F32, &Device::Cpu)?;
+        let t = Tensor::new(&[0u32, 3], &Device::Cpu)?;
+        assert!(cross_entropy(&x, &t).is_err());
+        Ok(())
+    }
+}

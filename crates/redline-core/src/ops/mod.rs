@@ -1,0 +1,19 @@
+//! Tensor operations candle lacks, gets wrong, or runs slowly on the CPU.
+//!
+//! Each op has a fused CPU kernel (candle custom op over the storage slices,
+//! GEMMs through the `gemm` crate) and a fallback built from generic candle
+//! ops for every other device; tests hold the two against each other and the
+//! model-level golden tests hold both against PyTorch.
+
+pub mod conv;
+pub mod gemm;
+mod linear;
+mod loss;
+pub mod optim;
+pub mod pool;
+mod slices;
+
+pub use conv::conv2d;
+pub use linear::linear;
+pub use loss::cross_entropy;
+pub use pool::max_pool2d;

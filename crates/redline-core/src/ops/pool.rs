@@ -1,0 +1,364 @@
+//! Max pooling with PyTorch's gradient semantics.
+//!
+//! candle 0.11's max-pool backward scales the gradient by
+//! (number of maxima)/(k*k) instead of routing it to the maximum, so a window
+//! with one maximum passes back a quarter of its gradient (2x2). Here the
+//! first maximum of each window (row-major) receives the whole gradient, as in
+//! PyTorch: a fused CPU kernel for f32 (the backward recomputes each window's
+//! argmax from the input), and a version built from differentiable candle
+//! primitives for every other device and dtype.
+
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor, D};
+use rayon::prelude::*;
+
+use super::gemm;
+use super::slices::{f32s, fused_cpu};
+use crate::error::{Error, Result};
+
+/// Max pooling with a `k x k` window and stride `k` (PyTorch's `MaxPool2d(k)`,
+/// floor mode): `(B, C, H, W) -> (B, C, H/k, W/k)`. CPU f32 tensors take the
+/// fused kernel, anything else [`max_pool2d_generic`].
+pub fn max_pool2d(x: &Tensor, k: usize) -> Result<Tensor> {
+    check(x, k)?;
+    if fused_cpu(x) {
+        Ok(x.contiguous()?.apply_op1(MaxPool2d { k })?)
+    } else {
+        max_pool2d_generic(x, k)
+    }
+}
+
+/// Refuses a zero window and anything but a 4-D input.
+fn check(x: &Tensor, k: usize) -> Result<()> {
+    if k == 0 || x.rank() != 4 {
+        return Err(Error::Candle(candle_core::Error::Msg(format!(
+            "max_pool2d: input {:?}, window {k}: expected a (B, C, H, W) input and a window of at least 1",
+            x.dims()
+        ))));
+    }
+    Ok(())
+}
+
+/// Max pooling with a `k x k` window and stride `k` (PyTorch's `MaxPool2d(k)`,
+/// floor mode): `(B, C, H, W) -> (B, C, H/k, W/k)`. Built from generic candle
+/// ops, so it runs (and differentiates correctly) on every device.
+pub fn max_pool2d_generic(x: &Tensor, k: usize) -> Result<Tensor> {
+    check(x, k)?;
+    let (b, c, h, w) = x.dims4()?;
+    let (oh, ow) = (h / k, w / k);
+    if oh == 0 || ow == 0 {
+        // Nothing to pool (and candle's argmax refuses empty windows' rows).
+        return Ok(Tensor::zeros((b, c, oh, ow), x.dtype(), x.device())?);
+    }
+    let x = if oh * k != h || ow * k != w {
+        x.narrow(2, 0, oh * k)?.narrow(3, 0, ow * k)?
+    } else {
+        x.clone()
+    };
+    // (B, C, oh, k, ow, k) -> (B, C, oh, ow, k*k): one row per window.
+    let windows = x
+        .contiguous()?
+        .reshape((b, c, oh, k, ow, k))?
+        .permute((0, 1, 2, 4, 3, 5))?
+        .contiguous()?
+        .reshape((b, c, oh, ow, k * k))?;
+    // argmax returns the first maximum; the one-hot mask carries no gradient,
+    // so the product routes the whole window gradient to that element.
+    let first = windows.detach().argmax_keepdim(D::Minus1)?;
+    let slots = Tensor::arange(0u32, (k * k) as u32, x.device())?.reshape((1, 1, 1, 1, k * k))?;
+    let onehot = slots.broadcast_eq(&first)?.to_dtype(windows.dtype())?;
+    Ok((windows * onehot)?.sum(D::Minus1)?)
+}
+
+/// The first maximum of a 2x2 window's values in row-major order, as (value,
+/// position 0..4 as an f32). A NaN counts as a maximum, as in PyTorch's
+/// kernel (`val > max || isnan(val)`). Selects on f32 lanes only, so the row
+/// loops vectorise: where the maximum lies is random, and branching on it
+/// made the 2x2 pool cost as much as a conv.
+#[inline(always)]
+fn first_max4(v: [f32; 4]) -> (f32, f32) {
+    let (mut best, mut at) = (v[0], 0.0);
+    for (i, x) in [(1.0, v[1]), (2.0, v[2]), (3.0, v[3])] {
+        let take = (x > best) | x.is_nan();
+        best = if take { x } else { best };
+        at = if take { i } else { at };
+    }
+    (best, at)
+}
+
+/// The first maximum of each window along output row `oy` of one `(H, W)`
+/// plane, any window size: `best[ox] = (value, index in the plane)`, windows
+/// scanned in row-major order.
+fn row_argmax(plane: &[f32], w: usize, k: usize, oy: usize, best: &mut [(f32, usize)]) {
+    let (span, top) = (best.len() * k, oy * k * w);
+    for (ox, b) in best.iter_mut().enumerate() {
+        *b = (plane[top + ox * k], top + ox * k);
+    }
+    for ky in 0..k {
+        let start = top + ky * w;
+        let row = &plane[start..start + span];
+        for (ox, (win, b)) in row.chunks_exact(k).zip(best.iter_mut()).enumerate() {
+            for (kx, &v) in win.iter().enumerate() {
+                if v > b.0 || v.is_nan() {
+                    *b = (v, start + ox * k + kx);
+                }
+            }
+        }
+    }
+}
+
+/// Pools output row `oy` of one `(H, W)` plane into `out` (`ow` values).
+fn forward_row(
+    plane: &[f32],
+    w: usize,
+    k: usize,
+    oy: usize,
+    out: &mut [f32],
+    best: &mut [(f32, usize)],
+) {
+    if k == 2 {
+        let span = 2 * out.len();
+        let (r0, r1) = (
+            &plane[2 * oy * w..][..span],
+            &plane[(2 * oy + 1) * w..][..span],
+        );
+        for ((o, a), b) in out
+            .iter_mut()
+            .zip(r0.chunks_exact(2))
+            .zip(r1.chunks_exact(2))
+        {
+            *o = first_max4([a[0], a[1], b[0], b[1]]).0;
+        }
+    } else {
+        row_argmax(plane, w, k, oy, best);
+        for (o, &(v, _)) in out.iter_mut().zip(best.iter()) {
+            *o = v;
+        }
+    }
+}
+
+/// Routes output row `oy`'s gradient `dy` onto the first maxima in `dx`, the
+/// zeroed `(H, W)` gradient plane of `plane`.
+fn backward_row(
+    plane: &[f32],
+    w: usize,
+    k: usize,
+    oy: usize,
+    dy: &[f32],
+    dx: &mut [f32],
+    best: &mut [(f32, usize)],
+) {
+    if k == 2 {
+        let span = 2 * dy.len();
+        let (r0, r1) = (
+            &plane[2 * oy * w..][..span],
+            &plane[(2 * oy + 1) * w..][..span],
+        );
+        let (d0, d1) = dx[2 * oy * w..].split_at_mut(w);
+        let (d0, d1) = (&mut d0[..span], &mut d1[..span]);
+        let rows = r0.chunks_exact(2).zip(r1.chunks_exact(2));
+        let grads = d0.chunks_exact_mut(2).zip(d1.chunks_exact_mut(2));
+        for (((a, b), (da, db)), &g) in rows.zip(grads).zip(dy) {
+            // Writes all four (windows do not overlap): no branch on the position.
+            let at = first_max4([a[0], a[1], b[0], b[1]]).1;
+            let put = |i: f32| if i == at { g } else { 0.0 };
+            (da[0], da[1], db[0], db[1]) = (put(0.0), put(1.0), put(2.0), put(3.0));
+        }
+    } else {
+        row_argmax(plane, w, k, oy, best);
+        for (&g, &(_, i)) in dy.iter().zip(best.iter()) {
+            dx[i] = g;
+        }
+    }
+}
+
+/// Planes (`H x W` images) per thread chunk.
+fn planes_per_chunk(planes: usize) -> usize {
+    planes.div_ceil(gemm::threads()).max(1)
+}
+
+/// The forward op: `x (B, C, H, W) -> (B, C, H/k, W/k)`, contiguous f32 on the CPU.
+struct MaxPool2d {
+    k: usize,
+}
+
+impl CustomOp1 for MaxPool2d {
+    fn name(&self) -> &'static str {
+        "redline-max-pool2d"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = f32s(storage, layout, "max_pool2d input")?;
+        let (b, c, h, w) = layout.shape().dims4()?;
+        let (k, oh, ow) = (self.k, h / self.k, w / self.k);
+        let mut out = vec![0f32; b * c * oh * ow];
+        if out.is_empty() {
+            return Ok((CpuStorage::F32(out), Shape::from((b, c, oh, ow))));
+        }
+        let per = planes_per_chunk(b * c);
+        out.par_chunks_mut(per * oh * ow)
+            .zip(x.par_chunks(per * h * w))
+            .for_each(|(out, x)| {
+                let mut best = vec![(0f32, 0usize); ow];
+                for (out, plane) in out.chunks_mut(oh * ow).zip(x.chunks(h * w)) {
+                    for (oy, out) in out.chunks_mut(ow).enumerate() {
+                        forward_row(plane, w, k, oy, out, &mut best);
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(out), Shape::from((b, c, oh, ow))))
+    }
+
+    fn bwd(&self, x: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let dx = x.apply_op2_no_bwd(&grad.contiguous()?, &MaxPool2dBackward { k: self.k })?;
+        Ok(Some(dx))
+    }
+}
+
+/// The backward kernel: `(x, dy) -> dx`, each window's gradient on its first maximum.
+struct MaxPool2dBackward {
+    k: usize,
+}
+
+impl CustomOp2 for MaxPool2dBackward {
+    fn name(&self) -> &'static str {
+        "redline-max-pool2d-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, dy) = (
+            f32s(s1, l1, "max_pool2d input")?,
+            f32s(s2, l2, "max_pool2d output grad")?,
+        );
+        let (b, c, h, w) = l1.shape().dims4()?;
+        let (k, oh, ow) = (self.k, h / self.k, w / self.k);
+        if dy.len() != b * c * oh * ow {
+            bail!(
+                "{}: output grad has {} elements, expected {}",
+                self.name(),
+                dy.len(),
+                b * c * oh * ow
+            );
+        }
+        let mut dx = vec![0f32; x.len()];
+        if dy.is_empty() {
+            return Ok((CpuStorage::F32(dx), l1.shape().clone()));
+        }
+        let per = planes_per_chunk(b * c);
+        dx.par_chunks_mut(per * h * w)
+            .zip(x.par_chunks(per * h * w))
+            .zip(dy.par_chunks(per * oh * ow))
+            .for_each(|((dx, x), dy)| {
+                let mut best = vec![(0f32, 0usize); ow];
+                let planes = dx
+                    .chunks_mut(h * w)
+                    .zip(x.chunks(h * w))
+                    .zip(dy.chunks(oh * ow));
+                for ((dx, plane), dy) in planes {
+                    for (oy, dy) in dy.chunks(ow).enumerate() {
+                        backward_row(plane, w, k, oy, dy, dx, &mut best);
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(dx), l1.shape().clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device, Var};
+
+    #[test]
+    fn forward_matches_candle_and_gradient_goes_to_first_max() -> Result<()> {
+        // Two 2x2 windows: one with a unique max, one with a tie (3, 3).
+        let x = Var::new(&[[[[1f32, 5., 3., 3.], [2., 0., 1., 0.]]]], &Device::Cpu)?;
+        let y = max_pool2d(x.as_tensor(), 2)?;
+        assert_eq!(y.flatten_all()?.to_vec1::<f32>()?, vec![5., 3.]);
+        let candle = x.as_tensor().max_pool2d(2)?;
+        assert_eq!(candle.flatten_all()?.to_vec1::<f32>()?, vec![5., 3.]);
+        let g = (y * Tensor::new(&[[[[10f32, 20.]]]], &Device::Cpu)?)?
+            .sum_all()?
+            .backward()?;
+        let gx = g
+            .get(x.as_tensor())
+            .map(|t| t.flatten_all().and_then(|t| t.to_vec1::<f32>()));
+        // PyTorch: [[0,10,20,0],[0,0,0,0]] (the tie goes to the first element).
+        assert_eq!(
+            gx.transpose()?,
+            Some(vec![0., 10., 20., 0., 0., 0., 0., 0.])
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn odd_sizes_floor_like_pytorch() -> Result<()> {
+        let x = Tensor::arange(0f32, 25., &Device::Cpu)?.reshape((1, 1, 5, 5))?;
+        let y = max_pool2d(&x, 2)?;
+        assert_eq!(y.dims(), &[1, 1, 2, 2]);
+        assert_eq!(y.flatten_all()?.to_vec1::<f32>()?, vec![6., 8., 16., 18.]);
+        Ok(())
+    }
+
+    /// Forward and input gradient of `f` on `x` under a non-uniform output gradient.
+    fn run(
+        f: fn(&Tensor, usize) -> Result<Tensor>,
+        x: &Tensor,
+        k: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let x = Var::from_tensor(x)?;
+        let y = f(x.as_tensor(), k)?;
+        let n = y.elem_count();
+        let r = Tensor::from_vec(
+            (0..n).map(|i| (i as f32 * 0.37).sin()).collect::<Vec<_>>(),
+            y.shape(),
+            &Device::Cpu,
+        )?;
+        let grads = (&y * r)?.sum_all()?.backward()?;
+        let Some(gx) = grads.get(x.as_tensor()) else {
+            panic!("no input gradient");
+        };
+        Ok((y.flatten_all()?.to_vec1()?, gx.flatten_all()?.to_vec1()?))
+    }
+
+    #[test]
+    fn fused_kernel_matches_generic_with_ties_and_odd_sizes() -> Result<()> {
+        // (B, C, H, W, k); values rounded to a few levels so windows have ties.
+        for (b, c, h, w, k) in [
+            (2, 3, 6, 6, 2),
+            (1, 2, 7, 5, 2),
+            (2, 1, 9, 8, 3),
+            (1, 1, 3, 3, 1),
+        ] {
+            let n = b * c * h * w;
+            let v: Vec<f32> = (0..n)
+                .map(|i| ((i as f32 * 0.37).sin() * 2.0).round())
+                .collect();
+            let x = Tensor::from_vec(v, (b, c, h, w), &Device::Cpu)?;
+            let fused = run(max_pool2d, &x, k)?;
+            let generic = run(max_pool2d_generic, &x, k)?;
+            assert_eq!(fused, generic, "shape {:?}", (b, c, h, w, k));
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn zero_window_is_an_error_and_oversized_window_pools_to_nothing() -> Result<()> {
+        let x = Tensor::zeros((1, 1, 2, 2), DType::F32, &Device::Cpu)?;
+        assert!(max_pool2d(&x, 0).is_err());
+        assert!(max_pool2d_generic(&x, 0).is_err());
+        // A window larger than the image pools to nothing, as in PyTorch.
+        assert_eq!(max_pool2d(&x, 3)?.dims(), &[1, 1, 0, 0]);
+        assert_eq!(max_pool2d_generic(&x, 3)?.dims(), &[1, 1, 0, 0]);
+        Ok(())
+    }
+}

@@ -1,11 +1,10 @@
 //! A small CNN: [Conv2d(3x3, pad 1)-ReLU-MaxPool2] blocks, Flatten, Linear-ReLU, Linear.
 //! The default is conv 1->32->64, fc 3136->128->10 (`conv1.* conv2.* fc1.* fc2.*`).
 
-use candle_core::{Module, Tensor};
-use candle_nn::Linear;
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
-use redline_core::ops::{conv2d, max_pool2d};
+use redline_core::ops::{conv2d, linear, max_pool2d};
 
 use crate::error::{Error, Result};
 use crate::init::Initializer;
@@ -43,8 +42,9 @@ impl Default for CnnConfig {
 pub struct Cnn {
     /// (weight (Cout, Cin, 3, 3), bias (Cout)) of each conv block.
     convs: Vec<(Tensor, Tensor)>,
-    fc1: Linear,
-    fc2: Linear,
+    /// (weight, bias) of the two fully connected layers.
+    fc1: (Tensor, Tensor),
+    fc2: (Tensor, Tensor),
     params: Params,
 }
 
@@ -70,8 +70,8 @@ impl Cnn {
         let flat = c_in * side * side;
         let (w1, b1) = init.layer(&[cfg.hidden, flat], cfg.hidden, flat)?;
         let (w2, b2) = init.layer(&[cfg.classes, cfg.hidden], cfg.classes, cfg.hidden)?;
-        let fc1 = Linear::new(w1.as_tensor().clone(), Some(b1.as_tensor().clone()));
-        let fc2 = Linear::new(w2.as_tensor().clone(), Some(b2.as_tensor().clone()));
+        let fc1 = (w1.as_tensor().clone(), b1.as_tensor().clone());
+        let fc2 = (w2.as_tensor().clone(), b2.as_tensor().clone());
         params.push("fc1.weight", w1)?;
         params.push("fc1.bias", b1)?;
         params.push("fc2.weight", w2)?;
@@ -90,11 +90,14 @@ impl Model for Cnn {
         let mut h = x.clone();
         for (w, b) in &self.convs {
             // (B, Cin, S, S) -> (B, Cout, S, S) -> (B, Cout, S/2, S/2)
-            h = max_pool2d(&conv2d(&h, w, b, 1)?.relu()?, 2)?;
+            // ReLU is monotone, so relu(pool(x)) == pool(relu(x)) exactly, with the
+            // same gradient (windows without a positive value pass none either way);
+            // pooling first runs the ReLU and its backward on a 4x smaller tensor.
+            h = max_pool2d(&conv2d(&h, w, b, 1)?, 2)?.relu()?;
         }
         // (B, C, s, s) -> (B, C*s*s) -> (B, hidden) -> (B, classes)
-        let h = self.fc1.forward(&h.flatten_from(1)?)?.relu()?;
-        Ok(self.fc2.forward(&h)?)
+        let h = linear(&h.flatten_from(1)?, &self.fc1.0, &self.fc1.1, true)?;
+        Ok(linear(&h, &self.fc2.0, &self.fc2.1, false)?)
     }
 
     fn params(&self) -> &Params {

@@ -29,7 +29,7 @@ impl Running {
 
     /// Adds a batch: `mean_loss` (scalar, graph detached here), `logits (B, C)`, `targets (B,)`.
     pub fn add(&mut self, mean_loss: &Tensor, logits: &Tensor, targets: &Tensor) -> Result<()> {
-        let b = targets.dims()[0];
+        let b = targets.dims().first().copied().unwrap_or(0);
         self.loss_sum = (&self.loss_sum + mean_loss.detach().affine(b as f64, 0.0)?)?;
         let hits = logits
             .detach()

@@ -13,7 +13,7 @@ static THREADS: AtomicUsize = AtomicUsize::new(0);
 
 /// Multiply-adds below which a GEMM stays on one thread (measured with
 /// `examples/gemm_crossover.rs`; see `bench/NOTES.md`).
-pub const PARALLEL_MIN_FLOPS: usize = 4_000_000;
+pub const PARALLEL_MIN_FLOPS: usize = 40_000_000;
 
 static PARALLEL_MIN: AtomicUsize = AtomicUsize::new(PARALLEL_MIN_FLOPS);
 

@@ -13,7 +13,7 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
         || !targets.device().is_cpu()
         || targets.dtype() != candle_core::DType::U32
     {
-        let logp = candle_nn_free_log_softmax(logits)?;
+        let logp = log_softmax(logits)?;
         let picked = logp.gather(&targets.unsqueeze(1)?, 1)?;
         return Ok(picked.mean_all()?.neg()?);
     }
@@ -23,7 +23,7 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
 }
 
 /// `log_softmax` over the last dim from generic ops (the fallback path).
-fn candle_nn_free_log_softmax(x: &Tensor) -> Result<Tensor> {
+fn log_softmax(x: &Tensor) -> Result<Tensor> {
     let max = x.max_keepdim(1)?.detach();
     let shifted = x.broadcast_sub(&max)?;
     let lse = shifted.exp()?.sum_keepdim(1)?.log()?;
@@ -141,7 +141,7 @@ mod tests {
         let x = Var::from_vec(vals, (6, 4), &dev)?;
         let t = Tensor::new(&[0u32, 3, 1, 2, 2, 0], &dev)?;
         let fused = cross_entropy(x.as_tensor(), &t)?;
-        let plain = candle_nn_free_log_softmax(x.as_tensor())?
+        let plain = log_softmax(x.as_tensor())?
             .gather(&t.unsqueeze(1)?, 1)?
             .mean_all()?
             .neg()?;

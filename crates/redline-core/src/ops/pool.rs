@@ -69,20 +69,22 @@ pub fn max_pool2d_generic(x: &Tensor, k: usize) -> Result<Tensor> {
     Ok((windows * onehot)?.sum(D::Minus1)?)
 }
 
-/// The first maximum of a 2x2 window's values in row-major order, as (value,
-/// position 0..4 as an f32). A NaN counts as a maximum, as in PyTorch's
-/// kernel (`val > max || isnan(val)`). Selects on f32 lanes only, so the row
-/// loops vectorise: where the maximum lies is random, and branching on it
+/// The first maximum of a 2x2 window's values in row-major order: its value
+/// and which of the four it is. A NaN counts as a maximum, as in PyTorch's
+/// kernel (`val > max || isnan(val)`, so the last NaN wins). Written as
+/// selects rather than an index so the row loops can vectorise (the
+/// forward's does): where the maximum lies is random, and branching on it
 /// made the 2x2 pool cost as much as a conv.
 #[inline(always)]
-fn first_max4(v: [f32; 4]) -> (f32, f32) {
-    let (mut best, mut at) = (v[0], 0.0);
-    for (i, x) in [(1.0, v[1]), (2.0, v[2]), (3.0, v[3])] {
-        let take = (x > best) | x.is_nan();
-        best = if take { x } else { best };
-        at = if take { i } else { at };
-    }
-    (best, at)
+fn first_max4(v: [f32; 4]) -> (f32, [bool; 4]) {
+    let wins = |best: f32, x: f32| (x > best) | x.is_nan();
+    let t1 = wins(v[0], v[1]);
+    let m1 = if t1 { v[1] } else { v[0] };
+    let t2 = wins(m1, v[2]);
+    let m2 = if t2 { v[2] } else { m1 };
+    let t3 = wins(m2, v[3]);
+    let m3 = if t3 { v[3] } else { m2 };
+    (m3, [!(t1 | t2 | t3), t1 & !t2 & !t3, t2 & !t3, t3])
 }
 
 /// The first maximum of each window along output row `oy` of one `(H, W)`
@@ -160,8 +162,8 @@ fn backward_row(
         for (((a, b), (da, db)), &g) in rows.zip(grads).zip(dy) {
             // Writes all four (windows do not overlap): no branch on the position.
             let at = first_max4([a[0], a[1], b[0], b[1]]).1;
-            let put = |i: f32| if i == at { g } else { 0.0 };
-            (da[0], da[1], db[0], db[1]) = (put(0.0), put(1.0), put(2.0), put(3.0));
+            let put = |first: bool| if first { g } else { 0.0 };
+            (da[0], da[1], db[0], db[1]) = (put(at[0]), put(at[1]), put(at[2]), put(at[3]));
         }
     } else {
         row_argmax(plane, w, k, oy, best);
@@ -359,6 +361,21 @@ mod tests {
         // A window larger than the image pools to nothing, as in PyTorch.
         assert_eq!(max_pool2d(&x, 3)?.dims(), &[1, 1, 0, 0]);
         assert_eq!(max_pool2d_generic(&x, 3)?.dims(), &[1, 1, 0, 0]);
+        Ok(())
+    }
+
+    #[test]
+    fn nan_wins_like_pytorch() -> Result<()> {
+        // PyTorch's kernel takes `val > max || isnan(val)`: the window's value
+        // is NaN and its gradient goes to the last NaN.
+        let x = Var::new(&[[[[1f32, f32::NAN], [2., f32::NAN]]]], &Device::Cpu)?;
+        let y = max_pool2d(x.as_tensor(), 2)?;
+        assert!(y.flatten_all()?.to_vec1::<f32>()?[0].is_nan());
+        let grads = y.sum_all()?.backward()?;
+        let Some(gx) = grads.get(x.as_tensor()) else {
+            panic!("no input gradient");
+        };
+        assert_eq!(gx.flatten_all()?.to_vec1::<f32>()?, vec![0., 0., 0., 1.]);
         Ok(())
     }
 }

@@ -38,21 +38,22 @@ print(f"{r['median_epoch_s']:.3f}")
 PY
 }
 
-spin() { python3 -c 'while True: pass' & echo $!; }
-
 echo "uptime: $(uptime)"
 echo "nproc: $(nproc)"
 printf '| run | alone s/epoch | with busy neighbour s/epoch | slowdown |\n| --- | ---: | ---: | ---: |\n'
+run() { # args: label
+  case "$1" in
+    "redline default") median_redline x ;;
+    "redline --threads 2") median_redline x --threads 2 ;;
+    "torch 1") median_torch 1 ;;
+    "torch 2") median_torch 2 ;;
+  esac
+}
 for cfg in "redline default" "redline --threads 2" "torch 1" "torch 2"; do
-  set -- $cfg
-  if [[ "$1" == redline ]]; then
-    shift; run() { median_redline x "$@"; }
-  else
-    t="$2"; run() { median_torch "$t"; }
-  fi
-  alone=$(run "$@")
-  pid=$(spin); sleep 1
-  busy=$(run "$@")
+  alone=$(run "$cfg")
+  python3 -c 'while True: pass' &   # the busy neighbour: one core spinning
+  pid=$!; sleep 1
+  busy=$(run "$cfg")
   kill "$pid"; wait "$pid" 2>/dev/null || true
   ratio=$(python3 -c "print(f'{$busy/$alone:.2f}x')")
   printf '| %s | %s | %s | %s |\n' "$cfg" "$alone" "$busy" "$ratio"

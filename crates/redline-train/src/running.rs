@@ -8,6 +8,12 @@ use redline_core::host;
 
 use crate::error::Result;
 
+/// The summed loss of a batch from its mean loss, detached from the graph;
+/// computed once per step and shared by every running sum.
+pub(crate) fn batch_loss_sum(mean_loss: &Tensor, batch: usize) -> Result<Tensor> {
+    Ok(mean_loss.detach().affine(batch as f64, 0.0)?)
+}
+
 /// Sums over a window of steps, kept on the device.
 pub(crate) struct Running {
     /// Sum of per-sample losses (`mean_loss * batch`).
@@ -27,10 +33,11 @@ impl Running {
         })
     }
 
-    /// Adds a batch: `mean_loss` (scalar, graph detached here), `logits (B, C)`, `targets (B,)`.
-    pub fn add(&mut self, mean_loss: &Tensor, logits: &Tensor, targets: &Tensor) -> Result<()> {
+    /// Adds a batch: `loss_sum` is the batch's summed loss (scalar, detached:
+    /// see [`batch_loss_sum`]), `logits (B, C)`, `targets (B,)`.
+    pub fn add(&mut self, loss_sum: &Tensor, logits: &Tensor, targets: &Tensor) -> Result<()> {
         let b = targets.dims().first().copied().unwrap_or(0);
-        self.loss_sum = (&self.loss_sum + mean_loss.detach().affine(b as f64, 0.0)?)?;
+        self.add_loss(loss_sum, b)?;
         let hits = logits
             .detach()
             .argmax(1)?
@@ -38,13 +45,12 @@ impl Running {
             .to_dtype(DType::F32)?
             .sum_all()?;
         self.correct = (&self.correct + hits)?;
-        self.samples += b;
         Ok(())
     }
 
-    /// Adds only the loss (for windows that do not track accuracy).
-    pub fn add_loss(&mut self, mean_loss: &Tensor, batch: usize) -> Result<()> {
-        self.loss_sum = (&self.loss_sum + mean_loss.detach().affine(batch as f64, 0.0)?)?;
+    /// Adds only a batch's summed loss (for windows that do not track accuracy).
+    pub fn add_loss(&mut self, loss_sum: &Tensor, batch: usize) -> Result<()> {
+        self.loss_sum = (&self.loss_sum + loss_sum)?;
         self.samples += batch;
         Ok(())
     }

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::events::{Callback, EpochLog, Event, FitSummary, StepLog};
 use crate::loss::cross_entropy;
 use crate::optim::{Optimizer, OptimizerConfig};
-use crate::running::Running;
+use crate::running::{batch_loss_sum, Running};
 
 /// Loop settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -218,8 +218,9 @@ impl Trainer {
                 let loss = cross_entropy(&logits, &batch.y)?;
                 let grads = loss.backward()?;
                 self.optimizer.step(&grads)?;
-                epoch_sums.add(&loss, &logits, &batch.y)?;
-                window.add_loss(&loss, batch.size())?;
+                let loss_sum = batch_loss_sum(&loss, batch.size())?;
+                epoch_sums.add(&loss_sum, &logits, &batch.y)?;
+                window.add_loss(&loss_sum, batch.size())?;
 
                 step += 1;
                 epoch_steps += 1;
@@ -317,7 +318,7 @@ impl Trainer {
             let batch = batch?;
             let logits = self.model.forward(&batch.x)?.detach();
             let loss = cross_entropy(&logits, &batch.y)?;
-            sums.add(&loss, &logits, &batch.y)?;
+            sums.add(&batch_loss_sum(&loss, batch.size())?, &logits, &batch.y)?;
         }
         let (loss, accuracy) = sums.read()?;
         Ok(EvalResult {

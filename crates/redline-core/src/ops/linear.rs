@@ -89,7 +89,7 @@ impl CustomOp3 for LinearOp {
         &self,
         x: &Tensor,
         w: &Tensor,
-        b: &Tensor,
+        _b: &Tensor,
         y: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
@@ -130,7 +130,6 @@ impl CustomOp3 for LinearOp {
         } else {
             None
         };
-        let _ = b;
         Ok((dx, Some(dw), Some(db)))
     }
 }

@@ -6,6 +6,7 @@
 //! * [`ops`]: tensor operations candle lacks or gets wrong (max-pool backward).
 //! * [`threads`]: the process's one thread policy (compute threads = free cores).
 //! * [`system`]: discovery of the machine's devices for `redline devices`.
+//! * [`trace`]: detailed spans and per-op counts for `--profiler detailed`.
 
 mod device;
 mod dtype;
@@ -14,6 +15,8 @@ pub mod host;
 pub mod ops;
 pub mod system;
 pub mod threads;
+pub mod time;
+pub mod trace;
 
 pub use device::{Device, DeviceSpec};
 pub use dtype::Precision;

@@ -3,6 +3,7 @@
 //! `RAYON_NUM_THREADS` on every call) and Redline's fused kernels follow it.
 //! The prefetch thread blocks on a channel, so it does not count.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Cores this process may run on.
@@ -25,10 +26,13 @@ fn cpu_jiffies() -> Option<(u64, u64)> {
     Some((total - idle, total))
 }
 
-/// Cores not busy with other work, measured over `window` (at least 1).
+/// The free cores measured by the last [`configure`] (as f64 bits; NaN: not measured).
+static LAST_FREE: AtomicU64 = AtomicU64::new(0x7ff8_0000_0000_0000);
+
+/// Cores not busy with other work, measured over `window`, unrounded (0..=cores).
 /// Falls back to all usable cores where the load cannot be read.
-pub fn free_cores(window: Duration) -> usize {
-    let cores = usable_cores();
+pub fn measure_free_cores(window: Duration) -> f64 {
+    let cores = usable_cores() as f64;
     let Some((b0, t0)) = cpu_jiffies() else {
         return cores;
     };
@@ -39,8 +43,21 @@ pub fn free_cores(window: Duration) -> usize {
     if t1 <= t0 {
         return cores;
     }
-    let busy = (b1 - b0) as f64 / (t1 - t0) as f64 * cores as f64;
-    (cores as f64 - busy).round().clamp(1.0, cores as f64) as usize
+    let busy = (b1 - b0) as f64 / (t1 - t0) as f64 * cores;
+    (cores - busy).clamp(0.0, cores)
+}
+
+/// Cores not busy with other work, measured over `window` (at least 1).
+pub fn free_cores(window: Duration) -> usize {
+    let free = measure_free_cores(window);
+    LAST_FREE.store(free.to_bits(), Ordering::Relaxed);
+    free.round().clamp(1.0, usable_cores() as f64) as usize
+}
+
+/// The free cores (unrounded) the last thread-policy measurement saw, if any.
+pub fn last_free_cores() -> Option<f64> {
+    let v = f64::from_bits(LAST_FREE.load(Ordering::Relaxed));
+    v.is_finite().then_some(v)
 }
 
 /// Applies the policy: `requested` threads, or the free cores when `None`.

@@ -141,8 +141,12 @@ impl Loader {
         let spawned = std::thread::Builder::new()
             .name("redline-prefetch".into())
             .spawn(move || {
+                redline_core::trace::name_thread("loader/prefetch");
                 for b in 0..source.batches {
-                    let batch = source.batch(b);
+                    let batch = {
+                        let _span = redline_core::trace::span("loader", "assemble batch");
+                        source.batch(b)
+                    };
                     let failed = batch.is_err();
                     // A closed channel means the consumer stopped early: done.
                     if tx.send(batch).is_err() || failed {

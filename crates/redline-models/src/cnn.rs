@@ -5,6 +5,7 @@ use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
 use redline_core::ops::{conv2d, linear, max_pool2d};
+use redline_core::trace;
 
 use crate::error::{Error, Result};
 use crate::init::Initializer;
@@ -42,6 +43,8 @@ impl Default for CnnConfig {
 pub struct Cnn {
     /// (weight (Cout, Cin, 3, 3), bias (Cout)) of each conv block.
     convs: Vec<(Tensor, Tensor)>,
+    /// `conv1`, `conv2`, ...: span names for the detailed profiler.
+    conv_names: Vec<String>,
     /// (weight, bias) of the two fully connected layers.
     fc1: (Tensor, Tensor),
     fc2: (Tensor, Tensor),
@@ -76,8 +79,10 @@ impl Cnn {
         params.push("fc1.bias", b1)?;
         params.push("fc2.weight", w2)?;
         params.push("fc2.bias", b2)?;
+        let conv_names = (1..=convs.len()).map(|i| format!("conv{i}")).collect();
         Ok(Self {
             convs,
+            conv_names,
             fc1,
             fc2,
             params,
@@ -88,7 +93,8 @@ impl Cnn {
 impl Model for Cnn {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut h = x.clone();
-        for (w, b) in &self.convs {
+        for ((w, b), name) in self.convs.iter().zip(&self.conv_names) {
+            let _span = trace::layer(name);
             // (B, Cin, S, S) -> (B, Cout, S, S) -> (B, Cout, S/2, S/2)
             // ReLU is monotone, so relu(pool(x)) == pool(relu(x)) exactly, with the
             // same gradient (windows without a positive value pass none either way);
@@ -96,7 +102,11 @@ impl Model for Cnn {
             h = max_pool2d(&conv2d(&h, w, b, 1)?, 2)?.relu()?;
         }
         // (B, C, s, s) -> (B, C*s*s) -> (B, hidden) -> (B, classes)
-        let h = linear(&h.flatten_from(1)?, &self.fc1.0, &self.fc1.1, true)?;
+        let h = {
+            let _span = trace::layer("fc1");
+            linear(&h.flatten_from(1)?, &self.fc1.0, &self.fc1.1, true)?
+        };
+        let _span = trace::layer("fc2");
         Ok(linear(&h, &self.fc2.0, &self.fc2.1, false)?)
     }
 

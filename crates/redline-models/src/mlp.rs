@@ -3,6 +3,7 @@
 
 use candle_core::Tensor;
 use redline_core::ops::linear;
+use redline_core::trace;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -35,6 +36,8 @@ impl Default for MlpConfig {
 pub struct Mlp {
     /// (weight (out, in), bias (out)) per layer, sharing storage with `params`.
     layers: Vec<(Tensor, Tensor)>,
+    /// `fc1`, `fc2`, ...: span names for the detailed profiler.
+    names: Vec<String>,
     params: Params,
 }
 
@@ -59,7 +62,12 @@ impl Mlp {
             params.push(format!("fc{}.weight", i + 1), weight)?;
             params.push(format!("fc{}.bias", i + 1), bias)?;
         }
-        Ok(Self { layers, params })
+        let names = (1..=layers.len()).map(|i| format!("fc{i}")).collect();
+        Ok(Self {
+            layers,
+            names,
+            params,
+        })
     }
 }
 
@@ -68,7 +76,8 @@ impl Model for Mlp {
         // (B, C, H, W) -> (B, C*H*W)
         let mut h = x.flatten_from(1)?;
         let last = self.layers.len().saturating_sub(1);
-        for (i, (w, b)) in self.layers.iter().enumerate() {
+        for (i, ((w, b), name)) in self.layers.iter().zip(&self.names).enumerate() {
+            let _span = trace::layer(name);
             // (B, in) -> (B, out), bias and ReLU fused into the GEMM's output pass
             h = linear(&h, w, b, i < last)?;
         }

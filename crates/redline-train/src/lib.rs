@@ -18,4 +18,5 @@ pub use error::{Error, Result};
 pub use events::{Callback, EpochLog, Event, FitSummary, StepLog};
 pub use metrics::JsonlMetrics;
 pub use optim::{Optimizer, OptimizerConfig};
+pub use redline_profile::{Mode as ProfilerMode, Profile};
 pub use trainer::{EvalResult, TrainConfig, Trainer, TrainerBuilder};

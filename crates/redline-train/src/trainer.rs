@@ -6,6 +6,7 @@ use std::time::Instant;
 use redline_core::{host, Device};
 use redline_data::Loader;
 use redline_models::Model;
+use redline_profile::{Action, Mode, Profile, Profiler};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -57,9 +58,16 @@ pub struct TrainerBuilder {
     optimizer: OptimizerConfig,
     callbacks: Vec<Box<dyn Callback>>,
     model_name: String,
+    profiler: Mode,
 }
 
 impl TrainerBuilder {
+    /// What the profiler records (the breakdown is always measured).
+    pub fn profiler(mut self, mode: Mode) -> Self {
+        self.profiler = mode;
+        self
+    }
+
     /// Loop settings.
     pub fn config(mut self, cfg: TrainConfig) -> Self {
         self.cfg = cfg;
@@ -123,6 +131,8 @@ impl TrainerBuilder {
             callbacks: self.callbacks.into_iter().map(Some).collect(),
             device,
             model_name: self.model_name,
+            profile_mode: self.profiler,
+            profiler: None,
         })
     }
 }
@@ -135,6 +145,10 @@ pub struct Trainer {
     callbacks: Vec<Option<Box<dyn Callback>>>,
     device: Device,
     model_name: String,
+    profile_mode: Mode,
+    /// The last fit's profiler, kept running (paused) so that work after the fit,
+    /// such as saving weights, is profiled too; see [`Trainer::finish_profile`].
+    profiler: Option<Profiler>,
 }
 
 impl Trainer {
@@ -150,6 +164,7 @@ impl Trainer {
             },
             callbacks: Vec::new(),
             model_name: "model".into(),
+            profiler: Mode::Off,
         }
     }
 
@@ -172,6 +187,37 @@ impl Trainer {
 
     /// Trains on `train`, validating on `val` after each epoch when given.
     pub fn fit(&mut self, train: &Loader, val: Option<&Loader>) -> Result<FitSummary> {
+        let mut prof = Profiler::new(self.profile_mode, &self.device.to_string());
+        prof.switch(Action::Other);
+        let result = self.fit_profiled(train, val, &mut prof);
+        prof.pause();
+        self.profiler = Some(prof);
+        result
+    }
+
+    /// Stops the last fit's profiler and returns its tables and breakdown.
+    pub fn finish_profile(&mut self) -> Option<Profile> {
+        self.profiler.take().map(Profiler::finish)
+    }
+
+    /// Saves the model's weights (safetensors, PyTorch names), profiled as checkpointing.
+    pub fn save_weights(&mut self, path: &std::path::Path) -> Result<()> {
+        if let Some(p) = &mut self.profiler {
+            p.switch(Action::Checkpointing);
+        }
+        let saved = self.model.params().save_safetensors(path);
+        if let Some(p) = &mut self.profiler {
+            p.pause();
+        }
+        Ok(saved?)
+    }
+
+    fn fit_profiled(
+        &mut self,
+        train: &Loader,
+        val: Option<&Loader>,
+        prof: &mut Profiler,
+    ) -> Result<FitSummary> {
         let fit_start = Instant::now();
         let reads_before = host::host_reads();
         let steps_per_epoch = train.batches_per_epoch();
@@ -189,6 +235,8 @@ impl Trainer {
             self.cfg.epochs
         };
         let (name, dev) = (self.model_name.clone(), self.device.to_string());
+        prof.plan(total_steps);
+        prof.switch(Action::Logging);
         self.emit(&Event::FitStart {
             model: &name,
             device: &dev,
@@ -206,35 +254,53 @@ impl Trainer {
             if step >= total_steps {
                 break;
             }
+            prof.switch(Action::Logging);
             self.emit(&Event::EpochStart { epoch });
+            prof.switch(Action::Other);
             let epoch_start = Instant::now();
             let mut epoch_sums = Running::new(&candle_dev)?;
             let mut window = Running::new(&candle_dev)?;
             let mut window_start = Instant::now();
             let mut epoch_steps = 0;
-            for batch in train.epoch(epoch - 1) {
+            let mut batches = train.epoch(epoch - 1);
+            loop {
+                // The step: batch, forward, loss, backward, update. Each switch
+                // tells the profiler what the loop does from here on.
+                prof.switch(Action::DataWait);
+                let Some(batch) = batches.next() else { break };
                 let batch = batch?;
+                prof.switch(Action::Forward);
                 let logits = self.model.forward(&batch.x)?;
+                prof.switch(Action::Loss);
                 let loss = cross_entropy(&logits, &batch.y)?;
+                prof.switch(Action::Backward);
                 let grads = loss.backward()?;
+                prof.switch(Action::OptimizerStep);
                 self.optimizer.step(&grads)?;
+                prof.switch(Action::Metrics);
                 let loss_sum = batch_loss_sum(&loss, batch.size())?;
                 epoch_sums.add(&loss_sum, &logits, &batch.y)?;
                 window.add_loss(&loss_sum, batch.size())?;
 
+                prof.switch(Action::Logging);
                 step += 1;
                 epoch_steps += 1;
                 self.emit(&Event::StepEnd { step, epoch });
                 if step.is_multiple_of(self.cfg.log_every) || step == total_steps {
+                    prof.switch(Action::HostSync);
                     let log = self.log_point(&window, step, epoch, window_start, fit_start)?;
+                    prof.switch(Action::Logging);
                     self.emit(&Event::Log(&log));
+                    prof.switch(Action::Other);
                     window = Running::new(&candle_dev)?;
                     window_start = Instant::now();
                 }
+                prof.end_step();
                 if step >= total_steps {
                     break;
                 }
             }
+            prof.switch(Action::HostSync);
             let (train_loss, train_accuracy) = epoch_sums.read()?;
             let epoch_s = epoch_start.elapsed().as_secs_f64();
             check_finite(train_loss, step, epoch, self.optimizer.lr())?;
@@ -243,11 +309,14 @@ impl Trainer {
 
             let eval = match val.filter(|_| self.cfg.validate) {
                 Some(v) => {
+                    prof.switch(Action::Logging);
                     self.emit(&Event::ValidationStart { epoch });
+                    prof.switch(Action::Validation);
                     Some(self.evaluate(v)?)
                 }
                 None => None,
             };
+            prof.switch(Action::Logging);
             let log = EpochLog {
                 epoch,
                 train_loss,
@@ -281,6 +350,7 @@ impl Trainer {
             host_syncs_per_step: (host::host_reads() - reads_before) as f64 / step.max(1) as f64,
             epochs_log: logs,
         };
+        prof.switch(Action::Logging);
         self.emit(&Event::FitEnd(&summary));
         Ok(summary)
     }

@@ -2,7 +2,11 @@
 
 use std::path::PathBuf;
 
+use std::ffi::OsString;
+
+use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use serde::{Deserialize, Serialize};
 
 /// Redline: deep-learning training that keeps the accelerator busy.
 #[derive(Debug, Parser)]
@@ -17,13 +21,57 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Train a model (default: the tutorial MLP on the shipped Fashion-MNIST).
+    #[command(args_override_self = true)]
     Train(Box<TrainArgs>),
     /// List the devices this machine and build can use.
     Devices(DevicesArgs),
+    /// Watch GPUs (through NVML) and the host, like nvidia-smi.
+    Monitor(MonitorArgs),
+    /// Rebuild a run's report.html from the files in its run folder.
+    Report(ReportArgs),
+    /// List past runs with their headline numbers.
+    Runs(RunsArgs),
 }
 
-/// Flags of `redline train`.
+/// Flags of `redline monitor`.
 #[derive(Debug, Clone, Args)]
+pub struct MonitorArgs {
+    /// Seconds between refreshes.
+    #[arg(long, default_value_t = 1.0)]
+    pub interval: f64,
+    /// Print one snapshot and exit.
+    #[arg(long)]
+    pub once: bool,
+    /// Print one JSON object per sample instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also append one CSV row per sample to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Stop after N samples.
+    #[arg(long, value_name = "N")]
+    pub count: Option<usize>,
+}
+
+/// Flags of `redline report`.
+#[derive(Debug, Clone, Args)]
+pub struct ReportArgs {
+    /// The run folder (runs/<date-time>-<model>).
+    pub run_dir: PathBuf,
+}
+
+/// Flags of `redline runs`.
+#[derive(Debug, Clone, Args)]
+pub struct RunsArgs {
+    /// Folder holding the run folders.
+    #[arg(default_value = "runs")]
+    pub root: PathBuf,
+}
+
+/// Flags of `redline train`. Serialised (kebab-case, as the flags) into the
+/// run folder's `config.toml`, which `--config` reads back.
+#[derive(Debug, Clone, Args, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct TrainArgs {
     /// Model from the zoo: mlp (784-128-10) or cnn.
     #[arg(long, default_value = "mlp")]
@@ -103,9 +151,71 @@ pub struct TrainArgs {
     /// Compute threads [default: the cores not busy with other work, measured at start].
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
-    /// Write metrics as JSON lines here.
+    /// Also write metrics as JSON lines here (the run folder always has metrics.jsonl).
     #[arg(long, value_name = "FILE")]
     pub metrics: Option<PathBuf>,
+    /// Profiler: off (the time breakdown only), simple (a table of actions), detailed
+    /// (also per-layer spans, kernel counts and a Chrome trace.json).
+    #[arg(long, default_value = "off", value_name = "MODE")]
+    pub profiler: String,
+    /// Seconds between system samples (CPU, memory, GPUs) during training; 0: none.
+    #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
+    pub monitor_interval: f64,
+    /// Run folder [default: runs/<date-time>-<model>].
+    #[arg(long, value_name = "DIR")]
+    #[serde(skip)]
+    pub run_dir: Option<PathBuf>,
+    /// Start from the flags in a run's config.toml; flags given here override them.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+}
+
+/// Expands `redline train --config FILE`: the file's flags are inserted right
+/// after `train`, so flags on the command line (later, and overriding) win.
+pub fn expand_config(argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
+    let Some(train_at) = argv.iter().position(|a| a == "train") else {
+        return Ok(argv);
+    };
+    let mut file = None;
+    for (i, a) in argv.iter().enumerate().skip(train_at + 1) {
+        let a = a.to_string_lossy();
+        if a == "--config" {
+            file = argv.get(i + 1).map(PathBuf::from);
+        } else if let Some(v) = a.strip_prefix("--config=") {
+            file = Some(PathBuf::from(v));
+        }
+    }
+    let Some(file) = file else {
+        return Ok(argv);
+    };
+    let text = std::fs::read_to_string(&file)
+        .with_context(|| format!("--config {}: cannot read it", file.display()))?;
+    let table: toml::Table = toml::from_str(&text).with_context(|| {
+        format!(
+            "--config {}: not a valid config\nHINT: use the config.toml of a run folder",
+            file.display()
+        )
+    })?;
+    let mut flags: Vec<OsString> = Vec::new();
+    for (key, value) in table {
+        let flag = OsString::from(format!("--{key}"));
+        match value {
+            toml::Value::Boolean(true) => flags.push(flag),
+            toml::Value::Boolean(false) => {}
+            toml::Value::String(s) => flags.extend([flag, s.into()]),
+            toml::Value::Integer(i) => flags.extend([flag, i.to_string().into()]),
+            toml::Value::Float(x) => flags.extend([flag, x.to_string().into()]),
+            other => anyhow::bail!(
+                "--config {}: `{key}` has a value of type {} that no flag takes",
+                file.display(),
+                other.type_str()
+            ),
+        }
+    }
+    let mut out = argv;
+    out.splice(train_at + 1..train_at + 1, flags);
+    Ok(out)
 }
 
 /// Flags of `redline devices`.
@@ -149,5 +259,37 @@ pub fn devices(args: &DevicesArgs) -> anyhow::Result<()> {
     if !redline_core::system::cuda_compiled() {
         println!("GPUs: none usable: this build has no CUDA support (CPU build).");
     }
+    Ok(())
+}
+
+/// `redline monitor`: GPUs through NVML and the host, refreshed like nvidia-smi.
+pub fn monitor(args: &MonitorArgs) -> anyhow::Result<()> {
+    if !(args.interval > 0.0 && args.interval.is_finite()) {
+        anyhow::bail!(
+            "--interval {}: give seconds > 0, e.g. --interval 0.5",
+            args.interval
+        );
+    }
+    let opts = redline_monitor::MonitorOptions {
+        interval: std::time::Duration::from_secs_f64(args.interval),
+        once: args.once,
+        json: args.json,
+        csv: args.csv.clone(),
+        count: args.count,
+    };
+    Ok(redline_monitor::run(&opts)?)
+}
+
+/// `redline report RUN_DIR`: rebuilds report.html from the run folder's files.
+pub fn report(args: &ReportArgs) -> anyhow::Result<()> {
+    let page = redline_report::write_report(&args.run_dir)?;
+    println!("{}", page.display());
+    Ok(())
+}
+
+/// `redline runs [ROOT]`: one line per run folder.
+pub fn runs(args: &RunsArgs) -> anyhow::Result<()> {
+    let rows = redline_report::list_runs(&args.root)?;
+    print!("{}", redline_report::format_runs(&rows));
     Ok(())
 }

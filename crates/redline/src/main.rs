@@ -3,12 +3,24 @@
 
 mod cli;
 mod progress;
+mod run_dir;
 mod summary;
 mod train;
 
 use std::process::ExitCode;
 
 use clap::Parser;
+
+/// Runs one subcommand.
+fn dispatch(command: cli::Command) -> anyhow::Result<()> {
+    match command {
+        cli::Command::Train(t) => train::run(&t),
+        cli::Command::Devices(d) => cli::devices(&d),
+        cli::Command::Monitor(m) => cli::monitor(&m),
+        cli::Command::Report(r) => cli::report(&r),
+        cli::Command::Runs(r) => cli::runs(&r),
+    }
+}
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -19,11 +31,12 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();
-    let args = cli::Cli::parse();
-    let result = match args.command {
-        cli::Command::Train(t) => train::run(&t),
-        cli::Command::Devices(d) => cli::devices(&d),
-    };
+    let result = cli::expand_config(std::env::args_os().collect()).and_then(|argv| {
+        match cli::Cli::try_parse_from(argv) {
+            Ok(args) => dispatch(args.command),
+            Err(e) => e.exit(),
+        }
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

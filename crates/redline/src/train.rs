@@ -1,15 +1,20 @@
 //! `redline train`: resolve flags into configs, build, fit, report, save.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use redline_core::{Device, DeviceSpec, Precision};
 use redline_data::{Loader, LoaderConfig, Normalize, Split, SplitKind};
 use redline_models::ModelConfig;
-use redline_train::{JsonlMetrics, OptimizerConfig, TrainConfig, Trainer};
+use redline_monitor::Sampler;
+use redline_profile::{Mode, Profile};
+use redline_train::{FitSummary, JsonlMetrics, OptimizerConfig, TrainConfig, Trainer};
+use serde_json::json;
 
 use crate::cli::TrainArgs;
 use crate::progress::Progress;
+use crate::run_dir::{self, RunLog};
 use crate::summary;
 
 /// The shipped Fashion-MNIST: `./data/fashion-mnist` from the repository root,
@@ -94,6 +99,13 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if args.batch_size == 0 || args.eval_batch_size == 0 {
         bail!("--batch-size and --eval-batch-size must be at least 1");
     }
+    let mode: Mode = args.profiler.parse()?;
+    if !(args.monitor_interval >= 0.0 && args.monitor_interval.is_finite()) {
+        bail!(
+            "--monitor-interval {}: give seconds >= 0 (0 turns sampling off)",
+            args.monitor_interval
+        );
+    }
 
     let norm = Normalize {
         mean: args.mean,
@@ -160,7 +172,36 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         args.lr
     );
 
+    let started = run_dir::unix_now();
+    let dir = run_dir::create(args.run_dir.as_deref(), model_cfg.name(), started)?;
+    let config = toml::to_string(args).context("serialising the config")?;
+    run_dir::write_atomic(
+        &dir.join("config.toml"),
+        &format!(
+            "# redline train --config {} runs this again (same seed, data and flags)\n{config}",
+            dir.join("config.toml").display()
+        ),
+    )?;
+    let log = RunLog::create(&dir)?;
+    let sampler = (args.monitor_interval > 0.0).then(|| {
+        Sampler::start_with(
+            Duration::from_secs_f64(args.monitor_interval),
+            log.system_callback(),
+        )
+    });
+    let free_cores = redline_core::threads::last_free_cores()
+        .unwrap_or_else(|| redline_core::threads::measure_free_cores(Duration::from_millis(100)));
+    let head = json!({
+        "model": model_cfg.name(), "device": device.to_string(),
+        "started": run_dir::utc_stamp(started).1, "started_unix": started,
+        "batch_size": args.batch_size, "threads": threads, "free_cores": free_cores,
+        "logical_cores": redline_core::threads::usable_cores(), "prefetch": args.prefetch,
+        "profiler": mode.to_string(), "run_dir": dir.display().to_string(),
+    });
+
     let mut builder = Trainer::builder()
+        .profiler(mode)
+        .callback(Box::new(log))
         .config(TrainConfig {
             epochs: args.epochs,
             max_steps: args.max_steps,
@@ -174,16 +215,107 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         builder = builder.callback(Box::new(JsonlMetrics::create(path)?));
     }
     let mut trainer = builder.build(model, device)?;
-    let fit = trainer.fit(&train_loader, test_loader.as_ref())?;
-    summary::print(&fit, args.batch_size)?;
+    let fit = trainer.fit(&train_loader, test_loader.as_ref());
+    let saved = match (&fit, &args.save) {
+        (Ok(_), Some(path)) => Some(trainer.save_weights(path).context("--save").map(|()| path)),
+        _ => None,
+    };
+    let samples = sampler.map(Sampler::stop).map_or(0, |s| s.len());
+    let profile = trainer.finish_profile();
+    let outcome = match (fit, saved) {
+        (Err(e), _) => Err(anyhow::Error::from(e)),
+        (Ok(_), Some(Err(e))) => Err(e),
+        (Ok(f), _) => Ok(f),
+    };
+    if let Ok(fit) = &outcome {
+        summary::print(fit, args.batch_size)?;
+        if let Some(path) = &args.save {
+            println!("saved weights to {}", path.display());
+        }
+    }
+    finish(
+        &dir,
+        head,
+        outcome.as_ref().ok(),
+        profile.as_ref(),
+        samples,
+        &outcome,
+    )?;
+    outcome.map(|_| ())
+}
 
-    if let Some(path) = &args.save {
-        trainer
-            .model()
-            .params()
-            .save_safetensors(path)
-            .context("--save")?;
-        println!("saved weights to {}", path.display());
+/// Writes what the run leaves behind (breakdown, profile, summary, report),
+/// on failure too, and prints the breakdown line, the profile table and where
+/// the files are.
+fn finish<T>(
+    dir: &Path,
+    head: serde_json::Value,
+    fit: Option<&FitSummary>,
+    profile: Option<&Profile>,
+    samples: usize,
+    outcome: &anyhow::Result<T>,
+) -> anyhow::Result<()> {
+    if let Some(p) = profile {
+        p.write(dir)?;
+        if p.mode != Mode::Off {
+            print!("{}", p.table());
+        }
+        if let Some(t) = &p.trace {
+            println!(
+                "trace: {} ({} spans; open in https://ui.perfetto.dev or chrome://tracing)",
+                dir.join("trace.json").display(),
+                t.spans.len()
+            );
+        }
+        println!("{}", p.breakdown.line());
+    }
+    let mut summary = head;
+    if let serde_json::Value::Object(m) = &mut summary {
+        let (status, error) = match outcome {
+            Ok(_) => ("finished", serde_json::Value::Null),
+            Err(e) => ("failed", json!(format!("{e:#}"))),
+        };
+        m.insert("status".into(), json!(status));
+        m.insert("error".into(), error);
+        m.insert("system_samples".into(), json!(samples));
+        if let Some(f) = fit {
+            let num = |x: f64| {
+                if x.is_finite() {
+                    json!(x)
+                } else {
+                    serde_json::Value::Null
+                }
+            };
+            for (k, v) in [
+                ("epochs", json!(f.epochs)),
+                ("steps", json!(f.steps)),
+                ("samples", json!(f.samples)),
+                ("wall_s", json!(f.wall_s)),
+                ("train_s", json!(f.train_s)),
+                ("eval_s", json!(f.eval_s)),
+                ("samples_per_s", num(f.samples_per_s)),
+                ("test_loss", num(f.test_loss)),
+                ("test_accuracy", num(f.test_accuracy)),
+                ("host_syncs_per_step", json!(f.host_syncs_per_step)),
+            ] {
+                m.insert(k.into(), v);
+            }
+        }
+    }
+    run_dir::write_atomic(
+        &dir.join("summary.json"),
+        &serde_json::to_string_pretty(&summary)?,
+    )?;
+    match redline_report::write_report(dir) {
+        Ok(page) => println!(
+            "run folder: {}  (report: {})",
+            dir.display(),
+            page.display()
+        ),
+        Err(e) => {
+            println!("run folder: {}", dir.display());
+            eprintln!("warning: report not written: {e}");
+        }
     }
     Ok(())
 }

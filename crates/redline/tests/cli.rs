@@ -4,49 +4,10 @@
 // Tests may panic on unexpected values: that is how they fail.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn redline(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_redline"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .unwrap()
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = redline(args);
-    let (so, se) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(
-        out.status.success(),
-        "redline {args:?} failed\nstdout:\n{so}\nstderr:\n{se}"
-    );
-    so.into_owned()
-}
-
-fn fails(args: &[&str]) -> String {
-    let out = redline(args);
-    assert!(!out.status.success(), "redline {args:?} should have failed");
-    let se = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!se.contains("panicked"), "{se}");
-    se
-}
-
-fn jsonl(path: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
+mod common;
+use common::{fails, jsonl, ok, root};
 
 fn step_losses(rows: &[serde_json::Value]) -> Vec<f64> {
     rows.iter()
@@ -344,7 +305,9 @@ fn mismatched_init_lists_the_offending_names() {
 }
 
 #[test]
-fn diverging_loss_stops_with_a_hint() {
+fn diverging_loss_stops_with_a_hint_and_leaves_its_run_folder() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("nan");
     let err = fails(&[
         "train",
         "--optimizer",
@@ -356,9 +319,17 @@ fn diverging_loss_stops_with_a_hint() {
         "--log-every",
         "1",
         "--no-validate",
+        "--run-dir",
+        dir.to_str().unwrap(),
     ]);
     assert!(
         err.contains("loss became") && err.contains("HINT: lower --lr"),
         "{err}"
     );
+    // The failed run still says what happened, with its breakdown and report.
+    let summary = common::json(&dir.join("summary.json"));
+    assert_eq!(summary["status"], "failed");
+    assert!(summary["error"].as_str().unwrap().contains("loss became"));
+    assert!(dir.join("breakdown.json").exists());
+    assert!(dir.join("report.html").exists());
 }

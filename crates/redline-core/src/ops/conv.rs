@@ -8,12 +8,15 @@
 //! gradient, dx (GEMM + col2im). Samples are split across the compute
 //! threads; each GEMM is small, so it stays on its thread.
 
+use std::sync::Arc;
+
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::gemm::{self, Mat};
 use super::slices::{f32s, fused_cpu};
 use crate::error::{Error, Result};
+use crate::trace;
 
 /// 2-D convolution with bias, stride 1, dilation 1, one group: PyTorch's
 /// `F.conv2d(x, w, b, padding=padding)`.
@@ -30,6 +33,7 @@ pub fn conv2d(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Result<Tens
     let op = Conv2dOp {
         geom,
         input_grad: x.track_op(),
+        layer: trace::current_layer(),
     };
     Ok(x.contiguous()?
         .apply_op3(&w.contiguous()?, &b.contiguous()?, op)?)
@@ -241,6 +245,8 @@ struct Conv2dOp {
     geom: Geom,
     /// Whether `x` was tracked at forward time; if not, no dx is computed.
     input_grad: bool,
+    /// The layer that built it, for the backward span (only while tracing).
+    layer: Option<Arc<str>>,
 }
 
 impl CustomOp3 for Conv2dOp {
@@ -258,6 +264,7 @@ impl CustomOp3 for Conv2dOp {
         l3: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (g, name) = (self.geom, self.name());
+        trace::count("conv2d.forward");
         let (x, w, b) = (
             f32s(s1, l1, "conv2d input")?,
             f32s(s2, l2, "conv2d weight")?,
@@ -306,6 +313,8 @@ impl CustomOp3 for Conv2dOp {
         _res: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let _span = trace::backward(self.layer.as_ref(), "conv2d");
+        trace::count("conv2d.backward");
         let g = self.geom;
         let op = Conv2dBackward {
             geom: g,

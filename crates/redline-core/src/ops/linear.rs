@@ -6,11 +6,14 @@
 //! gradient, the dx GEMM (candle's matmul backward always computes dx, which
 //! for the first layer is the data batch: wasted work every step).
 
+use std::sync::Arc;
+
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
 use super::gemm::{matmul, Mat};
 use super::slices::{f32s, fused_cpu};
 use crate::error::Result;
+use crate::trace;
 
 /// `x (B, in) -> (B, out)` with `w (out, in)` and `b (out)`; ReLU when `relu`.
 pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor, relu: bool) -> Result<Tensor> {
@@ -21,6 +24,7 @@ pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor, relu: bool) -> Result<Tensor> 
     let op = LinearOp {
         relu,
         input_grad: x.track_op(),
+        layer: trace::current_layer(),
     };
     Ok(x.contiguous()?
         .apply_op3(&w.contiguous()?, &b.contiguous()?, op)?)
@@ -29,6 +33,8 @@ pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor, relu: bool) -> Result<Tensor> 
 struct LinearOp {
     relu: bool,
     input_grad: bool,
+    /// The layer that built it, for the backward span (only while tracing).
+    layer: Option<Arc<str>>,
 }
 
 fn dims(l1: &Layout, l2: &Layout, l3: &Layout) -> candle_core::Result<(usize, usize, usize)> {
@@ -61,6 +67,7 @@ impl CustomOp3 for LinearOp {
         l3: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (bsz, fan_in, fan_out) = dims(l1, l2, l3)?;
+        trace::count("linear.forward");
         let (x, w, b) = (
             f32s(s1, l1, "linear")?,
             f32s(s2, l2, "linear")?,
@@ -93,6 +100,8 @@ impl CustomOp3 for LinearOp {
         y: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let _span = trace::backward(self.layer.as_ref(), "linear");
+        trace::count("linear.backward");
         let (bsz, fan_in) = x.dims2()?;
         let fan_out = w.dims2()?.0;
         let grad = grad.contiguous()?;

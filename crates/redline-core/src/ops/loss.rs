@@ -5,6 +5,7 @@ use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Shape, Tensor}
 
 use super::slices::{f32s, fused_cpu, u32s};
 use crate::error::Result;
+use crate::trace;
 
 /// Mean cross-entropy of `logits (B, C)` against class indices `targets (B,)` (u32).
 /// A target `>= C` is an error, not a silent wrong answer.
@@ -64,6 +65,7 @@ impl CustomOp2 for CrossEntropy {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
+        trace::count("cross_entropy.forward");
         let (b, c) = check(l1, l2)?;
         let (x, t) = (
             f32s(s1, l1, "cross_entropy")?,
@@ -89,6 +91,8 @@ impl CustomOp2 for CrossEntropy {
         _res: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let _span = trace::backward(None, "cross_entropy");
+        trace::count("cross_entropy.backward");
         let g = logits.apply_op3_no_bwd(targets, &grad.flatten_all()?, &CrossEntropyBwd)?;
         Ok((Some(g), None))
     }

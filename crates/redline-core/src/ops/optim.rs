@@ -9,6 +9,7 @@ use candle_core::{bail, CpuStorage, InplaceOp2, Layout, Tensor};
 
 use super::slices::{f32s, f32s_mut, fused_cpu};
 use crate::error::Result;
+use crate::trace;
 
 /// Adam / AdamW hyperparameters for one step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -106,6 +107,7 @@ impl InplaceOp2 for Update<'_> {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<()> {
+        trace::count("optimizer.update");
         let p = f32s_mut(s1, l1, self.name())?;
         let g = f32s(s2, l2, self.name())?;
         if p.len() != g.len() {

@@ -8,12 +8,15 @@
 //! argmax from the input), and a version built from differentiable candle
 //! primitives for every other device and dtype.
 
+use std::sync::Arc;
+
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor, D};
 use rayon::prelude::*;
 
 use super::gemm;
 use super::slices::{f32s, fused_cpu};
 use crate::error::{Error, Result};
+use crate::trace;
 
 /// Max pooling with a `k x k` window and stride `k` (PyTorch's `MaxPool2d(k)`,
 /// floor mode): `(B, C, H, W) -> (B, C, H/k, W/k)`. CPU f32 tensors take the
@@ -21,7 +24,8 @@ use crate::error::{Error, Result};
 pub fn max_pool2d(x: &Tensor, k: usize) -> Result<Tensor> {
     check(x, k)?;
     if fused_cpu(x) {
-        Ok(x.contiguous()?.apply_op1(MaxPool2d { k })?)
+        let layer = trace::current_layer();
+        Ok(x.contiguous()?.apply_op1(MaxPool2d { k, layer })?)
     } else {
         max_pool2d_generic(x, k)
     }
@@ -181,6 +185,8 @@ fn planes_per_chunk(planes: usize) -> usize {
 /// The forward op: `x (B, C, H, W) -> (B, C, H/k, W/k)`, contiguous f32 on the CPU.
 struct MaxPool2d {
     k: usize,
+    /// The layer that built it, for the backward span (only while tracing).
+    layer: Option<Arc<str>>,
 }
 
 impl CustomOp1 for MaxPool2d {
@@ -193,6 +199,7 @@ impl CustomOp1 for MaxPool2d {
         storage: &CpuStorage,
         layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
+        trace::count("max_pool2d.forward");
         let x = f32s(storage, layout, "max_pool2d input")?;
         let (b, c, h, w) = layout.shape().dims4()?;
         let (k, oh, ow) = (self.k, h / self.k, w / self.k);
@@ -215,6 +222,8 @@ impl CustomOp1 for MaxPool2d {
     }
 
     fn bwd(&self, x: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let _span = trace::backward(self.layer.as_ref(), "max_pool2d");
+        trace::count("max_pool2d.backward");
         let dx = x.apply_op2_no_bwd(&grad.contiguous()?, &MaxPool2dBackward { k: self.k })?;
         Ok(Some(dx))
     }

@@ -1,0 +1,21 @@
+//! Redline's profilers.
+//!
+//! * [`Profiler`]: the training loop switches between [`Action`]s; time goes to
+//!   exactly one action at a time, so the table and the breakdown sum to wall time.
+//! * [`Breakdown`]: compute, data wait, transfer, host sync, overhead, idle.
+//! * [`Profile`]: the finished tables, written into the run folder
+//!   (`breakdown.json`, `profile.txt`/`.json`, `trace.json`).
+
+mod action;
+mod breakdown;
+mod chrome;
+mod error;
+mod profiler;
+mod report;
+
+pub use action::{Action, Category, Mode};
+pub use breakdown::{Breakdown, CategoryShare, Timeline, TimelineRow, RULE};
+pub use chrome::to_chrome_json;
+pub use error::{Error, Result};
+pub use profiler::Profiler;
+pub use report::{ActionRow, Profile, SpanRow};

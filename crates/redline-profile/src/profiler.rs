@@ -1,0 +1,276 @@
+//! The main-loop profiler: the loop says what it is doing now ([`Profiler::switch`]),
+//! and the time since the previous switch goes to the previous action.
+//!
+//! Attribution rule (exclusive by construction): at every instant the loop's
+//! thread is in exactly one action or in none (idle), so action times never
+//! overlap and, with idle, sum to the wall time. Work on other threads (the
+//! prefetch thread assembling batches, the monitor) overlaps the loop and is not
+//! counted; only the loop's wait for it is (data wait). On the CPU kernels run
+//! synchronously, so an action's host time is its compute time. On a GPU the
+//! same `switch` calls are where device events get recorded (issue 5): call
+//! sites do not change, only what a switch records.
+//!
+//! Cost: one monotonic clock read per switch (about ten per step), always on,
+//! because the breakdown is printed for every run. `simple` adds nothing to the
+//! loop; `detailed` also records a trace span per switch and per layer.
+
+use std::time::Instant;
+
+use redline_core::trace;
+
+use crate::action::{Action, Category, Mode};
+use crate::breakdown::{Breakdown, Timeline};
+use crate::report::{ActionRow, Profile};
+
+/// Steps are grouped into at most this many timeline bins.
+const MAX_BINS: usize = 400;
+/// Per-step categories (idle is not per step).
+const STEP_CATS: usize = 5;
+
+/// Times the training loop's actions. See the module docs for the rule.
+pub struct Profiler {
+    mode: Mode,
+    start: Instant,
+    current: Option<(Action, Instant)>,
+    totals: [f64; Action::ALL.len()],
+    calls: [u64; Action::ALL.len()],
+    step_ms: [f64; STEP_CATS],
+    timeline: Timeline,
+    bin_ms: [f64; STEP_CATS],
+    bin_first: usize,
+    steps: usize,
+    device: String,
+}
+
+impl Profiler {
+    /// Starts the clock. `detailed` switches on [`redline_core::trace`].
+    pub fn new(mode: Mode, device: &str) -> Self {
+        trace::set_detailed(mode == Mode::Detailed);
+        trace::name_thread("main loop");
+        Self {
+            mode,
+            start: Instant::now(),
+            current: None,
+            totals: [0.0; Action::ALL.len()],
+            calls: [0; Action::ALL.len()],
+            step_ms: [0.0; STEP_CATS],
+            timeline: Timeline {
+                bin_steps: 1,
+                rows: Vec::new(),
+            },
+            bin_ms: [0.0; STEP_CATS],
+            bin_first: 1,
+            steps: 0,
+            device: device.to_string(),
+        }
+    }
+
+    /// The mode it was built with.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Sizes the timeline bins for a run of `total_steps` steps.
+    pub fn plan(&mut self, total_steps: usize) {
+        self.timeline.bin_steps = total_steps.div_ceil(MAX_BINS).max(1);
+    }
+
+    /// The loop now does `action`; the time since the last switch goes to the
+    /// action it was doing.
+    #[inline]
+    pub fn switch(&mut self, action: Action) {
+        let now = Instant::now();
+        self.close(now);
+        self.current = Some((action, now));
+    }
+
+    /// The loop now does nothing it owns (the time counts as idle).
+    pub fn pause(&mut self) {
+        self.close(Instant::now());
+    }
+
+    fn close(&mut self, now: Instant) {
+        if let Some((a, since)) = self.current.take() {
+            let secs = now.saturating_duration_since(since).as_secs_f64();
+            self.totals[a.index()] += secs;
+            self.calls[a.index()] += 1;
+            let cat = a.category().index();
+            if cat < STEP_CATS {
+                self.step_ms[cat] += secs * 1e3;
+            }
+            if self.mode == Mode::Detailed {
+                trace::record("step", a.label(), since, now);
+            }
+        }
+    }
+
+    /// Marks the end of one optimizer step: its per-category times go to the timeline.
+    pub fn end_step(&mut self) {
+        self.steps += 1;
+        for (b, s) in self.bin_ms.iter_mut().zip(&mut self.step_ms) {
+            *b += *s;
+            *s = 0.0;
+        }
+        if self.steps - self.bin_first + 1 >= self.timeline.bin_steps {
+            self.flush_bin();
+        }
+    }
+
+    fn flush_bin(&mut self) {
+        let n = self.steps + 1 - self.bin_first;
+        if n == 0 {
+            return;
+        }
+        let mean = self.bin_ms.map(|v| v / n as f64);
+        self.timeline.push(
+            self.bin_first,
+            self.steps,
+            mean[0],
+            mean[1],
+            mean[2],
+            mean[3],
+            mean[4],
+        );
+        self.bin_ms = [0.0; STEP_CATS];
+        self.bin_first = self.steps + 1;
+    }
+
+    /// Seconds since the profiler started.
+    pub fn elapsed_s(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    /// Current per-category seconds (idle included), for live displays.
+    pub fn category_seconds(&self) -> [f64; 6] {
+        self.category_seconds_at(self.elapsed_s())
+    }
+
+    /// Stops the clock and builds the tables, the breakdown and (detailed) the trace.
+    pub fn finish(mut self) -> Profile {
+        self.pause();
+        if self.steps + 1 > self.bin_first {
+            self.flush_bin();
+        }
+        let wall_s = self.elapsed_s();
+        let trace = (self.mode == Mode::Detailed).then(|| {
+            trace::set_detailed(false);
+            trace::take()
+        });
+        let pct = |s: f64| {
+            if wall_s > 0.0 {
+                100.0 * s / wall_s
+            } else {
+                0.0
+            }
+        };
+        let mut rows = Vec::new();
+        let mut other = None;
+        for a in Action::ALL {
+            let (calls, total_s) = (self.calls[a.index()], self.totals[a.index()]);
+            if calls == 0 {
+                continue;
+            }
+            let row = ActionRow {
+                action: a.label().to_string(),
+                calls,
+                mean_ms: 1e3 * total_s / calls as f64,
+                total_s,
+                percent: pct(total_s),
+            };
+            if a == Action::Other {
+                other = Some(row);
+            } else {
+                rows.push(row);
+            }
+        }
+        let seconds = self.category_seconds_at(wall_s);
+        let idle = seconds[Category::Idle.index()];
+        if idle > 0.0 {
+            rows.push(ActionRow {
+                action: "idle (no action)".into(),
+                calls: 0,
+                mean_ms: 0.0,
+                total_s: idle,
+                percent: pct(idle),
+            });
+        }
+        rows.extend(other);
+        let breakdown = Breakdown::new(wall_s, self.steps, &self.device, seconds, self.timeline);
+        Profile {
+            mode: self.mode,
+            wall_s,
+            steps: self.steps,
+            rows,
+            breakdown,
+            trace,
+        }
+    }
+
+    fn category_seconds_at(&self, wall_s: f64) -> [f64; 6] {
+        let mut out = [0.0; 6];
+        for a in Action::ALL {
+            out[a.category().index()] += self.totals[a.index()];
+        }
+        let busy: f64 = out.iter().sum();
+        out[Category::Idle.index()] = (wall_s - busy).max(0.0);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::thread::sleep;
+    use std::time::Duration;
+
+    #[test]
+    fn actions_are_exclusive_and_sum_to_wall() {
+        let mut p = Profiler::new(Mode::Simple, "cpu");
+        p.plan(3);
+        for _ in 0..3 {
+            p.switch(Action::DataWait);
+            sleep(Duration::from_millis(2));
+            p.switch(Action::Forward);
+            sleep(Duration::from_millis(3));
+            p.switch(Action::Logging);
+            p.end_step();
+        }
+        p.pause();
+        sleep(Duration::from_millis(2));
+        let prof = p.finish();
+        let sum: f64 = prof.rows.iter().map(|r| r.total_s).sum();
+        assert!((sum - prof.wall_s).abs() < 1e-6, "{sum} vs {}", prof.wall_s);
+        let cats: f64 = prof.breakdown.categories.iter().map(|c| c.seconds).sum();
+        assert!((cats - prof.wall_s).abs() < 1e-6);
+        let fwd = prof
+            .rows
+            .iter()
+            .find(|r| r.action == "forward")
+            .map(|r| r.calls);
+        assert_eq!(fwd, Some(3));
+        assert!(prof.breakdown.seconds(Category::Compute) >= 0.009);
+        assert!(prof.breakdown.seconds(Category::DataWait) >= 0.006);
+        assert!(prof.breakdown.seconds(Category::Idle) >= 0.002);
+        assert_eq!(prof.breakdown.timeline.rows.len(), 3);
+        assert!(prof.breakdown.timeline.rows[0].compute_ms >= 3.0);
+        assert!(prof.trace.is_none());
+    }
+
+    #[test]
+    fn timeline_bins_cover_every_step_once() {
+        let mut p = Profiler::new(Mode::Off, "cpu");
+        p.plan(1000);
+        for _ in 0..999 {
+            p.switch(Action::Forward);
+            p.end_step();
+        }
+        let prof = p.finish();
+        let t = &prof.breakdown.timeline;
+        assert_eq!(t.bin_steps, 3);
+        assert_eq!(t.rows.first().map(|r| r.first_step), Some(1));
+        assert_eq!(t.rows.last().map(|r| r.last_step), Some(999));
+        for w in t.rows.windows(2) {
+            assert_eq!(w[1].first_step, w[0].last_step + 1);
+        }
+    }
+}

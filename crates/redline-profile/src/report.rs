@@ -1,0 +1,228 @@
+//! A finished profile: the action table (simple), per-layer spans and per-op
+//! counts (detailed), and writing them into a run folder.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use redline_core::trace::Trace;
+use serde::{Deserialize, Serialize};
+
+use crate::action::Mode;
+use crate::breakdown::Breakdown;
+use crate::chrome;
+use crate::error::{Error, Result};
+
+/// One row of the action table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionRow {
+    /// What the loop did.
+    pub action: String,
+    /// Times it did it.
+    pub calls: u64,
+    /// Mean milliseconds per call.
+    pub mean_ms: f64,
+    /// Total seconds.
+    pub total_s: f64,
+    /// Percent of wall time.
+    pub percent: f64,
+}
+
+/// Inclusive time of one named span (a layer's forward or backward).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpanRow {
+    /// Span name, e.g. `fc1.forward`.
+    pub name: String,
+    /// Times it ran.
+    pub calls: u64,
+    /// Mean milliseconds.
+    pub mean_ms: f64,
+    /// Total seconds.
+    pub total_s: f64,
+}
+
+/// What [`crate::Profiler::finish`] returns.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    /// The mode it ran in.
+    pub mode: Mode,
+    /// Wall time covered.
+    pub wall_s: f64,
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Exclusive action rows summing to `wall_s`; `other` last.
+    pub rows: Vec<ActionRow>,
+    /// The category breakdown.
+    pub breakdown: Breakdown,
+    /// Spans and counts (detailed only).
+    pub trace: Option<Trace>,
+}
+
+#[derive(Serialize)]
+struct ProfileJson<'a> {
+    wall_s: f64,
+    mode: String,
+    steps: usize,
+    rows: &'a [ActionRow],
+    layers: Vec<SpanRow>,
+    op_counts_per_step: BTreeMap<&'static str, f64>,
+}
+
+impl Profile {
+    /// Per-layer spans, largest total first (detailed only; empty otherwise).
+    pub fn layer_rows(&self) -> Vec<SpanRow> {
+        let Some(trace) = &self.trace else {
+            return Vec::new();
+        };
+        let mut by_name: BTreeMap<&str, (u64, f64)> = BTreeMap::new();
+        for s in trace
+            .spans
+            .iter()
+            .filter(|s| s.cat == "layer" || s.cat == "backward")
+        {
+            let e = by_name.entry(&s.name).or_insert((0, 0.0));
+            e.0 += 1;
+            e.1 += s.dur_us * 1e-6;
+        }
+        let mut rows: Vec<SpanRow> = by_name
+            .into_iter()
+            .map(|(name, (calls, total_s))| SpanRow {
+                name: name.to_string(),
+                calls,
+                mean_ms: 1e3 * total_s / calls as f64,
+                total_s,
+            })
+            .collect();
+        rows.sort_by(|a, b| b.total_s.total_cmp(&a.total_s));
+        rows
+    }
+
+    /// Kernel invocations per optimizer step (detailed only).
+    pub fn op_counts_per_step(&self) -> BTreeMap<&'static str, f64> {
+        let steps = self.steps.max(1) as f64;
+        self.trace
+            .iter()
+            .flat_map(|t| t.counts.iter())
+            .map(|(k, v)| (*k, *v as f64 / steps))
+            .collect()
+    }
+
+    /// The table printed at the end of a profiled run.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "Profiler ({}): {:.3} s wall over {} steps. Rows are exclusive and sum to the wall time.",
+            self.mode, self.wall_s, self.steps
+        );
+        let _ = writeln!(
+            s,
+            "{:<34} {:>9} {:>10} {:>10} {:>7}",
+            "Action", "Calls", "Mean ms", "Total s", "% wall"
+        );
+        let mut sum = 0.0;
+        for r in &self.rows {
+            sum += r.total_s;
+            let (calls, mean) = if r.calls > 0 {
+                (r.calls.to_string(), format!("{:.4}", r.mean_ms))
+            } else {
+                ("-".into(), "-".into())
+            };
+            let _ = writeln!(
+                s,
+                "{:<34} {:>9} {:>10} {:>10.4} {:>7.1}",
+                r.action, calls, mean, r.total_s, r.percent
+            );
+        }
+        let pct = if self.wall_s > 0.0 {
+            100.0 * sum / self.wall_s
+        } else {
+            0.0
+        };
+        let _ = writeln!(
+            s,
+            "{:<34} {:>9} {:>10} {:>10.4} {:>7.1}",
+            "total", "", "", sum, pct
+        );
+        let layers = self.layer_rows();
+        if !layers.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nPer layer (inclusive; inside the forward and backward rows above):"
+            );
+            let _ = writeln!(
+                s,
+                "{:<34} {:>9} {:>10} {:>10}",
+                "Span", "Calls", "Mean ms", "Total s"
+            );
+            for r in &layers {
+                let _ = writeln!(
+                    s,
+                    "{:<34} {:>9} {:>10.4} {:>10.4}",
+                    r.name, r.calls, r.mean_ms, r.total_s
+                );
+            }
+        }
+        let counts = self.op_counts_per_step();
+        if !counts.is_empty() {
+            let _ = writeln!(s, "\nKernel calls per step (Redline's kernels):");
+            for (k, v) in counts {
+                let _ = writeln!(s, "{k:<34} {v:>9.2}");
+            }
+        }
+        s
+    }
+
+    /// Writes `breakdown.json` always, `profile.txt` and `profile.json` unless
+    /// the mode is off, and `trace.json` when detailed. Returns the files written.
+    pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>> {
+        let mut written = Vec::new();
+        written.push(write_file(
+            &dir.join("breakdown.json"),
+            &to_json("breakdown", &self.breakdown)?,
+        )?);
+        if self.mode != Mode::Off {
+            written.push(write_file(&dir.join("profile.txt"), &self.table())?);
+            let pj = ProfileJson {
+                wall_s: self.wall_s,
+                mode: self.mode.to_string(),
+                steps: self.steps,
+                rows: &self.rows,
+                layers: self.layer_rows(),
+                op_counts_per_step: self.op_counts_per_step(),
+            };
+            written.push(write_file(
+                &dir.join("profile.json"),
+                &to_json("profile", &pj)?,
+            )?);
+        }
+        if let Some(trace) = &self.trace {
+            let path = dir.join("trace.json");
+            let text =
+                chrome::to_chrome_json(trace, &self.op_counts_per_step()).map_err(|source| {
+                    Error::Json {
+                        what: "trace",
+                        source,
+                    }
+                })?;
+            written.push(write_file(&path, &text)?);
+        }
+        Ok(written)
+    }
+}
+
+fn to_json<T: Serialize>(what: &'static str, v: &T) -> Result<String> {
+    serde_json::to_string_pretty(v).map_err(|source| Error::Json { what, source })
+}
+
+/// Writes via a temporary file and a rename, so a reader never sees half a file.
+fn write_file(path: &Path, text: &str) -> Result<PathBuf> {
+    let tmp = path.with_extension("tmp");
+    let err = |source| Error::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    std::fs::write(&tmp, text).map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)?;
+    Ok(path.to_path_buf())
+}

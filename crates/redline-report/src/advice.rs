@@ -1,0 +1,297 @@
+//! Advice: rules that read the measured numbers of a run and say what to change.
+//!
+//! Each rule fires only on a measured number and cites it, so a reader can
+//! check the claim against the charts. Thresholds are plain constants below.
+
+use crate::run::RunData;
+use crate::timing::Breakdown;
+
+/// How a piece of advice should be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// Something to fix: the accelerator waits.
+    Warn,
+    /// Worth knowing; may or may not matter.
+    Info,
+    /// A measurement that says this part is fine.
+    Good,
+}
+
+impl Level {
+    /// Lowercase name, used as the CSS class.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Good => "good",
+            Level::Info => "info",
+            Level::Warn => "warn",
+        }
+    }
+}
+
+/// One finding, with the number it rests on in `text`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Advice {
+    /// Warn, info or good.
+    pub level: Level,
+    /// The finding and the fix, citing the measured number.
+    pub text: String,
+}
+
+impl Advice {
+    fn new(level: Level, text: String) -> Self {
+        Self { level, text }
+    }
+}
+
+/// Data wait at or above this percent of wall time is worth fixing.
+const DATA_WAIT_WARN: f64 = 10.0;
+/// Host syncs per step up to this are read-backs at log points only.
+const SYNCS_GOOD: f64 = 0.05;
+/// Host syncs per step above this mean a read-back in every step.
+const SYNCS_WARN: f64 = 0.5;
+/// Host-sync time at or above this percent of wall time.
+const HOST_SYNC_WARN: f64 = 5.0;
+/// Framework overhead at or above this percent of wall time.
+const OVERHEAD_WARN: f64 = 15.0;
+/// Idle at or above this percent of wall time.
+const IDLE_WARN: f64 = 20.0;
+/// Mean GPU utilization below this percent.
+const GPU_UTIL_WARN: f64 = 60.0;
+/// Compute threads busy below this fraction of `threads * 100` process CPU.
+const THREADS_BUSY_WARN: f64 = 0.6;
+/// Batches up to this size, with compute per step below [`SHORT_STEP_MS`], are small.
+const SMALL_BATCH: u64 = 64;
+/// Compute per step below this many milliseconds is short.
+const SHORT_STEP_MS: f64 = 1.0;
+/// Compute at or above this percent of wall time means the device is kept busy.
+const COMPUTE_GOOD: f64 = 80.0;
+
+/// Formats a number without a trailing `.0` (`2`, `1.9`).
+fn short(x: f64) -> String {
+    if (x - x.round()).abs() < 1e-9 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.1}")
+    }
+}
+
+/// `"(1.10 s of 3.52 s)"` for the category `name`.
+fn seconds_of(b: &Breakdown, name: &str) -> String {
+    match b.category(name) {
+        Some(c) => format!("{:.2} s of {:.2} s", c.seconds, b.wall_s),
+        None => String::new(),
+    }
+}
+
+fn data_wait(run: &RunData, b: &Breakdown) -> Option<Advice> {
+    let p = b.percent("data_wait").filter(|&p| p >= DATA_WAIT_WARN)?;
+    let now = run
+        .summary
+        .as_ref()
+        .and_then(|s| s.prefetch)
+        .map(|n| format!("; --prefetch is {n} now"))
+        .unwrap_or_default();
+    Some(Advice::new(
+        Level::Warn,
+        format!(
+            "data wait is {p:.0}% of step time: raise --prefetch or keep the dataset on the \
+             device ({}{now})",
+            seconds_of(b, "data_wait")
+        ),
+    ))
+}
+
+fn host_syncs(run: &RunData) -> Option<Advice> {
+    let n = run.summary.as_ref()?.host_syncs_per_step?;
+    if !n.is_finite() {
+        return None;
+    }
+    Some(if n == 0.0 {
+        Advice::new(
+            Level::Good,
+            "0 host syncs per step: the loop never waits on a device read-back".into(),
+        )
+    } else if n <= SYNCS_GOOD {
+        Advice::new(
+            Level::Good,
+            format!("{n:.2} host syncs per step: read-backs only at log points"),
+        )
+    } else if n > SYNCS_WARN {
+        Advice::new(
+            Level::Warn,
+            format!(
+                "{n:.2} host syncs per step: a device value is read back (an .item()-style read \
+                 of loss or accuracy) in every step, so the host waits for the device each time; \
+                 keep running sums on the device and read them at log points"
+            ),
+        )
+    } else {
+        Advice::new(
+            Level::Info,
+            format!(
+                "{n:.2} host syncs per step: a read-back every {:.0} steps; read values back only \
+                 at log points",
+                1.0 / n
+            ),
+        )
+    })
+}
+
+/// A warning when category `name` takes at least `limit` percent of wall time.
+fn category_warn(b: &Breakdown, name: &str, limit: f64, what: &str, fix: &str) -> Option<Advice> {
+    let p = b.percent(name).filter(|&p| p >= limit)?;
+    Some(Advice::new(
+        Level::Warn,
+        format!(
+            "{what} is {p:.0}% of wall time ({}): {fix}",
+            seconds_of(b, name)
+        ),
+    ))
+}
+
+fn gpu_utilization(run: &RunData) -> Option<Advice> {
+    if run.is_cpu() {
+        return None;
+    }
+    let util: Vec<f64> = run
+        .system
+        .iter()
+        .flat_map(|r| r.gpus.iter())
+        .filter_map(|g| g.utilization_gpu_percent)
+        .filter(|u| u.is_finite())
+        .collect();
+    if util.is_empty() {
+        return None;
+    }
+    let mean = util.iter().sum::<f64>() / util.len() as f64;
+    if mean >= GPU_UTIL_WARN {
+        return None;
+    }
+    let idle = 100.0 - mean;
+    let text = match run.summary.as_ref().and_then(|s| s.batch_size) {
+        Some(b) => format!(
+            "batch {b} leaves the GPU {idle:.0}% idle: try a larger --batch-size such as {} \
+             (mean utilization {mean:.0}% over {} samples)",
+            b * 4,
+            util.len()
+        ),
+        None => format!(
+            "the GPU is {idle:.0}% idle (mean utilization {mean:.0}% over {} samples): try a \
+             larger --batch-size",
+            util.len()
+        ),
+    };
+    Some(Advice::new(Level::Warn, text))
+}
+
+fn threads_busy(run: &RunData) -> Option<Advice> {
+    if !run.is_cpu() {
+        return None;
+    }
+    let threads = run.summary.as_ref()?.threads.filter(|&t| t > 0)?;
+    let cpu: Vec<f64> = run
+        .system
+        .iter()
+        .filter_map(|r| r.host.as_ref()?.process_cpu_percent)
+        .filter(|c| c.is_finite())
+        .collect();
+    if cpu.is_empty() {
+        return None;
+    }
+    let mean = cpu.iter().sum::<f64>() / cpu.len() as f64;
+    let full = threads as f64 * 100.0;
+    let busy = mean / full;
+    (busy < THREADS_BUSY_WARN).then(|| {
+        Advice::new(
+            Level::Warn,
+            format!(
+                "compute threads busy only {:.0}%: the process averaged {mean:.0}% CPU where \
+                 {threads} threads could use {full:.0}%; the rest of the time they wait on data, \
+                 syncs or per-step overhead",
+                100.0 * busy
+            ),
+        )
+    })
+}
+
+fn oversubscribed(run: &RunData) -> Option<Advice> {
+    let s = run.summary.as_ref()?;
+    let (threads, free) = (s.threads?, s.free_cores.filter(|f| f.is_finite())?);
+    if (threads as f64) <= free + 0.5 {
+        return None;
+    }
+    let m = free.round().max(1.0);
+    Some(Advice::new(
+        Level::Warn,
+        format!(
+            "threads oversubscribed: {threads} compute threads on {} free cores: use --threads {}",
+            short(free),
+            short(m)
+        ),
+    ))
+}
+
+fn small_batch(run: &RunData, b: &Breakdown) -> Option<Advice> {
+    let batch = run.summary.as_ref()?.batch_size?;
+    let steps = run.step_count()?;
+    let compute = b.category("compute")?.seconds;
+    let ms = 1000.0 * compute / steps as f64;
+    (batch <= SMALL_BATCH && ms.is_finite() && ms < SHORT_STEP_MS).then(|| {
+        Advice::new(
+            Level::Info,
+            format!(
+                "compute is {ms:.2} ms per step at batch {batch}: steps this short pay the fixed \
+                 per-step costs often; a larger --batch-size such as {} keeps the device busier",
+                batch * 4
+            ),
+        )
+    })
+}
+
+fn compute_good(b: &Breakdown) -> Option<Advice> {
+    let p = b.percent("compute").filter(|&p| p >= COMPUTE_GOOD)?;
+    Some(Advice::new(
+        Level::Good,
+        format!("compute is {p:.0}% of wall time: the device is kept busy"),
+    ))
+}
+
+/// Runs every rule on `run`; warnings first, then info, then good news.
+pub fn advice(run: &RunData) -> Vec<Advice> {
+    let mut out = Vec::new();
+    if let Some(b) = &run.breakdown {
+        out.extend(data_wait(run, b));
+        out.extend(category_warn(
+            b,
+            "host_sync",
+            HOST_SYNC_WARN,
+            "host sync",
+            "the host blocks on device results; read values back less often",
+        ));
+        out.extend(category_warn(
+            b,
+            "overhead",
+            OVERHEAD_WARN,
+            "framework overhead",
+            "a fixed cost per step; a larger --batch-size spreads it over more samples",
+        ));
+        out.extend(category_warn(
+            b,
+            "idle",
+            IDLE_WARN,
+            "idle",
+            "time outside training steps (start-up, evaluation, logging, checkpoints)",
+        ));
+        out.extend(small_batch(run, b));
+        out.extend(compute_good(b));
+    }
+    out.extend(host_syncs(run));
+    out.extend(gpu_utilization(run));
+    out.extend(threads_busy(run));
+    out.extend(oversubscribed(run));
+    out.sort_by_key(|a| a.level);
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,257 @@
+//! One test per rule: it fires on a number past its threshold and stays quiet below.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use super::*;
+use crate::records::{GpuSample, HostSample, Summary, SystemRecord};
+use crate::timing::{Category, CATEGORIES};
+
+/// A run whose breakdown has `percents` (in [`CATEGORIES`] order) of a 10 s wall.
+fn run_with(percents: [f64; 6]) -> RunData {
+    let categories = CATEGORIES
+        .iter()
+        .zip(percents)
+        .map(|(name, p)| Category {
+            name: (*name).into(),
+            seconds: p / 10.0,
+            percent: p,
+        })
+        .collect();
+    RunData {
+        summary: Some(Summary {
+            device: "cpu".into(),
+            batch_size: Some(256),
+            ..Default::default()
+        }),
+        breakdown: Some(Breakdown {
+            wall_s: 10.0,
+            steps: Some(1000),
+            device: "cpu".into(),
+            categories,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn quiet() -> RunData {
+    run_with([70.0, 5.0, 0.0, 2.0, 10.0, 13.0])
+}
+
+fn summary(run: &mut RunData) -> &mut Summary {
+    run.summary.as_mut().unwrap()
+}
+
+/// The advice whose text contains `needle`.
+fn find(run: &RunData, needle: &str) -> Option<Advice> {
+    advice(run).into_iter().find(|a| a.text.contains(needle))
+}
+
+#[test]
+fn quiet_run_gets_no_warnings() {
+    let a = advice(&quiet());
+    assert!(a.iter().all(|a| a.level != Level::Warn), "{a:?}");
+}
+
+#[test]
+fn data_wait_fires_at_ten_percent_and_cites_it() {
+    let mut run = run_with([60.0, 31.0, 0.0, 1.0, 5.0, 3.0]);
+    summary(&mut run).prefetch = Some(2);
+    let a = find(&run, "data wait").unwrap();
+    assert_eq!(a.level, Level::Warn);
+    assert!(a.text.starts_with(
+        "data wait is 31% of step time: raise --prefetch or keep the dataset on the device"
+    ));
+    assert!(a.text.contains("--prefetch is 2 now"), "{}", a.text);
+    assert!(find(&run_with([80.0, 9.9, 0.0, 1.0, 5.0, 4.1]), "data wait").is_none());
+}
+
+#[test]
+fn host_syncs_per_step_bands() {
+    let mut run = quiet();
+    summary(&mut run).host_syncs_per_step = Some(0.0);
+    assert_eq!(find(&run, "0 host syncs").unwrap().level, Level::Good);
+
+    summary(&mut run).host_syncs_per_step = Some(0.02);
+    let a = find(&run, "host syncs per step").unwrap();
+    assert_eq!(a.level, Level::Good);
+    assert_eq!(
+        a.text,
+        "0.02 host syncs per step: read-backs only at log points"
+    );
+
+    summary(&mut run).host_syncs_per_step = Some(1.0);
+    let a = find(&run, "host syncs per step").unwrap();
+    assert_eq!(a.level, Level::Warn);
+    assert!(a.text.contains(".item()"), "{}", a.text);
+
+    summary(&mut run).host_syncs_per_step = Some(0.2);
+    assert_eq!(
+        find(&run, "host syncs per step").unwrap().level,
+        Level::Info
+    );
+
+    summary(&mut run).host_syncs_per_step = None;
+    assert!(find(&run, "host syncs per step").is_none());
+}
+
+#[test]
+fn host_sync_time_fires_at_five_percent() {
+    let a = find(&run_with([70.0, 2.0, 0.0, 7.0, 10.0, 11.0]), "host sync is").unwrap();
+    assert_eq!(a.level, Level::Warn);
+    assert!(
+        a.text.contains("7% of wall time (0.70 s of 10.00 s)"),
+        "{}",
+        a.text
+    );
+    assert!(find(&run_with([70.0, 2.0, 0.0, 4.9, 10.0, 13.1]), "host sync is").is_none());
+}
+
+#[test]
+fn overhead_fires_at_fifteen_percent() {
+    let a = find(&run_with([70.0, 2.0, 0.0, 1.0, 18.0, 9.0]), "overhead").unwrap();
+    assert_eq!(a.level, Level::Warn);
+    assert!(
+        a.text.contains("18%") && a.text.contains("--batch-size"),
+        "{}",
+        a.text
+    );
+    assert!(find(&run_with([70.0, 2.0, 0.0, 1.0, 14.9, 12.1]), "overhead").is_none());
+}
+
+#[test]
+fn idle_fires_at_twenty_percent() {
+    let a = find(&run_with([65.0, 2.0, 0.0, 1.0, 7.0, 25.0]), "idle is").unwrap();
+    assert_eq!(a.level, Level::Warn);
+    assert!(a.text.contains("25%"), "{}", a.text);
+    assert!(find(&run_with([70.0, 2.0, 0.0, 1.0, 7.1, 19.9]), "idle is").is_none());
+}
+
+fn gpu_run(util: &[f64]) -> RunData {
+    let mut run = quiet();
+    let s = summary(&mut run);
+    s.device = "cuda:0".into();
+    s.batch_size = Some(64);
+    run.system = util
+        .iter()
+        .map(|&u| SystemRecord {
+            gpus: vec![GpuSample {
+                utilization_gpu_percent: Some(u),
+                ..Default::default()
+            }],
+            ..Default::default()
+        })
+        .collect();
+    run
+}
+
+#[test]
+fn low_gpu_utilization_suggests_a_larger_batch() {
+    let a = find(&gpu_run(&[55.0, 64.2]), "GPU").unwrap();
+    assert_eq!(a.level, Level::Warn);
+    assert!(
+        a.text
+            .starts_with("batch 64 leaves the GPU 40% idle: try a larger --batch-size such as 256"),
+        "{}",
+        a.text
+    );
+    assert!(find(&gpu_run(&[90.0, 95.0]), "GPU").is_none());
+    // A CPU run with an idle GPU in the machine is not the GPU's fault.
+    let mut cpu = gpu_run(&[0.0]);
+    summary(&mut cpu).device = "cpu".into();
+    assert!(find(&cpu, "GPU").is_none());
+}
+
+fn cpu_run(threads: u64, process_cpu: &[f64]) -> RunData {
+    let mut run = quiet();
+    summary(&mut run).threads = Some(threads);
+    run.system = process_cpu
+        .iter()
+        .map(|&c| SystemRecord {
+            host: Some(HostSample {
+                process_cpu_percent: Some(c),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .collect();
+    run
+}
+
+#[test]
+fn idle_compute_threads_are_reported() {
+    let a = find(&cpu_run(2, &[80.0, 100.0]), "threads busy").unwrap();
+    assert_eq!(a.level, Level::Warn);
+    assert!(
+        a.text.starts_with("compute threads busy only 45%"),
+        "{}",
+        a.text
+    );
+    assert!(find(&cpu_run(2, &[190.0, 180.0]), "threads busy").is_none());
+    assert!(find(&cpu_run(2, &[]), "threads busy").is_none());
+}
+
+#[test]
+fn oversubscribed_threads_name_the_free_cores() {
+    let mut run = quiet();
+    summary(&mut run).threads = Some(4);
+    summary(&mut run).free_cores = Some(1.9);
+    let a = find(&run, "oversubscribed").unwrap();
+    assert_eq!(a.level, Level::Warn);
+    assert_eq!(
+        a.text,
+        "threads oversubscribed: 4 compute threads on 1.9 free cores: use --threads 2"
+    );
+    summary(&mut run).threads = Some(2);
+    assert!(find(&run, "oversubscribed").is_none());
+    summary(&mut run).free_cores = Some(0.2);
+    assert!(find(&run, "use --threads 1").is_some());
+}
+
+#[test]
+fn short_steps_at_a_small_batch_suggest_a_larger_one() {
+    // compute 70% of 10 s over 1000 steps = 7 ms per step: not short.
+    let mut run = quiet();
+    summary(&mut run).batch_size = Some(64);
+    assert!(find(&run, "ms per step").is_none());
+    // 0.5 ms per step at batch 64: short.
+    run.breakdown.as_mut().unwrap().steps = Some(14_000);
+    let a = find(&run, "ms per step").unwrap();
+    assert_eq!(a.level, Level::Info);
+    assert!(
+        a.text
+            .starts_with("compute is 0.50 ms per step at batch 64"),
+        "{}",
+        a.text
+    );
+    // Same step time at batch 128: the batch is not small.
+    summary(&mut run).batch_size = Some(128);
+    assert!(find(&run, "ms per step").is_none());
+}
+
+#[test]
+fn high_compute_share_is_good_news() {
+    let a = find(&run_with([84.0, 2.0, 0.0, 1.0, 5.0, 8.0]), "compute is 84%").unwrap();
+    assert_eq!(a.level, Level::Good);
+    assert!(find(
+        &run_with([79.0, 2.0, 0.0, 1.0, 10.0, 8.0]),
+        "of wall time: the device"
+    )
+    .is_none());
+}
+
+#[test]
+fn warnings_come_first() {
+    let mut run = run_with([60.0, 31.0, 0.0, 1.0, 5.0, 3.0]);
+    summary(&mut run).host_syncs_per_step = Some(0.0);
+    let levels: Vec<Level> = advice(&run).iter().map(|a| a.level).collect();
+    let mut sorted = levels.clone();
+    sorted.sort();
+    assert_eq!(levels, sorted);
+    assert_eq!(levels.first(), Some(&Level::Warn));
+}
+
+#[test]
+fn empty_run_gets_no_advice() {
+    assert!(advice(&RunData::default()).is_empty());
+}

@@ -1,0 +1,267 @@
+//! `report.html`: one self-contained page (inline CSS and SVG, no network).
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use plotters::style::RGBColor;
+
+use crate::charts::{Chart, Swatch};
+use crate::error::{Error, Result};
+use crate::records::RunStatus;
+use crate::run::RunData;
+use crate::sections;
+
+const CSS: &str = include_str!("report.css");
+
+/// Counts the drawn charts once the page has laid out; the browser test reads
+/// `data-charts` (all chart SVGs) and `data-charts-ok` (those with a size).
+const SCRIPT: &str = r#"<script>
+window.addEventListener("load", function () {
+  var svgs = Array.prototype.slice.call(document.querySelectorAll(".chart svg"));
+  var ok = svgs.filter(function (s) { var r = s.getBoundingClientRect(); return r.width > 0 && r.height > 0; });
+  document.body.dataset.charts = String(svgs.length);
+  document.body.dataset.chartsOk = String(ok.length);
+});
+</script>"#;
+
+/// Escapes text for HTML element content and attribute values.
+pub(crate) fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// `#rrggbb`.
+pub(crate) fn hex(c: RGBColor) -> String {
+    format!("#{:02x}{:02x}{:02x}", c.0, c.1, c.2)
+}
+
+/// A colour swatch for a legend.
+pub(crate) fn swatch(c: RGBColor) -> String {
+    format!(r#"<span class="sw" style="background:{}"></span>"#, hex(c))
+}
+
+/// A chart as `<figure class="chart" data-chart=...>` with its caption and legend.
+pub(crate) fn figure(c: &Chart) -> String {
+    let mut s = format!(
+        r#"<figure class="chart" data-chart="{}"><figcaption>{}</figcaption>{}"#,
+        c.name,
+        esc(&c.title),
+        c.svg
+    );
+    if !c.legend.is_empty() {
+        s.push_str(r#"<ul class="legend">"#);
+        for (label, color, kind) in &c.legend {
+            let sw = match kind {
+                Swatch::Fill => swatch(*color),
+                Swatch::Line => format!(
+                    r#"<span class="sw line" style="background:{}"></span>"#,
+                    hex(*color)
+                ),
+                Swatch::Dashed => format!(
+                    r#"<span class="sw dash" style="color:{}"></span>"#,
+                    hex(*color)
+                ),
+            };
+            let _ = write!(s, "<li>{sw}{}</li>", esc(label));
+        }
+        s.push_str("</ul>");
+    }
+    s.push_str("</figure>");
+    s
+}
+
+/// A paragraph saying why a section is empty.
+pub(crate) fn missing(text: &str) -> String {
+    format!(r#"<p class="missing">{}</p>"#, esc(text))
+}
+
+/// `84500.4` -> `84,500`.
+fn grouped(v: f64) -> String {
+    let digits = format!("{:.0}", v.abs());
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if v < -0.5 {
+        out.insert(0, '-');
+    }
+    out
+}
+
+fn num(x: Option<f64>, fmt: impl Fn(f64) -> String) -> String {
+    x.filter(|v| v.is_finite()).map_or("—".into(), fmt)
+}
+
+fn header(run: &RunData) -> String {
+    let dir_name = run.dir.file_name().map_or_else(
+        || run.dir.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let Some(s) = &run.summary else {
+        return format!(
+            r#"<header class="top"><h1>{}</h1>{}</header>"#,
+            esc(&dir_name),
+            missing(
+                "summary.json is missing: the run was stopped before it could write one; \
+                 the sections below show what it logged"
+            )
+        );
+    };
+    let badge = match s.status {
+        RunStatus::Finished => "finished",
+        RunStatus::Failed => "failed",
+        _ => "other",
+    };
+    let mut meta = vec![
+        format!(
+            r#"<span class="badge {badge}">{}</span>"#,
+            esc(&s.status.to_string())
+        ),
+        format!("<span>started {}</span>", esc(&s.started)),
+    ];
+    let mut push = |label: &str, v: Option<String>| {
+        if let Some(v) = v {
+            meta.push(format!("<span>{label} {}</span>", esc(&v)));
+        }
+    };
+    push("epochs", s.epochs.map(|v| v.to_string()));
+    push("batch", s.batch_size.map(|v| v.to_string()));
+    push("steps", s.steps.map(|v| v.to_string()));
+    push("threads", s.threads.map(|v| v.to_string()));
+    push("prefetch", s.prefetch.map(|v| v.to_string()));
+    push("run", Some(dir_name));
+    let mut h = format!(
+        r#"<header class="top"><h1>{} on {}</h1><div class="meta">{}</div>"#,
+        esc(&s.model),
+        esc(run.device()),
+        meta.concat()
+    );
+    if let Some(e) = s.error.as_deref().filter(|e| !e.is_empty()) {
+        let _ = write!(h, r#"<div class="error">{}</div>"#, esc(e));
+    }
+    let cards = [
+        (
+            "test accuracy",
+            num(s.test_accuracy, |a| format!("{:.2}%", 100.0 * a)),
+        ),
+        ("samples / s", num(s.samples_per_s, grouped)),
+        ("wall time", num(s.wall_s, |v| format!("{v:.2} s"))),
+        (
+            "host syncs / step",
+            num(s.host_syncs_per_step, |v| format!("{v:.3}")),
+        ),
+    ];
+    h.push_str(r#"<div class="cards">"#);
+    for (k, v) in cards {
+        let _ = write!(
+            h,
+            r#"<div class="card"><div class="v">{v}</div><div class="k">{k}</div></div>"#
+        );
+    }
+    h.push_str("</div>");
+    for n in &run.notes {
+        let _ = write!(h, r#"<p class="note">{}</p>"#, esc(n));
+    }
+    h.push_str("</header>");
+    h
+}
+
+/// The whole report page for `run`.
+pub fn render_html(run: &RunData) -> Result<String> {
+    let title = match &run.summary {
+        Some(s) => format!("{} on {} — {}", s.model, run.device(), s.started),
+        None => run.dir.display().to_string(),
+    };
+    let mut page = format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>Redline report: {}</title><style>{CSS}</style></head><body><main>",
+        esc(&title)
+    );
+    page.push_str(&header(run));
+    page.push_str(&sections::advice(run));
+    page.push_str(&sections::training(run)?);
+    page.push_str(&sections::breakdown(run)?);
+    page.push_str(&sections::device(run)?);
+    page.push_str(&sections::profile(run));
+    page.push_str(&sections::config(run));
+    let _ = writeln!(
+        page,
+        "<footer>redline report · {}</footer></main>{SCRIPT}</body></html>",
+        esc(&run.dir.display().to_string())
+    );
+    Ok(page)
+}
+
+/// Reads the run in `dir` and writes `dir/report.html` atomically (a temp file
+/// in the same folder, then a rename), so a reader never sees half a page.
+pub fn write_report(dir: &Path) -> Result<PathBuf> {
+    let run = RunData::load(dir)?;
+    let html = render_html(&run)?;
+    let path = dir.join("report.html");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".report.html.");
+    // Temp files are 0600; the page should be readable like any file the run
+    // wrote (0666 less the umask).
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    let mut tmp = builder.tempfile_in(dir).map_err(Error::io(dir))?;
+    tmp.write_all(html.as_bytes())
+        .and_then(|()| tmp.as_file().sync_all())
+        .map_err(Error::io(tmp.path()))?;
+    tmp.persist(&path)
+        .map_err(|e| Error::io(path.clone())(e.error))?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn groups_thousands() {
+        assert_eq!(grouped(84_500.4), "84,500");
+        assert_eq!(grouped(1_234_567.0), "1,234,567");
+        assert_eq!(grouped(999.0), "999");
+        assert_eq!(grouped(-1500.0), "-1,500");
+    }
+
+    #[test]
+    fn escapes_markup() {
+        assert_eq!(
+            esc(r#"<a href="x">&'"#),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
+    }
+
+    #[test]
+    fn empty_run_renders_with_every_section_saying_why() {
+        let html = render_html(&RunData::default()).unwrap();
+        for needle in [
+            "summary.json is missing",
+            "breakdown.json is missing",
+            "config.toml is missing",
+        ] {
+            assert!(html.contains(needle), "{needle}");
+        }
+        assert!(!html.contains("<svg"));
+    }
+}

@@ -1,0 +1,27 @@
+//! The run report and the runs listing.
+//!
+//! [`RunData::load`] reads a run directory (docs/run-dir.md), [`render_html`]
+//! turns it into one self-contained page, [`write_report`] writes that page to
+//! `report.html`, [`advice`] reads the measured numbers and says what to change,
+//! and [`list_runs`] / [`format_runs`] make the `redline runs` table.
+
+mod advice;
+mod charts;
+mod error;
+mod html;
+mod records;
+mod run;
+mod runs;
+mod sections;
+mod timing;
+
+pub use advice::{advice, Advice, Level};
+pub use error::{Error, Result};
+pub use html::{render_html, write_report};
+pub use records::{
+    EpochRecord, GpuProcess, GpuSample, HostProcess, HostSample, RunStatus, StepRecord, Summary,
+    SystemRecord,
+};
+pub use run::RunData;
+pub use runs::{format_runs, list_runs, RunRow};
+pub use timing::{Breakdown, Category, Profile, ProfileRow, Timeline, TimelineRow, CATEGORIES};

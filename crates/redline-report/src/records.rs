@@ -1,0 +1,258 @@
+//! `summary.json` and the records of `metrics.jsonl` as typed structs (docs/run-dir.md).
+//!
+//! Every struct is tolerant: unknown fields are ignored, and a missing or `null`
+//! field reads as `None` (or an empty string/list), because a failed run, an
+//! older writer or a machine without NVML leaves gaps.
+
+use serde::{Deserialize, Deserializer};
+
+/// Reads `null` as the type's default, so `"model": null` is `""`, not an error.
+pub(crate) fn nullable<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+/// How the run ended (`summary.json` `status`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(from = "String")]
+pub enum RunStatus {
+    /// The run completed every epoch.
+    Finished,
+    /// The run stopped on an error (`Summary::error` holds it).
+    Failed,
+    /// A status this version does not know, kept verbatim.
+    Other(String),
+    /// No status was written.
+    #[default]
+    Unknown,
+}
+
+impl From<String> for RunStatus {
+    fn from(s: String) -> Self {
+        match s.as_str() {
+            "finished" => Self::Finished,
+            "failed" => Self::Failed,
+            "" => Self::Unknown,
+            _ => Self::Other(s),
+        }
+    }
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Finished => "finished",
+            Self::Failed => "failed",
+            Self::Other(s) => s,
+            Self::Unknown => "unknown",
+        })
+    }
+}
+
+/// `summary.json`: the run's headline numbers.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct Summary {
+    /// Model name (`mlp`, `cnn`, ...).
+    #[serde(deserialize_with = "nullable")]
+    pub model: String,
+    /// Device the run used (`cpu`, `cuda:0`).
+    #[serde(deserialize_with = "nullable")]
+    pub device: String,
+    /// Local start time, `YYYY-mm-dd HH:MM:SS`.
+    #[serde(deserialize_with = "nullable")]
+    pub started: String,
+    /// Start time as Unix seconds.
+    pub started_unix: Option<f64>,
+    /// Finished or failed.
+    pub status: RunStatus,
+    /// The error message of a failed run.
+    pub error: Option<String>,
+    /// Epochs run.
+    pub epochs: Option<u64>,
+    /// Optimizer steps run.
+    pub steps: Option<u64>,
+    /// Training samples seen.
+    pub samples: Option<u64>,
+    /// Samples per step.
+    pub batch_size: Option<u64>,
+    /// Seconds from start to end.
+    pub wall_s: Option<f64>,
+    /// Seconds in training epochs.
+    pub train_s: Option<f64>,
+    /// Seconds in evaluation.
+    pub eval_s: Option<f64>,
+    /// Training throughput.
+    pub samples_per_s: Option<f64>,
+    /// Final test loss.
+    pub test_loss: Option<f64>,
+    /// Final test accuracy, 0..1.
+    pub test_accuracy: Option<f64>,
+    /// Device-to-host reads per optimizer step.
+    pub host_syncs_per_step: Option<f64>,
+    /// Compute threads the run used.
+    pub threads: Option<u64>,
+    /// Cores that were free when the run started.
+    pub free_cores: Option<f64>,
+    /// Logical cores of the machine.
+    pub logical_cores: Option<u64>,
+    /// Batches prefetched ahead of the step.
+    pub prefetch: Option<u64>,
+    /// Profiler mode (`off`, `simple`, `detailed`).
+    pub profiler: Option<String>,
+}
+
+/// A `{"kind":"step"}` record of `metrics.jsonl`, written at each log point.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct StepRecord {
+    /// Optimizer step (1-based, counted across epochs).
+    pub step: u64,
+    /// Epoch (1-based).
+    pub epoch: u64,
+    /// Mean training loss over the log window.
+    pub loss: Option<f64>,
+    /// Learning rate.
+    pub lr: Option<f64>,
+    /// Throughput over the log window.
+    pub samples_per_s: Option<f64>,
+    /// Seconds since training started.
+    pub elapsed_s: Option<f64>,
+}
+
+/// A `{"kind":"epoch"}` record of `metrics.jsonl`, written at each epoch end.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct EpochRecord {
+    /// Epoch (1-based).
+    pub epoch: u64,
+    /// Mean training loss of the epoch.
+    pub train_loss: Option<f64>,
+    /// Training accuracy, 0..1.
+    pub train_accuracy: Option<f64>,
+    /// Test loss after the epoch.
+    pub test_loss: Option<f64>,
+    /// Test accuracy after the epoch, 0..1.
+    pub test_accuracy: Option<f64>,
+    /// Seconds of training in the epoch.
+    pub epoch_s: Option<f64>,
+    /// Seconds of evaluation after it.
+    pub eval_s: Option<f64>,
+    /// Optimizer steps in the epoch.
+    pub steps: Option<u64>,
+    /// Training samples in the epoch.
+    pub samples: Option<u64>,
+}
+
+/// Host numbers of a system record.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct HostSample {
+    /// Busy percent of each logical core.
+    #[serde(deserialize_with = "nullable")]
+    pub cpu_percent_per_core: Vec<Option<f64>>,
+    /// Mean busy percent over the cores, 0..100.
+    pub cpu_percent: Option<f64>,
+    /// Used host memory, bytes.
+    pub memory_used: Option<f64>,
+    /// Total host memory, bytes.
+    pub memory_total: Option<f64>,
+    /// CPU of the redline process; 100 = one core busy.
+    pub process_cpu_percent: Option<f64>,
+    /// Resident memory of the redline process, bytes.
+    pub process_rss: Option<f64>,
+    /// Redline processes on the host.
+    #[serde(deserialize_with = "nullable")]
+    pub processes: Vec<HostProcess>,
+}
+
+/// A redline process of a host sample.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct HostProcess {
+    /// Process id.
+    pub pid: u64,
+    /// Command name.
+    #[serde(deserialize_with = "nullable")]
+    pub name: String,
+    /// CPU used; 100 = one core busy.
+    pub cpu_percent: Option<f64>,
+    /// Resident memory, bytes.
+    pub rss: Option<f64>,
+}
+
+/// One GPU of a system record.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct GpuSample {
+    /// NVML index.
+    pub index: u64,
+    /// Product name.
+    #[serde(deserialize_with = "nullable")]
+    pub name: String,
+    /// Percent of time a kernel ran, 0..100.
+    pub utilization_gpu_percent: Option<f64>,
+    /// Percent of time memory was read or written, 0..100.
+    pub utilization_memory_percent: Option<f64>,
+    /// Used device memory, bytes.
+    pub memory_used: Option<f64>,
+    /// Total device memory, bytes.
+    pub memory_total: Option<f64>,
+    /// Temperature, °C.
+    pub temperature_c: Option<f64>,
+    /// Power draw, W.
+    pub power_w: Option<f64>,
+    /// Power limit, W.
+    pub power_limit_w: Option<f64>,
+    /// SM clock, MHz.
+    pub sm_clock_mhz: Option<f64>,
+    /// Memory clock, MHz.
+    pub memory_clock_mhz: Option<f64>,
+    /// Processes holding a context on the GPU.
+    #[serde(deserialize_with = "nullable")]
+    pub processes: Vec<GpuProcess>,
+}
+
+/// A process of a GPU sample.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct GpuProcess {
+    /// Process id (in the driver's pid namespace).
+    pub pid: u64,
+    /// Command name; empty where it could not be read.
+    #[serde(deserialize_with = "nullable")]
+    pub name: String,
+    /// Device memory it uses, bytes.
+    pub memory_used: Option<f64>,
+}
+
+/// A `{"kind":"system"}` record of `metrics.jsonl`: one monitor sample.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct SystemRecord {
+    /// Seconds since the sampler started.
+    pub t_s: Option<f64>,
+    /// Wall-clock time, Unix seconds.
+    pub unix_time: Option<f64>,
+    /// Host numbers, if the host was sampled.
+    pub host: Option<HostSample>,
+    /// One entry per GPU; empty without NVML.
+    #[serde(deserialize_with = "nullable")]
+    pub gpus: Vec<GpuSample>,
+    /// Why there is no GPU data.
+    pub gpu_note: Option<String>,
+}
+
+/// One line of `metrics.jsonl`, told apart by `kind`; unknown kinds are skipped.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub(crate) enum Record {
+    Step(StepRecord),
+    Epoch(EpochRecord),
+    System(SystemRecord),
+    #[serde(other)]
+    Other,
+}

@@ -1,0 +1,242 @@
+//! `redline runs`: one row per run folder under a root, as a text table.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::records::Summary;
+use crate::run::load_json;
+use crate::timing::Breakdown;
+
+/// One run of the listing. Numbers are `None` where the run did not record them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunRow {
+    /// Folder name.
+    pub name: String,
+    /// `finished`, `failed`, or `unreadable` when `summary.json` does not parse.
+    pub status: String,
+    /// Model name.
+    pub model: String,
+    /// Device.
+    pub device: String,
+    /// Epochs run.
+    pub epochs: Option<u64>,
+    /// Final test accuracy, percent.
+    pub test_accuracy_pct: Option<f64>,
+    /// Training throughput.
+    pub samples_per_s: Option<f64>,
+    /// Wall seconds.
+    pub wall_s: Option<f64>,
+    /// Compute share of wall time from `breakdown.json`, percent.
+    pub compute_pct: Option<f64>,
+    /// Start time as Unix seconds (the sort key).
+    pub started_unix: Option<f64>,
+    /// Start time as written (`YYYY-mm-dd HH:MM:SS`).
+    pub started: String,
+    /// Why a file of this run could not be read.
+    pub problem: Option<String>,
+}
+
+fn row(dir: &Path, name: String) -> RunRow {
+    let summary = match load_json::<Summary>(&dir.join("summary.json")) {
+        Ok(Some(s)) => s,
+        Ok(None) => Summary::default(),
+        Err(e) => {
+            return RunRow {
+                name,
+                status: "unreadable".into(),
+                problem: Some(e.to_string()),
+                ..Default::default()
+            }
+        }
+    };
+    let (compute_pct, problem) = match load_json::<Breakdown>(&dir.join("breakdown.json")) {
+        Ok(b) => (b.and_then(|b| b.percent("compute")), None),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    RunRow {
+        name,
+        status: summary.status.to_string(),
+        model: summary.model,
+        device: summary.device,
+        epochs: summary.epochs,
+        test_accuracy_pct: summary.test_accuracy.map(|a| 100.0 * a),
+        samples_per_s: summary.samples_per_s,
+        wall_s: summary.wall_s,
+        compute_pct,
+        started_unix: summary.started_unix,
+        started: summary.started,
+        problem,
+    }
+}
+
+/// One row per subfolder of `root` that holds a `summary.json`, oldest first
+/// (by start time, then by name). A run whose files do not parse is listed as
+/// `unreadable` with the reason, so one bad folder does not hide the rest.
+pub fn list_runs(root: &Path) -> Result<Vec<RunRow>> {
+    let entries = std::fs::read_dir(root).map_err(Error::io(root))?;
+    let mut rows = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(Error::io(root))?;
+        let dir = entry.path();
+        if !dir.is_dir() || !dir.join("summary.json").is_file() {
+            continue;
+        }
+        rows.push(row(&dir, entry.file_name().to_string_lossy().into_owned()));
+    }
+    rows.sort_by(|a, b| {
+        let key = |r: &RunRow| r.started_unix.unwrap_or(f64::INFINITY);
+        key(a)
+            .total_cmp(&key(b))
+            .then_with(|| a.started.cmp(&b.started))
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    Ok(rows)
+}
+
+fn opt(x: Option<f64>, decimals: usize) -> String {
+    match x.filter(|v| v.is_finite()) {
+        Some(v) => format!("{v:.decimals$}"),
+        None => "-".into(),
+    }
+}
+
+/// The rows as an aligned text table, with any unreadable files listed below it.
+pub fn format_runs(rows: &[RunRow]) -> String {
+    if rows.is_empty() {
+        return "no runs (a run is a folder with summary.json; `redline train` writes one \
+                under runs/)\n"
+            .into();
+    }
+    let header = [
+        "run",
+        "status",
+        "model",
+        "device",
+        "epochs",
+        "test acc %",
+        "samples/s",
+        "wall s",
+        "compute %",
+    ];
+    let cells: Vec<[String; 9]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.name.clone(),
+                r.status.clone(),
+                r.model.clone(),
+                r.device.clone(),
+                r.epochs.map_or("-".into(), |e| e.to_string()),
+                opt(r.test_accuracy_pct, 2),
+                opt(r.samples_per_s, 0),
+                opt(r.wall_s, 2),
+                opt(r.compute_pct, 1),
+            ]
+        })
+        .collect();
+    let mut width = header.map(str::len);
+    for row in &cells {
+        for (w, c) in width.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    // Text columns align left, numbers right.
+    let line = |row: &[String]| {
+        let mut s = String::new();
+        for (i, (c, w)) in row.iter().zip(width).enumerate() {
+            if i > 0 {
+                s.push_str("  ");
+            }
+            if i < 4 {
+                s.push_str(&format!("{c:<w$}"));
+            } else {
+                s.push_str(&format!("{c:>w$}"));
+            }
+        }
+        s.trim_end().to_string() + "\n"
+    };
+    let mut out = line(&header.map(String::from));
+    for row in &cells {
+        out.push_str(&line(row));
+    }
+    for r in rows {
+        if let Some(p) = &r.problem {
+            out.push_str(&format!("\n{}: {p}\n", r.name));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    fn write_run(root: &Path, name: &str, summary: &str, breakdown: Option<&str>) {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("summary.json"), summary).unwrap();
+        if let Some(b) = breakdown {
+            std::fs::write(dir.join("breakdown.json"), b).unwrap();
+        }
+    }
+
+    #[test]
+    fn lists_runs_oldest_first_with_breakdown_share() {
+        let root = tempfile::tempdir().unwrap();
+        write_run(
+            root.path(),
+            "b-late",
+            r#"{"model":"cnn","device":"cpu","status":"failed","started_unix":200,"epochs":1}"#,
+            None,
+        );
+        write_run(
+            root.path(),
+            "a-early",
+            r#"{"model":"mlp","device":"cpu","status":"finished","started_unix":100,
+                "epochs":5,"test_accuracy":0.8725,"samples_per_s":85000.0,"wall_s":3.9}"#,
+            Some(
+                r#"{"wall_s":3.9,"categories":[{"name":"compute","seconds":3.2,"percent":82.4}]}"#,
+            ),
+        );
+        std::fs::create_dir_all(root.path().join("not-a-run")).unwrap();
+        std::fs::write(root.path().join("stray.txt"), "x").unwrap();
+
+        let rows = list_runs(root.path()).unwrap();
+        let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["a-early", "b-late"]);
+        assert_eq!(rows[0].compute_pct, Some(82.4));
+        assert_eq!(rows[1].compute_pct, None);
+
+        let text = format_runs(&rows);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("run "), "{text}");
+        assert!(
+            lines[1].contains("finished") && lines[1].contains("87.25"),
+            "{text}"
+        );
+        assert!(
+            lines[1].contains("85000") && lines[1].contains("82.4"),
+            "{text}"
+        );
+        assert!(lines[2].contains("failed"), "{text}");
+    }
+
+    #[test]
+    fn corrupt_summary_is_listed_as_unreadable() {
+        let root = tempfile::tempdir().unwrap();
+        write_run(root.path(), "bad", "{\"model\": ", None);
+        let rows = list_runs(root.path()).unwrap();
+        assert_eq!(rows[0].status, "unreadable");
+        let text = format_runs(&rows);
+        assert!(text.contains("summary.json:1:"), "{text}");
+    }
+
+    #[test]
+    fn missing_root_and_empty_root() {
+        let root = tempfile::tempdir().unwrap();
+        let e = list_runs(&root.path().join("nope")).unwrap_err();
+        assert!(e.to_string().contains("nope"));
+        assert!(format_runs(&list_runs(root.path()).unwrap()).starts_with("no runs"));
+    }
+}

@@ -1,0 +1,202 @@
+//! The report's sections below the header, each saying why when its file is missing.
+
+use std::fmt::Write as _;
+
+use crate::advice::advice as run_advice;
+use crate::charts::{self, category_color};
+use crate::error::Result;
+use crate::html::{esc, figure, missing, swatch};
+use crate::run::RunData;
+use crate::timing::CATEGORIES;
+
+fn section(id: &str, title: &str, body: &str) -> String {
+    format!(r#"<section id="{id}"><h2>{title}</h2>{body}</section>"#)
+}
+
+/// Why there are no training curves.
+fn no_metrics(run: &RunData, what: &str) -> String {
+    if run.has_metrics {
+        missing(&format!("metrics.jsonl has no {what}"))
+    } else {
+        missing("metrics.jsonl is missing: the run logged nothing")
+    }
+}
+
+/// Advice as a coloured list, warnings first.
+pub(crate) fn advice(run: &RunData) -> String {
+    let items = run_advice(run);
+    if items.is_empty() {
+        return section(
+            "advice",
+            "Advice",
+            &missing("no advice: the rules need summary.json, breakdown.json or system samples"),
+        );
+    }
+    let mut body = String::from(r#"<ul class="advice">"#);
+    for a in items {
+        let lvl = a.level.as_str();
+        let _ = write!(
+            body,
+            r#"<li class="{lvl}"><b>{lvl}</b> {}</li>"#,
+            esc(&a.text)
+        );
+    }
+    body.push_str("</ul>");
+    section("advice", "Advice", &body)
+}
+
+/// Loss, accuracy and throughput.
+pub(crate) fn training(run: &RunData) -> Result<String> {
+    let mut out = String::new();
+    let loss = match charts::loss(run)? {
+        Some(c) => figure(&c),
+        None => no_metrics(run, "loss values"),
+    };
+    out.push_str(&section("loss", "Loss curves", &loss));
+    let acc = match charts::accuracy(run)? {
+        Some(c) => figure(&c),
+        None => no_metrics(run, "epoch records with accuracy"),
+    };
+    let thr = match charts::throughput(run)? {
+        Some(c) => figure(&c),
+        None => no_metrics(run, "step records with throughput"),
+    };
+    out.push_str(&section(
+        "accuracy",
+        "Accuracy and throughput",
+        &format!(r#"<div class="grid2"><div>{acc}</div><div>{thr}</div></div>"#),
+    ));
+    Ok(out)
+}
+
+/// The donut with its legend table, then the per-step timeline.
+pub(crate) fn breakdown(run: &RunData) -> Result<String> {
+    let Some(b) = &run.breakdown else {
+        return Ok(section(
+            "breakdown",
+            "Time breakdown",
+            &missing(
+                "breakdown.json is missing: it is written when a run ends, so a run that was \
+                 stopped early has none",
+            ),
+        ));
+    };
+    let mut body = String::new();
+    let mut legend = String::from(
+        r#"<table class="legend-table"><tr><th>category</th><th class="n">% of wall</th><th class="n">seconds</th></tr>"#,
+    );
+    for cat in CATEGORIES {
+        let (p, s) = b
+            .category(cat)
+            .map_or((f64::NAN, f64::NAN), |c| (c.percent, c.seconds));
+        let _ = write!(
+            legend,
+            r#"<tr><td>{}{cat}</td><td class="n">{p:.1}%</td><td class="n">{s:.3}</td></tr>"#,
+            swatch(category_color(cat))
+        );
+    }
+    let _ = write!(
+        legend,
+        r#"<tr><td><b>wall</b></td><td class="n">100%</td><td class="n"><b>{:.3}</b></td></tr></table>"#,
+        b.wall_s
+    );
+    if !b.rule.is_empty() {
+        let _ = write!(legend, r#"<p class="note">{}</p>"#, esc(&b.rule));
+    }
+    match charts::pie(b)? {
+        Some(c) => {
+            let _ = write!(
+                body,
+                r#"<div class="pie">{}<div>{legend}</div></div>"#,
+                figure(&c)
+            );
+        }
+        None => {
+            body.push_str(&missing("breakdown.json records no time"));
+            body.push_str(&legend);
+        }
+    }
+    match charts::timeline(b)? {
+        Some(c) => body.push_str(&figure(&c)),
+        None => body.push_str(&missing("breakdown.json has no per-step timeline")),
+    }
+    Ok(section("breakdown", "Time breakdown", &body))
+}
+
+/// Host CPU and memory, GPU utilization and memory.
+pub(crate) fn device(run: &RunData) -> Result<String> {
+    if run.system.is_empty() {
+        let why = if run.has_metrics {
+            "no system samples in metrics.jsonl: the monitor was off or the run ended before \
+             its first sample"
+        } else {
+            "metrics.jsonl is missing: no system samples"
+        };
+        return Ok(section("device", "Device stats", &missing(why)));
+    }
+    let charts = charts::device_charts(run)?;
+    let mut body = String::from(r#"<div class="grid2">"#);
+    for c in &charts {
+        let _ = write!(body, "<div>{}</div>", figure(c));
+    }
+    body.push_str("</div>");
+    if !charts.iter().any(|c| c.name.starts_with("gpu")) {
+        let note = run
+            .system
+            .iter()
+            .rev()
+            .find_map(|r| r.gpu_note.clone())
+            .unwrap_or_else(|| "no GPU samples".into());
+        let _ = write!(body, r#"<p class="note">GPU: {}</p>"#, esc(&note));
+    }
+    Ok(section("device", "Device stats", &body))
+}
+
+/// The profiler table with a bar per row.
+pub(crate) fn profile(run: &RunData) -> String {
+    let Some(p) = &run.profile else {
+        return section(
+            "profile",
+            "Profiler",
+            &missing("profile.json is missing: run with --profiler simple or --profiler detailed"),
+        );
+    };
+    let max = p
+        .rows
+        .iter()
+        .filter_map(|r| r.percent)
+        .fold(0.0_f64, f64::max)
+        .max(1e-9);
+    let fmt = |x: Option<f64>, d: usize| {
+        x.filter(|v| v.is_finite())
+            .map_or("—".into(), |v| format!("{v:.d$}"))
+    };
+    let mut body = format!(
+        r#"<p class="note">mode {} · wall {} s</p><table><tr><th>action</th><th class="n">calls</th><th class="n">mean ms</th><th class="n">total s</th><th class="n">%</th><th></th></tr>"#,
+        esc(&p.mode),
+        fmt(p.wall_s, 3)
+    );
+    for r in &p.rows {
+        let w = r.percent.filter(|v| v.is_finite()).unwrap_or(0.0) / max * 100.0;
+        let _ = write!(
+            body,
+            r#"<tr><td>{}</td><td class="n">{}</td><td class="n">{}</td><td class="n">{}</td><td class="n">{}</td><td class="barcell"><div class="bar" style="width:{w:.1}%"></div></td></tr>"#,
+            esc(&r.action),
+            r.calls.map_or("—".into(), |c| c.to_string()),
+            fmt(r.mean_ms, 3),
+            fmt(r.total_s, 3),
+            fmt(r.percent, 1),
+        );
+    }
+    body.push_str("</table>");
+    section("profile", "Profiler", &body)
+}
+
+/// `config.toml` verbatim.
+pub(crate) fn config(run: &RunData) -> String {
+    let body = match &run.config {
+        Some(c) => format!(r#"<pre class="config">{}</pre>"#, esc(c)),
+        None => missing("config.toml is missing"),
+    };
+    section("config", "Config", &body)
+}

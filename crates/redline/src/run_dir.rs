@@ -1,0 +1,272 @@
+//! The run folder one `redline train` leaves behind (format: docs/run-dir.md):
+//! config, metrics as JSON lines, CSV and TensorBoard scalars, system samples.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{bail, Context};
+use redline_monitor::{Sample, SampleCallback};
+use redline_tensorboard::EventWriter;
+use redline_train::{Callback, Event};
+use serde_json::{json, Value};
+
+pub use redline_core::time::unix_now;
+
+/// `(YYYYmmdd-HHMMSS, YYYY-mm-dd HH:MM:SS UTC)` of a Unix time.
+pub fn utc_stamp(unix: f64) -> (String, String) {
+    let t = redline_core::time::Utc::from_unix(unix);
+    (t.stamp(), t.to_string())
+}
+
+/// Picks and creates the run folder: `DIR` when given (refused if it already
+/// holds a run, so nothing is overwritten), else `runs/<stamp>-<model>`.
+pub fn create(explicit: Option<&Path>, model: &str, started_unix: f64) -> anyhow::Result<PathBuf> {
+    let dir = match explicit {
+        Some(d) => {
+            if d.join("summary.json").exists() || d.join("metrics.jsonl").exists() {
+                bail!(
+                    "--run-dir {}: this folder already holds a run\nHINT: pick a new folder, or \
+                     leave out --run-dir for runs/<date-time>-<model>",
+                    d.display()
+                );
+            }
+            d.to_path_buf()
+        }
+        None => {
+            let stamp = utc_stamp(started_unix).0;
+            let base = PathBuf::from("runs").join(format!("{stamp}-{model}"));
+            let mut dir = base.clone();
+            let mut n = 1;
+            while dir.exists() {
+                n += 1;
+                dir = PathBuf::from(format!("{}-{n}", base.display()));
+            }
+            dir
+        }
+    };
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("creating the run folder {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Writes `text` to `path` through a temporary file and a rename.
+pub fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+const CSV_HEADER: &str = "kind,step,epoch,loss,lr,samples_per_s,elapsed_s,train_loss,\
+train_accuracy,test_loss,test_accuracy,epoch_s,eval_s";
+
+struct Writers {
+    dir: PathBuf,
+    jsonl: BufWriter<File>,
+    csv: BufWriter<File>,
+    tb: EventWriter,
+}
+
+impl Writers {
+    fn line(&mut self, v: &Value, csv: Option<String>) -> Result<(), String> {
+        let err = |e: std::io::Error| format!("{}: {e}", self.dir.display());
+        writeln!(self.jsonl, "{v}").map_err(err)?;
+        self.jsonl.flush().map_err(err)?;
+        if let Some(row) = csv {
+            writeln!(self.csv, "{row}").map_err(err)?;
+            self.csv.flush().map_err(err)?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes the run's metrics as they happen; the training loop's observer and
+/// the system sampler share it.
+pub struct RunLog {
+    writers: Arc<Mutex<Writers>>,
+    /// The latest global step, so system samples land on the step axis too.
+    step: Arc<AtomicUsize>,
+}
+
+/// JSON cannot hold NaN; absent values are written as null.
+fn num(x: f64) -> Value {
+    if x.is_finite() {
+        json!(x)
+    } else {
+        Value::Null
+    }
+}
+
+/// A CSV cell: empty for NaN.
+fn cell(x: f64) -> String {
+    if x.is_finite() {
+        x.to_string()
+    } else {
+        String::new()
+    }
+}
+
+impl RunLog {
+    /// Creates `metrics.jsonl`, `metrics.csv` and the TensorBoard event file in `dir`.
+    pub fn create(dir: &Path) -> anyhow::Result<Self> {
+        let open = |name: &str| {
+            let p = dir.join(name);
+            File::create(&p)
+                .map(BufWriter::new)
+                .with_context(|| format!("creating {}", p.display()))
+        };
+        let mut csv = open("metrics.csv")?;
+        writeln!(csv, "{CSV_HEADER}").context("writing metrics.csv")?;
+        let tb = EventWriter::create(dir).context("creating the TensorBoard event file")?;
+        Ok(Self {
+            writers: Arc::new(Mutex::new(Writers {
+                dir: dir.to_path_buf(),
+                jsonl: open("metrics.jsonl")?,
+                csv,
+                tb,
+            })),
+            step: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Writers) -> Result<T, String>) -> Result<T, String> {
+        let mut w = self
+            .writers
+            .lock()
+            .map_err(|_| "metrics writer poisoned".to_string())?;
+        f(&mut w)
+    }
+
+    /// A sampler callback that appends each system sample to the same files.
+    pub fn system_callback(&self) -> SampleCallback {
+        let (writers, step) = (Arc::clone(&self.writers), Arc::clone(&self.step));
+        Box::new(move |s: &Sample| {
+            let Ok(mut w) = writers.lock() else { return };
+            if let Err(e) = write_system(&mut w, s, step.load(Ordering::Relaxed)) {
+                tracing::warn!("system sample not written: {e}");
+            }
+        })
+    }
+}
+
+fn write_system(w: &mut Writers, s: &Sample, step: usize) -> Result<(), String> {
+    let mut v = serde_json::to_value(s).map_err(|e| e.to_string())?;
+    if let Value::Object(m) = &mut v {
+        m.insert("kind".into(), json!("system"));
+    }
+    w.line(&v, None)?;
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let mut scalars: Vec<(String, f64)> = vec![
+        ("system/cpu_percent".into(), s.host.cpu_percent),
+        (
+            "system/process_cpu_percent".into(),
+            s.host.process_cpu_percent,
+        ),
+        ("system/memory_used_gib".into(), gib(s.host.memory_used)),
+    ];
+    for g in &s.gpus {
+        if let Some(u) = g.utilization_gpu_percent {
+            scalars.push((format!("gpu{}/utilization_percent", g.index), u));
+        }
+        if let Some(m) = g.memory_used {
+            scalars.push((format!("gpu{}/memory_used_gib", g.index), gib(m)));
+        }
+    }
+    let refs: Vec<(&str, f64)> = scalars.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    w.tb.add_scalars(step as i64, &refs, s.unix_time)
+        .map_err(|e| e.to_string())?;
+    w.tb.flush().map_err(|e| e.to_string())
+}
+
+impl Callback for RunLog {
+    fn name(&self) -> &str {
+        "run folder"
+    }
+
+    fn on_event(&mut self, event: &Event<'_>) -> Result<(), String> {
+        match event {
+            Event::StepEnd { step, .. } => {
+                self.step.store(*step, Ordering::Relaxed);
+                Ok(())
+            }
+            Event::Log(s) => self.with(|w| {
+                let v = json!({
+                    "kind": "step", "step": s.step, "epoch": s.epoch, "loss": num(s.loss),
+                    "lr": s.lr, "samples_per_s": num(s.samples_per_s), "elapsed_s": s.elapsed_s,
+                });
+                let row = format!(
+                    "step,{},{},{},{},{},{},,,,,,",
+                    s.step,
+                    s.epoch,
+                    cell(s.loss),
+                    s.lr,
+                    cell(s.samples_per_s),
+                    s.elapsed_s
+                );
+                w.line(&v, Some(row))?;
+                let scalars = [
+                    ("train/loss", s.loss),
+                    ("train/lr", s.lr),
+                    ("train/samples_per_s", s.samples_per_s),
+                ];
+                w.tb.add_scalars(s.step as i64, &scalars, unix_now())
+                    .map_err(|e| e.to_string())
+            }),
+            Event::EpochEnd(e) => self.with(|w| {
+                let step = self.step.load(Ordering::Relaxed);
+                let v = json!({
+                    "kind": "epoch", "epoch": e.epoch, "train_loss": num(e.train_loss),
+                    "train_accuracy": num(e.train_accuracy), "test_loss": num(e.test_loss),
+                    "test_accuracy": num(e.test_accuracy), "epoch_s": e.epoch_s,
+                    "eval_s": e.eval_s, "steps": e.steps, "samples": e.samples,
+                });
+                let row = format!(
+                    "epoch,{step},{},,,,,{},{},{},{},{},{}",
+                    e.epoch,
+                    cell(e.train_loss),
+                    cell(e.train_accuracy),
+                    cell(e.test_loss),
+                    cell(e.test_accuracy),
+                    e.epoch_s,
+                    e.eval_s
+                );
+                w.line(&v, Some(row))?;
+                let mut scalars = vec![
+                    ("epoch/train_loss", e.train_loss),
+                    ("epoch/train_accuracy", e.train_accuracy),
+                    (
+                        "epoch/samples_per_s",
+                        e.samples as f64 / e.epoch_s.max(1e-9),
+                    ),
+                ];
+                if e.test_loss.is_finite() {
+                    scalars.push(("test/loss", e.test_loss));
+                    scalars.push(("test/accuracy", e.test_accuracy));
+                }
+                w.tb.add_scalars(step as i64, &scalars, unix_now())
+                    .and_then(|()| w.tb.flush())
+                    .map_err(|e| e.to_string())
+            }),
+            Event::FitEnd(_) => self.with(|w| w.tb.flush().map_err(|e| e.to_string())),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explicit_folder_holding_a_run_is_refused() -> anyhow::Result<()> {
+        let t = tempfile::tempdir()?;
+        let dir = t.path().join("r");
+        assert_eq!(create(Some(&dir), "mlp", 0.0)?, dir);
+        std::fs::write(dir.join("summary.json"), "{}")?;
+        let err = create(Some(&dir), "mlp", 0.0).err().map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.contains("already holds a run")));
+        Ok(())
+    }
+}

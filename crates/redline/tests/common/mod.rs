@@ -1,0 +1,62 @@
+//! Helpers shared by the binary's integration tests: run `redline` from the
+//! repository root and read what it wrote.
+
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Runs the binary from the repository root. A `train` without `--run-dir`
+/// gets a temporary run folder, so tests leave nothing in `runs/`.
+pub fn redline(args: &[&str]) -> Output {
+    let runs = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_redline"));
+    cmd.args(args).current_dir(root());
+    if args.first() == Some(&"train") && !args.contains(&"--run-dir") {
+        cmd.arg("--run-dir").arg(runs.path().join("run"));
+    }
+    cmd.output().unwrap()
+}
+
+/// Runs it and returns stdout; fails the test on a non-zero exit.
+pub fn ok(args: &[&str]) -> String {
+    let out = redline(args);
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "redline {args:?} failed\nstdout:\n{so}\nstderr:\n{se}"
+    );
+    so.into_owned()
+}
+
+/// Runs it and returns stderr; fails the test on success or a panic.
+pub fn fails(args: &[&str]) -> String {
+    let out = redline(args);
+    assert!(!out.status.success(), "redline {args:?} should have failed");
+    let se = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!se.contains("panicked"), "{se}");
+    se
+}
+
+/// Parses a JSON-lines file.
+pub fn jsonl(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Parses a JSON file.
+pub fn json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}

@@ -140,11 +140,6 @@ impl Profiler {
         self.start.elapsed().as_secs_f64()
     }
 
-    /// Current per-category seconds (idle included), for live displays.
-    pub fn category_seconds(&self) -> [f64; 6] {
-        self.category_seconds_at(self.elapsed_s())
-    }
-
     /// Stops the clock and builds the tables, the breakdown and (detailed) the trace.
     pub fn finish(mut self) -> Profile {
         self.pause();

@@ -16,7 +16,7 @@ mod trainer;
 
 pub use error::{Error, Result};
 pub use events::{Callback, EpochLog, Event, FitSummary, StepLog};
-pub use metrics::JsonlMetrics;
+pub use metrics::{epoch_record, step_record, JsonlMetrics};
 pub use optim::{Optimizer, OptimizerConfig};
 pub use redline_profile::{Mode as ProfilerMode, Profile};
 pub use trainer::{EvalResult, TrainConfig, Trainer, TrainerBuilder};

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use crate::error::{Error, Result};
-use crate::events::{Callback, Event};
+use crate::events::{Callback, EpochLog, Event, StepLog};
 
 /// Writes metrics as JSON lines.
 pub struct JsonlMetrics {
@@ -41,12 +41,30 @@ impl JsonlMetrics {
 }
 
 /// JSON cannot hold NaN; absent values are written as null.
-fn num(x: f64) -> serde_json::Value {
+pub fn num(x: f64) -> serde_json::Value {
     if x.is_finite() {
         json!(x)
     } else {
         serde_json::Value::Null
     }
+}
+
+/// The `{"kind":"step",...}` record of a log point.
+pub fn step_record(s: &StepLog) -> serde_json::Value {
+    json!({
+        "kind": "step", "step": s.step, "epoch": s.epoch, "loss": num(s.loss),
+        "lr": s.lr, "samples_per_s": num(s.samples_per_s), "elapsed_s": s.elapsed_s,
+    })
+}
+
+/// The `{"kind":"epoch",...}` record of an epoch end.
+pub fn epoch_record(e: &EpochLog) -> serde_json::Value {
+    json!({
+        "kind": "epoch", "epoch": e.epoch, "train_loss": num(e.train_loss),
+        "train_accuracy": num(e.train_accuracy), "test_loss": num(e.test_loss),
+        "test_accuracy": num(e.test_accuracy), "epoch_s": e.epoch_s, "eval_s": e.eval_s,
+        "steps": e.steps, "samples": e.samples,
+    })
 }
 
 impl Callback for JsonlMetrics {
@@ -56,16 +74,8 @@ impl Callback for JsonlMetrics {
 
     fn on_event(&mut self, event: &Event<'_>) -> std::result::Result<(), String> {
         match event {
-            Event::Log(s) => self.write(json!({
-                "kind": "step", "step": s.step, "epoch": s.epoch, "loss": num(s.loss),
-                "lr": s.lr, "samples_per_s": num(s.samples_per_s), "elapsed_s": s.elapsed_s,
-            })),
-            Event::EpochEnd(e) => self.write(json!({
-                "kind": "epoch", "epoch": e.epoch, "train_loss": num(e.train_loss),
-                "train_accuracy": num(e.train_accuracy), "test_loss": num(e.test_loss),
-                "test_accuracy": num(e.test_accuracy), "epoch_s": e.epoch_s, "eval_s": e.eval_s,
-                "steps": e.steps, "samples": e.samples,
-            })),
+            Event::Log(s) => self.write(step_record(s)),
+            Event::EpochEnd(e) => self.write(epoch_record(e)),
             _ => Ok(()),
         }
     }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{bail, Context};
 use redline_monitor::{Sample, SampleCallback};
 use redline_tensorboard::EventWriter;
-use redline_train::{Callback, Event};
+use redline_train::{epoch_record, step_record, Callback, Event};
 use serde_json::{json, Value};
 
 pub use redline_core::time::unix_now;
@@ -88,15 +88,6 @@ pub struct RunLog {
     writers: Arc<Mutex<Writers>>,
     /// The latest global step, so system samples land on the step axis too.
     step: Arc<AtomicUsize>,
-}
-
-/// JSON cannot hold NaN; absent values are written as null.
-fn num(x: f64) -> Value {
-    if x.is_finite() {
-        json!(x)
-    } else {
-        Value::Null
-    }
 }
 
 /// A CSV cell: empty for NaN.
@@ -192,10 +183,7 @@ impl Callback for RunLog {
                 Ok(())
             }
             Event::Log(s) => self.with(|w| {
-                let v = json!({
-                    "kind": "step", "step": s.step, "epoch": s.epoch, "loss": num(s.loss),
-                    "lr": s.lr, "samples_per_s": num(s.samples_per_s), "elapsed_s": s.elapsed_s,
-                });
+                let v = step_record(s);
                 let row = format!(
                     "step,{},{},{},{},{},{},,,,,,",
                     s.step,
@@ -216,12 +204,7 @@ impl Callback for RunLog {
             }),
             Event::EpochEnd(e) => self.with(|w| {
                 let step = self.step.load(Ordering::Relaxed);
-                let v = json!({
-                    "kind": "epoch", "epoch": e.epoch, "train_loss": num(e.train_loss),
-                    "train_accuracy": num(e.train_accuracy), "test_loss": num(e.test_loss),
-                    "test_accuracy": num(e.test_accuracy), "epoch_s": e.epoch_s,
-                    "eval_s": e.eval_s, "steps": e.steps, "samples": e.samples,
-                });
+                let v = epoch_record(e);
                 let row = format!(
                     "epoch,{step},{},,,,,{},{},{},{},{},{}",
                     e.epoch,

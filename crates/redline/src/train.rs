@@ -9,6 +9,7 @@ use redline_data::{Loader, LoaderConfig, Normalize, Split, SplitKind};
 use redline_models::ModelConfig;
 use redline_monitor::Sampler;
 use redline_profile::{Mode, Profile};
+use redline_train::metrics::num;
 use redline_train::{FitSummary, JsonlMetrics, OptimizerConfig, TrainConfig, Trainer};
 use serde_json::json;
 
@@ -279,13 +280,6 @@ fn finish<T>(
         m.insert("error".into(), error);
         m.insert("system_samples".into(), json!(samples));
         if let Some(f) = fit {
-            let num = |x: f64| {
-                if x.is_finite() {
-                    json!(x)
-                } else {
-                    serde_json::Value::Null
-                }
-            };
             for (k, v) in [
                 ("epochs", json!(f.epochs)),
                 ("steps", json!(f.steps)),

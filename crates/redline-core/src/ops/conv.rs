@@ -14,7 +14,7 @@ use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::gemm::{self, Mat};
-use super::slices::{f32s, fused_cpu};
+use super::slices::{f32s, fused_cpu, unpack_grads};
 use crate::error::{Error, Result};
 use crate::trace;
 
@@ -322,20 +322,7 @@ impl CustomOp3 for Conv2dOp {
         };
         // One flat tensor [dW | db | dx]: the kernel computes all three in one pass.
         let flat = x.apply_op3_no_bwd(w, &grad.contiguous()?, &op)?;
-        let wlen = g.cout * g.k();
-        let dw = flat
-            .narrow(0, 0, wlen)?
-            .reshape((g.cout, g.cin, g.kh, g.kw))?;
-        let db = flat.narrow(0, wlen, g.cout)?;
-        let dx = if self.input_grad {
-            Some(
-                flat.narrow(0, wlen + g.cout, x.elem_count())?
-                    .reshape(x.shape())?,
-            )
-        } else {
-            None
-        };
-        Ok((dx, Some(dw), Some(db)))
+        unpack_grads(&flat, w.shape(), x.shape(), self.input_grad)
     }
 }
 

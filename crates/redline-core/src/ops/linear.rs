@@ -11,7 +11,7 @@ use std::sync::Arc;
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
 use super::gemm::{matmul, Mat};
-use super::slices::{f32s, fused_cpu};
+use super::slices::{f32s, fused_cpu, unpack_grads};
 use crate::error::Result;
 use crate::trace;
 
@@ -102,44 +102,21 @@ impl CustomOp3 for LinearOp {
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let _span = trace::backward(self.layer.as_ref(), "linear");
         trace::count("linear.backward");
-        let (bsz, fan_in) = x.dims2()?;
-        let fan_out = w.dims2()?.0;
+        let bsz = x.dims2()?.0;
         let grad = grad.contiguous()?;
         // One buffer holds [dW | db | dx]; the three results are views into it.
-        let flat = if self.relu {
-            let packed = Tensor::cat(&[&grad.flatten_all()?, &y.flatten_all()?], 0)?;
-            packed.apply_op3_no_bwd(
-                x,
-                w,
-                &LinearBwd {
-                    relu: true,
-                    input_grad: self.input_grad,
-                    bsz,
-                },
-            )?
+        let input = if self.relu {
+            Tensor::cat(&[&grad.flatten_all()?, &y.flatten_all()?], 0)?
         } else {
-            grad.flatten_all()?.apply_op3_no_bwd(
-                x,
-                w,
-                &LinearBwd {
-                    relu: false,
-                    input_grad: self.input_grad,
-                    bsz,
-                },
-            )?
+            grad.flatten_all()?
         };
-        let nw = fan_out * fan_in;
-        let dw = flat.narrow(0, 0, nw)?.reshape((fan_out, fan_in))?;
-        let db = flat.narrow(0, nw, fan_out)?;
-        let dx = if self.input_grad {
-            Some(
-                flat.narrow(0, nw + fan_out, bsz * fan_in)?
-                    .reshape((bsz, fan_in))?,
-            )
-        } else {
-            None
+        let op = LinearBwd {
+            relu: self.relu,
+            input_grad: self.input_grad,
+            bsz,
         };
-        Ok((dx, Some(dw), Some(db)))
+        let flat = input.apply_op3_no_bwd(x, w, &op)?;
+        unpack_grads(&flat, w.shape(), x.shape(), self.input_grad)
     }
 }
 

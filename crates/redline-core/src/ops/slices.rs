@@ -1,7 +1,7 @@
 //! Access to the f32 slices behind candle's CPU storage, for fused kernels.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, Layout, Result};
+use candle_core::{bail, CpuStorage, Layout, Result, Shape, Tensor};
 
 /// The contiguous f32 elements a layout addresses, or an error naming `op`.
 pub fn f32s<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&'a [f32]> {
@@ -12,6 +12,23 @@ pub fn f32s<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&'a [f32]> {
         Some((a, b)) => Ok(&v[a..b]),
         None => bail!("{op}: operand is not contiguous ({:?})", l.shape()),
     }
+}
+
+/// Gradients of a three-input op `(x, w, b)`, in `CustomOp3::bwd` order.
+pub type Grads3 = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
+
+/// Splits a fused backward's flat `[dW | db | dx]` buffer into views shaped as
+/// `w`, `(w.dims()[0])` and `x`; dx is absent when the input needs no gradient.
+pub fn unpack_grads(flat: &Tensor, w: &Shape, x: &Shape, input_grad: bool) -> Result<Grads3> {
+    let (nw, nb) = (w.elem_count(), w.dims().first().copied().unwrap_or(0));
+    let dw = flat.narrow(0, 0, nw)?.reshape(w)?;
+    let db = flat.narrow(0, nw, nb)?;
+    let dx = if input_grad {
+        Some(flat.narrow(0, nw + nb, x.elem_count())?.reshape(x)?)
+    } else {
+        None
+    };
+    Ok((dx, Some(dw), Some(db)))
 }
 
 /// The contiguous u32 elements a layout addresses, or an error naming `op`.

@@ -67,6 +67,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workload", choices=["tutorial", "tensor"], default="tensor")
     p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads(n)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu or cuda[:N]. tutorial: each batch is copied with .to(device) as the tutorial "
+        "does; tensor: the whole split lives on the device and randperm runs there",
+    )
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -164,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    dev = torch.device(args.device)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
 
     tmp_root = None
     if args.workload == "tutorial":
@@ -185,21 +196,25 @@ def main(argv: list[str] | None = None) -> int:
         train_dl = DataLoader(train_ds, batch_size=args.batch_size, shuffle=True)
 
         def train_batches():
-            yield from train_dl
+            for xb, yb in train_dl:
+                yield xb.to(dev), yb.to(dev)
 
         def test_batches():
-            yield from DataLoader(test_ds, batch_size=1000)
+            for xb, yb in DataLoader(test_ds, batch_size=1000):
+                yield xb.to(dev), yb.to(dev)
 
     else:
         x_train, y_train = load_tensors(args.data, train=True)
         x_test, y_test = load_tensors(args.data, train=False)
         if args.limit:
             x_train, y_train = x_train[: args.limit].contiguous(), y_train[: args.limit].contiguous()
+        x_train, y_train = x_train.to(dev), y_train.to(dev)
+        x_test, y_test = x_test.to(dev), y_test.to(dev)
         n_train = x_train.shape[0]
         bs = args.batch_size
 
         def train_batches():
-            perm = torch.randperm(n_train)
+            perm = torch.randperm(n_train, device=dev)
             for i in range(0, n_train, bs):
                 idx = perm[i : i + bs]
                 yield x_train[idx], y_train[idx]
@@ -208,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(0, x_test.shape[0], 1000):
                 yield x_test[i : i + 1000], y_test[i : i + 1000]
 
-    model = build_model(args.model)
+    model = build_model(args.model).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -216,8 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     train_loss: list[float] = []
     for epoch in range(1, args.epochs + 1):
         model.train()
-        loss_sum = torch.zeros(())
+        loss_sum = torch.zeros((), device=dev)
         steps = 0
+        sync()
         t0 = time.perf_counter()
         for xb, yb in train_batches():
             loss = loss_fn(model(xb), yb)
@@ -226,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             opt.step()
             loss_sum += loss.detach()
             steps += 1
+        sync()
         dt = time.perf_counter() - t0
         epoch_s.append(dt)
         train_loss.append(float(loss_sum) / max(steps, 1))
@@ -249,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         "workload": args.workload,
         "model": args.model,
         "threads": args.threads,
+        "device": str(dev),
         "torch_threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
         "batch_size": args.batch_size,

@@ -5,20 +5,24 @@
 //! * [`host`]: every read of a tensor back to the host goes through here and is counted.
 //! * [`ops`]: tensor operations candle lacks or gets wrong (max-pool backward).
 //! * [`threads`]: the process's one thread policy (compute threads = free cores).
+//! * [`memory`]: device memory stats, pool trim (`empty_cache`), out-of-memory recognition.
 //! * [`system`]: discovery of the machine's devices for `redline devices`.
 //! * [`trace`]: detailed spans and per-op counts for `--profiler detailed`.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod device;
 mod dtype;
 mod error;
 pub mod host;
+pub mod memory;
 pub mod ops;
 pub mod system;
 pub mod threads;
 pub mod time;
 pub mod trace;
 
-pub use device::{Device, DeviceSpec};
+pub use device::{select, Device, DeviceSpec, GpuAvailability, CUDA_BUILD_HINT};
 pub use dtype::Precision;
 pub use error::{Error, Result};
 

@@ -1,20 +1,30 @@
-//! The loader: a seeded permutation per epoch, batches gathered from the split
-//! tensors, and the next batches assembled on a background thread while the
-//! current step runs.
+//! The loader: a seeded permutation per epoch, batches drawn in that order, and
+//! the next batches prepared on a background thread while the current step runs.
 //!
-//! The prefetch thread blocks on a bounded channel (it sleeps, it never spins),
-//! so it does not compete with the compute threads for cores.
+//! Two ways to feed the device ([`Placement`]):
+//! * **device-resident**: the split was uploaded once; each epoch uploads its
+//!   permutation once and every batch is an index gather on the device;
+//! * **streaming**: the split stays in host memory; each batch is gathered into
+//!   a reusable staging slot (pinned on GPUs) and copied asynchronously
+//!   ([`crate::stage`]), up to `prefetch` batches ahead.
+//!
+//! Both yield the same batches for the same seed. The prefetch thread blocks on
+//! a bounded channel (it sleeps, it never spins), so it does not compete with
+//! the compute threads for cores.
 
 use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::error::{Error, Result};
 use crate::mnist::Split;
+use crate::place::Placement;
+use crate::stage::{stage_for, Fence, HostData, Stage, StagePool};
 
 /// How batches are drawn from a split.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,7 +35,8 @@ pub struct LoaderConfig {
     pub shuffle: bool,
     /// Seed of the permutation stream (epoch `e` uses stream `e` of this seed).
     pub seed: u64,
-    /// Batches assembled ahead on a background thread; 0 assembles inline.
+    /// Batches prepared ahead on a background thread (streaming: copies in
+    /// flight); 0 prepares each batch inline.
     pub prefetch: usize,
     /// Drop the last partial batch (PyTorch's `drop_last`).
     pub drop_last: bool,
@@ -43,7 +54,7 @@ impl Default for LoaderConfig {
     }
 }
 
-/// One batch, on the split's device.
+/// One batch, on the device the loader feeds.
 #[derive(Debug, Clone)]
 pub struct Batch {
     /// Inputs, `(B, 1, H, W)`.
@@ -61,20 +72,85 @@ impl Batch {
     }
 }
 
+/// Where batches come from.
+#[derive(Clone)]
+enum Feed {
+    /// The split's tensors are on the target device.
+    Resident,
+    /// Host copies of the split, streamed to `device` through pooled stages.
+    Streaming {
+        host: Arc<HostData>,
+        device: Device,
+        stages: StagePool,
+    },
+}
+
 /// Draws batches from one split.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Loader {
     split: Split,
     cfg: LoaderConfig,
+    feed: Feed,
+}
+
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader")
+            .field("samples", &self.split.len())
+            .field("cfg", &self.cfg)
+            .field("placement", &self.placement())
+            .finish()
+    }
 }
 
 impl Loader {
-    /// A loader over `split`; refuses a zero batch size.
+    /// A device-resident loader: batches are gathered from `split` on the
+    /// device its tensors live on. Refuses a zero batch size.
     pub fn new(split: Split, cfg: LoaderConfig) -> Result<Self> {
         if cfg.batch_size == 0 {
             return Err(Error::Config("batch size must be at least 1".into()));
         }
-        Ok(Self { split, cfg })
+        Ok(Self {
+            split,
+            cfg,
+            feed: Feed::Resident,
+        })
+    }
+
+    /// A streaming loader: `split` stays in host memory and each batch is
+    /// gathered into a staging slot and copied to `device` (pinned memory and
+    /// an asynchronous copy on GPUs).
+    pub fn streaming(split: Split, device: &Device, cfg: LoaderConfig) -> Result<Self> {
+        let host = Arc::new(HostData::from_split(&split)?);
+        let mut l = Self::new(split, cfg)?;
+        l.feed = Feed::Streaming {
+            host,
+            device: device.clone(),
+            stages: Arc::new(Mutex::new(Vec::new())),
+        };
+        Ok(l)
+    }
+
+    /// A loader over `split` for `device` with the given placement: resident
+    /// uploads the split once (a no-op when it is already there).
+    pub fn placed(
+        split: Split,
+        device: &Device,
+        placement: Placement,
+        cfg: LoaderConfig,
+    ) -> Result<Self> {
+        match placement {
+            Placement::Resident => Self::new(split.to_device(device)?, cfg),
+            Placement::Streaming => Self::streaming(split, device, cfg),
+        }
+    }
+
+    /// How this loader feeds the device.
+    pub fn placement(&self) -> Placement {
+        match self.feed {
+            Feed::Resident => Placement::Resident,
+            Feed::Streaming { .. } => Placement::Streaming,
+        }
     }
 
     /// The split this loader draws from.
@@ -122,18 +198,55 @@ impl Loader {
 
     /// Iterates over the batches of `epoch`, prefetching when configured.
     pub fn epoch(&self, epoch: usize) -> EpochIter {
-        let source = BatchSource {
-            images: self.split.images.clone(),
-            labels: self.split.labels.clone(),
-            order: if self.cfg.shuffle {
-                Some(self.order(epoch))
-            } else {
-                None
+        match self.source(epoch) {
+            Ok(source) => self.iterate(source),
+            Err(e) => EpochIter(Inner::Failed(Some(e))),
+        }
+    }
+
+    fn source(&self, epoch: usize) -> Result<BatchSource> {
+        let order = self.cfg.shuffle.then(|| self.order(epoch));
+        let (batch_size, batches, len) = (
+            self.cfg.batch_size,
+            self.batches_per_epoch(),
+            self.split.len(),
+        );
+        let how = match &self.feed {
+            Feed::Resident => Source::Resident {
+                images: self.split.images.clone(),
+                labels: self.split.labels.clone(),
+                // The epoch's permutation goes to the device once; each batch
+                // gathers with a slice of it.
+                perm: order
+                    .map(|o| Tensor::from_vec(o, len, self.split.images.device()))
+                    .transpose()?,
             },
-            batch_size: self.cfg.batch_size,
-            batches: self.batches_per_epoch(),
-            len: self.split.len(),
+            Feed::Streaming {
+                host,
+                device,
+                stages,
+            } => {
+                let stage = match stages.lock().ok().and_then(|mut p| p.pop()) {
+                    Some(s) => s,
+                    None => stage_for(device, host, batch_size, self.cfg.prefetch + 1)?,
+                };
+                Source::Streaming {
+                    host: host.clone(),
+                    order: order.unwrap_or_else(|| (0..len as u32).collect()),
+                    stage: Some(stage),
+                    pool: stages.clone(),
+                }
+            }
         };
+        Ok(BatchSource {
+            how,
+            batch_size,
+            batches,
+            len,
+        })
+    }
+
+    fn iterate(&self, mut source: BatchSource) -> EpochIter {
         if self.cfg.prefetch == 0 {
             return EpochIter(Inner::Inline { source, next: 0 });
         }
@@ -164,36 +277,77 @@ impl Loader {
     }
 }
 
-/// What the producer needs: the split tensors and this epoch's order.
+/// How one epoch's batches are made.
+enum Source {
+    Resident {
+        images: Tensor,
+        labels: Tensor,
+        perm: Option<Tensor>,
+    },
+    Streaming {
+        host: Arc<HostData>,
+        order: Vec<u32>,
+        /// Taken from the pool at the start of the epoch, returned on drop.
+        stage: Option<Box<dyn Stage>>,
+        pool: StagePool,
+    },
+}
+
+/// What the producer needs: the source and the epoch's geometry.
 struct BatchSource {
-    images: Tensor,
-    labels: Tensor,
-    order: Option<Vec<u32>>,
+    how: Source,
     batch_size: usize,
     batches: usize,
     len: usize,
 }
 
 impl BatchSource {
-    fn batch(&self, b: usize) -> Result<Batch> {
+    fn batch(&mut self, b: usize) -> Result<(Batch, Fence)> {
         let start = b * self.batch_size;
         let size = self.batch_size.min(self.len - start);
-        let (x, y) = match &self.order {
+        let (x, y, fence) = match &mut self.how {
             // File order: a zero-copy view of consecutive rows.
-            None => (
-                self.images.narrow(0, start, size)?,
-                self.labels.narrow(0, start, size)?,
+            Source::Resident {
+                images,
+                labels,
+                perm: None,
+            } => (
+                images.narrow(0, start, size)?,
+                labels.narrow(0, start, size)?,
+                Fence::Ready,
             ),
-            Some(order) => {
-                let idx =
-                    Tensor::from_slice(&order[start..start + size], size, self.images.device())?;
+            Source::Resident {
+                images,
+                labels,
+                perm: Some(perm),
+            } => {
+                let idx = perm.narrow(0, start, size)?;
                 (
-                    self.images.index_select(&idx, 0)?,
-                    self.labels.index_select(&idx, 0)?,
+                    images.index_select(&idx, 0)?,
+                    labels.index_select(&idx, 0)?,
+                    Fence::Ready,
                 )
             }
+            Source::Streaming {
+                host, order, stage, ..
+            } => {
+                let stage = stage
+                    .as_mut()
+                    .ok_or_else(|| Error::Prefetch("staging buffers already released".into()))?;
+                stage.stage(b, host, &order[start..start + size])?
+            }
         };
-        Ok(Batch { x, y, index: b })
+        Ok((Batch { x, y, index: b }, fence))
+    }
+}
+
+impl Drop for BatchSource {
+    fn drop(&mut self) {
+        if let Source::Streaming { stage, pool, .. } = &mut self.how {
+            if let (Some(s), Ok(mut p)) = (stage.take(), pool.lock()) {
+                p.push(s);
+            }
+        }
     }
 }
 
@@ -205,10 +359,10 @@ enum Inner {
     Inline { source: BatchSource, next: usize },
     /// Batches built ahead on the prefetch thread; joined on drop.
     Threaded {
-        rx: Option<Receiver<Result<Batch>>>,
+        rx: Option<Receiver<Result<(Batch, Fence)>>>,
         handle: Option<JoinHandle<()>>,
     },
-    /// The prefetch thread could not be started; yields this error once.
+    /// The epoch could not be started; yields this error once.
     Failed(Option<Error>),
 }
 
@@ -216,17 +370,19 @@ impl Iterator for EpochIter {
     type Item = Result<Batch>;
 
     fn next(&mut self) -> Option<Result<Batch>> {
-        match &mut self.0 {
+        let staged = match &mut self.0 {
             Inner::Inline { source, next } => {
                 if *next >= source.batches {
                     return None;
                 }
                 *next += 1;
-                Some(source.batch(*next - 1))
+                source.batch(*next - 1)
             }
-            Inner::Threaded { rx, .. } => rx.as_ref()?.recv().ok(),
-            Inner::Failed(e) => e.take().map(Err),
-        }
+            Inner::Threaded { rx, .. } => rx.as_ref()?.recv().ok()?,
+            Inner::Failed(e) => return e.take().map(Err),
+        };
+        // The compute stream waits for this batch's copy, and only for it.
+        Some(staged.and_then(|(batch, fence)| fence.wait().map(|()| batch)))
     }
 }
 
@@ -247,6 +403,7 @@ mod tests {
     use super::*;
     use crate::idx::IdxArray;
     use crate::mnist::Normalize;
+    use crate::stage::PlainStage;
     use candle_core::Device;
     use std::path::Path;
 
@@ -328,6 +485,125 @@ mod tests {
         let mut it = l.epoch(0);
         assert!(it.next().is_some());
         drop(it);
+        Ok(())
+    }
+
+    fn labels(l: &Loader, epoch: usize) -> Result<Vec<Vec<u32>>> {
+        l.epoch(epoch).map(|b| Ok(b?.y.to_vec1::<u32>()?)).collect()
+    }
+
+    #[test]
+    fn resident_and_streaming_yield_the_same_batches() -> Result<()> {
+        for shuffle in [false, true] {
+            for prefetch in [0, 1, 3] {
+                let resident = Loader::new(split(37)?, cfg(shuffle, prefetch))?;
+                let streaming =
+                    Loader::streaming(split(37)?, &Device::Cpu, cfg(shuffle, prefetch))?;
+                assert_eq!(resident.placement(), Placement::Resident);
+                assert_eq!(streaming.placement(), Placement::Streaming);
+                for epoch in [0, 1] {
+                    let want = pixels(&resident, epoch)?;
+                    assert_eq!(want.len(), 10, "9 full batches and a partial one");
+                    assert_eq!(
+                        want,
+                        pixels(&streaming, epoch)?,
+                        "shuffle {shuffle} prefetch {prefetch}"
+                    );
+                    assert_eq!(labels(&resident, epoch)?, labels(&streaming, epoch)?);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn placed_uploads_or_streams_as_told() -> Result<()> {
+        let r = Loader::placed(split(5)?, &Device::Cpu, Placement::Resident, cfg(true, 0))?;
+        let s = Loader::placed(split(5)?, &Device::Cpu, Placement::Streaming, cfg(true, 0))?;
+        assert_eq!(
+            (r.placement(), s.placement()),
+            (Placement::Resident, Placement::Streaming)
+        );
+        assert_eq!(pixels(&r, 3)?, pixels(&s, 3)?);
+        Ok(())
+    }
+
+    /// A stage that records which slot each batch went through and how far
+    /// the producer ran ahead of the consumer.
+    struct Recording {
+        inner: PlainStage,
+        log: Arc<Mutex<Vec<(usize, usize)>>>,
+        produced: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Stage for Recording {
+        fn stage(
+            &mut self,
+            slot: usize,
+            data: &HostData,
+            idx: &[u32],
+        ) -> Result<(Tensor, Tensor, Fence)> {
+            let n = self.inner.slots();
+            if let Ok(mut l) = self.log.lock() {
+                l.push((slot, slot % n));
+            }
+            self.produced
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.stage(slot, data, idx)
+        }
+
+        fn slots(&self) -> usize {
+            self.inner.slots()
+        }
+    }
+
+    #[test]
+    fn streaming_uses_slots_in_turn_and_runs_at_most_prefetch_ahead() -> Result<()> {
+        use std::sync::atomic::Ordering;
+        let prefetch = 2;
+        let l = Loader::streaming(split(40)?, &Device::Cpu, cfg(true, prefetch))?;
+        let Feed::Streaming { host, stages, .. } = &l.feed else {
+            return Err(Error::Config("not streaming".into()));
+        };
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let produced = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let rec = Recording {
+            inner: PlainStage::new(&Device::Cpu, host, 4, prefetch + 1),
+            log: log.clone(),
+            produced: produced.clone(),
+        };
+        stages
+            .lock()
+            .map_err(|_| Error::Prefetch("poisoned".into()))?
+            .push(Box::new(rec));
+        let mut consumed = 0;
+        for (b, batch) in l.epoch(0).enumerate() {
+            assert_eq!(batch?.index, b, "batches arrive in order");
+            consumed += 1;
+            // Give the producer time to fill every slot it may, then check it did
+            // not pass the bound: `prefetch` queued plus one being staged.
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            let ahead = produced.load(Ordering::SeqCst) - consumed;
+            assert!(ahead <= prefetch + 1, "producer ran {ahead} batches ahead");
+        }
+        assert_eq!(consumed, 10);
+        let log = log
+            .lock()
+            .map_err(|_| Error::Prefetch("poisoned".into()))?
+            .clone();
+        let want: Vec<(usize, usize)> = (0..10).map(|b| (b, b % (prefetch + 1))).collect();
+        assert_eq!(log, want);
+        // The stage went back to the pool for the next epoch (pinned buffers are reused).
+        assert_eq!(stages.lock().map(|p| p.len()).unwrap_or(0), 1);
+        Ok(())
+    }
+
+    #[test]
+    fn staging_refuses_a_batch_larger_than_its_slot() -> Result<()> {
+        let host = HostData::from_split(&split(10)?)?;
+        let mut st = PlainStage::new(&Device::Cpu, &host, 2, 1);
+        let err = st.stage(0, &host, &[0, 1, 2]).err().map(|e| e.to_string());
+        assert!(err.is_some_and(|m| m.contains("holds 2 samples, batch has 3")));
         Ok(())
     }
 

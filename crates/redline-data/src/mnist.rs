@@ -69,6 +69,22 @@ impl Split {
         self.len() == 0
     }
 
+    /// Bytes the split's tensors take (images and labels).
+    pub fn bytes(&self) -> u64 {
+        let t = |x: &Tensor| (x.elem_count() * x.dtype().size_in_bytes()) as u64;
+        t(&self.images) + t(&self.labels)
+    }
+
+    /// The same split on `device` (one upload; a cheap clone when already there).
+    pub fn to_device(&self, device: &Device) -> Result<Self> {
+        Ok(Self {
+            images: self.images.to_device(device)?,
+            labels: self.labels.to_device(device)?,
+            classes: self.classes,
+            source: self.source.clone(),
+        })
+    }
+
     /// Reads `dir`'s split, checking counts and label range, and normalises it.
     pub fn load(
         dir: &Path,

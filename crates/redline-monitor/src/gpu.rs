@@ -55,6 +55,21 @@ pub struct GpuProcess {
     pub memory_used: Option<u64>,
 }
 
+/// Static facts of one GPU, for `redline devices`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuInfo {
+    /// NVML index (the N of `cuda:N` when no `CUDA_VISIBLE_DEVICES` reorders them).
+    pub index: u32,
+    /// Product name.
+    pub name: String,
+    /// Total memory in bytes.
+    pub memory_total: Option<u64>,
+    /// Free memory in bytes.
+    pub memory_free: Option<u64>,
+    /// Compute capability, e.g. `9.0`.
+    pub compute_capability: Option<String>,
+}
+
 /// An open NVML session and the GPUs it sees.
 pub struct Gpus {
     nvml: Nvml,
@@ -107,6 +122,30 @@ impl Gpus {
     /// Highest CUDA version the driver supports, e.g. `12.4`.
     pub fn cuda_driver_version(&self) -> Option<&str> {
         self.cuda_driver_version.as_deref()
+    }
+
+    /// What `redline devices` lists for every GPU: name, memory, compute capability.
+    pub fn inventory(&self) -> Vec<GpuInfo> {
+        (0..self.count)
+            .map(|index| {
+                let device = self.nvml.device_by_index(index);
+                let memory = device.as_ref().ok().and_then(|d| d.memory_info().ok());
+                GpuInfo {
+                    index,
+                    name: match &device {
+                        Ok(d) => d.name().unwrap_or_else(|_| format!("GPU {index}")),
+                        Err(e) => format!("unavailable: {e}"),
+                    },
+                    memory_total: memory.as_ref().map(|m| m.total),
+                    memory_free: memory.as_ref().map(|m| m.free),
+                    compute_capability: device
+                        .as_ref()
+                        .ok()
+                        .and_then(|d| d.cuda_compute_capability().ok())
+                        .map(|c| format!("{}.{}", c.major, c.minor)),
+                }
+            })
+            .collect()
     }
 
     /// One reading of every GPU, in index order. A GPU that cannot be opened

@@ -23,7 +23,7 @@ mod view;
 
 pub use cli::{run, run_to, MonitorOptions};
 pub use error::{Error, Result};
-pub use gpu::{GpuProcess, GpuSample, Gpus};
+pub use gpu::{GpuInfo, GpuProcess, GpuSample, Gpus};
 pub use host::{HostProcess, HostSample, HostSampler, CPU_WINDOW};
 pub use sample::{Monitor, Sample};
 pub use sampler::{SampleCallback, Sampler};

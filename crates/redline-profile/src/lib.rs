@@ -17,5 +17,5 @@ pub use action::{Action, Category, Mode};
 pub use breakdown::{Breakdown, CategoryShare, Timeline, TimelineRow, RULE};
 pub use chrome::to_chrome_json;
 pub use error::{Error, Result};
-pub use profiler::Profiler;
+pub use profiler::{DeviceClock, Profiler};
 pub use report::{ActionRow, Profile, SpanRow};

@@ -27,6 +27,19 @@ const MAX_BINS: usize = 400;
 /// Per-step categories (idle is not per step).
 const STEP_CATS: usize = 5;
 
+/// A clock on the device's queue (CUDA events on a GPU). The profiler marks a
+/// boundary at every switch, without waiting; at log points it drains the
+/// marks: the device time between consecutive boundaries is charged to the
+/// action the loop switched to at the earlier one. A phase whose device time
+/// exceeds its host time is where the device, not the host, is the bottleneck.
+pub trait DeviceClock: Send {
+    /// Records a boundary; `None` when the loop pauses.
+    fn mark(&mut self, action: Option<Action>) -> std::result::Result<(), String>;
+    /// Waits for the last boundary and returns `(action, device ms)` for each
+    /// interval since the previous drain.
+    fn drain(&mut self) -> std::result::Result<Vec<(Option<Action>, f64)>, String>;
+}
+
 /// Times the training loop's actions. See the module docs for the rule.
 pub struct Profiler {
     mode: Mode,
@@ -40,6 +53,8 @@ pub struct Profiler {
     bin_first: usize,
     steps: usize,
     device: String,
+    clock: Option<Box<dyn DeviceClock>>,
+    device_s: [f64; Action::ALL.len()],
 }
 
 impl Profiler {
@@ -62,6 +77,42 @@ impl Profiler {
             bin_first: 1,
             steps: 0,
             device: device.to_string(),
+            clock: None,
+            device_s: [0.0; Action::ALL.len()],
+        }
+    }
+
+    /// Also times each action on the device's queue with `clock`.
+    pub fn with_device_clock(mut self, clock: Box<dyn DeviceClock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Reads the device clock back (a host wait for the device: call at log
+    /// points only). A failing clock is reported once and detached.
+    pub fn sync_device_clock(&mut self) {
+        let Some(clock) = &mut self.clock else { return };
+        match clock.drain() {
+            Ok(intervals) => {
+                for (a, ms) in intervals {
+                    if let Some(a) = a {
+                        self.device_s[a.index()] += ms * 1e-3;
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!("device timing stopped: {e}");
+                self.clock = None;
+            }
+        }
+    }
+
+    fn mark_device(&mut self, action: Option<Action>) {
+        if let Some(clock) = &mut self.clock {
+            if let Err(e) = clock.mark(action) {
+                tracing::warn!("device timing stopped: {e}");
+                self.clock = None;
+            }
         }
     }
 
@@ -82,11 +133,13 @@ impl Profiler {
         let now = Instant::now();
         self.close(now);
         self.current = Some((action, now));
+        self.mark_device(Some(action));
     }
 
     /// The loop now does nothing it owns (the time counts as idle).
     pub fn pause(&mut self) {
         self.close(Instant::now());
+        self.mark_device(None);
     }
 
     fn close(&mut self, now: Instant) {
@@ -143,6 +196,8 @@ impl Profiler {
     /// Stops the clock and builds the tables, the breakdown and (detailed) the trace.
     pub fn finish(mut self) -> Profile {
         self.pause();
+        let timed_on_device = self.clock.is_some();
+        self.sync_device_clock();
         if self.steps + 1 > self.bin_first {
             self.flush_bin();
         }
@@ -171,6 +226,7 @@ impl Profiler {
                 mean_ms: 1e3 * total_s / calls as f64,
                 total_s,
                 percent: pct(total_s),
+                device_s: timed_on_device.then_some(self.device_s[a.index()]),
             };
             if a == Action::Other {
                 other = Some(row);
@@ -187,11 +243,21 @@ impl Profiler {
                 mean_ms: 0.0,
                 total_s: idle,
                 percent: pct(idle),
+                device_s: None,
             });
         }
         rows.extend(other);
         let breakdown = Breakdown::new(wall_s, self.steps, &self.device, seconds, self.timeline);
+        let device_compute_percent = timed_on_device.then(|| {
+            let compute: f64 = Action::ALL
+                .iter()
+                .filter(|a| a.category() == Category::Compute)
+                .map(|a| self.device_s[a.index()])
+                .sum();
+            pct(compute)
+        });
         Profile {
+            device_compute_percent,
             mode: self.mode,
             wall_s,
             steps: self.steps,
@@ -249,6 +315,74 @@ mod tests {
         assert_eq!(prof.breakdown.timeline.rows.len(), 3);
         assert!(prof.breakdown.timeline.rows[0].compute_ms >= 3.0);
         assert!(prof.trace.is_none());
+    }
+
+    /// A clock whose device time per interval is scripted: the logic under
+    /// test is the profiler's bookkeeping, not the clock.
+    struct Scripted {
+        marks: Vec<Option<Action>>,
+        ms_per_interval: f64,
+    }
+
+    impl DeviceClock for Scripted {
+        fn mark(&mut self, action: Option<Action>) -> std::result::Result<(), String> {
+            self.marks.push(action);
+            Ok(())
+        }
+
+        fn drain(&mut self) -> std::result::Result<Vec<(Option<Action>, f64)>, String> {
+            let out = self
+                .marks
+                .windows(2)
+                .map(|w| (w[0], self.ms_per_interval))
+                .collect();
+            let last = self.marks.pop();
+            self.marks.clear();
+            self.marks.extend(last);
+            Ok(out)
+        }
+    }
+
+    #[test]
+    fn device_time_is_charged_to_the_action_switched_to() {
+        let clock = Scripted {
+            marks: Vec::new(),
+            ms_per_interval: 2.0,
+        };
+        let mut p = Profiler::new(Mode::Simple, "cuda:0").with_device_clock(Box::new(clock));
+        for step in 0..4 {
+            p.switch(Action::DataWait);
+            p.switch(Action::Forward);
+            p.switch(Action::Backward);
+            if step % 2 == 1 {
+                p.switch(Action::HostSync);
+                p.sync_device_clock();
+            }
+            p.end_step();
+        }
+        let prof = p.finish();
+        let dev = |name: &str| {
+            prof.rows
+                .iter()
+                .find(|r| r.action == name)
+                .and_then(|r| r.device_s)
+        };
+        // Every interval is 2 ms and each action opened 4 of them.
+        assert_eq!(dev("forward"), Some(0.008));
+        assert_eq!(dev("backward"), Some(0.008));
+        assert_eq!(dev("waiting for data"), Some(0.008));
+        assert!(prof.device_compute_percent.is_some());
+        assert!(prof.table().contains("Device ms"));
+    }
+
+    #[test]
+    fn without_a_clock_nothing_is_device_timed() {
+        let mut p = Profiler::new(Mode::Simple, "cpu");
+        p.switch(Action::Forward);
+        let prof = p.finish();
+        assert!(prof.rows.iter().all(|r| r.device_s.is_none()));
+        assert_eq!(prof.device_compute_percent, None);
+        assert!(!prof.table().contains("Device ms"));
     }
 
     #[test]

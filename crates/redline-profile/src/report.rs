@@ -26,6 +26,10 @@ pub struct ActionRow {
     pub total_s: f64,
     /// Percent of wall time.
     pub percent: f64,
+    /// Device-queue seconds of the work queued during this action (GPU event
+    /// timing); absent where there is no device clock (the CPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_s: Option<f64>,
 }
 
 /// Inclusive time of one named span (a layer's forward or backward).
@@ -56,6 +60,9 @@ pub struct Profile {
     pub breakdown: Breakdown,
     /// Spans and counts (detailed only).
     pub trace: Option<Trace>,
+    /// Device time of the compute actions (forward, loss, backward, optimizer,
+    /// metrics) over wall time, from the device clock; `None` without one.
+    pub device_compute_percent: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -64,6 +71,8 @@ struct ProfileJson<'a> {
     mode: String,
     steps: usize,
     rows: &'a [ActionRow],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_compute_percent: Option<f64>,
     layers: Vec<SpanRow>,
     op_counts_per_step: BTreeMap<&'static str, f64>,
 }
@@ -115,11 +124,13 @@ impl Profile {
             "Profiler ({}): {:.3} s wall over {} steps. Rows are exclusive and sum to the wall time.",
             self.mode, self.wall_s, self.steps
         );
-        let _ = writeln!(
+        let timed = self.rows.iter().any(|r| r.device_s.is_some());
+        let _ = write!(
             s,
             "{:<34} {:>9} {:>10} {:>10} {:>7}",
             "Action", "Calls", "Mean ms", "Total s", "% wall"
         );
+        let _ = writeln!(s, "{}", if timed { "  Device ms" } else { "" });
         let mut sum = 0.0;
         for r in &self.rows {
             sum += r.total_s;
@@ -128,11 +139,17 @@ impl Profile {
             } else {
                 ("-".into(), "-".into())
             };
-            let _ = writeln!(
+            let _ = write!(
                 s,
                 "{:<34} {:>9} {:>10} {:>10.4} {:>7.1}",
                 r.action, calls, mean, r.total_s, r.percent
             );
+            match (timed, r.device_s, r.calls) {
+                (true, Some(d), c) if c > 0 => {
+                    let _ = writeln!(s, "  {:>9.4}", 1e3 * d / c as f64);
+                }
+                _ => s.push('\n'),
+            }
         }
         let pct = if self.wall_s > 0.0 {
             100.0 * sum / self.wall_s
@@ -144,6 +161,12 @@ impl Profile {
             "{:<34} {:>9} {:>10} {:>10.4} {:>7.1}",
             "total", "", "", sum, pct
         );
+        if let Some(p) = self.device_compute_percent {
+            let _ = writeln!(
+                s,
+                "Device time of compute actions: {p:.1}% of wall (GPU events; Device ms is per call)"
+            );
+        }
         let layers = self.layer_rows();
         if !layers.is_empty() {
             let _ = writeln!(
@@ -188,6 +211,7 @@ impl Profile {
                 mode: self.mode.to_string(),
                 steps: self.steps,
                 rows: &self.rows,
+                device_compute_percent: self.device_compute_percent,
                 layers: self.layer_rows(),
                 op_counts_per_step: self.op_counts_per_step(),
             };

@@ -21,6 +21,22 @@ pub enum Error {
         /// Learning rate at that point.
         lr: f64,
     },
+    /// The device ran out of memory.
+    #[error(
+        "{device} ran out of memory at batch size {batch_size}: {detail}\nHINT: use a smaller \
+         batch, e.g. --batch-size {smaller}; with a large dataset also try --data-on-device off \
+         (streams batches instead of keeping the split on the device)"
+    )]
+    OutOfMemory {
+        /// The device, e.g. `cuda:0`.
+        device: String,
+        /// The batch size of the pass that failed.
+        batch_size: usize,
+        /// Half of it, the suggestion.
+        smaller: usize,
+        /// The driver's message.
+        detail: String,
+    },
     /// An error from the data crate.
     #[error(transparent)]
     Data(#[from] redline_data::Error),
@@ -35,5 +51,46 @@ pub enum Error {
     Candle(#[from] candle_core::Error),
 }
 
+impl Error {
+    /// Turns a device out-of-memory failure into [`Error::OutOfMemory`] naming
+    /// the batch size; any other error passes through unchanged.
+    pub fn with_oom_context(self, device: &str, batch_size: usize) -> Self {
+        let candle = match &self {
+            Self::Candle(c) | Self::Core(redline_core::Error::Candle(c)) => c,
+            Self::Data(redline_data::Error::Candle(c)) => c,
+            _ => return self,
+        };
+        if !redline_core::memory::is_out_of_memory(candle) {
+            return self;
+        }
+        Self::OutOfMemory {
+            device: device.to_string(),
+            batch_size,
+            smaller: (batch_size / 2).max(1),
+            detail: candle.to_string(),
+        }
+    }
+}
+
 /// Result alias for this crate.
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_of_memory_names_the_batch_and_suggests_a_smaller_one() {
+        let oom = Error::Candle(candle_core::Error::Msg(
+            "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")".into(),
+        ));
+        let msg = oom.with_oom_context("cuda:0", 4096).to_string();
+        assert!(
+            msg.starts_with("cuda:0 ran out of memory at batch size 4096"),
+            "{msg}"
+        );
+        assert!(msg.contains("--batch-size 2048"), "{msg}");
+        let other = Error::Config("nope".into()).with_oom_context("cuda:0", 64);
+        assert_eq!(other.to_string(), "nope");
+    }
+}

@@ -6,6 +6,7 @@
 //! * [`optim`]: Adam, AdamW and SGD with PyTorch's update rules.
 //! * [`metrics`]: the JSON-lines metrics writer.
 
+mod device_clock;
 mod error;
 pub mod events;
 pub mod loss;

@@ -26,6 +26,10 @@ pub struct TrainConfig {
     pub log_every: usize,
     /// Validate after each epoch when a validation loader is given.
     pub validate: bool,
+    /// Return the device memory pool's cached blocks after each epoch's
+    /// training pass (`--empty-cache`); the pool is always trimmed after fit.
+    #[serde(default)]
+    pub empty_cache: bool,
 }
 
 impl Default for TrainConfig {
@@ -35,6 +39,7 @@ impl Default for TrainConfig {
             max_steps: None,
             log_every: 50,
             validate: true,
+            empty_cache: false,
         }
     }
 }
@@ -188,11 +193,28 @@ impl Trainer {
     /// Trains on `train`, validating on `val` after each epoch when given.
     pub fn fit(&mut self, train: &Loader, val: Option<&Loader>) -> Result<FitSummary> {
         let mut prof = Profiler::new(self.profile_mode, &self.device.to_string());
+        // Events at every switch cost a few microseconds each: only when a
+        // profile was asked for (the breakdown itself is host-timed).
+        if self.profile_mode != Mode::Off {
+            if let Some(clock) = crate::device_clock::for_device(&self.device) {
+                prof = prof.with_device_clock(clock);
+            }
+        }
         prof.switch(Action::Other);
-        let result = self.fit_profiled(train, val, &mut prof);
+        let result = self
+            .fit_profiled(train, val, &mut prof)
+            .map_err(|e| e.with_oom_context(&self.device.to_string(), train.config().batch_size));
         prof.pause();
         self.profiler = Some(prof);
-        result
+        let trimmed = redline_core::memory::empty_cache(&self.device);
+        let summary = result?;
+        trimmed?;
+        Ok(summary)
+    }
+
+    /// The device's memory now (allocated, peak, pool); `None` on the CPU.
+    pub fn memory(&self) -> Result<Option<redline_core::memory::MemoryStats>> {
+        Ok(redline_core::memory::stats(&self.device)?)
     }
 
     /// Stops the last fit's profiler and returns its tables and breakdown.
@@ -289,6 +311,7 @@ impl Trainer {
                 if step.is_multiple_of(self.cfg.log_every) || step == total_steps {
                     prof.switch(Action::HostSync);
                     let log = self.log_point(&window, step, epoch, window_start, fit_start)?;
+                    prof.sync_device_clock();
                     prof.switch(Action::Logging);
                     self.emit(&Event::Log(&log));
                     prof.switch(Action::Other);
@@ -306,6 +329,9 @@ impl Trainer {
             check_finite(train_loss, step, epoch, self.optimizer.lr())?;
             train_s += epoch_s;
             samples += epoch_sums.samples;
+            if self.cfg.empty_cache {
+                redline_core::memory::empty_cache(&self.device)?;
+            }
 
             let eval = match val.filter(|_| self.cfg.validate) {
                 Some(v) => {
@@ -382,6 +408,11 @@ impl Trainer {
 
     /// Mean loss and accuracy over every batch of `loader` (no gradients kept).
     pub fn evaluate(&self, loader: &Loader) -> Result<EvalResult> {
+        self.evaluate_inner(loader)
+            .map_err(|e| e.with_oom_context(&self.device.to_string(), loader.config().batch_size))
+    }
+
+    fn evaluate_inner(&self, loader: &Loader) -> Result<EvalResult> {
         let start = Instant::now();
         let mut sums = Running::new(self.device.candle())?;
         for batch in loader.epoch(0) {

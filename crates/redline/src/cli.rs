@@ -127,9 +127,18 @@ pub struct TrainArgs {
     /// Keep file order instead of a fresh permutation each epoch.
     #[arg(long)]
     pub no_shuffle: bool,
-    /// Batches assembled ahead on a background thread (0: inline).
+    /// Batches assembled ahead on a background thread (0: inline); when
+    /// streaming, also the host-to-device copies kept in flight.
     #[arg(long, default_value_t = 2)]
     pub prefetch: usize,
+    /// Keep the dataset in device memory: auto (when it fits half the free
+    /// memory), on, or off (stream batches through pinned buffers).
+    #[arg(long, default_value = "auto", value_name = "POLICY")]
+    pub data_on_device: String,
+    /// Return the device memory pool's cached blocks after every epoch (the
+    /// pool is always trimmed after training).
+    #[arg(long)]
+    pub empty_cache: bool,
     /// Normalisation mean, after scaling pixels to [0, 1].
     #[arg(long, default_value_t = 0.5)]
     pub mean: f32,
@@ -226,40 +235,100 @@ pub struct DevicesArgs {
     pub json: bool,
 }
 
-/// `redline devices`: lists what `--device` can name.
+/// `redline devices`: lists what `--device` can name: the CPU, and the GPUs
+/// NVML sees (usable only by a CUDA build).
 pub fn devices(args: &DevicesArgs) -> anyhow::Result<()> {
     let devs = redline_core::system::devices();
-    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let gpus = redline_monitor::Gpus::open();
+    let inventory = gpus.as_ref().map(|g| g.inventory()).unwrap_or_default();
+    let cuda = redline_core::GpuAvailability::probe();
+    let usable = |i: u32| cuda.cuda_built && cuda.count.as_ref().is_ok_and(|&n| (i as usize) < n);
     if args.json {
-        let v: Vec<_> = devs
+        let mut v: Vec<_> = devs
             .iter()
             .map(|d| {
-                serde_json::json!({"id": d.id, "name": d.name, "cores": d.cores,
-                "usable_cores": d.usable_cores, "memory_total": d.memory_total, "memory_free": d.memory_free})
+                serde_json::json!({"id": d.id, "kind": "cpu", "name": d.name, "cores": d.cores,
+                "usable_cores": d.usable_cores, "memory_total": d.memory_total,
+                "memory_free": d.memory_free, "usable": true})
             })
             .collect();
+        for g in &inventory {
+            v.push(
+                serde_json::json!({"id": format!("cuda:{}", g.index), "kind": "gpu",
+                "name": g.name, "memory_total": g.memory_total, "memory_free": g.memory_free,
+                "compute_capability": g.compute_capability,
+                "driver_version": gpus.as_ref().ok().and_then(|g| g.driver_version()),
+                "cuda_driver_version": gpus.as_ref().ok().and_then(|g| g.cuda_driver_version()),
+                "usable": usable(g.index)}),
+            );
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!(
-        "{:<8} {:<40} {:>6} {:>7} {:>12} {:>12}",
-        "DEVICE", "NAME", "CORES", "USABLE", "MEM TOTAL", "MEM FREE"
-    );
-    for d in &devs {
-        println!(
-            "{:<8} {:<40} {:>6} {:>7} {:>8.1} GiB {:>8.1} GiB",
-            d.id,
-            d.name,
-            d.cores,
-            d.usable_cores,
-            gib(d.memory_total),
-            gib(d.memory_free)
-        );
+    print!("{}", devices_table(&devs, &inventory, usable));
+    match &gpus {
+        Ok(g) => println!(
+            "NVIDIA driver {}, CUDA {} (driver API)",
+            g.driver_version().unwrap_or("?"),
+            g.cuda_driver_version().unwrap_or("?")
+        ),
+        Err(note) => println!("GPUs: {note}"),
     }
-    if !redline_core::system::cuda_compiled() {
-        println!("GPUs: none usable: this build has no CUDA support (CPU build).");
+    if !cuda.cuda_built {
+        println!(
+            "This is a CPU build: GPUs cannot be used. HINT: {}",
+            redline_core::CUDA_BUILD_HINT
+        );
+    } else if let Err(why) = &cuda.count {
+        println!("CUDA driver: {why}");
     }
     Ok(())
+}
+
+fn devices_table(
+    devs: &[redline_core::system::DeviceInfo],
+    gpus: &[redline_monitor::GpuInfo],
+    usable: impl Fn(u32) -> bool,
+) -> String {
+    use std::fmt::Write as _;
+    let gib = |b: Option<u64>| {
+        b.map_or("?".into(), |b| {
+            format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
+        })
+    };
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<8} {:<40} {:>12} {:>12} {:>11} {:>6}",
+        "DEVICE", "NAME", "MEM TOTAL", "MEM FREE", "CORES/CC", "USABLE"
+    );
+    for d in devs {
+        let _ = writeln!(
+            s,
+            "{:<8} {:<40} {:>12} {:>12} {:>11} {:>6}",
+            d.id,
+            d.name,
+            gib(Some(d.memory_total)),
+            gib(Some(d.memory_free)),
+            format!("{}/{}", d.usable_cores, d.cores),
+            "yes"
+        );
+    }
+    for g in gpus {
+        let _ = writeln!(
+            s,
+            "{:<8} {:<40} {:>12} {:>12} {:>11} {:>6}",
+            format!("cuda:{}", g.index),
+            g.name,
+            gib(g.memory_total),
+            gib(g.memory_free),
+            g.compute_capability
+                .as_deref()
+                .map_or("?".into(), |c| format!("sm {c}")),
+            if usable(g.index) { "yes" } else { "no" }
+        );
+    }
+    s
 }
 
 /// `redline monitor`: GPUs through NVML and the host, refreshed like nvidia-smi.

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use redline_core::{Device, DeviceSpec, Precision};
-use redline_data::{Loader, LoaderConfig, Normalize, Split, SplitKind};
+use redline_data::{
+    place, DataOnDevice, Loader, LoaderConfig, Normalize, Placement, Split, SplitKind,
+};
 use redline_models::ModelConfig;
 use redline_monitor::Sampler;
 use redline_profile::{Mode, Profile};
@@ -112,26 +114,19 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         mean: args.mean,
         std: args.std,
     };
-    let train = Split::load(
-        &data_dir,
-        SplitKind::Train,
-        args.classes,
-        norm,
-        device.candle(),
-    )?;
-    let test = if args.no_validate {
-        None
-    } else {
-        Some(Split::load(
-            &data_dir,
-            SplitKind::Test,
-            args.classes,
-            norm,
-            device.candle(),
-        )?)
+    let policy: DataOnDevice = args.data_on_device.parse()?;
+    // Read on the host, then placed: uploaded once, or streamed per batch.
+    let mut device_free = redline_core::memory::stats(&device)?.map(|m| m.device_free);
+    let mut load = |kind: SplitKind, cfg: LoaderConfig| -> anyhow::Result<Loader> {
+        let split = Split::load(&data_dir, kind, args.classes, norm, Device::cpu().candle())?;
+        let placement = place(policy, split.bytes(), device_free)?;
+        if let (Placement::Resident, Some(free)) = (placement, device_free.as_mut()) {
+            *free = free.saturating_sub(split.bytes());
+        }
+        Ok(Loader::placed(split, device.candle(), placement, cfg)?)
     };
-    let train_loader = Loader::new(
-        train,
+    let train_loader = load(
+        SplitKind::Train,
         LoaderConfig {
             batch_size: args.batch_size,
             shuffle: !args.no_shuffle,
@@ -140,27 +135,27 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             drop_last: false,
         },
     )?;
-    let test_loader = test
-        .map(|s| {
-            Loader::new(
-                s,
-                LoaderConfig {
-                    batch_size: args.eval_batch_size,
-                    shuffle: false,
-                    seed: 0,
-                    prefetch: args.prefetch,
-                    drop_last: false,
-                },
-            )
-        })
-        .transpose()?;
+    let test_loader = if args.no_validate {
+        None
+    } else {
+        Some(load(
+            SplitKind::Test,
+            LoaderConfig {
+                batch_size: args.eval_batch_size,
+                shuffle: false,
+                seed: 0,
+                prefetch: args.prefetch,
+                drop_last: false,
+            },
+        )?)
+    };
 
     let model = model_cfg.build(&device, Precision::Fp32, args.seed)?;
     if let Some(init) = &args.init {
         model.params().load_safetensors(init).context("--init")?;
     }
     println!(
-        "redline: {} ({} params) on {} ({} compute threads), data {} ({} train / {} test), {} batch {}, lr {}",
+        "redline: {} ({} params) on {} ({} compute threads), data {} ({} train / {} test, {}), {} batch {}, lr {}",
         model_cfg.name(),
         model.params().numel(),
         device,
@@ -168,6 +163,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         data_dir.display(),
         train_loader.len(),
         test_loader.as_ref().map_or(0, |l| l.len()),
+        train_loader.placement(),
         args.optimizer,
         args.batch_size,
         args.lr
@@ -192,11 +188,12 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     });
     let free_cores = redline_core::threads::last_free_cores()
         .unwrap_or_else(|| redline_core::threads::measure_free_cores(Duration::from_millis(100)));
-    let head = json!({
+    let mut head = json!({
         "model": model_cfg.name(), "device": device.to_string(),
         "started": run_dir::utc_stamp(started).1, "started_unix": started,
         "batch_size": args.batch_size, "threads": threads, "free_cores": free_cores,
         "logical_cores": redline_core::threads::usable_cores(), "prefetch": args.prefetch,
+        "data_placement": train_loader.placement().to_string(),
         "profiler": mode.to_string(), "run_dir": dir.display().to_string(),
     });
 
@@ -208,6 +205,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             max_steps: args.max_steps,
             log_every: args.log_every,
             validate: !args.no_validate,
+            empty_cache: args.empty_cache,
         })
         .optimizer(opt_cfg)
         .model_name(model_cfg.name())
@@ -222,6 +220,17 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let samples = sampler.map(Sampler::stop).map_or(0, |s| s.len());
+    // After fit the pool was trimmed: peak is the run's high-water mark.
+    if let (Ok(Some(mem)), serde_json::Value::Object(m)) = (trainer.memory(), &mut head) {
+        println!(
+            "device memory: peak allocated {:.1} MiB, pool {:.1} MiB after trim, {:.1} of {:.1} GiB free",
+            mem.peak_allocated as f64 / 1048576.0,
+            mem.reserved as f64 / 1048576.0,
+            mem.device_free as f64 / 1073741824.0,
+            mem.device_total as f64 / 1073741824.0
+        );
+        m.insert("device_memory".into(), mem.to_json());
+    }
     let profile = trainer.finish_profile();
     let outcome = match (fit, saved) {
         (Err(e), _) => Err(anyhow::Error::from(e)),

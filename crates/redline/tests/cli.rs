@@ -7,7 +7,7 @@
 use std::path::Path;
 
 mod common;
-use common::{fails, jsonl, ok, root};
+use common::{fails, json, jsonl, ok, root};
 
 fn step_losses(rows: &[serde_json::Value]) -> Vec<f64> {
     rows.iter()
@@ -154,6 +154,57 @@ fn same_seed_same_run_bit_for_bit() {
 }
 
 #[test]
+fn streaming_and_device_resident_feeding_train_identically() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |policy: &str, prefetch: &str| {
+        let run_dir = dir.path().join(format!("{policy}-{prefetch}"));
+        let m = dir.path().join(format!("{policy}-{prefetch}.jsonl"));
+        let out = ok(&[
+            "train",
+            "--device",
+            "cpu",
+            "--seed",
+            "5",
+            "--max-steps",
+            "25",
+            "--log-every",
+            "1",
+            "--no-validate",
+            "--data-on-device",
+            policy,
+            "--prefetch",
+            prefetch,
+            "--run-dir",
+            run_dir.to_str().unwrap(),
+            "--metrics",
+            m.to_str().unwrap(),
+        ]);
+        let summary = json(&run_dir.join("summary.json"));
+        (
+            step_losses(&jsonl(&m)),
+            summary["data_placement"].clone(),
+            out,
+        )
+    };
+    let (resident, placed, out) = run("on", "2");
+    assert_eq!(placed, "device-resident");
+    assert!(out.contains("device-resident"), "{out}");
+    assert_eq!(resident.len(), 25);
+    for prefetch in ["0", "3"] {
+        let (streamed, placed, _) = run("off", prefetch);
+        assert_eq!(placed, "streaming");
+        assert_eq!(
+            resident, streamed,
+            "streaming (prefetch {prefetch}) must see the same batches"
+        );
+    }
+    // `auto` on the CPU: the data already lives in the memory the model uses.
+    assert_eq!(run("auto", "2").1, "device-resident");
+    let err = fails(&["train", "--data-on-device", "sometimes", "--max-steps", "1"]);
+    assert!(err.contains("expected `auto`, `on` or `off`"), "{err}");
+}
+
+#[test]
 fn torch_saved_weights_reproduce_pytorch_logits() {
     // torch_saved_mlp.safetensors was written by safetensors.torch.save_file(model.state_dict()).
     use redline_like::*;
@@ -208,6 +259,8 @@ fn help_has_a_line_per_flag() {
         "--seed",
         "--no-shuffle",
         "--prefetch",
+        "--data-on-device",
+        "--empty-cache",
         "--mean",
         "--std",
         "--log-every",
@@ -223,12 +276,28 @@ fn help_has_a_line_per_flag() {
 fn devices_lists_the_cpu() {
     let out = ok(&["devices"]);
     assert!(out.contains("cpu") && out.contains("GiB"), "{out}");
+    // This machine has no NVIDIA driver and CI builds without CUDA: both are said.
+    assert!(
+        out.contains("GPUs: NVML") || out.contains("NVIDIA driver"),
+        "{out}"
+    );
+    assert!(
+        out.contains("CPU build") && out.contains("--features cuda"),
+        "{out}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&ok(&["devices", "--json"])).unwrap();
+    assert_eq!(v[0]["id"], "cpu");
+    assert_eq!(v[0]["usable"], true);
 }
 
 #[test]
 fn missing_gpu_is_a_clear_error() {
     let err = fails(&["train", "--device", "cuda:3", "--max-steps", "1"]);
     assert!(err.contains("cuda:3") && err.contains("HINT"), "{err}");
+    assert!(
+        err.contains("built without CUDA") && err.contains("--features cuda"),
+        "{err}"
+    );
     let err = fails(&["train", "--device", "tpu"]);
     assert!(err.contains("expected `auto`, `cpu` or `cuda:N`"), "{err}");
 }

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU check of issue 5, run ON a GPU machine from the repository root with
+# the bundle of scripts/gpu-bundle.sh carried as .gpu/:
+#   device tool: run(command="bash bench/gpu.sh", carry=[".gpu"])
+# Writes raw logs to $OUT (or bench/results/gpu-raw/) for bench/results/<gpu-name>/:
+#   1. nvidia-smi, `redline devices`;
+#   2. the golden MLP/CNN checks against PyTorch on cuda:0 (fp32, CPU tolerances),
+#      device-resident and streaming;
+#   3. the seed workload (MLP, batch 64, 5 epochs) and the CNN: Redline device-resident
+#      and streaming, with NVML sampled every 100 ms and CUDA-event timing, vs PyTorch
+#      on the same GPU (tutorial DataLoader pipeline, and the whole split on the GPU);
+#   4. batch 512 device-resident (the GPU-busy target).
+set -uo pipefail
+out="${OUT:-bench/results/gpu-raw}"
+mkdir -p "$out"
+exec > >(tee "$out/gpu.log") 2>&1
+py="$(command -v python3)"
+# The CUDA 13 libraries candle loads (cuBLAS, NVRTC, cuRAND) come with the image's PyTorch.
+libs="$("$py" -c 'import nvidia, pathlib; print(":".join(str(p) for p in pathlib.Path(list(nvidia.__path__)[0]).glob("*/lib")))')"
+export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export REDLINE_REPO_ROOT="$PWD"
+bin="$(mktemp -d)"
+tar -C "$bin" -xJf .gpu/bundle.tar.xz
+rl="$bin/redline"
+set -x
+nvidia-smi
+uptime
+$rl devices
+"$bin/golden" cuda_ --test-threads 1
+run() { # name, then redline train flags
+    local name="$1"; shift
+    $rl train --run-dir "$out/run-$name" --monitor-interval 0.1 --profiler simple "$@"
+    cp "$out/run-$name/summary.json" "$out/$name.summary.json" 2>/dev/null
+}
+run mlp-resident --data-on-device on
+run mlp-streaming --data-on-device off
+run mlp-b512-resident --data-on-device on --batch-size 512
+run cnn-resident --model cnn --data-on-device on
+run cnn-streaming --model cnn --data-on-device off
+for w in tutorial tensor; do
+    for m in mlp cnn; do
+        "$py" bench/torch_mnist.py --device cuda --workload "$w" --model "$m" --epochs 5 --threads 4 \
+            > "$out/torch-$w-$m.json"
+    done
+done
+"$py" bench/torch_mnist.py --device cuda --workload tensor --model mlp --batch-size 512 --epochs 5 \
+    --threads 4 > "$out/torch-tensor-mlp-b512.json"
+set +x
+"$py" bench/gpu_table.py "$out"

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Summarises the raw outputs of bench/gpu.sh as one markdown table.
+
+    python3 bench/gpu_table.py OUT_DIR
+
+For each Redline run (OUT_DIR/run-<name>/): median epoch seconds and samples/s from the epoch
+records of metrics.jsonl, test accuracy from summary.json, GPU busy % as the median NVML
+utilisation of the system samples taken while training (sampled every 100 ms by
+--monitor-interval 0.1), and the CUDA-event share of wall time spent on compute
+(profile.json, device_compute_percent). For each PyTorch run (OUT_DIR/torch-*.json): median
+epoch seconds and samples/s. Ratios are PyTorch epoch time over Redline's, same model and batch.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+N_TRAIN = 60000
+
+
+def records(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def redline_row(run: Path) -> dict:
+    recs = records(run)
+    epochs = [r["epoch_s"] for r in recs if r.get("kind") == "epoch"]
+    steps = [r for r in recs if r.get("kind") == "step"]
+    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+    # Samples taken while the loop ran: between the first and the last step record.
+    t0 = min((r["elapsed_s"] for r in steps), default=0.0)
+    t1 = max((r["elapsed_s"] for r in steps), default=float("inf"))
+    util = [
+        g["utilization_gpu_percent"]
+        for r in recs
+        if r.get("kind") == "system" and t0 <= r.get("t_s", -1) <= t1
+        for g in r.get("gpus", [])
+        if g.get("index") == 0 and g.get("utilization_gpu_percent") is not None
+    ]
+    prof_path = run / "profile.json"
+    prof = json.loads(prof_path.read_text()) if prof_path.exists() else {}
+    med = statistics.median(epochs) if epochs else float("nan")
+    return {
+        "epoch_s": med,
+        "samples_per_s": N_TRAIN / med if epochs else float("nan"),
+        "accuracy": summary.get("test_accuracy"),
+        "gpu_busy": statistics.median(util) if util else None,
+        "event_compute": prof.get("device_compute_percent"),
+        "status": summary.get("status", "missing"),
+    }
+
+
+def fmt(v: object, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def main(out: Path) -> int:
+    rows = []
+    for run in sorted(out.glob("run-*")):
+        r = redline_row(run)
+        rows.append((f"redline {run.name[4:]}", r))
+    for tj in sorted(out.glob("torch-*.json")):
+        text = tj.read_text().strip().splitlines()
+        if not text:
+            continue
+        t = json.loads(text[-1])
+        rows.append(
+            (
+                f"pytorch {tj.stem[6:]}",
+                {
+                    "epoch_s": t["median_epoch_s"],
+                    "samples_per_s": t["samples_per_s"],
+                    "accuracy": t.get("test_accuracy"),
+                    "gpu_busy": None,
+                    "event_compute": None,
+                    "status": "finished",
+                },
+            )
+        )
+    print("| run | median epoch s | samples/s | test acc | GPU busy % (NVML) | compute % (events) | status |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    for name, r in rows:
+        print(
+            f"| {name} | {fmt(r['epoch_s'], '.3f')} | {fmt(r['samples_per_s'], ',.0f')} | "
+            f"{fmt(r['accuracy'], '.4f')} | {fmt(r['gpu_busy'], '.0f')} | "
+            f"{fmt(r['event_compute'], '.1f')} | {r['status']} |"
+        )
+    by = dict(rows)
+    print()
+    for model, rl, ref in [
+        ("mlp", "redline mlp-resident", "pytorch tutorial-mlp"),
+        ("mlp", "redline mlp-resident", "pytorch tensor-mlp"),
+        ("mlp", "redline mlp-streaming", "pytorch tutorial-mlp"),
+        ("cnn", "redline cnn-resident", "pytorch tensor-cnn"),
+        ("mlp b512", "redline mlp-b512-resident", "pytorch tensor-mlp-b512"),
+    ]:
+        if rl in by and ref in by and by[rl]["epoch_s"] == by[rl]["epoch_s"]:
+            print(f"- {model}: {ref} / {rl} = {by[ref]['epoch_s'] / by[rl]['epoch_s']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1] if len(sys.argv) > 1 else "bench/results/gpu-raw")))

@@ -1,0 +1,148 @@
+//! The CUDA side of the core (built with the `cuda` feature): GPU count, the
+//! driver's memory pool (stats, caching, trim) and event timing.
+
+use std::sync::Arc;
+
+use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
+use candle_core::CudaDevice;
+
+use crate::error::{Error, Result};
+use crate::memory::MemoryStats;
+
+fn driver(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Candle(candle_core::Error::Msg(format!("CUDA driver: {what}: {e}")))
+}
+
+/// GPUs the driver reports, or why it could not be asked (no driver, no device node).
+pub fn device_count() -> std::result::Result<usize, String> {
+    CudaContext::device_count()
+        .map(|n| n.max(0) as usize)
+        .map_err(|e| format!("{e:?}"))
+}
+
+fn context(dev: &CudaDevice) -> Arc<CudaContext> {
+    dev.cuda_stream().context().clone()
+}
+
+fn default_pool(dev: &CudaDevice) -> Result<sys::CUmemoryPool> {
+    let ctx = context(dev);
+    ctx.bind_to_thread()
+        .map_err(|e| driver("bind context", e))?;
+    // SAFETY: the device handle comes from a live context.
+    unsafe { result::device::get_default_mem_pool(ctx.cu_device()) }
+        .map_err(|e| driver("default memory pool", e))
+}
+
+fn pool_attr(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute) -> Result<u64> {
+    let mut v: u64 = 0;
+    // SAFETY: these attributes are cuuint64_t, which `v` is.
+    unsafe { result::mem_pool::get_attribute(pool, attr, (&mut v as *mut u64).cast()) }
+        .map_err(|e| driver("memory pool attribute", e))?;
+    Ok(v)
+}
+
+/// Keeps freed blocks in the pool instead of returning them to the driver at
+/// every synchronisation (the pool's default release threshold is 0), so the
+/// steady-state step allocates from cache like PyTorch's caching allocator.
+pub fn enable_pool_caching(dev: &CudaDevice) -> Result<()> {
+    let pool = default_pool(dev)?;
+    let mut keep: u64 = u64::MAX;
+    // SAFETY: RELEASE_THRESHOLD is a cuuint64_t.
+    unsafe {
+        result::mem_pool::set_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut keep as *mut u64).cast(),
+        )
+    }
+    .map_err(|e| driver("set pool release threshold", e))
+}
+
+/// Allocated, peak, pool size and device free/total.
+pub fn memory_stats(dev: &CudaDevice) -> Result<MemoryStats> {
+    use sys::CUmemPool_attribute as A;
+    let pool = default_pool(dev)?;
+    let (free, total) = result::mem_get_info().map_err(|e| driver("memory info", e))?;
+    Ok(MemoryStats {
+        allocated: pool_attr(pool, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+        peak_allocated: pool_attr(pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+        reserved: pool_attr(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+        peak_reserved: pool_attr(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+        device_free: free as u64,
+        device_total: total as u64,
+    })
+}
+
+/// Waits for queued work, then returns every cached free block to the driver.
+pub fn trim_pool(dev: &CudaDevice) -> Result<()> {
+    dev.cuda_stream()
+        .synchronize()
+        .map_err(|e| driver("synchronize", e))?;
+    let pool = default_pool(dev)?;
+    // SAFETY: the pool belongs to a live device.
+    unsafe { result::mem_pool::trim_to(pool, 0) }.map_err(|e| driver("trim pool", e))
+}
+
+/// Timing events on the device's compute stream: [`EventTimer::mark`] records
+/// one at each phase boundary (no host wait); [`EventTimer::drain`] waits for
+/// the last and returns the device time between consecutive marks. Events are
+/// pooled, so the steady state creates none.
+pub struct EventTimer {
+    stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
+    free: Vec<CudaEvent>,
+    marks: Vec<(usize, CudaEvent)>,
+}
+
+impl EventTimer {
+    /// A timer on `dev`'s compute stream.
+    pub fn new(dev: &CudaDevice) -> Self {
+        let stream = dev.cuda_stream();
+        let ctx = stream.context().clone();
+        Self {
+            stream,
+            ctx,
+            free: Vec::new(),
+            marks: Vec::new(),
+        }
+    }
+
+    /// Records a boundary: the work queued from here until the next mark is
+    /// charged to `tag`.
+    pub fn mark(&mut self, tag: usize) -> Result<()> {
+        let ev = match self.free.pop() {
+            Some(ev) => ev,
+            None => self
+                .ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
+                .map_err(|e| driver("create event", e))?,
+        };
+        ev.record(&self.stream)
+            .map_err(|e| driver("record event", e))?;
+        self.marks.push((tag, ev));
+        Ok(())
+    }
+
+    /// Device milliseconds between consecutive marks, charged to the earlier
+    /// mark's tag; keeps the last mark as the start of the next interval. This
+    /// waits for the device to reach the last mark: call it at log points only.
+    pub fn drain(&mut self) -> Result<Vec<(usize, f64)>> {
+        let Some((_, last)) = self.marks.last() else {
+            return Ok(Vec::new());
+        };
+        last.synchronize()
+            .map_err(|e| driver("event synchronize", e))?;
+        let mut out = Vec::with_capacity(self.marks.len());
+        for pair in self.marks.windows(2) {
+            let ms = pair[0]
+                .1
+                .elapsed_ms(&pair[1].1)
+                .map_err(|e| driver("event elapsed", e))?;
+            out.push((pair[0].0, f64::from(ms)));
+        }
+        let keep = self.marks.pop();
+        self.free.extend(self.marks.drain(..).map(|(_, ev)| ev));
+        self.marks.extend(keep);
+        Ok(out)
+    }
+}

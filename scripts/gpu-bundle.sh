@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds the CUDA binaries here (no GPU needed) and packs them into
+# .gpu/bundle.tar.xz, the folder the device tool carries to a GPU machine
+# (64 MiB at most; the two stripped binaries are about 100 MB, mostly PTX that
+# xz shrinks well), where bench/gpu.sh unpacks and runs them:
+#   redline   the CLI built with --features cuda
+#   golden    the golden tests against PyTorch (their cuda_* tests run on cuda:0)
+# The CUDA libraries are not bundled: the GPU image's PyTorch ships the CUDA 13
+# ones (bench/gpu.sh finds them). Target folder: target/cuda (kept between runs).
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+eval "$(scripts/cuda-toolchain.sh)"
+export CARGO_TARGET_DIR="$repo/target/cuda"
+cargo build --release -p redline --features cuda
+golden="$(cargo test --release -p redline-train --features cuda --test golden --no-run \
+    --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "golden" and m.get("executable"):
+        print(m["executable"])')"
+stage="$(mktemp -d)"
+trap 'rm -rf "$stage"' EXIT
+cp "$CARGO_TARGET_DIR/release/redline" "$stage/redline"
+cp "$golden" "$stage/golden"
+strip "$stage/redline" "$stage/golden"
+mkdir -p .gpu
+tar -C "$stage" -cJf .gpu/bundle.tar.xz redline golden
+ls -l "$stage" .gpu >&2

@@ -153,6 +153,8 @@ impl Device {
     /// Resolves a spec against this machine and build (see [`select`]) and opens it.
     pub fn resolve(spec: DeviceSpec) -> Result<Self> {
         match select(spec, &GpuAvailability::probe())? {
+            // A CPU build's `select` never picks a GPU.
+            #[cfg(feature = "cuda")]
             DeviceSpec::Cuda(n) => Self::open_cuda(n),
             _ => Ok(Self::cpu()),
         }
@@ -174,18 +176,6 @@ impl Device {
         })
     }
 
-    #[cfg(not(feature = "cuda"))]
-    fn open_cuda(n: usize) -> Result<Self> {
-        select(
-            DeviceSpec::Cuda(n),
-            &GpuAvailability {
-                cuda_built: false,
-                count: Ok(0),
-            },
-        )
-        .map(|_| Self::cpu())
-    }
-
     /// Which spec this device satisfies (`cpu`, `cuda:0`, ...).
     pub fn spec(&self) -> DeviceSpec {
         self.spec
@@ -199,11 +189,6 @@ impl Device {
     /// True for the host CPU.
     pub fn is_cpu(&self) -> bool {
         matches!(self.spec, DeviceSpec::Cpu)
-    }
-
-    /// Waits until the device has finished all queued work (a no-op on the CPU).
-    pub fn synchronize(&self) -> Result<()> {
-        Ok(self.inner.synchronize()?)
     }
 }
 

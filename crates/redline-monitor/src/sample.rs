@@ -99,3 +99,23 @@ impl Monitor {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    /// `metrics.jsonl` must give back the exact times it stored. serde_json's
+    /// default fast float parser reads about one in eight of these neighbours
+    /// of a real timestamp back an ulp or two off (it failed CI at stop 8);
+    /// its `float_roundtrip` feature fixes that.
+    #[test]
+    fn unix_times_round_trip_exactly_through_json() {
+        let mut t = 1_795_332_176.505_013_5_f64;
+        for _ in 0..10_000 {
+            let json = serde_json::to_string(&t).unwrap();
+            let back: f64 = serde_json::from_str(&json).unwrap();
+            assert_eq!(back.to_bits(), t.to_bits(), "{json}");
+            t = f64::from_bits(t.to_bits() + 1);
+        }
+    }
+}

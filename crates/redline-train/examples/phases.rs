@@ -1,7 +1,9 @@
 //! Times each phase of a training step (batch, forward, loss, backward,
 //! optimizer, running sums) over one epoch, to find where the time goes.
 //!
-//! `cargo run --release -p redline-train --example phases -- [mlp|cnn] [batch] [steps]`
+//! `cargo run --release -p redline-train --example phases -- [mlp|cnn] [batch] [steps] [epochs]`
+//!
+//! With `epochs` > 1 it prints each epoch's phases (steps counts per epoch).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -16,6 +18,7 @@ fn main() -> anyhow::Result<()> {
     let model_name = args.get(1).map_or("mlp", String::as_str);
     let batch: usize = args.get(2).map_or(Ok(64), |s| s.parse())?;
     let max_steps: usize = args.get(3).map_or(Ok(usize::MAX), |s| s.parse())?;
+    let epochs: usize = args.get(4).map_or(Ok(1), |s| s.parse())?;
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/fashion-mnist");
     let dev = Device::cpu();
     let split = Split::load(
@@ -35,11 +38,34 @@ fn main() -> anyhow::Result<()> {
     )?;
     let model = ModelConfig::by_name(model_name)?.build(&dev, Precision::Fp32, 0)?;
     let mut opt = OptimizerConfig::by_name("adam", 1e-3)?.build(model.params().vars())?;
+    for epoch in 0..epochs {
+        run_epoch(
+            &loader,
+            model.as_ref(),
+            &mut opt,
+            epoch,
+            max_steps,
+            model_name,
+            batch,
+        )?;
+    }
+    Ok(())
+}
+
+fn run_epoch(
+    loader: &Loader,
+    model: &dyn redline_models::Model,
+    opt: &mut redline_train::Optimizer,
+    epoch: usize,
+    max_steps: usize,
+    model_name: &str,
+    batch: usize,
+) -> anyhow::Result<()> {
     let mut t = [0f64; 5];
     let names = ["batch", "forward", "loss", "backward", "optimizer"];
     let start = Instant::now();
     let mut steps = 0;
-    let mut it = loader.epoch(0);
+    let mut it = loader.epoch(epoch);
     while steps < max_steps {
         let t0 = Instant::now();
         let Some(b) = it.next() else { break };
@@ -63,7 +89,8 @@ fn main() -> anyhow::Result<()> {
     }
     let total = start.elapsed().as_secs_f64();
     println!(
-        "{model_name} batch {batch}: {steps} steps in {total:.3} s ({:.3} ms/step)",
+        "{model_name} batch {batch}, epoch {}: {steps} steps in {total:.3} s ({:.3} ms/step)",
+        epoch + 1,
         1e3 * total / steps as f64
     );
     for (n, s) in names.iter().zip(t) {

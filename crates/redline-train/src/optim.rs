@@ -8,7 +8,12 @@ use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
 use serde::{Deserialize, Serialize};
 
-use redline_core::ops::optim::{adam_step, sgd_step, AdamStep, SgdStep, SlotState};
+use std::sync::Arc;
+
+use redline_core::ops::grad_buffer::GradBuffer;
+use redline_core::ops::optim::{
+    adam_step, adam_step_from, sgd_step, sgd_step_from, AdamStep, SgdStep, SlotState,
+};
 
 use crate::error::{Error, Result};
 
@@ -125,6 +130,7 @@ impl OptimizerConfig {
             state: vars
                 .into_iter()
                 .map(|var| Slot {
+                    buffer: GradBuffer::attach(var.as_tensor()),
                     var,
                     fused: SlotState::default(),
                     a: None,
@@ -140,6 +146,9 @@ impl OptimizerConfig {
 /// tensors (Adam: m, v; SGD: momentum buffer) for the generic path.
 struct Slot {
     var: Var,
+    /// Where the fused backward kernels put this parameter's gradient (CPU
+    /// f32 parameters); the rest of the gradients come in the `GradStore`.
+    buffer: Option<Arc<GradBuffer>>,
     fused: SlotState,
     a: Option<Tensor>,
     b: Option<Tensor>,
@@ -163,68 +172,120 @@ impl Optimizer {
         self.step
     }
 
-    /// Applies one update from `grads`; parameters without a gradient are skipped.
-    /// The fused in-place kernel runs where it covers the device; otherwise the
-    /// generic tensor path (same arithmetic) does.
+    /// Applies one update from the gradients of the backward passes since the
+    /// last step: those the fused kernels wrote into this optimizer's gradient
+    /// buffers, the rest from `grads`; parameters without a gradient are
+    /// skipped. The fused in-place kernel runs where it covers the device;
+    /// otherwise the generic tensor path (same arithmetic) does.
+    ///
+    /// Building an optimizer attaches a gradient buffer to each CPU f32
+    /// parameter; while it lives, candle's `GradStore` holds no gradient for
+    /// those (see [`Optimizer::gradient`]).
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
         self.step += 1;
-        let t = self.step;
+        let hp = self.fused_params();
         for slot in &mut self.state {
-            let Some(g) = grads.get(slot.var.as_tensor()) else {
+            let p = slot.var.as_tensor();
+            // The buffer's gradient, applied by the fused kernel; kept as a
+            // tensor for the generic path should the kernel decline it.
+            let from_buffer = match slot.buffer.as_ref().and_then(|b| {
+                b.take_with(|g| -> Result<Option<Tensor>> {
+                    if fused_from(p, g, &mut slot.fused, hp)? {
+                        return Ok(None);
+                    }
+                    Ok(Some(Tensor::from_slice(g, p.shape(), p.device())?))
+                })
+            }) {
+                Some(applied) => match applied? {
+                    None => continue,
+                    some => some,
+                },
+                None => None,
+            };
+            let Some(g) = from_buffer.as_ref().or_else(|| grads.get(p)) else {
                 continue;
             };
-            let p = slot.var.as_tensor();
-            let fused = match &self.cfg {
-                OptimizerConfig::Adam {
-                    lr,
-                    betas,
-                    eps,
-                    weight_decay,
-                }
-                | OptimizerConfig::AdamW {
-                    lr,
-                    betas,
-                    eps,
-                    weight_decay,
-                } => {
-                    let decoupled = matches!(self.cfg, OptimizerConfig::AdamW { .. });
-                    let hp = AdamStep {
-                        lr: *lr,
-                        betas: *betas,
-                        eps: *eps,
-                        weight_decay: *weight_decay,
-                        decoupled,
-                        step: t,
-                    };
-                    adam_step(p, g, &mut slot.fused, hp)?
-                }
-                OptimizerConfig::Sgd {
-                    lr,
-                    momentum,
-                    dampening,
-                    nesterov,
-                    weight_decay,
-                } => {
-                    let hp = SgdStep {
-                        lr: *lr,
-                        momentum: *momentum,
-                        dampening: *dampening,
-                        nesterov: *nesterov,
-                        weight_decay: *weight_decay,
-                    };
-                    sgd_step(p, g, &mut slot.fused, hp)?
-                }
+            let fused = match hp {
+                Fused::Adam(hp) => adam_step(p, g, &mut slot.fused, hp)?,
+                Fused::Sgd(hp) => sgd_step(p, g, &mut slot.fused, hp)?,
             };
             if !fused {
                 // candle leaves variables' gradients attached to the step's graph;
                 // state built from them would chain every step's activations together.
                 let g = g.detach();
-                let new_p = generic_update(&self.cfg, slot, &p.detach(), &g, t as i32)?;
+                let new_p = generic_update(&self.cfg, slot, &p.detach(), &g, self.step as i32)?;
                 slot.var.set(&new_p)?;
             }
         }
         Ok(())
     }
+
+    /// Drops the gradients accumulated in the buffers since the last step
+    /// (PyTorch's `zero_grad`); `GradStore` gradients belong to their store.
+    pub fn zero_grad(&self) {
+        for b in self.state.iter().filter_map(|s| s.buffer.as_ref()) {
+            b.clear();
+        }
+    }
+
+    /// The gradient accumulated for the `i`-th parameter (in the order given
+    /// to [`OptimizerConfig::build`]) in its buffer since the last step.
+    pub fn gradient(&self, i: usize) -> Option<Vec<f32>> {
+        self.state.get(i)?.buffer.as_ref()?.gradient()
+    }
+
+    /// This step's hyperparameters for the fused kernels.
+    fn fused_params(&self) -> Fused {
+        let t = self.step;
+        match &self.cfg {
+            OptimizerConfig::Adam {
+                lr,
+                betas,
+                eps,
+                weight_decay,
+            }
+            | OptimizerConfig::AdamW {
+                lr,
+                betas,
+                eps,
+                weight_decay,
+            } => Fused::Adam(AdamStep {
+                lr: *lr,
+                betas: *betas,
+                eps: *eps,
+                weight_decay: *weight_decay,
+                decoupled: matches!(self.cfg, OptimizerConfig::AdamW { .. }),
+                step: t,
+            }),
+            OptimizerConfig::Sgd {
+                lr,
+                momentum,
+                dampening,
+                nesterov,
+                weight_decay,
+            } => Fused::Sgd(SgdStep {
+                lr: *lr,
+                momentum: *momentum,
+                dampening: *dampening,
+                nesterov: *nesterov,
+                weight_decay: *weight_decay,
+            }),
+        }
+    }
+}
+
+/// A step's hyperparameters for the fused kernels.
+#[derive(Clone, Copy)]
+enum Fused {
+    Adam(AdamStep),
+    Sgd(SgdStep),
+}
+
+fn fused_from(p: &Tensor, g: &[f32], state: &mut SlotState, hp: Fused) -> Result<bool> {
+    Ok(match hp {
+        Fused::Adam(hp) => adam_step_from(p, g, state, hp)?,
+        Fused::Sgd(hp) => sgd_step_from(p, g, state, hp)?,
+    })
 }
 
 /// The update from candle tensor ops, for devices the fused kernel does not cover.
@@ -384,6 +445,70 @@ mod tests {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// A step of a linear layer with the optimizer alive during backward
+    /// (gradients through its buffers) and one built only after the backward
+    /// (gradients from the `GradStore`) give the same weights.
+    #[test]
+    fn buffered_and_grad_store_gradients_give_the_same_step() -> Result<()> {
+        use redline_core::ops::linear;
+        let dev = Device::Cpu;
+        let x = Tensor::arange(0f32, 12.0, &dev)?.reshape((3, 4))?.sin()?;
+        let up = Tensor::arange(0f32, 6.0, &dev)?.reshape((3, 2))?.cos()?;
+        let fresh = || -> Result<(Var, Var)> {
+            let w = Tensor::arange(0f32, 8.0, &dev)?
+                .reshape((2, 4))?
+                .affine(0.1, -0.3)?;
+            Ok((Var::from_tensor(&w)?, Var::zeros(2, DType::F32, &dev)?))
+        };
+        let loss = |w: &Var, b: &Var| -> Result<Tensor> {
+            let y = linear(&x, w.as_tensor(), b.as_tensor(), true)?;
+            Ok((y * &up)?.sum_all()?)
+        };
+        for name in ["adam", "adamw", "sgd"] {
+            let cfg = OptimizerConfig::by_name(name, 0.1)?;
+            let (w1, b1) = fresh()?;
+            let mut buffered = cfg.build(vec![w1.clone(), b1.clone()])?;
+            let grads = loss(&w1, &b1)?.backward()?;
+            assert!(grads.get(w1.as_tensor()).is_none() && buffered.gradient(0).is_some());
+            buffered.step(&grads)?;
+            assert!(buffered.gradient(0).is_none());
+
+            let (w2, b2) = fresh()?;
+            let grads = loss(&w2, &b2)?.backward()?;
+            assert!(grads.get(w2.as_tensor()).is_some());
+            cfg.build(vec![w2.clone(), b2.clone()])?.step(&grads)?;
+
+            for (a, b) in [(&w1, &w2), (&b1, &b2)] {
+                let d = (a.as_tensor() - b.as_tensor())?.abs()?.max_all()?;
+                assert_eq!(d.to_scalar::<f32>()?, 0.0, "{name}");
+            }
+            assert!(
+                w1.as_tensor()
+                    .ne(&fresh()?.0.as_tensor().clone())?
+                    .sum_all()?
+                    .to_scalar::<u8>()?
+                    > 0
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn zero_grad_drops_buffered_gradients() -> Result<()> {
+        let dev = Device::Cpu;
+        let w = Var::from_tensor(&Tensor::ones((2, 3), DType::F32, &dev)?)?;
+        let b = Var::zeros(2, DType::F32, &dev)?;
+        let mut opt = OptimizerConfig::by_name("sgd", 1.0)?.build(vec![w.clone(), b.clone()])?;
+        let x = Tensor::ones((1, 3), DType::F32, &dev)?;
+        let y = redline_core::ops::linear(&x, w.as_tensor(), b.as_tensor(), false)?;
+        let grads = y.sum_all()?.backward()?;
+        assert_eq!(opt.gradient(1), Some(vec![1.0, 1.0]));
+        opt.zero_grad();
+        opt.step(&grads)?;
+        assert_eq!(w.as_tensor().sum_all()?.to_scalar::<f32>()?, 6.0);
         Ok(())
     }
 

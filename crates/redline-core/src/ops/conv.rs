@@ -14,6 +14,7 @@ use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::gemm::{self, Mat};
+use super::grad_buffer::GradBuffer;
 use super::slices::{f32s, fused_cpu, unpack_grads};
 use crate::error::{Error, Result};
 use crate::trace;
@@ -309,27 +310,40 @@ impl CustomOp3 for Conv2dOp {
         &self,
         x: &Tensor,
         w: &Tensor,
-        _b: &Tensor,
+        b: &Tensor,
         _res: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let _span = trace::backward(self.layer.as_ref(), "conv2d");
         trace::count("conv2d.backward");
         let g = self.geom;
+        let buffers = GradBuffer::of(w).zip(GradBuffer::of(b));
+        let to_buffers = buffers.is_some();
         let op = Conv2dBackward {
             geom: g,
             input_grad: self.input_grad,
+            buffers,
         };
         // One flat tensor [dW | db | dx]: the kernel computes all three in one pass.
         let flat = x.apply_op3_no_bwd(w, &grad.contiguous()?, &op)?;
+        if to_buffers {
+            let dx = self
+                .input_grad
+                .then(|| flat.reshape(x.shape()))
+                .transpose()?;
+            return Ok((dx, None, None));
+        }
         unpack_grads(&flat, w.shape(), x.shape(), self.input_grad)
     }
 }
 
-/// The backward kernel: `(x, w, dy) -> [dW | db | dx]` (dx only when asked).
+/// The backward kernel: `(x, w, dy) -> [dW | db | dx]` (dx only when asked),
+/// or only dx when dW and db go to the parameters' gradient buffers.
 struct Conv2dBackward {
     geom: Geom,
     input_grad: bool,
+    /// The weight's and bias's gradient buffers, when attached.
+    buffers: Option<(Arc<GradBuffer>, Arc<GradBuffer>)>,
 }
 
 impl Conv2dBackward {
@@ -397,14 +411,40 @@ impl CustomOp3 for Conv2dBackward {
         )?;
         let wlen = g.cout * g.k() + g.cout;
         let dx_len = if self.input_grad { x.len() } else { 0 };
-        let mut out = vec![0f32; wlen + dx_len];
+        let own = if self.buffers.is_some() { 0 } else { wlen };
+        let mut out = vec![0f32; own + dx_len];
         let shape = Shape::from(out.len());
-        if g.b == 0 {
-            return Ok((CpuStorage::F32(out), shape));
+        let mut dwb = vec![0f32; wlen];
+        let (own_dwb, dx) = out.split_at_mut(own);
+        if g.b > 0 {
+            self.accumulate(x, w, dy, &mut dwb, dx)?;
         }
+        match &self.buffers {
+            Some((wbuf, bbuf)) => {
+                let (dw, db) = dwb.split_at(g.cout * g.k());
+                wbuf.add(dw);
+                bbuf.add(db);
+            }
+            None => own_dwb.copy_from_slice(&dwb),
+        }
+        Ok((CpuStorage::F32(out), shape))
+    }
+}
+
+impl Conv2dBackward {
+    /// `[dW | db]` of the whole batch into `dwb` (dW as `(Cout, Cin, kh, kw)`),
+    /// and dx into `dx` when the input needs it.
+    fn accumulate(
+        &self,
+        x: &[f32],
+        w: &[f32],
+        dy: &[f32],
+        dwb: &mut [f32],
+        dx: &mut [f32],
+    ) -> candle_core::Result<()> {
+        let g = self.geom;
         let w = g.permute_taps(w, false);
         let per = g.per_chunk();
-        let (dwb, dx) = out.split_at_mut(wlen);
         let dx_chunks: Vec<Option<&mut [f32]>> = if self.input_grad {
             dx.chunks_mut(per * g.in_len()).map(Some).collect()
         } else {
@@ -426,7 +466,7 @@ impl CustomOp3 for Conv2dBackward {
         let (dw, _) = dwb.split_at_mut(g.cout * g.k());
         let dw_std = g.permute_taps(dw, true);
         dw.copy_from_slice(&dw_std);
-        Ok((CpuStorage::F32(out), shape))
+        Ok(())
     }
 }
 

@@ -4,13 +4,16 @@
 //! The backward is one kernel too: it masks the incoming gradient by the ReLU,
 //! sums the bias gradient, runs the dW GEMM and, only when the input needs a
 //! gradient, the dx GEMM (candle's matmul backward always computes dx, which
-//! for the first layer is the data batch: wasted work every step).
+//! for the first layer is the data batch: wasted work every step). Where the
+//! optimizer attached [`GradBuffer`]s to the weight and bias, dW and db go
+//! straight into them and candle sees only dx.
 
 use std::sync::Arc;
 
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
 use super::gemm::{matmul, Mat};
+use super::grad_buffer::GradBuffer;
 use super::slices::{f32s, fused_cpu, unpack_grads};
 use crate::error::Result;
 use crate::trace;
@@ -96,7 +99,7 @@ impl CustomOp3 for LinearOp {
         &self,
         x: &Tensor,
         w: &Tensor,
-        _b: &Tensor,
+        b: &Tensor,
         y: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
@@ -110,22 +113,35 @@ impl CustomOp3 for LinearOp {
         } else {
             grad.flatten_all()?
         };
+        let buffers = GradBuffer::of(w).zip(GradBuffer::of(b));
+        let to_buffers = buffers.is_some();
         let op = LinearBwd {
             relu: self.relu,
             input_grad: self.input_grad,
             bsz,
+            buffers,
         };
         let flat = input.apply_op3_no_bwd(x, w, &op)?;
+        if to_buffers {
+            let dx = self
+                .input_grad
+                .then(|| flat.reshape(x.shape()))
+                .transpose()?;
+            return Ok((dx, None, None));
+        }
         unpack_grads(&flat, w.shape(), x.shape(), self.input_grad)
     }
 }
 
 /// Backward kernel: input `g (B*out)` (or `[g | y]` with ReLU), `x`, `w`;
-/// output `[dW (out*in) | db (out) | dx (B*in) when input_grad]`.
+/// output `[dW (out*in) | db (out) | dx (B*in) when input_grad]`, or only dx
+/// when dW and db go to the parameters' gradient buffers.
 struct LinearBwd {
     relu: bool,
     input_grad: bool,
     bsz: usize,
+    /// The weight's and bias's gradient buffers, when attached.
+    buffers: Option<(Arc<GradBuffer>, Arc<GradBuffer>)>,
 }
 
 impl CustomOp3 for LinearBwd {
@@ -160,22 +176,42 @@ impl CustomOp3 for LinearBwd {
             packed.to_vec()
         };
         let nw = fan_out * fan_in;
-        let total = nw + fan_out + if self.input_grad { bsz * fan_in } else { 0 };
-        let mut out = vec![0f32; total];
-        let (dw, rest) = out.split_at_mut(nw);
-        let (db, dx) = rest.split_at_mut(fan_out);
-        for row in g.chunks_exact(fan_out) {
-            for (acc, v) in db.iter_mut().zip(row) {
-                *acc += v;
+        let dx_len = if self.input_grad { bsz * fan_in } else { 0 };
+        let own = if self.buffers.is_some() {
+            0
+        } else {
+            nw + fan_out
+        };
+        let mut out = vec![0f32; own + dx_len];
+        let (dwb, dx) = out.split_at_mut(own);
+        // dW (out, in) = g^T (out, B) x (B, in), written or accumulated
+        let dw = |dst: &mut [f32], accumulate: bool| {
+            matmul(
+                dst,
+                Mat::new(&g, bsz, fan_out).t(),
+                Mat::new(x, bsz, fan_in),
+                accumulate,
+            )
+        };
+        let db = |dst: &mut [f32], accumulate: bool| {
+            if !accumulate {
+                dst.fill(0.0);
             }
-        }
-        // dW (out, in) = g^T (out, B) x (B, in)
-        let ok = matmul(
-            dw,
-            Mat::new(&g, bsz, fan_out).t(),
-            Mat::new(x, bsz, fan_in),
-            false,
-        );
+            for row in g.chunks_exact(fan_out) {
+                dst.iter_mut().zip(row).for_each(|(acc, v)| *acc += v);
+            }
+        };
+        let ok = match &self.buffers {
+            Some((wbuf, bbuf)) => {
+                bbuf.write(fan_out, db);
+                wbuf.write(nw, dw)
+            }
+            None => {
+                let (dwp, dbp) = dwb.split_at_mut(nw);
+                db(dbp, false);
+                dw(dwp, false)
+            }
+        };
         // dx (B, in) = g (B, out) x W (out, in)
         let ok = ok
             && (!self.input_grad
@@ -188,6 +224,7 @@ impl CustomOp3 for LinearBwd {
         if !ok {
             bail!("{op}: gemm shapes do not fit")
         }
+        let total = out.len();
         Ok((CpuStorage::F32(out), Shape::from(total)))
     }
 }

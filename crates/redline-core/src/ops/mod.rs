@@ -7,6 +7,7 @@
 
 pub mod conv;
 pub mod gemm;
+pub mod grad_buffer;
 mod linear;
 mod loss;
 pub mod optim;

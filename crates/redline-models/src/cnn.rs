@@ -4,7 +4,7 @@
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
-use redline_core::ops::{conv2d, linear, max_pool2d};
+use redline_core::ops::{conv2d_pool_relu, linear};
 use redline_core::trace;
 
 use crate::error::{Error, Result};
@@ -97,9 +97,9 @@ impl Model for Cnn {
             let _span = trace::layer(name);
             // (B, Cin, S, S) -> (B, Cout, S, S) -> (B, Cout, S/2, S/2)
             // ReLU is monotone, so relu(pool(x)) == pool(relu(x)) exactly, with the
-            // same gradient (windows without a positive value pass none either way);
-            // pooling first runs the ReLU and its backward on a 4x smaller tensor.
-            h = max_pool2d(&conv2d(&h, w, b, 1)?, 2)?.relu()?;
+            // same gradient (windows without a positive value pass none either way):
+            // one fused op, the conv output never materialised as a tensor.
+            h = conv2d_pool_relu(&h, w, b, 1, 2)?;
         }
         // (B, C, s, s) -> (B, C*s*s) -> (B, hidden) -> (B, classes)
         let h = {

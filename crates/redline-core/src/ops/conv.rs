@@ -13,9 +13,9 @@ use std::sync::Arc;
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::conv_backward::backward;
 use super::gemm::{self, Mat};
-use super::grad_buffer::GradBuffer;
-use super::slices::{f32s, fused_cpu, unpack_grads};
+use super::slices::{f32s, fused_cpu};
 use crate::error::{Error, Result};
 use crate::trace;
 
@@ -50,21 +50,21 @@ pub fn conv2d_generic(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Res
 
 /// Sizes of one convolution, checked once when the op is built.
 #[derive(Debug, Clone, Copy)]
-struct Geom {
-    b: usize,
+pub(super) struct Geom {
+    pub(super) b: usize,
     cin: usize,
     h: usize,
     w: usize,
-    cout: usize,
+    pub(super) cout: usize,
     kh: usize,
     kw: usize,
     pad: usize,
-    oh: usize,
-    ow: usize,
+    pub(super) oh: usize,
+    pub(super) ow: usize,
 }
 
 impl Geom {
-    fn new(x: &Tensor, w: &Tensor, b: &Tensor, pad: usize) -> Result<Self> {
+    pub(super) fn new(x: &Tensor, w: &Tensor, b: &Tensor, pad: usize) -> Result<Self> {
         let bad = || {
             Error::Candle(candle_core::Error::Msg(format!(
                 "conv2d: input {:?}, weight {:?}, bias {:?}, padding {pad}: expected \
@@ -97,27 +97,27 @@ impl Geom {
     }
 
     /// Rows of the im2col matrix: `Cin * kh * kw`.
-    fn k(&self) -> usize {
+    pub(super) fn k(&self) -> usize {
         self.cin * self.kh * self.kw
     }
 
     /// Output pixels per channel.
-    fn ohw(&self) -> usize {
+    pub(super) fn ohw(&self) -> usize {
         self.oh * self.ow
     }
 
     /// Elements of one input sample.
-    fn in_len(&self) -> usize {
+    pub(super) fn in_len(&self) -> usize {
         self.cin * self.h * self.w
     }
 
     /// Elements of one output sample.
-    fn out_len(&self) -> usize {
+    pub(super) fn out_len(&self) -> usize {
         self.cout * self.ohw()
     }
 
     /// Samples per thread chunk.
-    fn per_chunk(&self) -> usize {
+    pub(super) fn per_chunk(&self) -> usize {
         self.b.div_ceil(gemm::threads()).max(1)
     }
 
@@ -148,7 +148,7 @@ impl Geom {
 
     /// Weights `(Cout, Cin, kh, kw)` -> `(Cout, kh, kw, Cin)`, the im2col row
     /// order; with `back`, the inverse.
-    fn permute_taps(&self, w: &[f32], back: bool) -> Vec<f32> {
+    pub(super) fn permute_taps(&self, w: &[f32], back: bool) -> Vec<f32> {
         let (k, kk) = (self.k(), self.kh * self.kw);
         let mut out = vec![0f32; w.len()];
         for (o, i) in out.chunks_mut(k).zip(w.chunks(k)) {
@@ -168,7 +168,7 @@ impl Geom {
     /// One sample's `(Cin, H, W)` input as the `(kh*kw*Cin, oh*ow)` matrix
     /// whose column is the receptive field of one output pixel (zero where
     /// the window hangs over the padding); rows in [`Geom::tap`] order.
-    fn im2col(&self, x: &[f32], cols: &mut [f32]) {
+    pub(super) fn im2col(&self, x: &[f32], cols: &mut [f32]) {
         let hw = self.h * self.w;
         for (r, row) in cols.chunks_mut(self.ohw()).enumerate() {
             let (ci, ky, kx) = self.tap(r);
@@ -190,7 +190,7 @@ impl Geom {
 
     /// The adjoint of [`Geom::im2col`]: adds each column entry back onto the
     /// input pixel it was read from (`dx` must start zeroed).
-    fn col2im(&self, cols: &[f32], dx: &mut [f32]) {
+    pub(super) fn col2im(&self, cols: &[f32], dx: &mut [f32]) {
         let hw = self.h * self.w;
         for (r, row) in cols.chunks(self.ohw()).enumerate() {
             let (ci, ky, kx) = self.tap(r);
@@ -209,8 +209,37 @@ impl Geom {
         }
     }
 
+    /// One sample's output `y (Cout, oh*ow)` from its input `x`, with the
+    /// weights `w` in im2col row order and `cols` as scratch.
+    pub(super) fn forward_sample(
+        &self,
+        name: &str,
+        w: &[f32],
+        b: &[f32],
+        x: &[f32],
+        cols: &mut [f32],
+        y: &mut [f32],
+    ) -> candle_core::Result<()> {
+        self.im2col(x, cols);
+        // y (Cout, oh*ow) = w (Cout, K) * cols (K, oh*ow) + bias, the bias
+        // added last as candle's conv + broadcast_add do.
+        let (wm, cm) = (
+            Mat::new(w, self.cout, self.k()),
+            Mat::new(cols, self.k(), self.ohw()),
+        );
+        gemm_or_err(name, y, wm, cm, false)?;
+        for (row, &bias) in y.chunks_mut(self.ohw()).zip(b) {
+            row.iter_mut().for_each(|v| *v += bias);
+        }
+        Ok(())
+    }
+
     /// Checks the operand lengths against the geometry.
-    fn check(&self, name: &str, got: &[(&str, usize, usize)]) -> candle_core::Result<()> {
+    pub(super) fn check(
+        &self,
+        name: &str,
+        got: &[(&str, usize, usize)],
+    ) -> candle_core::Result<()> {
         for &(what, len, want) in got {
             if len != want {
                 bail!("{name}: {what} has {len} elements, expected {want} for {self:?}");
@@ -222,7 +251,7 @@ impl Geom {
 
 /// `dst = [dst +] a * b`, or a candle error naming the op when the shapes
 /// disagree (they cannot once [`Geom`] checked them).
-fn gemm_or_err(
+pub(super) fn gemm_or_err(
     name: &str,
     dst: &mut [f32],
     a: Mat<'_>,
@@ -292,14 +321,7 @@ impl CustomOp3 for Conv2dOp {
             .try_for_each(|(out, x)| {
                 let mut cols = vec![0f32; g.k() * g.ohw()];
                 for (y, x) in out.chunks_mut(g.out_len()).zip(x.chunks(g.in_len())) {
-                    g.im2col(x, &mut cols);
-                    // y (Cout, oh*ow) = w (Cout, K) * cols (K, oh*ow) + bias, the
-                    // bias added last as candle's conv + broadcast_add do.
-                    let (wm, cm) = (Mat::new(w, g.cout, g.k()), Mat::new(&cols, g.k(), g.ohw()));
-                    gemm_or_err(name, y, wm, cm, false)?;
-                    for (row, &bias) in y.chunks_mut(g.ohw()).zip(b) {
-                        row.iter_mut().for_each(|v| *v += bias);
-                    }
+                    g.forward_sample(name, w, b, x, &mut cols, y)?;
                 }
                 Ok::<(), candle_core::Error>(())
             })?;
@@ -316,157 +338,7 @@ impl CustomOp3 for Conv2dOp {
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let _span = trace::backward(self.layer.as_ref(), "conv2d");
         trace::count("conv2d.backward");
-        let g = self.geom;
-        let buffers = GradBuffer::of(w).zip(GradBuffer::of(b));
-        let to_buffers = buffers.is_some();
-        let op = Conv2dBackward {
-            geom: g,
-            input_grad: self.input_grad,
-            buffers,
-        };
-        // One flat tensor [dW | db | dx]: the kernel computes all three in one pass.
-        let flat = x.apply_op3_no_bwd(w, &grad.contiguous()?, &op)?;
-        if to_buffers {
-            let dx = self
-                .input_grad
-                .then(|| flat.reshape(x.shape()))
-                .transpose()?;
-            return Ok((dx, None, None));
-        }
-        unpack_grads(&flat, w.shape(), x.shape(), self.input_grad)
-    }
-}
-
-/// The backward kernel: `(x, w, dy) -> [dW | db | dx]` (dx only when asked),
-/// or only dx when dW and db go to the parameters' gradient buffers.
-struct Conv2dBackward {
-    geom: Geom,
-    input_grad: bool,
-    /// The weight's and bias's gradient buffers, when attached.
-    buffers: Option<(Arc<GradBuffer>, Arc<GradBuffer>)>,
-}
-
-impl Conv2dBackward {
-    /// dW and db (as one `[dW | db]` buffer, dW in im2col row order like `w`)
-    /// of a chunk of samples, and dx of each sample into `dx` when given.
-    fn chunk(
-        &self,
-        x: &[f32],
-        w: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-    ) -> candle_core::Result<Vec<f32>> {
-        let (g, name) = (self.geom, self.name());
-        let wlen = g.cout * g.k();
-        let mut acc = vec![0f32; wlen + g.cout];
-        let mut cols = vec![0f32; g.k() * g.ohw()];
-        let mut dcols = vec![0f32; if dx.is_some() { g.k() * g.ohw() } else { 0 }];
-        let mut dx = dx.map(|d| d.chunks_mut(g.in_len()));
-        for (x, dy) in x.chunks(g.in_len()).zip(dy.chunks(g.out_len())) {
-            g.im2col(x, &mut cols);
-            let (dw, db) = acc.split_at_mut(wlen);
-            let dym = Mat::new(dy, g.cout, g.ohw());
-            // dW (Cout, K) += dy (Cout, oh*ow) * cols^T (oh*ow, K)
-            gemm_or_err(name, dw, dym, Mat::new(&cols, g.k(), g.ohw()).t(), true)?;
-            for (d, row) in db.iter_mut().zip(dy.chunks(g.ohw())) {
-                *d += row.iter().sum::<f32>();
-            }
-            if let Some(dx) = dx.as_mut().and_then(Iterator::next) {
-                // dcols (K, oh*ow) = w^T (K, Cout) * dy (Cout, oh*ow)
-                gemm_or_err(name, &mut dcols, Mat::new(w, g.cout, g.k()).t(), dym, false)?;
-                g.col2im(&dcols, dx);
-            }
-        }
-        Ok(acc)
-    }
-}
-
-impl CustomOp3 for Conv2dBackward {
-    fn name(&self) -> &'static str {
-        "redline-conv2d-backward"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (g, name) = (self.geom, self.name());
-        let (x, w, dy) = (
-            f32s(s1, l1, "conv2d input")?,
-            f32s(s2, l2, "conv2d weight")?,
-            f32s(s3, l3, "conv2d output grad")?,
-        );
-        g.check(
-            name,
-            &[
-                ("input", x.len(), g.b * g.in_len()),
-                ("weight", w.len(), g.cout * g.k()),
-                ("output grad", dy.len(), g.b * g.out_len()),
-            ],
-        )?;
-        let wlen = g.cout * g.k() + g.cout;
-        let dx_len = if self.input_grad { x.len() } else { 0 };
-        let own = if self.buffers.is_some() { 0 } else { wlen };
-        let mut out = vec![0f32; own + dx_len];
-        let shape = Shape::from(out.len());
-        let mut dwb = vec![0f32; wlen];
-        let (own_dwb, dx) = out.split_at_mut(own);
-        if g.b > 0 {
-            self.accumulate(x, w, dy, &mut dwb, dx)?;
-        }
-        match &self.buffers {
-            Some((wbuf, bbuf)) => {
-                let (dw, db) = dwb.split_at(g.cout * g.k());
-                wbuf.add(dw);
-                bbuf.add(db);
-            }
-            None => own_dwb.copy_from_slice(&dwb),
-        }
-        Ok((CpuStorage::F32(out), shape))
-    }
-}
-
-impl Conv2dBackward {
-    /// `[dW | db]` of the whole batch into `dwb` (dW as `(Cout, Cin, kh, kw)`),
-    /// and dx into `dx` when the input needs it.
-    fn accumulate(
-        &self,
-        x: &[f32],
-        w: &[f32],
-        dy: &[f32],
-        dwb: &mut [f32],
-        dx: &mut [f32],
-    ) -> candle_core::Result<()> {
-        let g = self.geom;
-        let w = g.permute_taps(w, false);
-        let per = g.per_chunk();
-        let dx_chunks: Vec<Option<&mut [f32]>> = if self.input_grad {
-            dx.chunks_mut(per * g.in_len()).map(Some).collect()
-        } else {
-            (0..g.b.div_ceil(per)).map(|_| None).collect()
-        };
-        // Each chunk accumulates its own [dW | db]; summed below in chunk order.
-        let partials = x
-            .par_chunks(per * g.in_len())
-            .zip(dy.par_chunks(per * g.out_len()))
-            .zip(dx_chunks)
-            .map(|((x, dy), dx)| self.chunk(x, &w, dy, dx))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        for p in partials {
-            for (d, s) in dwb.iter_mut().zip(p) {
-                *d += s;
-            }
-        }
-        // dW back from the im2col row order to (Cout, Cin, kh, kw).
-        let (dw, _) = dwb.split_at_mut(g.cout * g.k());
-        let dw_std = g.permute_taps(dw, true);
-        dw.copy_from_slice(&dw_std);
-        Ok(())
+        backward(self.geom, self.input_grad, None, x, w, b, grad)
     }
 }
 

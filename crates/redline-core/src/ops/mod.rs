@@ -6,6 +6,8 @@
 //! model-level golden tests hold both against PyTorch.
 
 pub mod conv;
+mod conv_backward;
+mod conv_block;
 pub mod gemm;
 pub mod grad_buffer;
 mod linear;
@@ -15,6 +17,7 @@ pub mod pool;
 mod slices;
 
 pub use conv::conv2d;
+pub use conv_block::conv2d_pool_relu;
 pub use linear::linear;
 pub use loss::cross_entropy;
 pub use pool::max_pool2d;

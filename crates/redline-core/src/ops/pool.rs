@@ -80,7 +80,7 @@ pub fn max_pool2d_generic(x: &Tensor, k: usize) -> Result<Tensor> {
 /// forward's does): where the maximum lies is random, and branching on it
 /// made the 2x2 pool cost as much as a conv.
 #[inline(always)]
-fn first_max4(v: [f32; 4]) -> (f32, [bool; 4]) {
+pub(super) fn first_max4(v: [f32; 4]) -> (f32, [bool; 4]) {
     let wins = |best: f32, x: f32| (x > best) | x.is_nan();
     let t1 = wins(v[0], v[1]);
     let m1 = if t1 { v[1] } else { v[0] };

@@ -52,13 +52,13 @@ pub fn conv2d_generic(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Res
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Geom {
     pub(super) b: usize,
-    cin: usize,
-    h: usize,
-    w: usize,
+    pub(super) cin: usize,
+    pub(super) h: usize,
+    pub(super) w: usize,
     pub(super) cout: usize,
-    kh: usize,
-    kw: usize,
-    pad: usize,
+    pub(super) kh: usize,
+    pub(super) kw: usize,
+    pub(super) pad: usize,
     pub(super) oh: usize,
     pub(super) ow: usize,
 }
@@ -138,7 +138,7 @@ impl Geom {
     /// `(ky, kx, ci)` with the channel fastest, as in candle's CPU conv: the
     /// same summation order gives the same rounding, and max-pool after a
     /// conv breaks near-ties by those last bits (the golden tests see it).
-    fn tap(&self, r: usize) -> (usize, usize, usize) {
+    pub(super) fn tap(&self, r: usize) -> (usize, usize, usize) {
         (
             r % self.cin,
             r / (self.cin * self.kw),

@@ -41,24 +41,26 @@ impl Unpool {
         g.cout * ph * pw
     }
 
-    /// One sample's conv output gradient `dy (Cout, oh*ow)` from its pooled
-    /// gradient `gp` and window maxima `at`: each window's gradient on its
-    /// first maximum, zero elsewhere.
+    /// One sample's wide conv output gradient `dy (Cout, oh*wp)` (see
+    /// `conv_wide`) from its pooled gradient `gp` and window maxima `at`:
+    /// each window's gradient on its first maximum, zero elsewhere (junk
+    /// columns included).
     fn unpool(&self, geom: Geom, gp: &[f32], at: &[u8], dy: &mut [f32]) {
         let (k, (ph, pw)) = (self.k, self.ph_pw(geom));
         dy.fill(0.0);
         if ph * pw == 0 {
             return;
         }
+        let wp = geom.wp();
         let planes = dy
-            .chunks_mut(geom.ohw())
+            .chunks_mut(geom.ohw_wide())
             .zip(gp.chunks(ph * pw).zip(at.chunks(ph * pw)));
         for (plane, (gp, at)) in planes {
             for (py, (gp, at)) in gp.chunks(pw).zip(at.chunks(pw)).enumerate() {
                 if k == 2 {
                     // All four of each window written, no branch on where the
                     // maximum was (random: a branch mispredicts half the time).
-                    let (r0, r1) = plane[2 * py * geom.ow..].split_at_mut(geom.ow);
+                    let (r0, r1) = plane[2 * py * wp..].split_at_mut(wp);
                     let wins = r0.chunks_exact_mut(2).zip(r1.chunks_exact_mut(2));
                     for ((t, u), (&g, &a)) in wins.zip(gp.iter().zip(at)) {
                         let put = |pos: u8| if a == pos { g } else { 0.0 };
@@ -68,7 +70,7 @@ impl Unpool {
                     for (px, (&g, &a)) in gp.iter().zip(at).enumerate() {
                         if a != NO_GRAD {
                             let a = usize::from(a);
-                            plane[(py * k + a / k) * geom.ow + px * k + a % k] = g;
+                            plane[(py * k + a / k) * wp + px * k + a % k] = g;
                         }
                     }
                 }
@@ -148,33 +150,19 @@ impl Conv2dBackward {
         dys: Dy<'_>,
         dx: Option<&mut [f32]>,
     ) -> candle_core::Result<Vec<f32>> {
+        if let (Dy::Pooled(gp, at), Some(u)) = (&dys, &self.unpool) {
+            return self.chunk_wide(u, x, w, gp, at, dx);
+        }
+        let Dy::Full(dys) = dys else {
+            candle_core::bail!("{}: pooled gradient without maxima", self.name())
+        };
         let (g, name) = (self.geom, self.name());
         let wlen = g.cout * g.k();
         let mut acc = vec![0f32; wlen + g.cout];
         let mut cols = vec![0f32; g.k() * g.ohw()];
         let mut dcols = vec![0f32; if dx.is_some() { g.k() * g.ohw() } else { 0 }];
-        let mut unpooled = vec![
-            0f32;
-            if matches!(dys, Dy::Pooled(..)) {
-                g.out_len()
-            } else {
-                0
-            }
-        ];
         let mut dx = dx.map(|d| d.chunks_mut(g.in_len()));
-        for (i, x) in x.chunks(g.in_len()).enumerate() {
-            let dy: &[f32] = match (&dys, &self.unpool) {
-                (Dy::Pooled(gp, at), Some(u)) => {
-                    let n = u.pooled_len(g);
-                    let (gp, at) = (&gp[i * n..][..n], &at[i * n..][..n]);
-                    u.unpool(g, gp, at, &mut unpooled);
-                    &unpooled
-                }
-                (Dy::Full(dy), _) => &dy[i * g.out_len()..][..g.out_len()],
-                (Dy::Pooled(..), None) => {
-                    candle_core::bail!("{name}: pooled gradient without maxima")
-                }
-            };
+        for (x, dy) in x.chunks(g.in_len()).zip(dys.chunks(g.out_len())) {
             g.im2col(x, &mut cols);
             let (dw, db) = acc.split_at_mut(wlen);
             let dym = Mat::new(dy, g.cout, g.ohw());
@@ -185,6 +173,47 @@ impl Conv2dBackward {
                 // dcols (K, oh*ow) = w^T (K, Cout) * dy (Cout, oh*ow)
                 gemm_or_err(name, &mut dcols, Mat::new(w, g.cout, g.k()).t(), dym, false)?;
                 g.col2im(&dcols, dx);
+            }
+        }
+        Ok(acc)
+    }
+
+    /// [`Conv2dBackward::chunk`] for the conv block, in the wide layout:
+    /// each sample's output gradient rebuilt from the pooled one.
+    fn chunk_wide(
+        &self,
+        u: &Unpool,
+        x: &[f32],
+        w: &[f32],
+        gp: &[f32],
+        at: &[u8],
+        dx: Option<&mut [f32]>,
+    ) -> candle_core::Result<Vec<f32>> {
+        let (g, name) = (self.geom, self.name());
+        let (wlen, n, plen) = (g.cout * g.k(), g.ohw_wide(), u.pooled_len(g));
+        let mut acc = vec![0f32; wlen + g.cout];
+        let mut xp = vec![0f32; g.padded_len()];
+        let mut cols = vec![0f32; g.k() * n];
+        let mut dy = vec![0f32; g.cout * n];
+        let input_grad = dx.is_some();
+        let mut dxp = vec![0f32; if input_grad { g.padded_len() } else { 0 }];
+        let mut dcols = vec![0f32; if input_grad { g.k() * n } else { 0 }];
+        let mut dx = dx.map(|d| d.chunks_mut(g.in_len()));
+        for (i, x) in x.chunks(g.in_len()).enumerate() {
+            u.unpool(g, &gp[i * plen..][..plen], &at[i * plen..][..plen], &mut dy);
+            g.pad_into(x, &mut xp);
+            g.im2col_wide(&xp, &mut cols);
+            let (dw, db) = acc.split_at_mut(wlen);
+            let dym = Mat::new(&dy, g.cout, n);
+            // dW (Cout, K) += dy (Cout, oh*wp) * cols^T (oh*wp, K); junk columns of dy are 0
+            gemm_or_err(name, dw, dym, Mat::new(&cols, g.k(), n).t(), true)?;
+            add_row_sums(db, &dy, n);
+            if let Some(dx) = dx.as_mut().and_then(Iterator::next) {
+                // dcols (K, oh*wp) = w^T (K, Cout) * dy (Cout, oh*wp)
+                gemm_or_err(name, &mut dcols, Mat::new(w, g.cout, g.k()).t(), dym, false)?;
+                dxp.fill(0.0);
+                g.col2im_wide(&dcols, &mut dxp);
+                g.unpad_into(&dxp, dx);
             }
         }
         Ok(acc)

@@ -11,7 +11,8 @@
 //! that the ReLU zeroed it); the backward rebuilds that sample's conv output
 //! gradient in a buffer and feeds it straight to the conv backward GEMMs.
 //!
-//! Same arithmetic as the separate ops: the first maximum of each window in
+//! The conv runs in the wide layout of `conv_wide`. Same arithmetic as the
+//! separate ops: the first maximum of each window in
 //! row-major order takes the gradient (PyTorch), NaN counts as a maximum, and
 //! the ReLU passes gradient where its output is positive.
 
@@ -67,19 +68,19 @@ struct BlockOp {
 }
 
 impl BlockOp {
-    /// Pools one sample's conv output `y (Cout, oh*ow)` into `out` with ReLU,
-    /// recording each window's first maximum in `at`.
+    /// Pools one sample's wide conv output `y (Cout, oh*wp)` into `out` with
+    /// ReLU, recording each window's first maximum in `at`.
     fn pool_sample(&self, y: &[f32], out: &mut [f32], at: &mut [u8]) {
         let (g, k) = (self.geom, self.k);
-        let (ph, pw) = (g.oh / k, g.ow / k);
+        let (ph, pw, wp) = (g.oh / k, g.ow / k, g.wp());
         let planes = y
-            .chunks(g.ohw())
+            .chunks(g.ohw_wide())
             .zip(out.chunks_mut(ph * pw).zip(at.chunks_mut(ph * pw)));
         for (plane, (out, at)) in planes {
             for py in 0..ph {
                 let (out, at) = (&mut out[py * pw..][..pw], &mut at[py * pw..][..pw]);
                 if k == 2 {
-                    let (r0, r1) = (&plane[2 * py * g.ow..], &plane[(2 * py + 1) * g.ow..]);
+                    let (r0, r1) = (&plane[2 * py * wp..], &plane[(2 * py + 1) * wp..]);
                     let wins = r0.chunks_exact(2).zip(r1.chunks_exact(2));
                     for ((o, a), (t, u)) in out.iter_mut().zip(at.iter_mut()).zip(wins) {
                         let (m, first) = first_max4([t[0], t[1], u[0], u[1]]);
@@ -89,9 +90,9 @@ impl BlockOp {
                     }
                 } else {
                     for (px, (o, a)) in out.iter_mut().zip(at.iter_mut()).enumerate() {
-                        let (mut m, mut pos) = (plane[py * k * g.ow + px * k], 0usize);
+                        let (mut m, mut pos) = (plane[py * k * wp + px * k], 0usize);
                         for j in 1..k * k {
-                            let v = plane[(py * k + j / k) * g.ow + px * k + j % k];
+                            let v = plane[(py * k + j / k) * wp + px * k + j % k];
                             if v > m || v.is_nan() {
                                 (m, pos) = (v, j);
                             }
@@ -157,11 +158,14 @@ impl CustomOp3 for BlockOp {
                 .zip(argmax.par_chunks_mut(per * plen))
                 .zip(x.par_chunks(per * g.in_len()))
                 .try_for_each(|((out, at), x)| {
-                    let mut cols = vec![0f32; g.k() * g.ohw()];
-                    let mut y = vec![0f32; g.out_len()];
+                    // The padded input's border stays zero: only its interior is written.
+                    let mut xp = vec![0f32; g.padded_len()];
+                    let mut cols = vec![0f32; g.k() * g.ohw_wide()];
+                    let mut y = vec![0f32; g.cout * g.ohw_wide()];
                     let samples = out.chunks_mut(plen).zip(at.chunks_mut(plen));
                     for ((out, at), x) in samples.zip(x.chunks(g.in_len())) {
-                        g.forward_sample(name, &w, b, x, &mut cols, &mut y)?;
+                        g.pad_into(x, &mut xp);
+                        g.forward_sample_wide(name, &w, b, &xp, &mut cols, &mut y)?;
                         self.pool_sample(&y, out, at);
                     }
                     Ok::<(), candle_core::Error>(())

@@ -8,6 +8,7 @@
 pub mod conv;
 mod conv_backward;
 mod conv_block;
+mod conv_wide;
 pub mod gemm;
 pub mod grad_buffer;
 mod linear;

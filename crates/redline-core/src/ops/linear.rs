@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Storage, Tensor};
 
 use super::gemm::{matmul, Mat};
 use super::grad_buffer::GradBuffer;
@@ -106,22 +106,17 @@ impl CustomOp3 for LinearOp {
         let _span = trace::backward(self.layer.as_ref(), "linear");
         trace::count("linear.backward");
         let bsz = x.dims2()?.0;
-        let grad = grad.contiguous()?;
-        // One buffer holds [dW | db | dx]; the three results are views into it.
-        let input = if self.relu {
-            Tensor::cat(&[&grad.flatten_all()?, &y.flatten_all()?], 0)?
-        } else {
-            grad.flatten_all()?
-        };
+        let grad = grad.flatten_all()?.contiguous()?;
         let buffers = GradBuffer::of(w).zip(GradBuffer::of(b));
         let to_buffers = buffers.is_some();
+        // One buffer holds [dW | db | dx]; the three results are views into it.
         let op = LinearBwd {
-            relu: self.relu,
+            relu: self.relu.then(|| y.clone()),
             input_grad: self.input_grad,
             bsz,
             buffers,
         };
-        let flat = input.apply_op3_no_bwd(x, w, &op)?;
+        let flat = grad.apply_op3_no_bwd(x, w, &op)?;
         if to_buffers {
             let dx = self
                 .input_grad
@@ -133,11 +128,13 @@ impl CustomOp3 for LinearOp {
     }
 }
 
-/// Backward kernel: input `g (B*out)` (or `[g | y]` with ReLU), `x`, `w`;
-/// output `[dW (out*in) | db (out) | dx (B*in) when input_grad]`, or only dx
-/// when dW and db go to the parameters' gradient buffers.
+/// Backward kernel: inputs `g (B*out)`, `x`, `w`; output
+/// `[dW (out*in) | db (out) | dx (B*in) when input_grad]`, or only dx when dW
+/// and db go to the parameters' gradient buffers.
 struct LinearBwd {
-    relu: bool,
+    /// With ReLU, the forward's output `y`: the gradient passes where `y > 0`
+    /// (read from its storage here rather than copied next to `g`).
+    relu: Option<Tensor>,
     input_grad: bool,
     bsz: usize,
     /// The weight's and bias's gradient buffers, when attached.
@@ -159,21 +156,31 @@ impl CustomOp3 for LinearBwd {
         l3: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let op = "linear backward";
-        let (packed, x, w) = (f32s(s1, l1, op)?, f32s(s2, l2, op)?, f32s(s3, l3, op)?);
+        let (g, x, w) = (f32s(s1, l1, op)?, f32s(s2, l2, op)?, f32s(s3, l3, op)?);
         let (fan_out, fan_in) = l3.shape().dims2()?;
         let bsz = self.bsz;
-        let n = bsz * fan_out;
-        if packed.len() != if self.relu { 2 * n } else { n } || x.len() != bsz * fan_in {
+        if g.len() != bsz * fan_out || x.len() != bsz * fan_in {
             bail!("{op}: gradient/input sizes do not fit")
         }
-        let g: Vec<f32> = if self.relu {
-            let (g, y) = packed.split_at(n);
-            g.iter()
-                .zip(y)
-                .map(|(g, y)| if *y > 0.0 { *g } else { 0.0 })
-                .collect()
-        } else {
-            packed.to_vec()
+        let masked: Vec<f32>;
+        let g: &[f32] = match &self.relu {
+            Some(y) => {
+                let (storage, layout) = y.storage_and_layout();
+                let Storage::Cpu(ys) = &*storage else {
+                    bail!("{op}: the layer output is not on the CPU")
+                };
+                let y = f32s(ys, layout, op)?;
+                if y.len() != g.len() {
+                    bail!("{op}: output and gradient sizes do not fit")
+                }
+                masked = g
+                    .iter()
+                    .zip(y)
+                    .map(|(g, y)| if *y > 0.0 { *g } else { 0.0 })
+                    .collect();
+                &masked
+            }
+            None => g,
         };
         let nw = fan_out * fan_in;
         let dx_len = if self.input_grad { bsz * fan_in } else { 0 };

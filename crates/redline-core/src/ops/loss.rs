@@ -1,7 +1,12 @@
 //! Mean softmax cross-entropy fused with its gradient (PyTorch's
-//! `F.cross_entropy(logits, targets)`), one pass per row each way.
+//! `F.cross_entropy(logits, targets)`): the forward computes each row's
+//! softmax once (f32 exponentials, f64 sums) and keeps it; the backward is
+//! then one subtraction and scale per element. Computing the exponentials in
+//! f64, twice in the backward, cost 0.2 ms of a 2.8 ms batch-512 MLP step.
 
-use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Shape, Tensor};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use candle_core::{bail, CpuStorage, CustomOp2, Layout, Shape, Tensor};
 
 use super::slices::{f32s, fused_cpu, u32s};
 use crate::error::Result;
@@ -18,9 +23,10 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let picked = logp.gather(&targets.unsqueeze(1)?, 1)?;
         return Ok(picked.mean_all()?.neg()?);
     }
-    Ok(logits
-        .contiguous()?
-        .apply_op2(&targets.contiguous()?, CrossEntropy)?)
+    let op = CrossEntropy {
+        probs: Mutex::new(None),
+    };
+    Ok(logits.contiguous()?.apply_op2(&targets.contiguous()?, op)?)
 }
 
 /// `log_softmax` over the last dim from generic ops (the fallback path).
@@ -31,7 +37,10 @@ fn log_softmax(x: &Tensor) -> Result<Tensor> {
     Ok(shifted.broadcast_sub(&lse)?)
 }
 
-struct CrossEntropy;
+/// The forward op; keeps the softmax of its logits for the backward.
+struct CrossEntropy {
+    probs: Mutex<Option<Arc<Vec<f32>>>>,
+}
 
 fn check(l1: &Layout, l2: &Layout) -> candle_core::Result<(usize, usize)> {
     let (b, c) = l1.shape().dims2()?;
@@ -46,11 +55,18 @@ fn check(l1: &Layout, l2: &Layout) -> candle_core::Result<(usize, usize)> {
     Ok((b, c))
 }
 
-/// (log-sum-exp, max) of one row, in f64 for a stable, accurate sum.
-fn lse(row: &[f32]) -> (f64, f32) {
+/// Writes the softmax of `row` into `p` and returns the row's log-sum-exp:
+/// exponentials of `x - max` in f32 (as PyTorch's kernel), their sum in f64.
+fn softmax_lse(row: &[f32], p: &mut [f32]) -> f64 {
     let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let s: f64 = row.iter().map(|v| ((v - m) as f64).exp()).sum();
-    (s.ln() + m as f64, m)
+    let mut s = 0f64;
+    for (v, e) in row.iter().zip(p.iter_mut()) {
+        *e = (v - m).exp();
+        s += f64::from(*e);
+    }
+    let inv = (1.0 / s) as f32;
+    p.iter_mut().for_each(|e| *e *= inv);
+    s.ln() + f64::from(m)
 }
 
 impl CustomOp2 for CrossEntropy {
@@ -72,12 +88,14 @@ impl CustomOp2 for CrossEntropy {
             u32s(s2, l2, "cross_entropy")?,
         );
         let mut total = 0f64;
-        for (row, &y) in x.chunks_exact(c).zip(t) {
+        let mut probs = vec![0f32; b * c];
+        for ((row, p), &y) in x.chunks_exact(c).zip(probs.chunks_exact_mut(c)).zip(t) {
             let Some(&xy) = row.get(y as usize) else {
                 bail!("cross_entropy: target {y} is out of range for {c} classes")
             };
-            total += lse(row).0 - xy as f64;
+            total += softmax_lse(row, p) - f64::from(xy);
         }
+        *self.probs.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(probs));
         Ok((
             CpuStorage::F32(vec![(total / b as f64) as f32]),
             Shape::from(()),
@@ -93,15 +111,30 @@ impl CustomOp2 for CrossEntropy {
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
         let _span = trace::backward(None, "cross_entropy");
         trace::count("cross_entropy.backward");
-        let g = logits.apply_op3_no_bwd(targets, &grad.flatten_all()?, &CrossEntropyBwd)?;
+        let saved = self
+            .probs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let Some(probs) = saved else {
+            bail!("{}: backward before forward", self.name())
+        };
+        let (b, c) = logits.dims2()?;
+        let op = CrossEntropyBwd { probs, b, c };
+        let g = targets.apply_op2_no_bwd(&grad.flatten_all()?, &op)?;
         Ok((Some(g), None))
     }
 }
 
-/// `(softmax(x) - onehot(t)) * g / B` for inputs `(x, t, g)`.
-struct CrossEntropyBwd;
+/// `(softmax(x) - onehot(t)) * g / B` for inputs `(t, g)`, the softmax
+/// saved by the forward.
+struct CrossEntropyBwd {
+    probs: Arc<Vec<f32>>,
+    b: usize,
+    c: usize,
+}
 
-impl CustomOp3 for CrossEntropyBwd {
+impl CustomOp2 for CrossEntropyBwd {
     fn name(&self) -> &'static str {
         "redline-cross-entropy-bwd"
     }
@@ -112,19 +145,20 @@ impl CustomOp3 for CrossEntropyBwd {
         l1: &Layout,
         s2: &CpuStorage,
         l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (b, c) = check(l1, l2)?;
+        let (b, c) = (self.b, self.c);
         let op = "cross_entropy backward";
-        let (x, t, g) = (f32s(s1, l1, op)?, u32s(s2, l2, op)?, f32s(s3, l3, op)?);
+        let (t, g) = (u32s(s1, l1, op)?, f32s(s2, l2, op)?);
+        if t.len() != b || self.probs.len() != b * c {
+            bail!(
+                "{op}: {} targets and {} saved probabilities for logits ({b}, {c})",
+                t.len(),
+                self.probs.len()
+            )
+        }
         let scale = g.first().copied().unwrap_or(1.0) / b as f32;
-        let mut out = vec![0f32; b * c];
-        for ((row, o), &y) in x.chunks_exact(c).zip(out.chunks_exact_mut(c)).zip(t) {
-            let (lse, _) = lse(row);
-            for (v, d) in row.iter().zip(o.iter_mut()) {
-                *d = ((*v as f64 - lse).exp() as f32) * scale;
-            }
+        let mut out: Vec<f32> = self.probs.iter().map(|p| p * scale).collect();
+        for (o, &y) in out.chunks_exact_mut(c).zip(t) {
             if let Some(d) = o.get_mut(y as usize) {
                 *d -= scale;
             }

@@ -195,7 +195,7 @@ impl CustomOp3 for LinearBwd {
         let dw = |dst: &mut [f32], accumulate: bool| {
             matmul(
                 dst,
-                Mat::new(&g, bsz, fan_out).t(),
+                Mat::new(g, bsz, fan_out).t(),
                 Mat::new(x, bsz, fan_in),
                 accumulate,
             )
@@ -224,7 +224,7 @@ impl CustomOp3 for LinearBwd {
             && (!self.input_grad
                 || matmul(
                     dx,
-                    Mat::new(&g, bsz, fan_out),
+                    Mat::new(g, bsz, fan_out),
                     Mat::new(w, fan_out, fan_in),
                     false,
                 ));

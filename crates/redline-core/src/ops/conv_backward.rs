@@ -45,6 +45,7 @@ impl Unpool {
     /// `conv_wide`) from its pooled gradient `gp` and window maxima `at`:
     /// each window's gradient on its first maximum, zero elsewhere (junk
     /// columns included).
+    #[inline(always)]
     fn unpool(&self, geom: Geom, gp: &[f32], at: &[u8], dy: &mut [f32]) {
         let (k, (ph, pw)) = (self.k, self.ph_pw(geom));
         dy.fill(0.0);
@@ -92,6 +93,24 @@ pub(super) fn add_row_sums(acc: &mut [f32], rows: &[f32], len: usize) {
         }
         let tail: f32 = it.remainder().iter().sum();
         *d += lanes.iter().sum::<f32>() + tail;
+    }
+}
+
+/// [`Unpool::unpool`] compiled for the best instruction set present (`pulp`).
+struct UnpoolLoop<'a> {
+    u: &'a Unpool,
+    geom: Geom,
+    gp: &'a [f32],
+    at: &'a [u8],
+    dy: &'a mut [f32],
+}
+
+impl pulp::WithSimd for UnpoolLoop<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _simd: S) {
+        self.u.unpool(self.geom, self.gp, self.at, self.dy);
     }
 }
 
@@ -200,7 +219,13 @@ impl Conv2dBackward {
         let mut dcols = vec![0f32; if input_grad { g.k() * n } else { 0 }];
         let mut dx = dx.map(|d| d.chunks_mut(g.in_len()));
         for (i, x) in x.chunks(g.in_len()).enumerate() {
-            u.unpool(g, &gp[i * plen..][..plen], &at[i * plen..][..plen], &mut dy);
+            pulp::Arch::new().dispatch(UnpoolLoop {
+                u,
+                geom: g,
+                gp: &gp[i * plen..][..plen],
+                at: &at[i * plen..][..plen],
+                dy: &mut dy,
+            });
             g.pad_into(x, &mut xp);
             g.im2col_wide(&xp, &mut cols);
             let (dw, db) = acc.split_at_mut(wlen);

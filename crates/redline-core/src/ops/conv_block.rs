@@ -70,6 +70,7 @@ struct BlockOp {
 impl BlockOp {
     /// Pools one sample's wide conv output `y (Cout, oh*wp)` into `out` with
     /// ReLU, recording each window's first maximum in `at`.
+    #[inline(always)]
     fn pool_sample(&self, y: &[f32], out: &mut [f32], at: &mut [u8]) {
         let (g, k) = (self.geom, self.k);
         let (ph, pw, wp) = (g.oh / k, g.ow / k, g.wp());
@@ -103,6 +104,25 @@ impl BlockOp {
                 }
             }
         }
+    }
+}
+
+/// [`BlockOp::pool_sample`] compiled for the best instruction set present
+/// (`pulp`): the windows' max/select chains vectorise there, not in
+/// baseline x86-64 code.
+struct PoolLoop<'a> {
+    block: &'a BlockOp,
+    y: &'a [f32],
+    out: &'a mut [f32],
+    at: &'a mut [u8],
+}
+
+impl pulp::WithSimd for PoolLoop<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _simd: S) {
+        self.block.pool_sample(self.y, self.out, self.at);
     }
 }
 
@@ -166,7 +186,12 @@ impl CustomOp3 for BlockOp {
                     for ((out, at), x) in samples.zip(x.chunks(g.in_len())) {
                         g.pad_into(x, &mut xp);
                         g.forward_sample_wide(name, &w, b, &xp, &mut cols, &mut y)?;
-                        self.pool_sample(&y, out, at);
+                        pulp::Arch::new().dispatch(PoolLoop {
+                            block: self,
+                            y: &y,
+                            out,
+                            at,
+                        });
                     }
                     Ok::<(), candle_core::Error>(())
                 })?;

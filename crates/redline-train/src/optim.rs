@@ -186,21 +186,19 @@ impl Optimizer {
         let hp = self.fused_params();
         for slot in &mut self.state {
             let p = slot.var.as_tensor();
-            // The buffer's gradient, applied by the fused kernel; kept as a
-            // tensor for the generic path should the kernel decline it.
-            let from_buffer = match slot.buffer.as_ref().and_then(|b| {
+            // The buffer's gradient, applied by the fused kernel (`Some(None)`);
+            // kept as a tensor for the generic path should the kernel decline it.
+            let buffered = slot.buffer.as_ref().and_then(|b| {
                 b.take_with(|g| -> Result<Option<Tensor>> {
                     if fused_from(p, g, &mut slot.fused, hp)? {
                         return Ok(None);
                     }
                     Ok(Some(Tensor::from_slice(g, p.shape(), p.device())?))
                 })
-            }) {
-                Some(applied) => match applied? {
-                    None => continue,
-                    some => some,
-                },
-                None => None,
+            });
+            let from_buffer = match buffered.transpose()? {
+                Some(None) => continue,
+                declined_or_none => declined_or_none.flatten(),
             };
             let Some(g) = from_buffer.as_ref().or_else(|| grads.get(p)) else {
                 continue;

@@ -234,6 +234,32 @@ impl Geom {
         Ok(())
     }
 
+    /// The three f32 operands of a conv kernel, `(input, weight, third)`,
+    /// each checked against the length the geometry gives it; `third` names
+    /// the last one (bias, output gradient...) and its expected length.
+    pub(super) fn operands<'a>(
+        &self,
+        name: &str,
+        ops: [(&'a CpuStorage, &Layout); 3],
+        third: (&str, usize),
+    ) -> candle_core::Result<[&'a [f32]; 3]> {
+        let [(s1, l1), (s2, l2), (s3, l3)] = ops;
+        let (x, w, t) = (
+            f32s(s1, l1, name)?,
+            f32s(s2, l2, name)?,
+            f32s(s3, l3, name)?,
+        );
+        self.check(
+            name,
+            &[
+                ("input", x.len(), self.b * self.in_len()),
+                ("weight", w.len(), self.cout * self.k()),
+                (third.0, t.len(), third.1),
+            ],
+        )?;
+        Ok([x, w, t])
+    }
+
     /// Checks the operand lengths against the geometry.
     pub(super) fn check(
         &self,
@@ -295,19 +321,7 @@ impl CustomOp3 for Conv2dOp {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (g, name) = (self.geom, self.name());
         trace::count("conv2d.forward");
-        let (x, w, b) = (
-            f32s(s1, l1, "conv2d input")?,
-            f32s(s2, l2, "conv2d weight")?,
-            f32s(s3, l3, "conv2d bias")?,
-        );
-        g.check(
-            name,
-            &[
-                ("input", x.len(), g.b * g.in_len()),
-                ("weight", w.len(), g.cout * g.k()),
-                ("bias", b.len(), g.cout),
-            ],
-        )?;
+        let [x, w, b] = g.operands(name, [(s1, l1), (s2, l2), (s3, l3)], ("bias", g.cout))?;
         let shape = Shape::from((g.b, g.cout, g.oh, g.ow));
         let mut out = vec![0f32; g.b * g.out_len()];
         if g.b == 0 {

@@ -14,8 +14,8 @@ use rayon::prelude::*;
 
 use super::conv::{gemm_or_err, Geom};
 use super::gemm::Mat;
-use super::grad_buffer::GradBuffer;
-use super::slices::{f32s, unpack_grads, Grads3};
+use super::grad_buffer::{layer_buffers, ParamBuffers};
+use super::slices::{unpack_grads, Grads3};
 
 /// Marks a pooled output the ReLU zeroed: no gradient flows back through it.
 pub(super) const NO_GRAD: u8 = u8::MAX;
@@ -125,8 +125,8 @@ pub(super) fn backward(
     b: &Tensor,
     grad: &Tensor,
 ) -> candle_core::Result<Grads3> {
-    let buffers = GradBuffer::of(w).zip(GradBuffer::of(b));
-    let to_buffers = buffers.is_some();
+    let buffers = layer_buffers(w, b);
+    let buffered = buffers.is_some();
     let op = Conv2dBackward {
         geom,
         input_grad,
@@ -135,11 +135,7 @@ pub(super) fn backward(
     };
     // One flat tensor [dW | db | dx]: the kernel computes all three in one pass.
     let flat = x.apply_op3_no_bwd(w, &grad.contiguous()?, &op)?;
-    if to_buffers {
-        let dx = input_grad.then(|| flat.reshape(x.shape())).transpose()?;
-        return Ok((dx, None, None));
-    }
-    unpack_grads(&flat, w.shape(), x.shape(), input_grad)
+    unpack_grads(&flat, w.shape(), x.shape(), input_grad, buffered)
 }
 
 /// The backward kernel: `(x, w, dy) -> [dW | db | dx]` (dx only when asked),
@@ -149,14 +145,14 @@ struct Conv2dBackward {
     geom: Geom,
     input_grad: bool,
     /// The weight's and bias's gradient buffers, when attached.
-    buffers: Option<(Arc<GradBuffer>, Arc<GradBuffer>)>,
+    buffers: Option<ParamBuffers>,
     unpool: Option<Unpool>,
 }
 
 /// A thread chunk's output gradient: as given, or pooled with its maxima.
 enum Dy<'a> {
     Full(&'a [f32]),
-    Pooled(&'a [f32], &'a [u8]),
+    Pooled(&'a Unpool, &'a [f32], &'a [u8]),
 }
 
 impl Conv2dBackward {
@@ -169,11 +165,9 @@ impl Conv2dBackward {
         dys: Dy<'_>,
         dx: Option<&mut [f32]>,
     ) -> candle_core::Result<Vec<f32>> {
-        if let (Dy::Pooled(gp, at), Some(u)) = (&dys, &self.unpool) {
-            return self.chunk_wide(u, x, w, gp, at, dx);
-        }
-        let Dy::Full(dys) = dys else {
-            candle_core::bail!("{}: pooled gradient without maxima", self.name())
+        let dys = match dys {
+            Dy::Full(dys) => dys,
+            Dy::Pooled(u, gp, at) => return self.chunk_wide(u, x, w, gp, at, dx),
         };
         let (g, name) = (self.geom, self.name());
         let wlen = g.cout * g.k();
@@ -265,13 +259,13 @@ impl Conv2dBackward {
         let dy_chunks: Vec<Dy<'_>> = match &self.unpool {
             None => dy.chunks(per * g.out_len()).map(Dy::Full).collect(),
             Some(u) if u.pooled_len(g) == 0 => (0..g.b.div_ceil(per))
-                .map(|_| Dy::Pooled(&[], &[]))
+                .map(|_| Dy::Pooled(u, &[], &[]))
                 .collect(),
             Some(u) => {
                 let n = per * u.pooled_len(g);
                 dy.chunks(n)
                     .zip(u.argmax.chunks(n))
-                    .map(|(gp, at)| Dy::Pooled(gp, at))
+                    .map(|(gp, at)| Dy::Pooled(u, gp, at))
                     .collect()
             }
         };
@@ -310,28 +304,17 @@ impl CustomOp3 for Conv2dBackward {
         l3: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (g, name) = (self.geom, self.name());
-        let (x, w, dy) = (
-            f32s(s1, l1, "conv2d input")?,
-            f32s(s2, l2, "conv2d weight")?,
-            f32s(s3, l3, "conv2d output grad")?,
-        );
         let dy_len = match &self.unpool {
             None => g.b * g.out_len(),
             Some(u) => g.b * u.pooled_len(g),
         };
-        g.check(
+        let [x, w, dy] = g.operands(
             name,
-            &[
-                ("input", x.len(), g.b * g.in_len()),
-                ("weight", w.len(), g.cout * g.k()),
-                ("output grad", dy.len(), dy_len),
-                (
-                    "saved maxima",
-                    self.unpool.as_ref().map_or(dy_len, |u| u.argmax.len()),
-                    dy_len,
-                ),
-            ],
+            [(s1, l1), (s2, l2), (s3, l3)],
+            ("output grad", dy_len),
         )?;
+        let saved = self.unpool.as_ref().map_or(dy_len, |u| u.argmax.len());
+        g.check(name, &[("saved maxima", saved, dy_len)])?;
         let wlen = g.cout * g.k() + g.cout;
         let dx_len = if self.input_grad { x.len() } else { 0 };
         let own = if self.buffers.is_some() { 0 } else { wlen };

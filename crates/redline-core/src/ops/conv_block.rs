@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use super::conv::{conv2d, Geom};
 use super::conv_backward::{backward, Unpool, NO_GRAD};
 use super::pool::{first_max4, max_pool2d};
-use super::slices::{f32s, fused_cpu, Grads3};
+use super::slices::{fused_cpu, Grads3};
 use crate::error::Result;
 use crate::trace;
 
@@ -153,19 +153,7 @@ impl CustomOp3 for BlockOp {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (g, name) = (self.geom, self.name());
         trace::count("conv2d_pool_relu.forward");
-        let (x, w, b) = (
-            f32s(s1, l1, "conv block input")?,
-            f32s(s2, l2, "conv block weight")?,
-            f32s(s3, l3, "conv block bias")?,
-        );
-        g.check(
-            name,
-            &[
-                ("input", x.len(), g.b * g.in_len()),
-                ("weight", w.len(), g.cout * g.k()),
-                ("bias", b.len(), g.cout),
-            ],
-        )?;
+        let [x, w, b] = g.operands(name, [(s1, l1), (s2, l2), (s3, l3)], ("bias", g.cout))?;
         let (ph, pw) = (g.oh / self.k, g.ow / self.k);
         let plen = g.cout * ph * pw;
         let shape = Shape::from((g.b, g.cout, ph, pw));

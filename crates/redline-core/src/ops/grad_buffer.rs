@@ -21,6 +21,14 @@ use candle_core::{Tensor, TensorId};
 
 use super::slices::fused_cpu;
 
+/// The gradient buffers of a layer's weight and bias.
+pub(crate) type ParamBuffers = (Arc<GradBuffer>, Arc<GradBuffer>);
+
+/// The buffers of a layer's weight `w` and bias `b`, when both are attached.
+pub(crate) fn layer_buffers(w: &Tensor, b: &Tensor) -> Option<ParamBuffers> {
+    GradBuffer::of(w).zip(GradBuffer::of(b))
+}
+
 /// A parameter's gradient, accumulated over the backward passes since the
 /// optimizer last took it.
 #[derive(Debug)]

@@ -5,7 +5,7 @@
 //! sums the bias gradient, runs the dW GEMM and, only when the input needs a
 //! gradient, the dx GEMM (candle's matmul backward always computes dx, which
 //! for the first layer is the data batch: wasted work every step). Where the
-//! optimizer attached [`GradBuffer`]s to the weight and bias, dW and db go
+//! optimizer attached [`GradBuffer`](super::grad_buffer::GradBuffer)s to the weight and bias, dW and db go
 //! straight into them and candle sees only dx.
 
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Storage, Tensor};
 
 use super::gemm::{matmul, Mat};
-use super::grad_buffer::GradBuffer;
+use super::grad_buffer::{layer_buffers, ParamBuffers};
 use super::slices::{f32s, fused_cpu, unpack_grads};
 use crate::error::Result;
 use crate::trace;
@@ -107,8 +107,8 @@ impl CustomOp3 for LinearOp {
         trace::count("linear.backward");
         let bsz = x.dims2()?.0;
         let grad = grad.flatten_all()?.contiguous()?;
-        let buffers = GradBuffer::of(w).zip(GradBuffer::of(b));
-        let to_buffers = buffers.is_some();
+        let buffers = layer_buffers(w, b);
+        let buffered = buffers.is_some();
         // One buffer holds [dW | db | dx]; the three results are views into it.
         let op = LinearBwd {
             relu: self.relu.then(|| y.clone()),
@@ -117,14 +117,7 @@ impl CustomOp3 for LinearOp {
             buffers,
         };
         let flat = grad.apply_op3_no_bwd(x, w, &op)?;
-        if to_buffers {
-            let dx = self
-                .input_grad
-                .then(|| flat.reshape(x.shape()))
-                .transpose()?;
-            return Ok((dx, None, None));
-        }
-        unpack_grads(&flat, w.shape(), x.shape(), self.input_grad)
+        unpack_grads(&flat, w.shape(), x.shape(), self.input_grad, buffered)
     }
 }
 
@@ -138,7 +131,7 @@ struct LinearBwd {
     input_grad: bool,
     bsz: usize,
     /// The weight's and bias's gradient buffers, when attached.
-    buffers: Option<(Arc<GradBuffer>, Arc<GradBuffer>)>,
+    buffers: Option<ParamBuffers>,
 }
 
 impl CustomOp3 for LinearBwd {

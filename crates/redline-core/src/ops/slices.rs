@@ -19,7 +19,19 @@ pub type Grads3 = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
 
 /// Splits a fused backward's flat `[dW | db | dx]` buffer into views shaped as
 /// `w`, `(w.dims()[0])` and `x`; dx is absent when the input needs no gradient.
-pub fn unpack_grads(flat: &Tensor, w: &Shape, x: &Shape, input_grad: bool) -> Result<Grads3> {
+/// With `buffered` (dW and db went to the parameters' gradient buffers), the
+/// buffer holds dx alone and candle gets no parameter gradients.
+pub fn unpack_grads(
+    flat: &Tensor,
+    w: &Shape,
+    x: &Shape,
+    input_grad: bool,
+    buffered: bool,
+) -> Result<Grads3> {
+    if buffered {
+        let dx = input_grad.then(|| flat.reshape(x)).transpose()?;
+        return Ok((dx, None, None));
+    }
     let (nw, nb) = (w.elem_count(), w.dims().first().copied().unwrap_or(0));
     let dw = flat.narrow(0, 0, nw)?.reshape(w)?;
     let db = flat.narrow(0, nw, nb)?;

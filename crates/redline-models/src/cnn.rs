@@ -91,7 +91,8 @@ impl Cnn {
 }
 
 impl Model for Cnn {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
+        // No layer here behaves differently in training.
         let mut h = x.clone();
         for ((w, b), name) in self.convs.iter().zip(&self.conv_names) {
             let _span = trace::layer(name);

@@ -20,10 +20,26 @@ pub use params::Params;
 
 /// A network the trainer can fit: a forward pass over named parameters.
 pub trait Model: Send + Sync {
-    /// Logits `(B, classes)` for inputs `(B, C, H, W)`.
-    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+    /// The output for a batch of inputs, e.g. logits `(B, classes)` for images
+    /// `(B, C, H, W)`. `train` selects training behaviour where a layer has one
+    /// (dropout drops, batch norm uses and updates batch statistics), as
+    /// candle's `ModuleT::forward_t` and PyTorch's `module.train()`.
+    fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor>;
+    /// The inference forward pass: `forward_t(x, false)`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_t(x, false)
+    }
     /// The trainable parameters, in PyTorch `state_dict()` order.
     fn params(&self) -> &Params;
+}
+
+impl<M: Model + ?Sized> Model for Box<M> {
+    fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        (**self).forward_t(x, train)
+    }
+    fn params(&self) -> &Params {
+        (**self).params()
+    }
 }
 
 /// Which model to build, with its shape.

@@ -72,7 +72,8 @@ impl Mlp {
 }
 
 impl Model for Mlp {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
+        // No layer here behaves differently in training.
         // (B, C, H, W) -> (B, C*H*W)
         let mut h = x.flatten_from(1)?;
         let last = self.layers.len().saturating_sub(1);

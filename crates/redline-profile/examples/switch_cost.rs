@@ -13,7 +13,7 @@ fn per_switch_ns(mode: Mode, n: usize) -> f64 {
     let t = Instant::now();
     for i in 0..n {
         p.switch(if i % 2 == 0 {
-            Action::Forward
+            Action::TrainingStep
         } else {
             Action::Backward
         });

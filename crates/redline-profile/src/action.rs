@@ -16,10 +16,9 @@ pub enum Action {
     DataWait,
     /// Copying a batch host-to-device (or waiting for an async copy).
     Transfer,
-    /// The model's forward pass.
-    Forward,
-    /// The loss.
-    Loss,
+    /// The user's training step: forward, loss and the step's metrics
+    /// (Lightning's `training_step`).
+    TrainingStep,
     /// The backward pass.
     Backward,
     /// The optimizer step.
@@ -40,11 +39,10 @@ pub enum Action {
 
 impl Action {
     /// Every action, in table order.
-    pub const ALL: [Action; 12] = [
+    pub const ALL: [Action; 11] = [
         Action::DataWait,
         Action::Transfer,
-        Action::Forward,
-        Action::Loss,
+        Action::TrainingStep,
         Action::Backward,
         Action::OptimizerStep,
         Action::Metrics,
@@ -65,8 +63,7 @@ impl Action {
         match self {
             Action::DataWait => "waiting for data",
             Action::Transfer => "host-to-device copy",
-            Action::Forward => "forward",
-            Action::Loss => "loss",
+            Action::TrainingStep => "training_step",
             Action::Backward => "backward",
             Action::OptimizerStep => "optimizer step",
             Action::Metrics => "metric accumulation (on device)",
@@ -81,8 +78,7 @@ impl Action {
     /// The breakdown category this action's time counts in.
     pub fn category(self) -> Category {
         match self {
-            Action::Forward
-            | Action::Loss
+            Action::TrainingStep
             | Action::Backward
             | Action::OptimizerStep
             | Action::Metrics

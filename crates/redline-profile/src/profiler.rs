@@ -291,7 +291,7 @@ mod tests {
         for _ in 0..3 {
             p.switch(Action::DataWait);
             sleep(Duration::from_millis(2));
-            p.switch(Action::Forward);
+            p.switch(Action::TrainingStep);
             sleep(Duration::from_millis(3));
             p.switch(Action::Logging);
             p.end_step();
@@ -306,7 +306,7 @@ mod tests {
         let fwd = prof
             .rows
             .iter()
-            .find(|r| r.action == "forward")
+            .find(|r| r.action == "training_step")
             .map(|r| r.calls);
         assert_eq!(fwd, Some(3));
         assert!(prof.breakdown.seconds(Category::Compute) >= 0.009);
@@ -352,7 +352,7 @@ mod tests {
         let mut p = Profiler::new(Mode::Simple, "cuda:0").with_device_clock(Box::new(clock));
         for step in 0..4 {
             p.switch(Action::DataWait);
-            p.switch(Action::Forward);
+            p.switch(Action::TrainingStep);
             p.switch(Action::Backward);
             if step % 2 == 1 {
                 p.switch(Action::HostSync);
@@ -368,7 +368,7 @@ mod tests {
                 .and_then(|r| r.device_s)
         };
         // Every interval is 2 ms and each action opened 4 of them.
-        assert_eq!(dev("forward"), Some(0.008));
+        assert_eq!(dev("training_step"), Some(0.008));
         assert_eq!(dev("backward"), Some(0.008));
         assert_eq!(dev("waiting for data"), Some(0.008));
         assert!(prof.device_compute_percent.is_some());
@@ -378,7 +378,7 @@ mod tests {
     #[test]
     fn without_a_clock_nothing_is_device_timed() {
         let mut p = Profiler::new(Mode::Simple, "cpu");
-        p.switch(Action::Forward);
+        p.switch(Action::TrainingStep);
         let prof = p.finish();
         assert!(prof.rows.iter().all(|r| r.device_s.is_none()));
         assert_eq!(prof.device_compute_percent, None);
@@ -390,7 +390,7 @@ mod tests {
         let mut p = Profiler::new(Mode::Off, "cpu");
         p.plan(1000);
         for _ in 0..999 {
-            p.switch(Action::Forward);
+            p.switch(Action::TrainingStep);
             p.end_step();
         }
         let prof = p.finish();

@@ -154,14 +154,15 @@ fn header(run: &RunData) -> String {
         let _ = write!(h, r#"<div class="error">{}</div>"#, esc(e));
     }
     let cards = [
+        match s.headline() {
+            Some((k, v)) if k.ends_with("accuracy") => (k, format!("{:.2}%", 100.0 * v)),
+            Some((k, v)) => (k, format!("{v:.4}")),
+            None => ("test accuracy".into(), num(None, |v: f64| v.to_string())),
+        },
+        ("samples / s".into(), num(s.samples_per_s, grouped)),
+        ("wall time".into(), num(s.wall_s, |v| format!("{v:.2} s"))),
         (
-            "test accuracy",
-            num(s.test_accuracy, |a| format!("{:.2}%", 100.0 * a)),
-        ),
-        ("samples / s", num(s.samples_per_s, grouped)),
-        ("wall time", num(s.wall_s, |v| format!("{v:.2} s"))),
-        (
-            "host syncs / step",
+            "host syncs / step".into(),
             num(s.host_syncs_per_step, |v| format!("{v:.3}")),
         ),
     ];
@@ -169,7 +170,8 @@ fn header(run: &RunData) -> String {
     for (k, v) in cards {
         let _ = write!(
             h,
-            r#"<div class="card"><div class="v">{v}</div><div class="k">{k}</div></div>"#
+            r#"<div class="card"><div class="v">{v}</div><div class="k">{}</div></div>"#,
+            esc(&k)
         );
     }
     h.push_str("</div>");

@@ -4,6 +4,8 @@
 //! field reads as `None` (or an empty string/list), because a failed run, an
 //! older writer or a machine without NVML leaves gaps.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Deserializer};
 
 /// Reads `null` as the type's default, so `"model": null` is `""`, not an error.
@@ -87,10 +89,14 @@ pub struct Summary {
     pub eval_s: Option<f64>,
     /// Training throughput.
     pub samples_per_s: Option<f64>,
-    /// Final test loss.
+    /// Loss of the test pass after training (older runs: the last validation).
     pub test_loss: Option<f64>,
-    /// Final test accuracy, 0..1.
+    /// Accuracy of the test pass, 0..1 (classification only).
     pub test_accuracy: Option<f64>,
+    /// Loss of the last validation pass.
+    pub val_loss: Option<f64>,
+    /// Accuracy of the last validation pass, 0..1.
+    pub val_accuracy: Option<f64>,
     /// Device-to-host reads per optimizer step.
     pub host_syncs_per_step: Option<f64>,
     /// Compute threads the run used.
@@ -103,6 +109,25 @@ pub struct Summary {
     pub prefetch: Option<u64>,
     /// Profiler mode (`off`, `simple`, `detailed`).
     pub profiler: Option<String>,
+    /// Every other key: the step's other metrics (`test_mae`, `val_mae`, ...)
+    /// and fields this reader does not type.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, serde_json::Value>,
+}
+
+impl Summary {
+    /// The run's headline result: test accuracy, else the first other test
+    /// metric, else the last validation's accuracy; `(name, value)`.
+    pub fn headline(&self) -> Option<(String, f64)> {
+        if let Some(a) = self.test_accuracy {
+            return Some(("test accuracy".into(), a));
+        }
+        let test = self.other.iter().find_map(|(k, v)| {
+            let name = k.strip_prefix("test_")?;
+            Some((format!("test {name}"), v.as_f64()?))
+        });
+        test.or_else(|| self.val_accuracy.map(|a| ("val accuracy".into(), a)))
+    }
 }
 
 /// A `{"kind":"step"}` record of `metrics.jsonl`, written at each log point.
@@ -131,12 +156,14 @@ pub struct EpochRecord {
     pub epoch: u64,
     /// Mean training loss of the epoch.
     pub train_loss: Option<f64>,
-    /// Training accuracy, 0..1.
+    /// Training accuracy, 0..1 (classification).
     pub train_accuracy: Option<f64>,
-    /// Test loss after the epoch.
-    pub test_loss: Option<f64>,
-    /// Test accuracy after the epoch, 0..1.
-    pub test_accuracy: Option<f64>,
+    /// Validation loss after the epoch (`test_loss` in older runs).
+    #[serde(alias = "test_loss")]
+    pub val_loss: Option<f64>,
+    /// Validation accuracy after the epoch, 0..1 (`test_accuracy` in older runs).
+    #[serde(alias = "test_accuracy")]
+    pub val_accuracy: Option<f64>,
     /// Seconds of training in the epoch.
     pub epoch_s: Option<f64>,
     /// Seconds of evaluation after it.
@@ -145,6 +172,36 @@ pub struct EpochRecord {
     pub steps: Option<u64>,
     /// Training samples in the epoch.
     pub samples: Option<u64>,
+    /// The step's other metrics: `train_<name>` and `val_<name>` keys.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, serde_json::Value>,
+}
+
+impl EpochRecord {
+    /// `train_<name>` (`split` = `train`) or `val_<name>` of this epoch.
+    pub fn metric(&self, split: &str, name: &str) -> Option<f64> {
+        match (split, name) {
+            ("train", "accuracy") => self.train_accuracy,
+            ("val", "accuracy") => self.val_accuracy,
+            _ => self.other.get(&format!("{split}_{name}"))?.as_f64(),
+        }
+    }
+
+    /// Names of the metrics this record holds (besides the loss), sorted.
+    pub fn metric_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .other
+            .keys()
+            .filter_map(|k| k.strip_prefix("train_").or_else(|| k.strip_prefix("val_")))
+            .map(str::to_string)
+            .collect();
+        if self.train_accuracy.is_some() || self.val_accuracy.is_some() {
+            names.push("accuracy".into());
+        }
+        names.sort();
+        names.dedup();
+        names
+    }
 }
 
 /// Host numbers of a system record.

@@ -214,12 +214,35 @@ mod tests {
         let m = parse_metrics(Path::new("metrics.jsonl"), text).unwrap();
         assert_eq!(m.steps.len(), 1);
         assert_eq!(m.epochs[0].train_loss, None);
+        // An older writer's `test_accuracy` of an epoch is its validation.
+        assert_eq!(m.epochs[0].metric("val", "accuracy"), Some(0.84));
+        assert_eq!(m.epochs[0].metric_names(), ["accuracy"]);
         assert_eq!(m.system[0].host.as_ref().unwrap().cpu_percent, Some(50.0));
         assert!(m.system[0].gpus.is_empty());
         let host = m.system[0].host.as_ref().unwrap();
         assert_eq!(host.cpu_percent_per_core, [Some(40.0), None]);
         assert_eq!(host.processes[0].name, "redline");
         assert!(m.notes.is_empty());
+    }
+
+    #[test]
+    fn epoch_records_carry_any_metric_the_step_returned() {
+        let text = concat!(
+            r#"{"kind":"epoch","epoch":1,"train_loss":0.5,"train_mae":0.4,"val_loss":0.6,"#,
+            r#""val_mae":0.45,"epoch_s":1.0}"#,
+            "\n",
+            r#"{"kind":"test","test_loss":0.7,"test_mae":0.5}"#,
+            "\n",
+        );
+        let m = parse_metrics(Path::new("metrics.jsonl"), text).unwrap();
+        let e = &m.epochs[0];
+        assert_eq!(e.metric_names(), ["mae"]);
+        assert_eq!(
+            (e.metric("train", "mae"), e.metric("val", "mae")),
+            (Some(0.4), Some(0.45))
+        );
+        assert_eq!(e.val_loss, Some(0.6));
+        assert_eq!(e.metric("val", "accuracy"), None);
     }
 
     #[test]

@@ -20,7 +20,8 @@ pub struct RunRow {
     pub device: String,
     /// Epochs run.
     pub epochs: Option<u64>,
-    /// Final test accuracy, percent.
+    /// Final test accuracy, percent (the last validation's for runs without
+    /// a test pass).
     pub test_accuracy_pct: Option<f64>,
     /// Training throughput.
     pub samples_per_s: Option<f64>,
@@ -59,7 +60,10 @@ fn row(dir: &Path, name: String) -> RunRow {
         model: summary.model,
         device: summary.device,
         epochs: summary.epochs,
-        test_accuracy_pct: summary.test_accuracy.map(|a| 100.0 * a),
+        test_accuracy_pct: summary
+            .test_accuracy
+            .or(summary.val_accuracy)
+            .map(|a| 100.0 * a),
         samples_per_s: summary.samples_per_s,
         wall_s: summary.wall_s,
         compute_pct,

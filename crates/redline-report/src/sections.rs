@@ -45,7 +45,7 @@ pub(crate) fn advice(run: &RunData) -> String {
     section("advice", "Advice", &body)
 }
 
-/// Loss, accuracy and throughput.
+/// Loss, the step's headline metric (accuracy for classification) and throughput.
 pub(crate) fn training(run: &RunData) -> Result<String> {
     let mut out = String::new();
     let loss = match charts::loss(run)? {
@@ -53,9 +53,9 @@ pub(crate) fn training(run: &RunData) -> Result<String> {
         None => no_metrics(run, "loss values"),
     };
     out.push_str(&section("loss", "Loss curves", &loss));
-    let acc = match charts::accuracy(run)? {
+    let acc = match charts::metric(run)? {
         Some(c) => figure(&c),
-        None => no_metrics(run, "epoch records with accuracy"),
+        None => no_metrics(run, "epoch records with a metric"),
     };
     let thr = match charts::throughput(run)? {
         Some(c) => figure(&c),
@@ -63,7 +63,7 @@ pub(crate) fn training(run: &RunData) -> Result<String> {
     };
     out.push_str(&section(
         "accuracy",
-        "Accuracy and throughput",
+        "Metrics and throughput",
         &format!(r#"<div class="grid2"><div>{acc}</div><div>{thr}</div></div>"#),
     ));
     Ok(out)

@@ -22,6 +22,35 @@ pub struct StepLog {
     pub elapsed_s: f64,
 }
 
+/// Named metric values, in the order the step returned them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct MetricValues(pub Vec<(String, f64)>);
+
+impl MetricValues {
+    /// The value of metric `name`, if the step returned it.
+    pub fn get(&self, name: &str) -> Option<f64> {
+        self.0.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+    }
+
+    /// `(name, value)` pairs in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, f64)> {
+        self.0.iter().map(|(n, v)| (n.as_str(), *v))
+    }
+}
+
+/// Result of a validation or test pass.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvalResult {
+    /// Mean loss.
+    pub loss: f64,
+    /// The step's metrics over the pass (e.g. `accuracy` as a fraction).
+    pub metrics: MetricValues,
+    /// Samples evaluated.
+    pub samples: usize,
+    /// Seconds taken.
+    pub seconds: f64,
+}
+
 /// The end of one epoch.
 #[derive(Debug, Clone, Serialize)]
 pub struct EpochLog {
@@ -29,12 +58,10 @@ pub struct EpochLog {
     pub epoch: usize,
     /// Mean training loss over the epoch.
     pub train_loss: f64,
-    /// Training accuracy over the epoch (fraction).
-    pub train_accuracy: f64,
-    /// Mean validation loss (NaN when there is no validation split).
-    pub test_loss: f64,
-    /// Validation accuracy (fraction; NaN without validation).
-    pub test_accuracy: f64,
+    /// The step's training metrics over the epoch.
+    pub train: MetricValues,
+    /// The validation pass after this epoch, when there was one.
+    pub val: Option<EvalResult>,
     /// Training time of this epoch alone, validation excluded.
     pub epoch_s: f64,
     /// Validation time after this epoch.
@@ -62,10 +89,8 @@ pub struct FitSummary {
     pub wall_s: f64,
     /// samples / train_s.
     pub samples_per_s: f64,
-    /// Last validation loss.
-    pub test_loss: f64,
-    /// Last validation accuracy (fraction).
-    pub test_accuracy: f64,
+    /// The last validation pass, when there was one.
+    pub val: Option<EvalResult>,
     /// Host reads of tensors per training step (logging included).
     pub host_syncs_per_step: f64,
     /// Per-epoch logs.
@@ -113,6 +138,8 @@ pub enum Event<'a> {
     EpochEnd(&'a EpochLog),
     /// The fit finished.
     FitEnd(&'a FitSummary),
+    /// A test pass ([`crate::Trainer::test`]) finished.
+    Test(&'a EvalResult),
 }
 
 /// An observer of training events. A callback that returns an error is

@@ -1,6 +1,8 @@
 //! Redline train: the loop and what it drives.
 //!
 //! * [`Trainer`] (built with [`Trainer::builder`]): fit / validate / test.
+//! * [`TrainStep`]: the step contract (batch in, loss and named metrics out);
+//!   [`Classifier`] and [`Regressor`] are ready implementations.
 //! * [`Event`] and [`Callback`]: the loop emits events; logging, progress bars
 //!   and (later) profilers observe them and can never break training.
 //! * [`optim`]: Adam, AdamW and SGD with PyTorch's update rules.
@@ -13,11 +15,13 @@ pub mod loss;
 pub mod metrics;
 pub mod optim;
 mod running;
+pub mod step;
 mod trainer;
 
 pub use error::{Error, Result};
-pub use events::{Callback, EpochLog, Event, FitSummary, StepLog};
-pub use metrics::{epoch_record, step_record, JsonlMetrics};
+pub use events::{Callback, EpochLog, EvalResult, Event, FitSummary, MetricValues, StepLog};
+pub use metrics::{epoch_record, eval_fields, step_record, test_record, JsonlMetrics};
 pub use optim::{Optimizer, OptimizerConfig};
 pub use redline_profile::{Mode as ProfilerMode, Profile};
-pub use trainer::{EvalResult, TrainConfig, Trainer, TrainerBuilder};
+pub use step::{Classifier, Metric, RegressionLoss, Regressor, StepOutput, TrainStep};
+pub use trainer::{TrainConfig, Trainer, TrainerBuilder};

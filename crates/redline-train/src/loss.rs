@@ -10,3 +10,14 @@ use crate::error::Result;
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     Ok(redline_core::ops::cross_entropy(logits, targets)?)
 }
+
+/// Mean squared error over every element, as PyTorch's `F.mse_loss`
+/// (`reduction="mean"`); `pred` and `target` have the same shape.
+pub fn mse(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
+    Ok((pred - target)?.sqr()?.mean_all()?)
+}
+
+/// Mean absolute error over every element, as PyTorch's `F.l1_loss`.
+pub fn l1(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
+    Ok((pred - target)?.abs()?.mean_all()?)
+}

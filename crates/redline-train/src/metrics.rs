@@ -1,7 +1,8 @@
 //! Machine-readable metrics: one JSON object per line.
 //!
-//! `{"kind":"step",...}` at each log point and `{"kind":"epoch",...}` at each
-//! epoch end, flushed as written so a killed run keeps what it logged.
+//! `{"kind":"step",...}` at each log point, `{"kind":"epoch",...}` at each
+//! epoch end and `{"kind":"test",...}` after a test pass, flushed as written
+//! so a killed run keeps what it logged.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use crate::error::{Error, Result};
-use crate::events::{Callback, EpochLog, Event, StepLog};
+use crate::events::{Callback, EpochLog, EvalResult, Event, StepLog};
 
 /// Writes metrics as JSON lines.
 pub struct JsonlMetrics {
@@ -57,14 +58,53 @@ pub fn step_record(s: &StepLog) -> serde_json::Value {
     })
 }
 
-/// The `{"kind":"epoch",...}` record of an epoch end.
+/// The `{"kind":"epoch",...}` record of an epoch end: `train_loss` and
+/// `train_<metric>` for each of the step's metrics, `val_loss` and
+/// `val_<metric>` when the epoch was validated, then timings and counts.
 pub fn epoch_record(e: &EpochLog) -> serde_json::Value {
-    json!({
-        "kind": "epoch", "epoch": e.epoch, "train_loss": num(e.train_loss),
-        "train_accuracy": num(e.train_accuracy), "test_loss": num(e.test_loss),
-        "test_accuracy": num(e.test_accuracy), "epoch_s": e.epoch_s, "eval_s": e.eval_s,
-        "steps": e.steps, "samples": e.samples,
-    })
+    let mut m = serde_json::Map::new();
+    m.insert("kind".into(), json!("epoch"));
+    m.insert("epoch".into(), json!(e.epoch));
+    m.insert("train_loss".into(), num(e.train_loss));
+    for (name, v) in e.train.iter() {
+        m.insert(format!("train_{name}"), num(v));
+    }
+    if let Some(val) = &e.val {
+        m.insert("val_loss".into(), num(val.loss));
+        for (name, v) in val.metrics.iter() {
+            m.insert(format!("val_{name}"), num(v));
+        }
+    }
+    m.insert("epoch_s".into(), json!(e.epoch_s));
+    m.insert("eval_s".into(), json!(e.eval_s));
+    m.insert("steps".into(), json!(e.steps));
+    m.insert("samples".into(), json!(e.samples));
+    serde_json::Value::Object(m)
+}
+
+/// The `{"kind":"test",...}` record of a test pass: `test_loss`,
+/// `test_<metric>` for each metric, samples and seconds.
+pub fn test_record(t: &EvalResult) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    m.insert("kind".into(), json!("test"));
+    for (k, v) in eval_fields("test", t) {
+        m.insert(k, v);
+    }
+    m.insert("samples".into(), json!(t.samples));
+    m.insert("eval_s".into(), json!(t.seconds));
+    serde_json::Value::Object(m)
+}
+
+/// `<prefix>_loss` and `<prefix>_<metric>` of an evaluation pass, as JSON
+/// numbers (null for NaN): the keys of test records and of `summary.json`.
+pub fn eval_fields(prefix: &str, r: &EvalResult) -> Vec<(String, serde_json::Value)> {
+    std::iter::once((format!("{prefix}_loss"), num(r.loss)))
+        .chain(
+            r.metrics
+                .iter()
+                .map(|(name, v)| (format!("{prefix}_{name}"), num(v))),
+        )
+        .collect()
 }
 
 impl Callback for JsonlMetrics {
@@ -76,6 +116,7 @@ impl Callback for JsonlMetrics {
         match event {
             Event::Log(s) => self.write(step_record(s)),
             Event::EpochEnd(e) => self.write(epoch_record(e)),
+            Event::Test(t) => self.write(test_record(t)),
             _ => Ok(()),
         }
     }

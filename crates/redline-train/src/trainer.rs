@@ -5,15 +5,15 @@ use std::time::Instant;
 
 use redline_core::{host, Device};
 use redline_data::Loader;
-use redline_models::Model;
+use redline_models::Params;
 use redline_profile::{Action, Mode, Profile, Profiler};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::events::{Callback, EpochLog, Event, FitSummary, StepLog};
-use crate::loss::cross_entropy;
+use crate::events::{Callback, EpochLog, EvalResult, Event, FitSummary, StepLog};
 use crate::optim::{Optimizer, OptimizerConfig};
 use crate::running::{batch_loss_sum, Running};
+use crate::step::{StepOutput, TrainStep};
 
 /// Loop settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -42,19 +42,6 @@ impl Default for TrainConfig {
             empty_cache: false,
         }
     }
-}
-
-/// Result of a validation or test pass.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct EvalResult {
-    /// Mean loss.
-    pub loss: f64,
-    /// Top-1 accuracy (fraction).
-    pub accuracy: f64,
-    /// Samples evaluated.
-    pub samples: usize,
-    /// Seconds taken.
-    pub seconds: f64,
 }
 
 /// Assembles a [`Trainer`].
@@ -115,8 +102,10 @@ impl TrainerBuilder {
         self
     }
 
-    /// Validates the settings and builds the trainer around `model` on `device`.
-    pub fn build(self, model: Box<dyn Model>, device: Device) -> Result<Trainer> {
+    /// Validates the settings and builds the trainer around `module` (a
+    /// [`TrainStep`]: a [`crate::Classifier`] or [`crate::Regressor`] around a
+    /// model, or the user's own) on `device`.
+    pub fn build<S: TrainStep + 'static>(self, module: S, device: Device) -> Result<Trainer> {
         if self.cfg.log_every == 0 {
             return Err(Error::Config("--log-every must be at least 1".into()));
         }
@@ -128,10 +117,10 @@ impl TrainerBuilder {
         if self.cfg.max_steps == Some(0) {
             return Err(Error::Config("--max-steps must be at least 1".into()));
         }
-        let optimizer = self.optimizer.build(model.params().vars())?;
+        let optimizer = self.optimizer.build(module.params().vars())?;
         Ok(Trainer {
             cfg: self.cfg,
-            model,
+            module: Box::new(module),
             optimizer,
             callbacks: self.callbacks.into_iter().map(Some).collect(),
             device,
@@ -145,7 +134,7 @@ impl TrainerBuilder {
 /// Fits a model with an optimizer, telling callbacks what happens.
 pub struct Trainer {
     cfg: TrainConfig,
-    model: Box<dyn Model>,
+    module: Box<dyn TrainStep>,
     optimizer: Optimizer,
     callbacks: Vec<Option<Box<dyn Callback>>>,
     device: Device,
@@ -173,9 +162,14 @@ impl Trainer {
         }
     }
 
-    /// The model being trained.
-    pub fn model(&self) -> &dyn Model {
-        self.model.as_ref()
+    /// The module being trained (its step and parameters).
+    pub fn module(&self) -> &dyn TrainStep {
+        self.module.as_ref()
+    }
+
+    /// The trained parameters (PyTorch `state_dict()` names).
+    pub fn params(&self) -> &Params {
+        self.module.params()
     }
 
     /// Sends an event to every live callback; a failing one is reported and detached.
@@ -227,7 +221,7 @@ impl Trainer {
         if let Some(p) = &mut self.profiler {
             p.switch(Action::Checkpointing);
         }
-        let saved = self.model.params().save_safetensors(path);
+        let saved = self.module.params().save_safetensors(path);
         if let Some(p) = &mut self.profiler {
             p.pause();
         }
@@ -262,7 +256,7 @@ impl Trainer {
         self.emit(&Event::FitStart {
             model: &name,
             device: &dev,
-            params: self.model.params().numel(),
+            params: self.module.params().numel(),
             epochs,
             steps_per_epoch,
             total_steps,
@@ -291,18 +285,16 @@ impl Trainer {
                 prof.switch(Action::DataWait);
                 let Some(batch) = batches.next() else { break };
                 let batch = batch?;
-                prof.switch(Action::Forward);
-                let logits = self.model.forward(&batch.x)?;
-                prof.switch(Action::Loss);
-                let loss = cross_entropy(&logits, &batch.y)?;
+                prof.switch(Action::TrainingStep);
+                let out = checked(self.module.training_step(&batch)?)?;
                 prof.switch(Action::Backward);
-                let grads = loss.backward()?;
+                let grads = out.loss.backward()?;
                 prof.switch(Action::OptimizerStep);
                 self.optimizer.step(&grads)?;
                 prof.switch(Action::Metrics);
-                let loss_sum = batch_loss_sum(&loss, batch.size())?;
-                epoch_sums.add(&loss_sum, &logits, &batch.y)?;
-                window.add_loss(&loss_sum, batch.size())?;
+                let loss_sum = batch_loss_sum(&out.loss, out.samples)?;
+                epoch_sums.add(&loss_sum, out.samples, &out.metrics)?;
+                window.add_loss(&loss_sum, out.samples)?;
 
                 prof.switch(Action::Logging);
                 step += 1;
@@ -324,9 +316,9 @@ impl Trainer {
                 }
             }
             prof.switch(Action::HostSync);
-            let (train_loss, train_accuracy) = epoch_sums.read()?;
+            let train = epoch_sums.read()?;
             let epoch_s = epoch_start.elapsed().as_secs_f64();
-            check_finite(train_loss, step, epoch, self.optimizer.lr())?;
+            check_finite(train.loss, step, epoch, self.optimizer.lr())?;
             train_s += epoch_s;
             samples += epoch_sums.samples;
             if self.cfg.empty_cache {
@@ -338,19 +330,18 @@ impl Trainer {
                     prof.switch(Action::Logging);
                     self.emit(&Event::ValidationStart { epoch });
                     prof.switch(Action::Validation);
-                    Some(self.evaluate(v)?)
+                    Some(self.validate(v)?)
                 }
                 None => None,
             };
             prof.switch(Action::Logging);
             let log = EpochLog {
                 epoch,
-                train_loss,
-                train_accuracy,
-                test_loss: eval.map_or(f64::NAN, |e| e.loss),
-                test_accuracy: eval.map_or(f64::NAN, |e| e.accuracy),
+                train_loss: train.loss,
+                train: train.metrics,
+                eval_s: eval.as_ref().map_or(0.0, |e| e.seconds),
+                val: eval,
                 epoch_s,
-                eval_s: eval.map_or(0.0, |e| e.seconds),
                 steps: epoch_steps,
                 samples: epoch_sums.samples,
             };
@@ -358,7 +349,6 @@ impl Trainer {
             self.emit(&Event::EpochEnd(&log));
             logs.push(log);
         }
-        let last = logs.last();
         let summary = FitSummary {
             epochs: logs.len(),
             steps: step,
@@ -371,8 +361,7 @@ impl Trainer {
             } else {
                 0.0
             },
-            test_loss: last.map_or(f64::NAN, |l| l.test_loss),
-            test_accuracy: last.map_or(f64::NAN, |l| l.test_accuracy),
+            val: logs.last().and_then(|l| l.val.clone()),
             host_syncs_per_step: (host::host_reads() - reads_before) as f64 / step.max(1) as f64,
             epochs_log: logs,
         };
@@ -406,29 +395,63 @@ impl Trainer {
         })
     }
 
-    /// Mean loss and accuracy over every batch of `loader` (no gradients kept).
-    pub fn evaluate(&self, loader: &Loader) -> Result<EvalResult> {
+    /// One validation pass over `loader`: the step's mean loss and metrics
+    /// (model in eval mode, nothing trained).
+    pub fn validate(&self, loader: &Loader) -> Result<EvalResult> {
         self.evaluate_inner(loader)
             .map_err(|e| e.with_oom_context(&self.device.to_string(), loader.config().batch_size))
+    }
+
+    /// A test pass over `loader` (as [`Trainer::validate`]), reported to the
+    /// callbacks as [`Event::Test`]: `test_*` in the records.
+    /// After a fit, the pass is profiled (as validation) by the fit's profiler.
+    pub fn test(&mut self, loader: &Loader) -> Result<EvalResult> {
+        if let Some(p) = &mut self.profiler {
+            p.switch(Action::Validation);
+        }
+        let result = self.validate(loader);
+        if let Some(p) = &mut self.profiler {
+            p.pause();
+        }
+        let result = result?;
+        self.emit(&Event::Test(&result));
+        Ok(result)
     }
 
     fn evaluate_inner(&self, loader: &Loader) -> Result<EvalResult> {
         let start = Instant::now();
         let mut sums = Running::new(self.device.candle())?;
         for batch in loader.epoch(0) {
-            let batch = batch?;
-            let logits = self.model.forward(&batch.x)?.detach();
-            let loss = cross_entropy(&logits, &batch.y)?;
-            sums.add(&batch_loss_sum(&loss, batch.size())?, &logits, &batch.y)?;
+            let out = checked(self.module.validation_step(&batch?)?)?;
+            let loss_sum = batch_loss_sum(&out.loss, out.samples)?;
+            sums.add(&loss_sum, out.samples, &out.metrics)?;
         }
-        let (loss, accuracy) = sums.read()?;
+        let means = sums.read()?;
         Ok(EvalResult {
-            loss,
-            accuracy,
+            loss: means.loss,
+            metrics: means.metrics,
             samples: sums.samples,
             seconds: start.elapsed().as_secs_f64(),
         })
     }
+}
+
+/// Refuses a step output the loop cannot use (host-side shape checks only).
+fn checked(out: StepOutput) -> Result<StepOutput> {
+    if out.loss.rank() != 0 {
+        return Err(Error::Config(format!(
+            "the step returned a loss of shape {:?}: it must be a scalar (the batch mean)",
+            out.loss.dims()
+        )));
+    }
+    if let Some(m) = out.metrics.iter().find(|m| m.sum.rank() != 0) {
+        return Err(Error::Config(format!(
+            "the step's metric `{}` has shape {:?}: a metric sum must be a scalar",
+            m.name,
+            m.sum.dims()
+        )));
+    }
+    Ok(out)
 }
 
 fn check_finite(loss: f64, step: usize, epoch: usize, lr: f64) -> Result<()> {

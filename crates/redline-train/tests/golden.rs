@@ -14,7 +14,9 @@ use candle_core::{Device as CDevice, Tensor};
 use redline_core::{Device, Precision};
 use redline_data::{Loader, LoaderConfig, Normalize, Placement, Split, SplitKind};
 use redline_models::{Model, ModelConfig};
-use redline_train::{loss::cross_entropy, Callback, Event, OptimizerConfig, TrainConfig, Trainer};
+use redline_train::{
+    loss::cross_entropy, Callback, Classifier, Event, OptimizerConfig, TrainConfig, Trainer,
+};
 
 fn root() -> PathBuf {
     // A test binary carried to another machine (bench/gpu.sh) is told where the repository is.
@@ -142,7 +144,7 @@ fn run_on(
         })
         .optimizer(opt)
         .callback(Box::new(Losses(losses.clone())))
-        .build(model(kind, init, dev), dev.clone())
+        .build(Classifier::new(model(kind, init, dev)), dev.clone())
         .unwrap();
     trainer
         .fit(&train_loader(64, dev, placement), None)
@@ -154,7 +156,7 @@ fn run_on(
         .build(&Device::cpu(), Precision::Fp32, 0)
         .unwrap();
     out.params()
-        .assign(&trainer.model().params().to_map(), Path::new("trained"))
+        .assign(&trainer.params().to_map(), Path::new("trained"))
         .unwrap();
     (out, got)
 }

@@ -2,6 +2,7 @@
 //! the only place that turns errors into output and exit codes.
 
 mod cli;
+mod csv_log;
 mod progress;
 mod run_dir;
 mod summary;

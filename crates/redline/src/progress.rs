@@ -55,7 +55,7 @@ impl Callback for Progress {
             Event::ValidationStart { epoch } => self
                 .bar
                 .set_prefix(format!("epoch {epoch}/{} (validating)", self.epochs)),
-            Event::EpochEnd(_) => {}
+            Event::EpochEnd(_) | Event::Test(_) => {}
             Event::FitEnd(_) => self.bar.finish_and_clear(),
         }
         Ok(())

@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use anyhow::{bail, Context};
 use redline_monitor::{Sample, SampleCallback};
 use redline_tensorboard::EventWriter;
-use redline_train::{epoch_record, step_record, Callback, Event};
+use redline_train::{epoch_record, step_record, test_record, Callback, Event};
+
+use crate::csv_log::CsvLog;
 use serde_json::{json, Value};
 
 pub use redline_core::time::unix_now;
@@ -59,24 +61,40 @@ pub fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
 }
 
-const CSV_HEADER: &str = "kind,step,epoch,loss,lr,samples_per_s,elapsed_s,train_loss,\
-train_accuracy,test_loss,test_accuracy,epoch_s,eval_s";
+/// The first columns of `metrics.csv`; the step's metrics add theirs.
+const CSV_HEADER: [&str; 10] = [
+    "kind",
+    "step",
+    "epoch",
+    "loss",
+    "lr",
+    "samples_per_s",
+    "elapsed_s",
+    "train_loss",
+    "epoch_s",
+    "eval_s",
+];
 
 struct Writers {
     dir: PathBuf,
     jsonl: BufWriter<File>,
-    csv: BufWriter<File>,
+    csv: CsvLog,
     tb: EventWriter,
 }
 
 impl Writers {
-    fn line(&mut self, v: &Value, csv: Option<String>) -> Result<(), String> {
+    /// Writes `v` to `metrics.jsonl` and, with `csv`, to `metrics.csv`
+    /// (with `step` set on records that lack it).
+    fn line(&mut self, v: &Value, csv: Option<usize>) -> Result<(), String> {
         let err = |e: std::io::Error| format!("{}: {e}", self.dir.display());
         writeln!(self.jsonl, "{v}").map_err(err)?;
         self.jsonl.flush().map_err(err)?;
-        if let Some(row) = csv {
-            writeln!(self.csv, "{row}").map_err(err)?;
-            self.csv.flush().map_err(err)?;
+        if let Some(step) = csv {
+            let mut row = v.clone();
+            if let Value::Object(m) = &mut row {
+                m.entry("step").or_insert(json!(step));
+            }
+            self.csv.append(&row).map_err(err)?;
         }
         Ok(())
     }
@@ -90,15 +108,6 @@ pub struct RunLog {
     step: Arc<AtomicUsize>,
 }
 
-/// A CSV cell: empty for NaN.
-fn cell(x: f64) -> String {
-    if x.is_finite() {
-        x.to_string()
-    } else {
-        String::new()
-    }
-}
-
 impl RunLog {
     /// Creates `metrics.jsonl`, `metrics.csv` and the TensorBoard event file in `dir`.
     pub fn create(dir: &Path) -> anyhow::Result<Self> {
@@ -108,8 +117,9 @@ impl RunLog {
                 .map(BufWriter::new)
                 .with_context(|| format!("creating {}", p.display()))
         };
-        let mut csv = open("metrics.csv")?;
-        writeln!(csv, "{CSV_HEADER}").context("writing metrics.csv")?;
+        let csv_path = dir.join("metrics.csv");
+        let csv = CsvLog::create(&csv_path, &CSV_HEADER)
+            .with_context(|| format!("creating {}", csv_path.display()))?;
         let tb = EventWriter::create(dir).context("creating the TensorBoard event file")?;
         Ok(Self {
             writers: Arc::new(Mutex::new(Writers {
@@ -183,17 +193,7 @@ impl Callback for RunLog {
                 Ok(())
             }
             Event::Log(s) => self.with(|w| {
-                let v = step_record(s);
-                let row = format!(
-                    "step,{},{},{},{},{},{},,,,,,",
-                    s.step,
-                    s.epoch,
-                    cell(s.loss),
-                    s.lr,
-                    cell(s.samples_per_s),
-                    s.elapsed_s
-                );
-                w.line(&v, Some(row))?;
+                w.line(&step_record(s), Some(s.step))?;
                 let scalars = [
                     ("train/loss", s.loss),
                     ("train/lr", s.lr),
@@ -204,38 +204,44 @@ impl Callback for RunLog {
             }),
             Event::EpochEnd(e) => self.with(|w| {
                 let step = self.step.load(Ordering::Relaxed);
-                let v = epoch_record(e);
-                let row = format!(
-                    "epoch,{step},{},,,,,{},{},{},{},{},{}",
-                    e.epoch,
-                    cell(e.train_loss),
-                    cell(e.train_accuracy),
-                    cell(e.test_loss),
-                    cell(e.test_accuracy),
-                    e.epoch_s,
-                    e.eval_s
-                );
-                w.line(&v, Some(row))?;
+                w.line(&epoch_record(e), Some(step))?;
                 let mut scalars = vec![
-                    ("epoch/train_loss", e.train_loss),
-                    ("epoch/train_accuracy", e.train_accuracy),
+                    ("epoch/train_loss".to_string(), e.train_loss),
                     (
-                        "epoch/samples_per_s",
+                        "epoch/samples_per_s".to_string(),
                         e.samples as f64 / e.epoch_s.max(1e-9),
                     ),
                 ];
-                if e.test_loss.is_finite() {
-                    scalars.push(("test/loss", e.test_loss));
-                    scalars.push(("test/accuracy", e.test_accuracy));
+                scalars.extend(e.train.iter().map(|(n, v)| (format!("epoch/train_{n}"), v)));
+                if let Some(val) = &e.val {
+                    scalars.push(("val/loss".into(), val.loss));
+                    scalars.extend(val.metrics.iter().map(|(n, v)| (format!("val/{n}"), v)));
                 }
-                w.tb.add_scalars(step as i64, &scalars, unix_now())
-                    .and_then(|()| w.tb.flush())
-                    .map_err(|e| e.to_string())
+                add_scalars(w, step, &scalars)
+            }),
+            Event::Test(t) => self.with(|w| {
+                let step = self.step.load(Ordering::Relaxed);
+                w.line(&test_record(t), Some(step))?;
+                let mut scalars = vec![("test/loss".to_string(), t.loss)];
+                scalars.extend(t.metrics.iter().map(|(n, v)| (format!("test/{n}"), v)));
+                add_scalars(w, step, &scalars)
             }),
             Event::FitEnd(_) => self.with(|w| w.tb.flush().map_err(|e| e.to_string())),
             _ => Ok(()),
         }
     }
+}
+
+/// Writes finite `scalars` to TensorBoard at `step` and flushes.
+fn add_scalars(w: &mut Writers, step: usize, scalars: &[(String, f64)]) -> Result<(), String> {
+    let refs: Vec<(&str, f64)> = scalars
+        .iter()
+        .filter(|(_, v)| v.is_finite())
+        .map(|(k, v)| (k.as_str(), *v))
+        .collect();
+    w.tb.add_scalars(step as i64, &refs, unix_now())
+        .and_then(|()| w.tb.flush())
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

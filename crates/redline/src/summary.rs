@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use redline_train::FitSummary;
+use redline_train::{EvalResult, FitSummary};
 
 fn pct(x: f64) -> String {
     if x.is_finite() {
@@ -25,41 +25,82 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// Prints the per-epoch table and the headline numbers.
-pub fn print(s: &FitSummary, batch_size: usize) -> std::io::Result<()> {
+/// A metric for people: `accuracy` in percent, anything else as a number.
+fn show(name: &str, v: f64) -> String {
+    if name == "accuracy" {
+        pct(v)
+    } else if v.is_finite() {
+        format!("{v:.4}")
+    } else {
+        "-".into()
+    }
+}
+
+/// Prints the per-epoch table (a column per metric the step returned) and
+/// the headline numbers, the test pass's first.
+pub fn print(s: &FitSummary, test: Option<&EvalResult>, batch_size: usize) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "{:>5} {:>10} {:>9} {:>10} {:>9} {:>8} {:>7} {:>10}",
-        "epoch",
-        "train_loss",
-        "train_acc",
-        "test_loss",
-        "test_acc",
-        "train_s",
-        "eval_s",
-        "samples/s"
-    )?;
+    let first = s.epochs_log.first();
+    let train_names: Vec<&str> = first.map_or(vec![], |e| e.train.iter().map(|m| m.0).collect());
+    let val_names: Vec<&str> = first
+        .and_then(|e| e.val.as_ref())
+        .map_or(vec![], |v| v.metrics.iter().map(|m| m.0).collect());
+    let mut head = vec!["epoch".to_string(), "train_loss".into()];
+    head.extend(train_names.iter().map(|n| format!("train_{n}")));
+    if first.is_some_and(|e| e.val.is_some()) {
+        head.push("val_loss".into());
+        head.extend(val_names.iter().map(|n| format!("val_{n}")));
+    }
+    head.extend(["train_s", "eval_s", "samples/s"].map(String::from));
+    let widths: Vec<usize> = head.iter().map(|h| h.len().max(9)).collect();
+    let row = |cells: &[String]| -> String {
+        cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:>w$}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    writeln!(out, "{}", row(&head))?;
     for e in &s.epochs_log {
-        writeln!(
-            out,
-            "{:>5} {:>10.4} {:>9} {:>10.4} {:>9} {:>8.3} {:>7.3} {:>10.0}",
-            e.epoch,
-            e.train_loss,
-            pct(e.train_accuracy),
-            e.test_loss,
-            pct(e.test_accuracy),
-            e.epoch_s,
-            e.eval_s,
-            e.samples as f64 / e.epoch_s.max(1e-9)
-        )?;
+        let mut cells = vec![e.epoch.to_string(), format!("{:.4}", e.train_loss)];
+        cells.extend(
+            train_names
+                .iter()
+                .map(|n| show(n, e.train.get(n).unwrap_or(f64::NAN))),
+        );
+        if let Some(v) = &e.val {
+            cells.push(format!("{:.4}", v.loss));
+            cells.extend(
+                val_names
+                    .iter()
+                    .map(|n| show(n, v.metrics.get(n).unwrap_or(f64::NAN))),
+            );
+        }
+        cells.extend([
+            format!("{:.3}", e.epoch_s),
+            format!("{:.3}", e.eval_s),
+            format!("{:.0}", e.samples as f64 / e.epoch_s.max(1e-9)),
+        ]);
+        writeln!(out, "{}", row(&cells))?;
     }
     let full: Vec<f64> = s.epochs_log.iter().map(|e| e.epoch_s).collect();
+    let headline = match test {
+        Some(t) => {
+            let mut parts = vec![format!("test loss {:.4}", t.loss)];
+            parts.extend(
+                t.metrics
+                    .iter()
+                    .map(|(n, v)| format!("test {n} {}", show(n, v))),
+            );
+            parts.join(" | ") + " | "
+        }
+        None => String::new(),
+    };
     writeln!(
         out,
-        "test accuracy {} | train {:.3} s/epoch (median) | {:.0} samples/s | batch {} | {} steps | \
+        "{headline}train {:.3} s/epoch (median) | {:.0} samples/s | batch {} | {} steps | \
          host syncs/step {:.3} | wall {:.2} s",
-        pct(s.test_accuracy),
         median(full),
         s.samples_per_s,
         batch_size,

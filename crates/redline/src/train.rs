@@ -11,8 +11,10 @@ use redline_data::{
 use redline_models::ModelConfig;
 use redline_monitor::Sampler;
 use redline_profile::{Mode, Profile};
-use redline_train::metrics::num;
-use redline_train::{FitSummary, JsonlMetrics, OptimizerConfig, TrainConfig, Trainer};
+use redline_train::metrics::{eval_fields, num};
+use redline_train::{
+    Classifier, EvalResult, FitSummary, JsonlMetrics, OptimizerConfig, TrainConfig, Trainer,
+};
 use serde_json::json;
 
 use crate::cli::TrainArgs;
@@ -213,8 +215,17 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.metrics {
         builder = builder.callback(Box::new(JsonlMetrics::create(path)?));
     }
-    let mut trainer = builder.build(model, device)?;
+    let mut trainer = builder.build(Classifier::new(model), device)?;
     let fit = trainer.fit(&train_loader, test_loader.as_ref());
+    // Lightning's `trainer.test` after `fit`: the test split, reported as test_*.
+    let tested = match (&fit, &test_loader) {
+        (Ok(_), Some(t)) => Some(trainer.test(t)),
+        _ => None,
+    };
+    let fit = match (fit, tested) {
+        (Ok(_), Some(Err(e))) => Err(e),
+        (fit, tested) => fit.map(|f| (f, tested.and_then(Result::ok))),
+    };
     let saved = match (&fit, &args.save) {
         (Ok(_), Some(path)) => Some(trainer.save_weights(path).context("--save").map(|()| path)),
         _ => None,
@@ -237,8 +248,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         (Ok(_), Some(Err(e))) => Err(e),
         (Ok(f), _) => Ok(f),
     };
-    if let Ok(fit) = &outcome {
-        summary::print(fit, args.batch_size)?;
+    if let Ok((fit, test)) = &outcome {
+        summary::print(fit, test.as_ref(), args.batch_size)?;
         if let Some(path) = &args.save {
             println!("saved weights to {}", path.display());
         }
@@ -246,7 +257,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     finish(
         &dir,
         head,
-        outcome.as_ref().ok(),
+        outcome.as_ref().ok().map(|(f, t)| (f, t.as_ref())),
         profile.as_ref(),
         samples,
         &outcome,
@@ -260,7 +271,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
 fn finish<T>(
     dir: &Path,
     head: serde_json::Value,
-    fit: Option<&FitSummary>,
+    fit: Option<(&FitSummary, Option<&EvalResult>)>,
     profile: Option<&Profile>,
     samples: usize,
     outcome: &anyhow::Result<T>,
@@ -288,7 +299,11 @@ fn finish<T>(
         m.insert("status".into(), json!(status));
         m.insert("error".into(), error);
         m.insert("system_samples".into(), json!(samples));
-        if let Some(f) = fit {
+        if let Some((f, test)) = fit {
+            let evals = f.val.iter().flat_map(|v| eval_fields("val", v));
+            for (k, v) in evals.chain(test.into_iter().flat_map(|t| eval_fields("test", t))) {
+                m.insert(k, v);
+            }
             for (k, v) in [
                 ("epochs", json!(f.epochs)),
                 ("steps", json!(f.steps)),
@@ -297,8 +312,6 @@ fn finish<T>(
                 ("train_s", json!(f.train_s)),
                 ("eval_s", json!(f.eval_s)),
                 ("samples_per_s", num(f.samples_per_s)),
-                ("test_loss", num(f.test_loss)),
-                ("test_accuracy", num(f.test_accuracy)),
                 ("host_syncs_per_step", json!(f.host_syncs_per_step)),
             ] {
                 m.insert(k.into(), v);

@@ -72,18 +72,25 @@ fn golden_mlp_run_through_the_cli_matches_pytorch() {
     for key in [
         "epoch",
         "train_loss",
-        "test_loss",
-        "test_accuracy",
+        "train_accuracy",
+        "val_loss",
+        "val_accuracy",
         "epoch_s",
         "eval_s",
     ] {
         assert!(epoch[key].is_number(), "{key} missing in {epoch}");
     }
-    let acc = epoch["test_accuracy"].as_f64().unwrap();
+    let acc = epoch["val_accuracy"].as_f64().unwrap();
     assert!(
         acc > 0.5 && acc <= 1.0,
         "20 steps should beat chance by far: {acc}"
     );
+    // The test pass after fit, on the test split: the same model and split
+    // as the last validation, so the same numbers, named test_*.
+    let test = rows.iter().find(|r| r["kind"] == "test").unwrap();
+    assert_eq!(test["test_accuracy"], epoch["val_accuracy"], "{test}");
+    assert_eq!(test["test_loss"], epoch["val_loss"], "{test}");
+    assert_eq!(test["samples"], 10000);
 
     let saved = candle_core::safetensors::load(&out, &candle_core::Device::Cpu).unwrap();
     let want = candle_core::safetensors::load(

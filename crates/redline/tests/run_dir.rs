@@ -51,6 +51,8 @@ fn a_run_leaves_a_complete_run_folder() {
     assert_eq!(summary["steps"], 120);
     assert_eq!(summary["model"], "mlp");
     assert!(summary["test_accuracy"].as_f64().unwrap() > 0.5);
+    assert_eq!(summary["val_accuracy"], summary["test_accuracy"]);
+    assert!(summary["val_loss"].as_f64().unwrap() > 0.0);
 
     let rows = jsonl(&dir.join("metrics.jsonl"));
     let steps: Vec<_> = rows.iter().filter(|r| r["kind"] == "step").collect();
@@ -91,14 +93,17 @@ fn a_run_leaves_a_complete_run_folder() {
     let actions: Vec<&str> = rows.iter().map(|r| r["action"].as_str().unwrap()).collect();
     for a in [
         "waiting for data",
-        "forward",
+        "training_step",
         "backward",
         "optimizer step",
         "validation",
     ] {
         assert!(actions.contains(&a), "{a} missing from {actions:?}");
     }
-    let fwd = rows.iter().find(|r| r["action"] == "forward").unwrap();
+    let fwd = rows
+        .iter()
+        .find(|r| r["action"] == "training_step")
+        .unwrap();
     assert_eq!(fwd["calls"], 120);
     assert!(std::fs::read_to_string(dir.join("profile.txt"))
         .unwrap()
@@ -125,6 +130,9 @@ fn a_run_leaves_a_complete_run_folder() {
         "train/samples_per_s",
         "test/accuracy",
         "test/loss",
+        "val/accuracy",
+        "val/loss",
+        "epoch/train_accuracy",
     ] {
         assert!(has(tag), "{tag} missing");
     }
@@ -201,7 +209,7 @@ fn detailed_profiler_writes_a_chrome_trace_with_layers_and_tracks() {
             .iter()
             .any(|e| e["ph"] == "X" && e["tid"] == tid && e["name"] == name)
     };
-    assert!(on(main, "forward") && on(main, "backward") && on(main, "fc1.forward"));
+    assert!(on(main, "training_step") && on(main, "backward") && on(main, "fc1.forward"));
     assert!(on(main, "fc1.backward (linear)") && on(main, "fc2.backward (linear)"));
     assert!(on(loader, "assemble batch"));
     let monitor = track("monitor").expect("monitor track");

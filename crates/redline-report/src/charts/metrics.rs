@@ -15,7 +15,7 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 fn chart(
     name: &'static str,
     title: impl Into<String>,
-    axes: Axes,
+    axes: Axes<'_>,
     series: Vec<Series>,
 ) -> Result<Option<Chart>> {
     let series: Vec<Series> = series
@@ -66,8 +66,8 @@ pub(crate) fn loss(run: &RunData) -> Result<Option<Chart>> {
             .points(run.steps.iter().map(|s| (s.step as f64, f(s.loss)))),
         Series::new("train loss (epoch mean)", TRAIN, Mark::LineDots)
             .points(epochs().map(|(i, e)| (x(i), f(e.train_loss)))),
-        Series::new("test loss", TEST, Mark::LineDots)
-            .points(epochs().map(|(i, e)| (x(i), f(e.test_loss)))),
+        Series::new("validation loss", TEST, Mark::LineDots)
+            .points(epochs().map(|(i, e)| (x(i), f(e.val_loss)))),
     ];
     let axes = Axes {
         x: if by_step { "step" } else { "epoch" },
@@ -80,30 +80,48 @@ pub(crate) fn loss(run: &RunData) -> Result<Option<Chart>> {
     chart("loss", "Loss", axes, series)
 }
 
-/// Train and test accuracy per epoch, in percent.
-pub(crate) fn accuracy(run: &RunData) -> Result<Option<Chart>> {
-    let pct = |a: Option<f64>| 100.0 * f(a);
+/// The step's headline metric per epoch, train and validation: accuracy in
+/// percent where the step reports it, else the first metric by name (`mae`).
+pub(crate) fn metric(run: &RunData) -> Result<Option<Chart>> {
+    let mut names: Vec<String> = run.epochs.iter().flat_map(|e| e.metric_names()).collect();
+    names.sort();
+    names.dedup();
+    let Some(name) = names
+        .iter()
+        .find(|n| *n == "accuracy")
+        .or_else(|| names.first())
+    else {
+        return Ok(None);
+    };
+    let accuracy = name == "accuracy";
+    let scale = if accuracy { 100.0 } else { 1.0 };
+    let points = |split: &'static str| {
+        run.epochs
+            .iter()
+            .map(move |e| (e.epoch as f64, scale * f(e.metric(split, name))))
+    };
     let series = vec![
-        Series::new("train accuracy", TRAIN, Mark::LineDots).points(
-            run.epochs
-                .iter()
-                .map(|e| (e.epoch as f64, pct(e.train_accuracy))),
-        ),
-        Series::new("test accuracy", TEST, Mark::LineDots).points(
-            run.epochs
-                .iter()
-                .map(|e| (e.epoch as f64, pct(e.test_accuracy))),
-        ),
+        Series::new(format!("train {name}"), TRAIN, Mark::LineDots).points(points("train")),
+        Series::new(format!("validation {name}"), TEST, Mark::LineDots).points(points("val")),
     ];
+    let y = if accuracy {
+        "accuracy (%)".to_string()
+    } else {
+        name.clone()
+    };
     let axes = Axes {
         x: "epoch",
         x_whole: true,
-        y: "accuracy (%)",
+        y: &y,
         y_from_zero: false,
-        y_max: Some(100.0),
+        y_max: accuracy.then_some(100.0),
         size: HALF,
     };
-    chart("accuracy", "Accuracy", axes, series)
+    if accuracy {
+        chart("accuracy", "Accuracy", axes, series)
+    } else {
+        chart("metric", name.clone(), axes, series)
+    }
 }
 
 /// Samples per second of each log window against seconds since training started.

@@ -8,7 +8,7 @@ mod breakdown;
 mod metrics;
 
 pub(crate) use breakdown::{pie, timeline};
-pub(crate) use metrics::{accuracy, device_charts, loss, throughput};
+pub(crate) use metrics::{device_charts, loss, metric, throughput};
 
 use std::ops::Range;
 
@@ -130,9 +130,9 @@ impl Series {
 
 /// Axis titles, the y range policy and the size of a line chart.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Axes {
-    pub x: &'static str,
-    pub y: &'static str,
+pub(crate) struct Axes<'a> {
+    pub x: &'a str,
+    pub y: &'a str,
     /// Start the y axis at zero (throughput, percentages) instead of the data.
     pub y_from_zero: bool,
     /// Fixed top of the y axis (100 for percentages).
@@ -255,7 +255,7 @@ pub(crate) fn whole_tick(v: f64) -> String {
 
 /// Plots `series` as lines on shared axes. Every series must have a point
 /// (callers drop empty ones and say so on the page instead).
-pub(crate) fn line_chart(name: &'static str, axes: Axes, series: &[Series]) -> Result<String> {
+pub(crate) fn line_chart(name: &'static str, axes: Axes<'_>, series: &[Series]) -> Result<String> {
     let err = Error::chart(name);
     let all = series.iter().flat_map(|s| s.points.iter());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);

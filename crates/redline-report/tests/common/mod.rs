@@ -111,7 +111,7 @@ pub fn write_run(dir: &Path, f: &Fixture) {
         let e = epoch as f64;
         let rec = json!({"kind": "epoch", "epoch": epoch,
             "train_loss": 0.30 + 0.55 / e, "train_accuracy": 0.985 - 0.16 / e,
-            "test_loss": 0.33 + 0.45 / e, "test_accuracy": 0.975 - 0.13 / e,
+            "val_loss": 0.33 + 0.45 / e, "val_accuracy": 0.975 - 0.13 / e,
             "epoch_s": EPOCH_S, "eval_s": 0.05, "steps": STEPS_PER_EPOCH, "samples": 60_000});
         writeln!(lines, "{rec}").unwrap();
     }
@@ -149,7 +149,7 @@ pub fn write_run(dir: &Path, f: &Fixture) {
     }
     if f.profile {
         let rows = [
-            ("forward", 0.22),
+            ("training_step", 0.22),
             ("backward", 0.41),
             ("optimizer", 0.12),
             ("data", 0.04),

@@ -1,0 +1,54 @@
+//! The examples run on small data: a user's own step, metric and callback.
+
+#[path = "../examples/custom_step.rs"]
+mod custom_step;
+
+use std::path::Path;
+
+use candle_core::{Device, Tensor};
+use redline_data::Batch;
+use redline_train::TrainStep;
+
+#[test]
+fn custom_step_trains_and_reports_its_own_metrics() -> anyhow::Result<()> {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fashion-mnist");
+    let metrics = custom_step::run(&data, 2, 2048)?;
+    let names: Vec<&str> = metrics.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["accuracy", "confidence"]);
+    let (acc, conf) = (metrics[0].1, metrics[1].1);
+    assert!(
+        acc > 0.5 && acc <= 1.0,
+        "2 epochs on 2048 images beat chance: {acc}"
+    );
+    // The top class's probability is at least 1/10 and below 1 with smoothing.
+    assert!(conf > 0.1 && conf < 1.0, "{conf}");
+    Ok(())
+}
+
+#[test]
+fn label_smoothing_of_equal_logits_is_log_classes() -> anyhow::Result<()> {
+    // Every class equally likely: smoothed or not, the loss is ln(C).
+    let model = redline_models::ModelConfig::Mlp(redline_models::MlpConfig {
+        in_features: 4,
+        hidden: vec![],
+        classes: 5,
+    })
+    .build(
+        &redline_core::Device::cpu(),
+        redline_core::Precision::Fp32,
+        0,
+    )?;
+    for (_, v) in model.params().iter() {
+        v.set(&v.as_tensor().zeros_like()?)?;
+    }
+    let step = custom_step::SmoothedClassifier::for_test(model, 0.1);
+    let batch = Batch {
+        x: Tensor::ones((3, 4), candle_core::DType::F32, &Device::Cpu)?,
+        y: Tensor::new(&[0u32, 3, 4], &Device::Cpu)?,
+        index: 0,
+    };
+    let out = step.training_step(&batch)?;
+    let loss = out.loss.to_scalar::<f32>()? as f64;
+    assert!((loss - 5f64.ln()).abs() < 1e-6, "{loss}");
+    Ok(())
+}

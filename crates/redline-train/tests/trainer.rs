@@ -1,0 +1,273 @@
+//! The trainer's own behaviour, each with a real short fit on small data:
+//! callback detachment, `max_steps` against `epochs`, validation and test
+//! passes, and a regression step trained end to end.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use candle_core::{DType, Tensor};
+use redline_core::{Device, Precision};
+use redline_data::{Loader, LoaderConfig, Split};
+use redline_models::{MlpConfig, ModelConfig};
+use redline_train::{
+    loss::cross_entropy, Callback, Classifier, Event, JsonlMetrics, OptimizerConfig,
+    RegressionLoss, Regressor, TrainConfig, Trainer,
+};
+
+type R = anyhow::Result<()>;
+
+/// `n` samples of 4 features: class 1 where the first feature is positive.
+fn classes(n: usize) -> anyhow::Result<Split> {
+    let x: Vec<f32> = (0..n * 4)
+        .map(|i| ((i * 7919) % 13) as f32 / 6.0 - 1.0)
+        .collect();
+    let y: Vec<u32> = (0..n).map(|i| u32::from(x[i * 4] > 0.0)).collect();
+    Ok(Split {
+        images: Tensor::from_vec(x, (n, 1, 2, 2), &candle_core::Device::Cpu)?,
+        labels: Tensor::from_vec(y, n, &candle_core::Device::Cpu)?,
+        classes: 2,
+        source: PathBuf::from("synthetic"),
+    })
+}
+
+fn loader(split: Split, batch_size: usize) -> anyhow::Result<Loader> {
+    Ok(Loader::new(
+        split,
+        LoaderConfig {
+            batch_size,
+            shuffle: false,
+            seed: 0,
+            prefetch: 0,
+            drop_last: false,
+        },
+    )?)
+}
+
+fn mlp(outputs: usize) -> anyhow::Result<Box<dyn redline_models::Model>> {
+    let cfg = ModelConfig::Mlp(MlpConfig {
+        in_features: 4,
+        hidden: vec![8],
+        classes: outputs,
+    });
+    Ok(cfg.build(&Device::cpu(), Precision::Fp32, 1)?)
+}
+
+fn cfg(epochs: usize, max_steps: Option<usize>) -> TrainConfig {
+    TrainConfig {
+        epochs,
+        max_steps,
+        log_every: 1,
+        validate: true,
+        empty_cache: false,
+    }
+}
+
+/// Records the events it sees; fails on the `fail_at`-th one when given.
+struct Recorder {
+    seen: Arc<Mutex<Vec<String>>>,
+    fail_at: Option<usize>,
+}
+
+impl Callback for Recorder {
+    fn name(&self) -> &str {
+        "recorder"
+    }
+    fn on_event(&mut self, e: &Event<'_>) -> Result<(), String> {
+        let mut seen = self.seen.lock().map_err(|e| e.to_string())?;
+        let tag = match e {
+            Event::FitStart { .. } => "fit_start".to_string(),
+            Event::EpochStart { epoch } => format!("epoch_start {epoch}"),
+            Event::StepEnd { step, .. } => format!("step {step}"),
+            Event::Log(s) => format!("log {}", s.step),
+            Event::ValidationStart { epoch } => format!("validation {epoch}"),
+            Event::EpochEnd(e) => format!("epoch_end {}", e.epoch),
+            Event::FitEnd(f) => format!("fit_end {}", f.steps),
+            Event::Test(t) => format!("test {}", t.samples),
+        };
+        seen.push(tag);
+        if self.fail_at == Some(seen.len()) {
+            return Err("deliberate failure".into());
+        }
+        Ok(())
+    }
+}
+
+fn recorder(fail_at: Option<usize>) -> (Box<Recorder>, Arc<Mutex<Vec<String>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    (
+        Box::new(Recorder {
+            seen: seen.clone(),
+            fail_at,
+        }),
+        seen,
+    )
+}
+
+#[test]
+fn a_failing_callback_is_detached_and_training_goes_on() -> R {
+    let (failing, failing_seen) = recorder(Some(3));
+    let (healthy, healthy_seen) = recorder(None);
+    let mut t = Trainer::builder()
+        .config(cfg(1, None))
+        .callback(failing)
+        .callback(healthy)
+        .build(Classifier::new(mlp(2)?), Device::cpu())?;
+    let fit = t.fit(&loader(classes(12)?, 4)?, None)?;
+    assert_eq!(fit.steps, 3);
+    let failing = failing_seen.lock().map_err(|e| anyhow::anyhow!("{e}"))?;
+    assert_eq!(*failing, ["fit_start", "epoch_start 1", "step 1"]);
+    let healthy = healthy_seen.lock().map_err(|e| anyhow::anyhow!("{e}"))?;
+    assert_eq!(healthy.last().map(String::as_str), Some("fit_end 3"));
+    assert_eq!(healthy.iter().filter(|s| s.starts_with("step ")).count(), 3);
+    Ok(())
+}
+
+#[test]
+fn max_steps_cuts_epochs_and_alone_sets_their_number() -> R {
+    // 10 samples in batches of 4: 3 steps an epoch.
+    let mut t = Trainer::builder()
+        .config(cfg(3, Some(5)))
+        .build(Classifier::new(mlp(2)?), Device::cpu())?;
+    let fit = t.fit(&loader(classes(10)?, 4)?, None)?;
+    assert_eq!((fit.steps, fit.epochs), (5, 2));
+    let steps: Vec<usize> = fit.epochs_log.iter().map(|e| e.steps).collect();
+    assert_eq!(steps, [3, 2]);
+    assert_eq!(fit.samples, 10 + 8);
+
+    let mut t = Trainer::builder()
+        .config(cfg(0, Some(7)))
+        .build(Classifier::new(mlp(2)?), Device::cpu())?;
+    let fit = t.fit(&loader(classes(10)?, 4)?, None)?;
+    assert_eq!((fit.steps, fit.epochs), (7, 3));
+
+    // Fewer steps than planned epochs would take: the epochs win.
+    let mut t = Trainer::builder()
+        .config(cfg(1, Some(100)))
+        .build(Classifier::new(mlp(2)?), Device::cpu())?;
+    assert_eq!(t.fit(&loader(classes(10)?, 4)?, None)?.steps, 3);
+    Ok(())
+}
+
+#[test]
+fn validation_is_the_mean_over_every_sample_and_test_is_reported() -> R {
+    let val = loader(classes(11)?, 4)?;
+    let (rec, seen) = recorder(None);
+    let dir = tempfile::tempdir()?;
+    let jsonl = dir.path().join("m.jsonl");
+    let mut t = Trainer::builder()
+        .config(cfg(1, None))
+        .callback(rec)
+        .callback(Box::new(JsonlMetrics::create(&jsonl)?))
+        .build(Classifier::new(mlp(2)?), Device::cpu())?;
+    let fit = t.fit(&loader(classes(16)?, 4)?, Some(&val))?;
+
+    // The same numbers by hand: every sample at once through the trained weights.
+    let split = classes(11)?;
+    let model = mlp(2)?;
+    model
+        .params()
+        .assign(&t.params().to_map(), std::path::Path::new("trained"))?;
+    let logits = model.forward(&split.images)?;
+    let loss = cross_entropy(&logits, &split.labels)?.to_scalar::<f32>()? as f64;
+    let hits = logits
+        .argmax(1)?
+        .eq(&split.labels)?
+        .to_dtype(DType::F32)?
+        .sum_all()?
+        .to_scalar::<f32>()? as f64;
+
+    let v = t.validate(&val)?;
+    assert_eq!(v.samples, 11);
+    assert!((v.loss - loss).abs() < 1e-6, "{} vs {loss}", v.loss);
+    assert_eq!(v.metrics.get("accuracy"), Some(hits / 11.0));
+    let last = fit.val.as_ref().map(|e| (e.loss, e.metrics.clone()));
+    assert_eq!(last, Some((v.loss, v.metrics.clone())));
+
+    let test = t.test(&val)?;
+    assert_eq!(test.metrics, v.metrics);
+    let seen = seen.lock().map_err(|e| anyhow::anyhow!("{e}"))?;
+    assert_eq!(seen.last().map(String::as_str), Some("test 11"));
+    drop(t);
+    let text = std::fs::read_to_string(&jsonl)?;
+    let records: Vec<serde_json::Value> = text
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    let epoch = records.iter().find(|r| r["kind"] == "epoch");
+    let test = records.iter().find(|r| r["kind"] == "test");
+    assert!(epoch.is_some_and(|e| e["val_accuracy"].is_number() && e["train_accuracy"].is_number()));
+    assert!(test.is_some_and(|t| t["test_accuracy"].as_f64() == Some(hits / 11.0)));
+    Ok(())
+}
+
+/// `y = 2 x0 - x1 + 0.5` with float targets, learned by the zoo MLP with one
+/// output through the ready regression step.
+fn linear_targets(n: usize) -> anyhow::Result<Split> {
+    let x: Vec<f32> = (0..n * 4)
+        .map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0)
+        .collect();
+    let y: Vec<f32> = (0..n)
+        .map(|i| 2.0 * x[i * 4] - x[i * 4 + 1] + 0.5)
+        .collect();
+    Ok(Split {
+        images: Tensor::from_vec(x, (n, 4), &candle_core::Device::Cpu)?,
+        labels: Tensor::from_vec(y, n, &candle_core::Device::Cpu)?,
+        classes: 0,
+        source: PathBuf::from("synthetic"),
+    })
+}
+
+#[test]
+fn a_regression_step_trains_with_mse_and_reports_mae() -> R {
+    let train = loader(linear_targets(64)?, 16)?;
+    let mut t = Trainer::builder()
+        .config(cfg(30, None))
+        .optimizer(OptimizerConfig::by_name("adam", 0.02)?)
+        .build(Regressor::new(mlp(1)?, RegressionLoss::Mse), Device::cpu())?;
+    let before = t.validate(&train)?;
+    let fit = t.fit(&train, Some(&train))?;
+    let after = fit
+        .val
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("no validation"))?;
+    let (mae0, mae1) = (before.metrics.get("mae"), after.metrics.get("mae"));
+    assert!(
+        after.loss < 0.1 * before.loss,
+        "{} -> {}",
+        before.loss,
+        after.loss
+    );
+    assert!(mae1 < mae0, "{mae0:?} -> {mae1:?}");
+    assert_eq!(fit.epochs_log[0].train.0.len(), 1, "train_mae only");
+    Ok(())
+}
+
+#[test]
+fn a_step_that_returns_a_non_scalar_loss_is_refused() -> R {
+    use redline_train::{StepOutput, TrainStep};
+    struct Bad(Box<dyn redline_models::Model>);
+    impl TrainStep for Bad {
+        fn params(&self) -> &redline_models::Params {
+            self.0.params()
+        }
+        fn training_step(&self, b: &redline_data::Batch) -> redline_train::Result<StepOutput> {
+            Ok(StepOutput {
+                loss: self.0.forward_t(&b.x, true)?,
+                samples: b.size(),
+                metrics: vec![],
+            })
+        }
+        fn validation_step(&self, b: &redline_data::Batch) -> redline_train::Result<StepOutput> {
+            self.training_step(b)
+        }
+    }
+    let mut t = Trainer::builder()
+        .config(cfg(1, None))
+        .build(Bad(mlp(2)?), Device::cpu())?;
+    let err = t
+        .fit(&loader(classes(8)?, 4)?, None)
+        .err()
+        .map(|e| e.to_string());
+    assert!(err.is_some_and(|e| e.contains("must be a scalar")));
+    Ok(())
+}

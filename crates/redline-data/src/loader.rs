@@ -481,10 +481,18 @@ mod tests {
 
     #[test]
     fn stopping_early_does_not_hang() -> Result<()> {
+        // The drop runs on another thread so that a hang fails the test (after
+        // 10 s) instead of stalling the whole test run.
         let l = Loader::new(split(100)?, cfg(true, 1))?;
-        let mut it = l.epoch(0);
-        assert!(it.next().is_some());
-        drop(it);
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut it = l.epoch(0);
+            let first = it.next().is_some();
+            drop(it);
+            let _ = done_tx.send(first);
+        });
+        let got = done_rx.recv_timeout(std::time::Duration::from_secs(10));
+        assert_eq!(got, Ok(true), "the epoch did not stop within 10 s");
         Ok(())
     }
 

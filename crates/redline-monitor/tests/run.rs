@@ -86,15 +86,48 @@ fn json_with_count_writes_one_row_per_sample() {
     assert_eq!(text.lines().count(), 1 + 2);
 }
 
+/// Set in the child process of [`run_prints_one_json_line_to_stdout`].
+const CHILD: &str = "REDLINE_MONITOR_STDOUT_CHILD";
+
 #[test]
-fn run_prints_to_stdout() {
-    // The real stdout (not captured by the test harness): one JSON line.
+fn run_prints_to_real_stdout_child() {
+    // Does the printing in a child process of the test below; on its own a no-op.
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
     let opts = MonitorOptions {
         once: true,
         json: true,
         ..MonitorOptions::default()
     };
     run(&opts).unwrap();
+}
+
+#[test]
+fn run_prints_one_json_line_to_stdout() {
+    // `run` writes to the process's real stdout, which the harness does not
+    // capture: this test binary runs the test above in a child and reads it.
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "run_prints_to_real_stdout_child",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let samples: Vec<Sample> = text
+        .lines()
+        // The harness's "test ... " may share the line: the record starts at `{`.
+        .filter_map(|l| l.find('{').map(|i| &l[i..]))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(samples.len(), 1, "{text}");
+    assert!(samples[0].host.memory_total > 0);
 }
 
 #[test]

@@ -66,6 +66,25 @@ fn the_callback_sees_every_sample_and_a_panicking_one_is_contained() {
 
 #[test]
 fn dropping_a_sampler_ends_its_thread() {
-    let sampler = Sampler::start(Duration::from_millis(50));
+    // The callback owns a clone of `alive`: only the sampling thread holds it,
+    // so the count falls back to 1 exactly when that thread has ended, and no
+    // sample is taken after the drop returns.
+    let alive = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let in_thread = alive.clone();
+    let sampler = Sampler::start_with(
+        Duration::from_millis(20),
+        Box::new(move |_| {
+            in_thread.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }),
+    );
+    wait_for(|| alive.load(std::sync::atomic::Ordering::SeqCst) > 0);
     drop(sampler);
+    assert_eq!(
+        std::sync::Arc::strong_count(&alive),
+        1,
+        "thread still alive"
+    );
+    let taken = alive.load(std::sync::atomic::Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(alive.load(std::sync::atomic::Ordering::SeqCst), taken);
 }

@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 
 use candle_core::{DType, Device, Tensor};
-use redline_core::host;
+use redline_core::host::HostReads;
 
 use crate::error::{Error, Result};
 use crate::events::MetricValues;
@@ -101,7 +101,7 @@ impl Running {
 
     /// Reads the mean loss and every metric back in one host sync (NaN for
     /// an empty window).
-    pub fn read(&self) -> Result<Means> {
+    pub fn read(&self, reads: &HostReads) -> Result<Means> {
         if self.samples == 0 {
             return Ok(Means {
                 loss: f64::NAN,
@@ -111,7 +111,7 @@ impl Running {
         let sums: Vec<&Tensor> = std::iter::once(&self.loss_sum)
             .chain(self.metrics.iter().map(|s| &s.sum))
             .collect();
-        let all = host::vec::<f32>(&Tensor::stack(&sums, 0)?)?;
+        let all = reads.vec::<f32>(&Tensor::stack(&sums, 0)?)?;
         let metrics = self
             .metrics
             .iter()
@@ -125,11 +125,11 @@ impl Running {
     }
 
     /// Reads only the mean loss (one host sync).
-    pub fn read_loss(&self) -> Result<f64> {
+    pub fn read_loss(&self, reads: &HostReads) -> Result<f64> {
         if self.samples == 0 {
             return Ok(f64::NAN);
         }
-        Ok(host::scalar::<f32>(&self.loss_sum)? as f64 / self.samples as f64)
+        Ok(reads.scalar::<f32>(&self.loss_sum)? as f64 / self.samples as f64)
     }
 }
 
@@ -152,11 +152,13 @@ mod tests {
         };
         r.add(&scalar(6.0)?, 4, &m(3.0, 4.0)?)?;
         r.add(&scalar(2.0)?, 2, &m(1.0, 2.0)?)?;
-        let got = r.read()?;
+        let reads = HostReads::new();
+        let got = r.read(&reads)?;
         assert_eq!(got.loss, 8.0 / 6.0);
         assert_eq!(got.metrics.get("accuracy"), Some(4.0 / 6.0));
         assert_eq!(got.metrics.get("mae"), Some(8.0 / 24.0));
-        assert_eq!(r.read_loss()?, 8.0 / 6.0);
+        assert_eq!(r.read_loss(&reads)?, 8.0 / 6.0);
+        assert_eq!(reads.count(), 2, "one sync per read, all sums at once");
         Ok(())
     }
 
@@ -175,7 +177,9 @@ mod tests {
     #[test]
     fn an_empty_window_reads_nan() -> Result<()> {
         let r = Running::new(&Device::Cpu)?;
-        assert!(r.read()?.loss.is_nan() && r.read_loss()?.is_nan());
+        let reads = HostReads::new();
+        assert!(r.read(&reads)?.loss.is_nan() && r.read_loss(&reads)?.is_nan());
+        assert_eq!(reads.count(), 0, "nothing to read, no sync");
         Ok(())
     }
 }

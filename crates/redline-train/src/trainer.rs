@@ -3,7 +3,8 @@
 
 use std::time::Instant;
 
-use redline_core::{host, Device};
+use redline_core::host::HostReads;
+use redline_core::Device;
 use redline_data::Loader;
 use redline_models::Params;
 use redline_profile::{Action, Mode, Profile, Profiler};
@@ -127,6 +128,7 @@ impl TrainerBuilder {
             model_name: self.model_name,
             profile_mode: self.profiler,
             profiler: None,
+            reads: HostReads::new(),
         })
     }
 }
@@ -143,6 +145,8 @@ pub struct Trainer {
     /// The last fit's profiler, kept running (paused) so that work after the fit,
     /// such as saving weights, is profiled too; see [`Trainer::finish_profile`].
     profiler: Option<Profiler>,
+    /// This trainer's reads of tensors to the host (`host_syncs_per_step`).
+    reads: HostReads,
 }
 
 impl Trainer {
@@ -235,7 +239,7 @@ impl Trainer {
         prof: &mut Profiler,
     ) -> Result<FitSummary> {
         let fit_start = Instant::now();
-        let reads_before = host::host_reads();
+        let reads_before = self.reads.count();
         let steps_per_epoch = train.batches_per_epoch();
         let planned = steps_per_epoch * self.cfg.epochs;
         let total_steps = self.cfg.max_steps.map_or(planned, |m| {
@@ -316,7 +320,7 @@ impl Trainer {
                 }
             }
             prof.switch(Action::HostSync);
-            let train = epoch_sums.read()?;
+            let train = epoch_sums.read(&self.reads)?;
             let epoch_s = epoch_start.elapsed().as_secs_f64();
             check_finite(train.loss, step, epoch, self.optimizer.lr())?;
             train_s += epoch_s;
@@ -362,7 +366,7 @@ impl Trainer {
                 0.0
             },
             val: logs.last().and_then(|l| l.val.clone()),
-            host_syncs_per_step: (host::host_reads() - reads_before) as f64 / step.max(1) as f64,
+            host_syncs_per_step: (self.reads.count() - reads_before) as f64 / step.max(1) as f64,
             epochs_log: logs,
         };
         prof.switch(Action::Logging);
@@ -378,7 +382,7 @@ impl Trainer {
         window_start: Instant,
         fit_start: Instant,
     ) -> Result<StepLog> {
-        let loss = window.read_loss()?;
+        let loss = window.read_loss(&self.reads)?;
         check_finite(loss, step, epoch, self.optimizer.lr())?;
         let secs = window_start.elapsed().as_secs_f64();
         Ok(StepLog {
@@ -426,7 +430,7 @@ impl Trainer {
             let loss_sum = batch_loss_sum(&out.loss, out.samples)?;
             sums.add(&loss_sum, out.samples, &out.metrics)?;
         }
-        let means = sums.read()?;
+        let means = sums.read(&self.reads)?;
         Ok(EvalResult {
             loss: means.loss,
             metrics: means.metrics,

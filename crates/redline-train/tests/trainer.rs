@@ -271,3 +271,28 @@ fn a_step_that_returns_a_non_scalar_loss_is_refused() -> R {
     assert!(err.is_some_and(|e| e.contains("must be a scalar")));
     Ok(())
 }
+
+#[test]
+fn each_trainer_counts_its_own_host_syncs() -> R {
+    // Two fits at once: 3 steps, a log point each (3 reads) and an epoch end
+    // (1 read) give exactly 4/3 syncs a step to each, whatever the other does.
+    let fit = || -> anyhow::Result<f64> {
+        let mut t = Trainer::builder()
+            .config(TrainConfig {
+                validate: false,
+                ..cfg(1, None)
+            })
+            .build(Classifier::new(mlp(2)?), Device::cpu())?;
+        Ok(t.fit(&loader(classes(12)?, 4)?, None)?.host_syncs_per_step)
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(fit);
+        let b = s.spawn(fit);
+        (a.join(), b.join())
+    });
+    for got in [a, b] {
+        let got = got.map_err(|_| anyhow::anyhow!("fit panicked"))??;
+        assert_eq!(got, 4.0 / 3.0);
+    }
+    Ok(())
+}

@@ -18,6 +18,7 @@ use candle_core::{DType, Tensor, D};
 use redline_core::{Device, Precision};
 use redline_data::{Batch, Loader, LoaderConfig, Normalize, Split, SplitKind};
 use redline_models::{Model, ModelConfig, Params};
+use redline_train::step::output;
 use redline_train::{Callback, Event, Metric, StepOutput, TrainStep, Trainer};
 
 /// The user's step: a model and a smoothing factor.
@@ -73,10 +74,10 @@ impl TrainStep for SmoothedClassifier {
         self.model.params()
     }
     fn training_step(&self, batch: &Batch) -> redline_train::Result<StepOutput> {
-        self.outputs(&self.model.forward_t(&batch.x, true)?, batch)
+        self.outputs(&output(&self.model, batch, true)?, batch)
     }
     fn validation_step(&self, batch: &Batch) -> redline_train::Result<StepOutput> {
-        self.outputs(&self.model.forward_t(&batch.x, false)?.detach(), batch)
+        self.outputs(&output(&self.model, batch, false)?, batch)
     }
 }
 

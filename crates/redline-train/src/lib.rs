@@ -20,7 +20,7 @@ mod trainer;
 
 pub use error::{Error, Result};
 pub use events::{Callback, EpochLog, EvalResult, Event, FitSummary, MetricValues, StepLog};
-pub use metrics::{epoch_record, eval_fields, step_record, test_record, JsonlMetrics};
+pub use metrics::{epoch_record, prefixed, step_record, test_record, JsonlMetrics};
 pub use optim::{Optimizer, OptimizerConfig};
 pub use redline_profile::{Mode as ProfilerMode, Profile};
 pub use step::{Classifier, Metric, RegressionLoss, Regressor, StepOutput, TrainStep};

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use crate::error::{Error, Result};
-use crate::events::{Callback, EpochLog, EvalResult, Event, StepLog};
+use crate::events::{Callback, EpochLog, EvalResult, Event, MetricValues, StepLog};
 
 /// Writes metrics as JSON lines.
 pub struct JsonlMetrics {
@@ -58,53 +58,61 @@ pub fn step_record(s: &StepLog) -> serde_json::Value {
     })
 }
 
+/// `{prefix}loss` and `{prefix}{name}` for each of the step's metrics: the
+/// one key scheme of records (`train_`, `val_`, `test_`), `summary.json` and
+/// TensorBoard tags (`val/`, `test/`, `epoch/train_`).
+pub fn prefixed(prefix: &str, loss: f64, metrics: &MetricValues) -> Vec<(String, f64)> {
+    std::iter::once((format!("{prefix}loss"), loss))
+        .chain(
+            metrics
+                .iter()
+                .map(|(name, v)| (format!("{prefix}{name}"), v)),
+        )
+        .collect()
+}
+
+/// A record: `kind`, the `fields` (NaN as null) and the `extra` values.
+fn record<const N: usize>(
+    kind: &str,
+    fields: Vec<(String, f64)>,
+    extra: [(&str, serde_json::Value); N],
+) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    m.insert("kind".into(), json!(kind));
+    m.extend(fields.into_iter().map(|(k, v)| (k, num(v))));
+    m.extend(extra.map(|(k, v)| (k.to_string(), v)));
+    serde_json::Value::Object(m)
+}
+
 /// The `{"kind":"epoch",...}` record of an epoch end: `train_loss` and
 /// `train_<metric>` for each of the step's metrics, `val_loss` and
 /// `val_<metric>` when the epoch was validated, then timings and counts.
 pub fn epoch_record(e: &EpochLog) -> serde_json::Value {
-    let mut m = serde_json::Map::new();
-    m.insert("kind".into(), json!("epoch"));
-    m.insert("epoch".into(), json!(e.epoch));
-    m.insert("train_loss".into(), num(e.train_loss));
-    for (name, v) in e.train.iter() {
-        m.insert(format!("train_{name}"), num(v));
-    }
+    let mut fields = prefixed("train_", e.train_loss, &e.train);
     if let Some(val) = &e.val {
-        m.insert("val_loss".into(), num(val.loss));
-        for (name, v) in val.metrics.iter() {
-            m.insert(format!("val_{name}"), num(v));
-        }
+        fields.extend(prefixed("val_", val.loss, &val.metrics));
     }
-    m.insert("epoch_s".into(), json!(e.epoch_s));
-    m.insert("eval_s".into(), json!(e.eval_s));
-    m.insert("steps".into(), json!(e.steps));
-    m.insert("samples".into(), json!(e.samples));
-    serde_json::Value::Object(m)
+    record(
+        "epoch",
+        fields,
+        [
+            ("epoch", json!(e.epoch)),
+            ("epoch_s", json!(e.epoch_s)),
+            ("eval_s", json!(e.eval_s)),
+            ("steps", json!(e.steps)),
+            ("samples", json!(e.samples)),
+        ],
+    )
 }
 
 /// The `{"kind":"test",...}` record of a test pass: `test_loss`,
 /// `test_<metric>` for each metric, samples and seconds.
 pub fn test_record(t: &EvalResult) -> serde_json::Value {
-    let mut m = serde_json::Map::new();
-    m.insert("kind".into(), json!("test"));
-    for (k, v) in eval_fields("test", t) {
-        m.insert(k, v);
-    }
-    m.insert("samples".into(), json!(t.samples));
-    m.insert("eval_s".into(), json!(t.seconds));
-    serde_json::Value::Object(m)
-}
-
-/// `<prefix>_loss` and `<prefix>_<metric>` of an evaluation pass, as JSON
-/// numbers (null for NaN): the keys of test records and of `summary.json`.
-pub fn eval_fields(prefix: &str, r: &EvalResult) -> Vec<(String, serde_json::Value)> {
-    std::iter::once((format!("{prefix}_loss"), num(r.loss)))
-        .chain(
-            r.metrics
-                .iter()
-                .map(|(name, v)| (format!("{prefix}_{name}"), num(v))),
-        )
-        .collect()
+    record(
+        "test",
+        prefixed("test_", t.loss, &t.metrics),
+        [("samples", json!(t.samples)), ("eval_s", json!(t.seconds))],
+    )
 }
 
 impl Callback for JsonlMetrics {

@@ -59,17 +59,18 @@ impl Running {
     pub fn add(&mut self, loss_sum: &Tensor, samples: usize, metrics: &[Metric]) -> Result<()> {
         self.add_loss(loss_sum, samples)?;
         if self.metrics.is_empty() {
+            // The first batch names the metrics; every later one must match.
             self.metrics = metrics
                 .iter()
                 .map(|m| {
+                    let zero = Tensor::zeros((), DType::F32, m.sum.device())?;
                     Ok(Sum {
                         name: m.name.clone(),
-                        sum: m.sum.detach().to_dtype(DType::F32)?,
-                        count: m.count,
+                        sum: zero,
+                        count: 0.0,
                     })
                 })
                 .collect::<Result<_>>()?;
-            return Ok(());
         }
         let names = |it: &mut dyn Iterator<Item = &str>| it.collect::<Vec<_>>().join(", ");
         if metrics.len() != self.metrics.len()

@@ -85,6 +85,14 @@ impl<S: TrainStep + ?Sized> TrainStep for Box<S> {
     }
 }
 
+/// The model's output for a batch: in training mode and tracked for
+/// backward (`train`), or in eval mode and detached, as validation and test
+/// passes need it. The ready steps use it; a step of your own can too.
+pub fn output<M: Model + ?Sized>(model: &M, batch: &Batch, train: bool) -> Result<Tensor> {
+    let y = model.forward_t(&batch.x, train)?;
+    Ok(if train { y } else { y.detach() })
+}
+
 /// Classification: `model(x)` gives logits `(B, classes)`, targets are class
 /// ids `(B,)` u32; loss is mean cross-entropy (PyTorch's `F.cross_entropy`),
 /// the metric is top-1 `accuracy`.
@@ -135,11 +143,11 @@ impl<M: Model> TrainStep for Classifier<M> {
     }
 
     fn training_step(&self, batch: &Batch) -> Result<StepOutput> {
-        Self::outputs(&self.model.forward_t(&batch.x, true)?, batch)
+        Self::outputs(&output(&self.model, batch, true)?, batch)
     }
 
     fn validation_step(&self, batch: &Batch) -> Result<StepOutput> {
-        Self::outputs(&self.model.forward_t(&batch.x, false)?.detach(), batch)
+        Self::outputs(&output(&self.model, batch, false)?, batch)
     }
 }
 
@@ -223,11 +231,11 @@ impl<M: Model> TrainStep for Regressor<M> {
     }
 
     fn training_step(&self, batch: &Batch) -> Result<StepOutput> {
-        self.outputs(&self.model.forward_t(&batch.x, true)?, batch)
+        self.outputs(&output(&self.model, batch, true)?, batch)
     }
 
     fn validation_step(&self, batch: &Batch) -> Result<StepOutput> {
-        self.outputs(&self.model.forward_t(&batch.x, false)?.detach(), batch)
+        self.outputs(&output(&self.model, batch, false)?, batch)
     }
 }
 

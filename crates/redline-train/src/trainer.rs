@@ -222,14 +222,21 @@ impl Trainer {
 
     /// Saves the model's weights (safetensors, PyTorch names), profiled as checkpointing.
     pub fn save_weights(&mut self, path: &std::path::Path) -> Result<()> {
+        self.after_fit(Action::Checkpointing, |t| {
+            Ok(t.module.params().save_safetensors(path)?)
+        })
+    }
+
+    /// Runs `f` after a fit, timed as `action` by the fit's (paused) profiler.
+    fn after_fit<T>(&mut self, action: Action, f: impl FnOnce(&Self) -> Result<T>) -> Result<T> {
         if let Some(p) = &mut self.profiler {
-            p.switch(Action::Checkpointing);
+            p.switch(action);
         }
-        let saved = self.module.params().save_safetensors(path);
+        let result = f(self);
         if let Some(p) = &mut self.profiler {
             p.pause();
         }
-        Ok(saved?)
+        result
     }
 
     fn fit_profiled(
@@ -410,14 +417,7 @@ impl Trainer {
     /// callbacks as [`Event::Test`]: `test_*` in the records.
     /// After a fit, the pass is profiled (as validation) by the fit's profiler.
     pub fn test(&mut self, loader: &Loader) -> Result<EvalResult> {
-        if let Some(p) = &mut self.profiler {
-            p.switch(Action::Validation);
-        }
-        let result = self.validate(loader);
-        if let Some(p) = &mut self.profiler {
-            p.pause();
-        }
-        let result = result?;
+        let result = self.after_fit(Action::Validation, |t| t.validate(loader))?;
         self.emit(&Event::Test(&result));
         Ok(result)
     }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{bail, Context};
 use redline_monitor::{Sample, SampleCallback};
 use redline_tensorboard::EventWriter;
-use redline_train::{epoch_record, step_record, test_record, Callback, Event};
+use redline_train::{epoch_record, prefixed, step_record, test_record, Callback, Event};
 
 use crate::csv_log::CsvLog;
 use serde_json::{json, Value};
@@ -205,26 +205,18 @@ impl Callback for RunLog {
             Event::EpochEnd(e) => self.with(|w| {
                 let step = self.step.load(Ordering::Relaxed);
                 w.line(&epoch_record(e), Some(step))?;
-                let mut scalars = vec![
-                    ("epoch/train_loss".to_string(), e.train_loss),
-                    (
-                        "epoch/samples_per_s".to_string(),
-                        e.samples as f64 / e.epoch_s.max(1e-9),
-                    ),
-                ];
-                scalars.extend(e.train.iter().map(|(n, v)| (format!("epoch/train_{n}"), v)));
+                let mut scalars = prefixed("epoch/train_", e.train_loss, &e.train);
+                let per_s = e.samples as f64 / e.epoch_s.max(1e-9);
+                scalars.push(("epoch/samples_per_s".into(), per_s));
                 if let Some(val) = &e.val {
-                    scalars.push(("val/loss".into(), val.loss));
-                    scalars.extend(val.metrics.iter().map(|(n, v)| (format!("val/{n}"), v)));
+                    scalars.extend(prefixed("val/", val.loss, &val.metrics));
                 }
                 add_scalars(w, step, &scalars)
             }),
             Event::Test(t) => self.with(|w| {
                 let step = self.step.load(Ordering::Relaxed);
                 w.line(&test_record(t), Some(step))?;
-                let mut scalars = vec![("test/loss".to_string(), t.loss)];
-                scalars.extend(t.metrics.iter().map(|(n, v)| (format!("test/{n}"), v)));
-                add_scalars(w, step, &scalars)
+                add_scalars(w, step, &prefixed("test/", t.loss, &t.metrics))
             }),
             Event::FitEnd(_) => self.with(|w| w.tb.flush().map_err(|e| e.to_string())),
             _ => Ok(()),

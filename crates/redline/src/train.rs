@@ -11,7 +11,7 @@ use redline_data::{
 use redline_models::ModelConfig;
 use redline_monitor::Sampler;
 use redline_profile::{Mode, Profile};
-use redline_train::metrics::{eval_fields, num};
+use redline_train::metrics::{num, prefixed};
 use redline_train::{
     Classifier, EvalResult, FitSummary, JsonlMetrics, OptimizerConfig, TrainConfig, Trainer,
 };
@@ -216,16 +216,15 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         builder = builder.callback(Box::new(JsonlMetrics::create(path)?));
     }
     let mut trainer = builder.build(Classifier::new(model), device)?;
-    let fit = trainer.fit(&train_loader, test_loader.as_ref());
     // Lightning's `trainer.test` after `fit`: the test split, reported as test_*.
-    let tested = match (&fit, &test_loader) {
-        (Ok(_), Some(t)) => Some(trainer.test(t)),
-        _ => None,
-    };
-    let fit = match (fit, tested) {
-        (Ok(_), Some(Err(e))) => Err(e),
-        (fit, tested) => fit.map(|f| (f, tested.and_then(Result::ok))),
-    };
+    let fit = trainer
+        .fit(&train_loader, test_loader.as_ref())
+        .and_then(|f| {
+            Ok((
+                f,
+                test_loader.as_ref().map(|t| trainer.test(t)).transpose()?,
+            ))
+        });
     let saved = match (&fit, &args.save) {
         (Ok(_), Some(path)) => Some(trainer.save_weights(path).context("--save").map(|()| path)),
         _ => None,
@@ -300,10 +299,14 @@ fn finish<T>(
         m.insert("error".into(), error);
         m.insert("system_samples".into(), json!(samples));
         if let Some((f, test)) = fit {
-            let evals = f.val.iter().flat_map(|v| eval_fields("val", v));
-            for (k, v) in evals.chain(test.into_iter().flat_map(|t| eval_fields("test", t))) {
-                m.insert(k, v);
-            }
+            let evals = f
+                .val
+                .iter()
+                .flat_map(|v| prefixed("val_", v.loss, &v.metrics));
+            let tests = test
+                .into_iter()
+                .flat_map(|t| prefixed("test_", t.loss, &t.metrics));
+            m.extend(evals.chain(tests).map(|(k, v)| (k, num(v))));
             for (k, v) in [
                 ("epochs", json!(f.epochs)),
                 ("steps", json!(f.steps)),

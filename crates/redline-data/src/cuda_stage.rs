@@ -7,24 +7,36 @@ use candle_core::cuda_backend::cudarc::driver::{CudaStream, PinnedHostSlice};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, Storage, Tensor};
 
+use crate::dataset::{batch_shape, row, Dataset, TargetKind, TargetsMut};
 use crate::error::{Error, Result};
-use crate::stage::{Fence, HostData, Stage};
+use crate::stage::{Fence, Stage};
 
 fn cuda(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Candle(candle_core::Error::Msg(format!("CUDA {what}: {e:?}")))
+}
+
+/// A slot's pinned target buffer, typed as the data set's targets.
+enum PinnedTargets {
+    Classes(PinnedHostSlice<u32>),
+    Values(PinnedHostSlice<f32>),
 }
 
 /// Pinned staging slots and an asynchronous copy stream.
 pub struct PinnedStage {
     device: CudaDevice,
     copy: Arc<CudaStream>,
-    slots: Vec<(PinnedHostSlice<f32>, PinnedHostSlice<u32>)>,
+    slots: Vec<(PinnedHostSlice<f32>, PinnedTargets)>,
     batch: usize,
 }
 
 impl PinnedStage {
     /// `slots` pinned buffers of `batch` samples for `device`.
-    pub fn new(device: &CudaDevice, data: &HostData, batch: usize, slots: usize) -> Result<Self> {
+    pub fn new(
+        device: &CudaDevice,
+        data: &dyn Dataset,
+        batch: usize,
+        slots: usize,
+    ) -> Result<Self> {
         let ctx = device.cuda_stream().context().clone();
         let copy = ctx.new_stream().map_err(|e| cuda("copy stream", e))?;
         let mut bufs = Vec::with_capacity(slots.max(1));
@@ -32,10 +44,18 @@ impl PinnedStage {
             // SAFETY: every element is written by `gather` before it is copied
             // (the tail of a partial batch is copied but never read: the tensor
             // is narrowed to the batch).
-            let x = unsafe { ctx.alloc_pinned::<f32>(batch * data.row()) }
+            let x = unsafe { ctx.alloc_pinned::<f32>(batch * row(data)) }
                 .map_err(|e| cuda("pinned allocation", e))?;
-            let y = unsafe { ctx.alloc_pinned::<u32>(batch) }
-                .map_err(|e| cuda("pinned allocation", e))?;
+            let y = match data.target() {
+                TargetKind::Classes(_) => PinnedTargets::Classes(
+                    unsafe { ctx.alloc_pinned::<u32>(batch) }
+                        .map_err(|e| cuda("pinned allocation", e))?,
+                ),
+                TargetKind::Values(w) => PinnedTargets::Values(
+                    unsafe { ctx.alloc_pinned::<f32>(batch * w) }
+                        .map_err(|e| cuda("pinned allocation", e))?,
+                ),
+            };
             bufs.push((x, y));
         }
         Ok(Self {
@@ -60,7 +80,7 @@ impl Stage for PinnedStage {
     fn stage(
         &mut self,
         slot: usize,
-        data: &HostData,
+        data: &dyn Dataset,
         idx: &[u32],
     ) -> Result<(Tensor, Tensor, Fence)> {
         let n = self.slots.len();
@@ -68,25 +88,43 @@ impl Stage for PinnedStage {
         {
             // Waits (sleeping) for this slot's previous copy to finish.
             let x = hx.as_mut_slice().map_err(|e| cuda("pinned slot", e))?;
-            let y = hy.as_mut_slice().map_err(|e| cuda("pinned slot", e))?;
+            let y = match hy {
+                PinnedTargets::Classes(v) => {
+                    TargetsMut::Classes(v.as_mut_slice().map_err(|e| cuda("pinned slot", e))?)
+                }
+                PinnedTargets::Values(v) => {
+                    TargetsMut::Values(v.as_mut_slice().map_err(|e| cuda("pinned slot", e))?)
+                }
+            };
             data.gather(idx, x, y)?;
         }
-        let (full_x, full_y) = (hx.len(), hy.len());
         // SAFETY: the copies below write every element before any use.
-        let mut dx = unsafe { self.copy.alloc::<f32>(full_x) }.map_err(|e| cuda("alloc", e))?;
-        let mut dy = unsafe { self.copy.alloc::<u32>(full_y) }.map_err(|e| cuda("alloc", e))?;
+        let mut dx = unsafe { self.copy.alloc::<f32>(hx.len()) }.map_err(|e| cuda("alloc", e))?;
         self.copy
             .memcpy_htod(&*hx, &mut dx)
             .map_err(|e| cuda("copy", e))?;
-        self.copy
-            .memcpy_htod(&*hy, &mut dy)
-            .map_err(|e| cuda("copy", e))?;
-        let event = self.copy.record_event(None).map_err(|e| cuda("event", e))?;
+        let kind = data.target();
+        let y_full = kind.batch_shape(self.batch);
         let b = idx.len();
+        let y = match hy {
+            PinnedTargets::Classes(h) => {
+                // SAFETY: as above.
+                let mut d = unsafe { self.copy.alloc::<u32>(h.len()) }.map_err(|e| cuda("alloc", e))?;
+                self.copy.memcpy_htod(&*h, &mut d).map_err(|e| cuda("copy", e))?;
+                self.wrap(d, y_full)
+            }
+            PinnedTargets::Values(h) => {
+                // SAFETY: as above.
+                let mut d = unsafe { self.copy.alloc::<f32>(h.len()) }.map_err(|e| cuda("alloc", e))?;
+                self.copy.memcpy_htod(&*h, &mut d).map_err(|e| cuda("copy", e))?;
+                self.wrap(d, y_full)
+            }
+        }
+        .narrow(0, 0, b)?;
+        let event = self.copy.record_event(None).map_err(|e| cuda("event", e))?;
         let x = self
-            .wrap(dx, data.batch_shape(self.batch))
+            .wrap(dx, batch_shape(data, self.batch))
             .narrow(0, 0, b)?;
-        let y = self.wrap(dy, vec![self.batch]).narrow(0, 0, b)?;
         Ok((
             x,
             y,

@@ -1,21 +1,34 @@
 //! Redline data: datasets and the loader that feeds the trainer.
 //!
 //! * [`idx`]: a strict reader for the IDX format of the MNIST family (gzip or raw).
-//! * [`mnist`]: an MNIST-format folder as two normalised device tensors per split.
+//! * [`dataset`]: the `Dataset` trait, typed targets, and host-memory data.
+//! * [`split`]: a whole data set as two tensors on a device.
+//! * [`mnist`]: an MNIST-format folder, normalised.
+//! * [`source`]: `--data PATH`: format detection, task, hold-out; [`cifar`], [`table`] (CSV), [`arrays`] (npz, safetensors, npy).
 //! * [`loader`]: seeded per-epoch shuffling, device-resident or streamed batches, background prefetch.
 //! * [`place`]: the `--data-on-device` policy (resident when the split fits a memory budget).
 //! * [`stage`]: staging buffers for streaming (pinned memory and async copies on GPUs).
 
+pub mod arrays;
+pub mod cifar;
 #[cfg(feature = "cuda")]
 mod cuda_stage;
+pub mod dataset;
 mod error;
 pub mod idx;
 pub mod loader;
 pub mod mnist;
 pub mod place;
+pub mod source;
+pub mod split;
 pub mod stage;
+pub mod table;
 
+pub use dataset::{Dataset, HostData, TargetKind, Targets, TargetsMut};
 pub use error::{Error, Result};
 pub use loader::{Batch, Loader, LoaderConfig};
-pub use mnist::{Normalize, Split, SplitKind};
+pub use mnist::{Normalize, SplitKind};
+pub use source::{prepare, DataOptions, Format, Prepared, Task};
+pub use split::Split;
+pub use table::TargetColumn;
 pub use place::{place, DataOnDevice, Placement};

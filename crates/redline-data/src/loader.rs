@@ -21,10 +21,11 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use crate::dataset::{Dataset, HostData, TargetKind};
 use crate::error::{Error, Result};
-use crate::mnist::Split;
 use crate::place::Placement;
-use crate::stage::{stage_for, Fence, HostData, Stage, StagePool};
+use crate::split::Split;
+use crate::stage::{stage_for, Fence, Stage, StagePool};
 
 /// How batches are drawn from a split.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,12 +55,20 @@ impl Default for LoaderConfig {
     }
 }
 
+/// Refuses settings no loader can work with.
+fn check(cfg: &LoaderConfig) -> Result<()> {
+    if cfg.batch_size == 0 {
+        return Err(Error::Config("batch size must be at least 1".into()));
+    }
+    Ok(())
+}
+
 /// One batch, on the device the loader feeds.
 #[derive(Debug, Clone)]
 pub struct Batch {
-    /// Inputs, `(B, 1, H, W)`.
+    /// Inputs, `(B, ...)` f32, e.g. images `(B, C, H, W)`.
     pub x: Tensor,
-    /// Class indices, `(B,)` u32.
+    /// Targets: class ids `(B,)` u32, or values `(B,)` / `(B, W)` f32.
     pub y: Tensor,
     /// Position of this batch within its epoch (0-based).
     pub index: usize,
@@ -68,7 +77,7 @@ pub struct Batch {
 impl Batch {
     /// Number of samples in the batch.
     pub fn size(&self) -> usize {
-        self.y.dims().first().copied().unwrap_or(0)
+        self.x.dims().first().copied().unwrap_or(0)
     }
 }
 
@@ -76,19 +85,18 @@ impl Batch {
 #[derive(Clone)]
 enum Feed {
     /// The split's tensors are on the target device.
-    Resident,
-    /// Host copies of the split, streamed to `device` through pooled stages.
+    Resident(Split),
+    /// A data set in host memory, streamed to `device` through pooled stages.
     Streaming {
-        host: Arc<HostData>,
+        host: Arc<dyn Dataset>,
         device: Device,
         stages: StagePool,
     },
 }
 
-/// Draws batches from one split.
+/// Draws batches from one data set.
 #[derive(Clone)]
 pub struct Loader {
-    split: Split,
     cfg: LoaderConfig,
     feed: Feed,
 }
@@ -96,7 +104,7 @@ pub struct Loader {
 impl std::fmt::Debug for Loader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Loader")
-            .field("samples", &self.split.len())
+            .field("samples", &self.len())
             .field("cfg", &self.cfg)
             .field("placement", &self.placement())
             .finish()
@@ -107,28 +115,31 @@ impl Loader {
     /// A device-resident loader: batches are gathered from `split` on the
     /// device its tensors live on. Refuses a zero batch size.
     pub fn new(split: Split, cfg: LoaderConfig) -> Result<Self> {
-        if cfg.batch_size == 0 {
-            return Err(Error::Config("batch size must be at least 1".into()));
-        }
+        check(&cfg)?;
         Ok(Self {
-            split,
             cfg,
-            feed: Feed::Resident,
+            feed: Feed::Resident(split),
         })
     }
 
-    /// A streaming loader: `split` stays in host memory and each batch is
-    /// gathered into a staging slot and copied to `device` (pinned memory and
-    /// an asynchronous copy on GPUs).
+    /// A streaming loader over any data set: each batch is gathered into a
+    /// staging slot and copied to `device` (pinned memory and an asynchronous
+    /// copy on GPUs).
+    pub fn from_dataset(data: Arc<dyn Dataset>, device: &Device, cfg: LoaderConfig) -> Result<Self> {
+        check(&cfg)?;
+        Ok(Self {
+            cfg,
+            feed: Feed::Streaming {
+                host: data,
+                device: device.clone(),
+                stages: Arc::new(Mutex::new(Vec::new())),
+            },
+        })
+    }
+
+    /// A streaming loader over a split's samples (copied to host memory once).
     pub fn streaming(split: Split, device: &Device, cfg: LoaderConfig) -> Result<Self> {
-        let host = Arc::new(HostData::from_split(&split)?);
-        let mut l = Self::new(split, cfg)?;
-        l.feed = Feed::Streaming {
-            host,
-            device: device.clone(),
-            stages: Arc::new(Mutex::new(Vec::new())),
-        };
-        Ok(l)
+        Self::from_dataset(Arc::new(split.to_host()?), device, cfg)
     }
 
     /// A loader over `split` for `device` with the given placement: resident
@@ -145,17 +156,42 @@ impl Loader {
         }
     }
 
+    /// A loader over host data for `device`: resident uploads it once,
+    /// streaming keeps it on the host and copies a batch at a time.
+    pub fn placed_host(
+        data: HostData,
+        device: &Device,
+        placement: Placement,
+        cfg: LoaderConfig,
+    ) -> Result<Self> {
+        match placement {
+            Placement::Resident => Self::new(Split::from_host(&data, device)?, cfg),
+            Placement::Streaming => Self::from_dataset(Arc::new(data), device, cfg),
+        }
+    }
+
     /// How this loader feeds the device.
     pub fn placement(&self) -> Placement {
         match self.feed {
-            Feed::Resident => Placement::Resident,
+            Feed::Resident(_) => Placement::Resident,
             Feed::Streaming { .. } => Placement::Streaming,
         }
     }
 
-    /// The split this loader draws from.
-    pub fn split(&self) -> &Split {
-        &self.split
+    /// Dimensions of one input.
+    pub fn input_dims(&self) -> Vec<usize> {
+        match &self.feed {
+            Feed::Resident(s) => s.x.dims().get(1..).unwrap_or_default().to_vec(),
+            Feed::Streaming { host, .. } => host.input_dims().to_vec(),
+        }
+    }
+
+    /// What the targets are.
+    pub fn target(&self) -> TargetKind {
+        match &self.feed {
+            Feed::Resident(s) => s.target,
+            Feed::Streaming { host, .. } => host.target(),
+        }
     }
 
     /// The loader's settings.
@@ -163,19 +199,22 @@ impl Loader {
         &self.cfg
     }
 
-    /// Samples in the split.
+    /// Samples in the data set.
     pub fn len(&self) -> usize {
-        self.split.len()
+        match &self.feed {
+            Feed::Resident(s) => s.len(),
+            Feed::Streaming { host, .. } => host.len(),
+        }
     }
 
-    /// True when the split is empty.
+    /// True when the data set is empty.
     pub fn is_empty(&self) -> bool {
-        self.split.is_empty()
+        self.len() == 0
     }
 
     /// Batches one epoch yields.
     pub fn batches_per_epoch(&self) -> usize {
-        let (n, b) = (self.split.len(), self.cfg.batch_size);
+        let (n, b) = (self.len(), self.cfg.batch_size);
         if self.cfg.drop_last {
             n / b
         } else {
@@ -187,7 +226,7 @@ impl Loader {
     /// Fisher-Yates permutation from ChaCha8 seeded by `seed`, stream `epoch`
     /// (independent of every other epoch, so a resumed run draws the same order).
     pub fn order(&self, epoch: usize) -> Vec<u32> {
-        let mut idx: Vec<u32> = (0..self.split.len() as u32).collect();
+        let mut idx: Vec<u32> = (0..self.len() as u32).collect();
         if self.cfg.shuffle {
             let mut rng = ChaCha8Rng::seed_from_u64(self.cfg.seed);
             rng.set_stream(epoch as u64);
@@ -206,19 +245,16 @@ impl Loader {
 
     fn source(&self, epoch: usize) -> Result<BatchSource> {
         let order = self.cfg.shuffle.then(|| self.order(epoch));
-        let (batch_size, batches, len) = (
-            self.cfg.batch_size,
-            self.batches_per_epoch(),
-            self.split.len(),
-        );
+        let (batch_size, batches, len) =
+            (self.cfg.batch_size, self.batches_per_epoch(), self.len());
         let how = match &self.feed {
-            Feed::Resident => Source::Resident {
-                images: self.split.images.clone(),
-                labels: self.split.labels.clone(),
+            Feed::Resident(split) => Source::Resident {
+                images: split.x.clone(),
+                labels: split.y.clone(),
                 // The epoch's permutation goes to the device once; each batch
                 // gathers with a slice of it.
                 perm: order
-                    .map(|o| Tensor::from_vec(o, len, self.split.images.device()))
+                    .map(|o| Tensor::from_vec(o, len, split.x.device()))
                     .transpose()?,
             },
             Feed::Streaming {
@@ -228,7 +264,7 @@ impl Loader {
             } => {
                 let stage = match stages.lock().ok().and_then(|mut p| p.pop()) {
                     Some(s) => s,
-                    None => stage_for(device, host, batch_size, self.cfg.prefetch + 1)?,
+                    None => stage_for(device, host.as_ref(), batch_size, self.cfg.prefetch + 1)?,
                 };
                 Source::Streaming {
                     host: host.clone(),
@@ -285,7 +321,7 @@ enum Source {
         perm: Option<Tensor>,
     },
     Streaming {
-        host: Arc<HostData>,
+        host: Arc<dyn Dataset>,
         order: Vec<u32>,
         /// Taken from the pool at the start of the epoch, returned on drop.
         stage: Option<Box<dyn Stage>>,
@@ -334,7 +370,7 @@ impl BatchSource {
                 let stage = stage
                     .as_mut()
                     .ok_or_else(|| Error::Prefetch("staging buffers already released".into()))?;
-                stage.stage(b, host, &order[start..start + size])?
+                stage.stage(b, host.as_ref(), &order[start..start + size])?
             }
         };
         Ok((Batch { x, y, index: b }, fence))
@@ -408,7 +444,7 @@ mod tests {
     use std::path::Path;
 
     fn split(n: usize) -> Result<Split> {
-        Split::from_idx(
+        let host = crate::mnist::from_idx(
             Path::new("i"),
             IdxArray {
                 dims: vec![n, 1, 1],
@@ -419,13 +455,13 @@ mod tests {
                 dims: vec![n],
                 data: (0..n).map(|i| (i % 10) as u8).collect(),
             },
-            10,
+            Some(10),
             Normalize {
                 mean: 0.0,
                 std: 1.0 / 255.0,
             },
-            &Device::Cpu,
-        )
+        )?;
+        Split::from_host(&host, &Device::Cpu)
     }
 
     fn pixels(l: &Loader, epoch: usize) -> Result<Vec<Vec<u32>>> {
@@ -548,7 +584,7 @@ mod tests {
         fn stage(
             &mut self,
             slot: usize,
-            data: &HostData,
+            data: &dyn Dataset,
             idx: &[u32],
         ) -> Result<(Tensor, Tensor, Fence)> {
             let n = self.inner.slots();
@@ -576,7 +612,7 @@ mod tests {
         let log = Arc::new(Mutex::new(Vec::new()));
         let produced = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let rec = Recording {
-            inner: PlainStage::new(&Device::Cpu, host, 4, prefetch + 1),
+            inner: PlainStage::new(&Device::Cpu, host.as_ref(), 4, prefetch + 1),
             log: log.clone(),
             produced: produced.clone(),
         };
@@ -608,7 +644,7 @@ mod tests {
 
     #[test]
     fn staging_refuses_a_batch_larger_than_its_slot() -> Result<()> {
-        let host = HostData::from_split(&split(10)?)?;
+        let host = split(10)?.to_host()?;
         let mut st = PlainStage::new(&Device::Cpu, &host, 2, 1);
         let err = st.stage(0, &host, &[0, 1, 2]).err().map(|e| e.to_string());
         assert!(err.is_some_and(|m| m.contains("holds 2 samples, batch has 3")));

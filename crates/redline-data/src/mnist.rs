@@ -1,12 +1,14 @@
-//! An MNIST-format folder (MNIST, Fashion-MNIST, KMNIST): each split becomes one
-//! normalised image tensor and one label tensor, created directly on the device.
+//! An MNIST-format folder (MNIST, Fashion-MNIST, KMNIST): each split becomes
+//! normalised images `(1, H, W)` and class ids, in host memory or on a device.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use candle_core::{Device, Tensor};
+use candle_core::Device;
 
+use crate::dataset::{HostData, TargetKind, Targets};
 use crate::error::{Error, Result};
 use crate::idx;
+use crate::split::Split;
 
 /// Which split of the folder to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,47 +47,23 @@ impl Default for Normalize {
     }
 }
 
-/// One split held as two tensors on the device.
-#[derive(Debug, Clone)]
-pub struct Split {
-    /// Normalised images, `(N, 1, H, W)` f32.
-    pub images: Tensor,
-    /// Class indices, `(N,)` u32, each `< classes`.
-    pub labels: Tensor,
-    /// Number of classes the labels were checked against.
-    pub classes: usize,
-    /// Where the images came from (for messages).
-    pub source: PathBuf,
+/// True when `dir` holds MNIST-format training images.
+pub fn is_idx_dir(dir: &Path) -> bool {
+    idx::locate(dir, &format!("{}-images-idx3-ubyte", SplitKind::Train.prefix())).is_ok()
+}
+
+/// Reads `dir`'s split as host data: normalised images `(1, H, W)` and class
+/// ids checked against `classes` (`None`: one more than the largest label).
+pub fn load(dir: &Path, kind: SplitKind, classes: Option<usize>, norm: Normalize) -> Result<HostData> {
+    let img_path = idx::locate(dir, &format!("{}-images-idx3-ubyte", kind.prefix()))?;
+    let lbl_path = idx::locate(dir, &format!("{}-labels-idx1-ubyte", kind.prefix()))?;
+    let images = idx::read(&img_path)?;
+    let labels = idx::read(&lbl_path)?;
+    from_idx(&img_path, images, &lbl_path, labels, classes, norm)
 }
 
 impl Split {
-    /// Number of samples.
-    pub fn len(&self) -> usize {
-        self.images.dims().first().copied().unwrap_or(0)
-    }
-
-    /// True when the split holds no samples.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Bytes the split's tensors take (images and labels).
-    pub fn bytes(&self) -> u64 {
-        let t = |x: &Tensor| (x.elem_count() * x.dtype().size_in_bytes()) as u64;
-        t(&self.images) + t(&self.labels)
-    }
-
-    /// The same split on `device` (one upload; a cheap clone when already there).
-    pub fn to_device(&self, device: &Device) -> Result<Self> {
-        Ok(Self {
-            images: self.images.to_device(device)?,
-            labels: self.labels.to_device(device)?,
-            classes: self.classes,
-            source: self.source.clone(),
-        })
-    }
-
-    /// Reads `dir`'s split, checking counts and label range, and normalises it.
+    /// Reads `dir`'s split onto `device`, checking counts and label range, and normalises it.
     pub fn load(
         dir: &Path,
         kind: SplitKind,
@@ -93,85 +71,79 @@ impl Split {
         norm: Normalize,
         device: &Device,
     ) -> Result<Self> {
-        let img_path = idx::locate(dir, &format!("{}-images-idx3-ubyte", kind.prefix()))?;
-        let lbl_path = idx::locate(dir, &format!("{}-labels-idx1-ubyte", kind.prefix()))?;
-        let images = idx::read(&img_path)?;
-        let labels = idx::read(&lbl_path)?;
-        Self::from_idx(&img_path, images, &lbl_path, labels, classes, norm, device)
+        Self::from_host(&load(dir, kind, Some(classes), norm)?, device)
     }
+}
 
-    /// Builds a split from decoded arrays, validating shapes and labels.
-    pub fn from_idx(
-        img_path: &Path,
-        images: idx::IdxArray,
-        lbl_path: &Path,
-        labels: idx::IdxArray,
-        classes: usize,
-        norm: Normalize,
-        device: &Device,
-    ) -> Result<Self> {
-        let bad = |path: &Path, msg: String| Error::Invalid {
-            path: path.to_path_buf(),
-            msg,
-        };
-        let [n, h, w] = images.dims[..] else {
-            return Err(bad(
-                img_path,
-                format!(
-                    "images must have 3 dimensions (N, H, W), found {:?}",
-                    images.dims
-                ),
-            ));
-        };
-        let [m] = labels.dims[..] else {
-            return Err(bad(
-                lbl_path,
-                format!("labels must have 1 dimension (N), found {:?}", labels.dims),
-            ));
-        };
-        if n != m {
-            return Err(bad(
-                lbl_path,
-                format!(
-                    "{m} labels but {n} images in {} (file truncated or from another split?)",
-                    img_path.display()
-                ),
-            ));
-        }
-        if n == 0 {
-            return Err(bad(img_path, "the split holds 0 images".into()));
-        }
-        if let Some((i, &l)) = labels
-            .data
-            .iter()
-            .enumerate()
-            .find(|(_, &l)| l as usize >= classes)
-        {
-            return Err(bad(
-                lbl_path,
-                format!("label {l} at index {i} is >= the {classes} classes (wrong --classes?)"),
-            ));
-        }
-        if norm.std == 0.0 || !norm.std.is_finite() || !norm.mean.is_finite() {
-            return Err(Error::Config(format!(
-                "normalisation mean {} / std {} is not usable (std must be finite and non-zero)",
-                norm.mean, norm.std
-            )));
-        }
-        // One pass over the bytes, the same arithmetic as ToTensor + Normalize.
-        let pixels: Vec<f32> = images
-            .data
-            .iter()
-            .map(|&p| (p as f32 / 255.0 - norm.mean) / norm.std)
-            .collect();
-        let labels_u32: Vec<u32> = labels.data.iter().map(|&l| l as u32).collect();
-        Ok(Self {
-            images: Tensor::from_vec(pixels, (n, 1, h, w), device)?,
-            labels: Tensor::from_vec(labels_u32, n, device)?,
-            classes,
-            source: img_path.to_path_buf(),
-        })
+/// Checks a normalisation before it is applied.
+pub(crate) fn check_norm(norm: Normalize) -> Result<()> {
+    if norm.std == 0.0 || !norm.std.is_finite() || !norm.mean.is_finite() {
+        return Err(Error::Config(format!(
+            "normalisation mean {} / std {} is not usable (std must be finite and non-zero)",
+            norm.mean, norm.std
+        )));
     }
+    Ok(())
+}
+
+/// Pixels to floats with the same arithmetic as torchvision's ToTensor + Normalize.
+pub(crate) fn normalise(bytes: &[u8], norm: Normalize) -> Vec<f32> {
+    bytes
+        .iter()
+        .map(|&p| (p as f32 / 255.0 - norm.mean) / norm.std)
+        .collect()
+}
+
+/// Builds host data from decoded arrays, validating shapes and labels.
+pub fn from_idx(
+    img_path: &Path,
+    images: idx::IdxArray,
+    lbl_path: &Path,
+    labels: idx::IdxArray,
+    classes: Option<usize>,
+    norm: Normalize,
+) -> Result<HostData> {
+    let bad = |path: &Path, msg: String| Error::Invalid {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let [n, h, w] = images.dims[..] else {
+        return Err(bad(
+            img_path,
+            format!(
+                "images must have 3 dimensions (N, H, W), found {:?}",
+                images.dims
+            ),
+        ));
+    };
+    let [m] = labels.dims[..] else {
+        return Err(bad(
+            lbl_path,
+            format!("labels must have 1 dimension (N), found {:?}", labels.dims),
+        ));
+    };
+    if n != m {
+        return Err(bad(
+            lbl_path,
+            format!(
+                "{m} labels but {n} images in {} (file truncated or from another split?)",
+                img_path.display()
+            ),
+        ));
+    }
+    if n == 0 {
+        return Err(bad(img_path, "the split holds 0 images".into()));
+    }
+    check_norm(norm)?;
+    let classes =
+        classes.unwrap_or_else(|| labels.data.iter().max().map_or(1, |&l| l as usize + 1));
+    HostData::new(
+        normalise(&images.data, norm),
+        vec![1, h, w],
+        Targets::Classes(labels.data.iter().map(|&l| l as u32).collect()),
+        TargetKind::Classes(classes),
+        lbl_path.to_path_buf(),
+    )
 }
 
 #[cfg(test)]
@@ -187,15 +159,15 @@ mod tests {
     }
 
     fn build(images: IdxArray, labels: IdxArray) -> std::result::Result<Split, String> {
-        Split::from_idx(
+        from_idx(
             Path::new("img"),
             images,
             Path::new("lbl"),
             labels,
-            10,
+            Some(10),
             Normalize::default(),
-            &Device::Cpu,
         )
+        .and_then(|h| Split::from_host(&h, &Device::Cpu))
         .map_err(|e| e.to_string())
     }
 
@@ -203,12 +175,12 @@ mod tests {
     fn normalises_like_torchvision() -> std::result::Result<(), String> {
         let s = build(arr(&[1, 1, 3], vec![0, 255, 51]), arr(&[1], vec![4]))?;
         let v = s
-            .images
+            .x
             .flatten_all()
             .and_then(|t| t.to_vec1::<f32>())
             .map_err(|e| e.to_string())?;
         assert_eq!(v, vec![-1.0, 1.0, (51.0 / 255.0 - 0.5) / 0.5]);
-        assert_eq!(s.images.dims(), &[1, 1, 1, 3]);
+        assert_eq!(s.x.dims(), &[1, 1, 1, 3]);
         Ok(())
     }
 

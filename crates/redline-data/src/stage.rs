@@ -12,67 +12,8 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
-use crate::error::{Error, Result};
-use crate::mnist::Split;
-
-/// A split held in host memory, row-major, for gathering batches from.
-#[derive(Debug)]
-pub struct HostData {
-    /// Normalised pixels, `n * row` values.
-    pub images: Vec<f32>,
-    /// Class indices, `n` values.
-    pub labels: Vec<u32>,
-    /// Per-sample dimensions after the batch axis, e.g. `[1, 28, 28]`.
-    pub sample_dims: Vec<usize>,
-}
-
-impl HostData {
-    /// Copies a split's tensors to host vectors (once, when the loader is built).
-    pub fn from_split(split: &Split) -> Result<Self> {
-        let dims = split.images.dims();
-        Ok(Self {
-            images: split.images.flatten_all()?.to_vec1::<f32>()?,
-            labels: split.labels.to_vec1::<u32>()?,
-            sample_dims: dims.get(1..).unwrap_or_default().to_vec(),
-        })
-    }
-
-    /// Values per sample.
-    pub fn row(&self) -> usize {
-        self.sample_dims.iter().product()
-    }
-
-    /// Copies the samples `idx` into `x` and their labels into `y`.
-    pub fn gather(&self, idx: &[u32], x: &mut [f32], y: &mut [u32]) -> Result<()> {
-        let row = self.row();
-        if x.len() < idx.len() * row || y.len() < idx.len() {
-            return Err(Error::Config(format!(
-                "staging buffer holds {} samples, batch has {}",
-                y.len().min(x.len() / row.max(1)),
-                idx.len()
-            )));
-        }
-        for (k, &i) in idx.iter().enumerate() {
-            let i = i as usize;
-            let src = self.images.get(i * row..(i + 1) * row).ok_or_else(|| {
-                Error::Config(format!(
-                    "sample index {i} beyond the split's {} samples",
-                    self.labels.len()
-                ))
-            })?;
-            x[k * row..(k + 1) * row].copy_from_slice(src);
-            y[k] = self.labels[i];
-        }
-        Ok(())
-    }
-
-    /// The batch shape for `b` samples.
-    pub fn batch_shape(&self, b: usize) -> Vec<usize> {
-        let mut s = vec![b];
-        s.extend_from_slice(&self.sample_dims);
-        s
-    }
-}
+use crate::dataset::{batch_shape, row, Dataset, Targets};
+use crate::error::Result;
 
 /// What the consumer must wait for before computing on a staged batch.
 pub enum Fence {
@@ -97,7 +38,7 @@ impl Fence {
             #[cfg(feature = "cuda")]
             Self::Cuda { event, compute } => compute
                 .wait(&event)
-                .map_err(|e| Error::Candle(candle_core::Error::Msg(format!("stream wait: {e:?}")))),
+                .map_err(|e| crate::Error::Candle(candle_core::Error::Msg(format!("stream wait: {e:?}")))),
         }
     }
 }
@@ -109,7 +50,7 @@ pub trait Stage: Send {
     fn stage(
         &mut self,
         slot: usize,
-        data: &HostData,
+        data: &dyn Dataset,
         idx: &[u32],
     ) -> Result<(Tensor, Tensor, Fence)>;
 
@@ -121,17 +62,22 @@ pub trait Stage: Send {
 /// and the fallback for devices without an asynchronous path.
 pub struct PlainStage {
     device: Device,
-    buffers: Vec<(Vec<f32>, Vec<u32>)>,
+    buffers: Vec<(Vec<f32>, Targets)>,
 }
 
 impl PlainStage {
     /// `slots` buffers of `batch` samples each, copying to `device`.
-    pub fn new(device: &Device, data: &HostData, batch: usize, slots: usize) -> Self {
+    pub fn new(device: &Device, data: &dyn Dataset, batch: usize, slots: usize) -> Self {
         let slots = slots.max(1);
         Self {
             device: device.clone(),
             buffers: (0..slots)
-                .map(|_| (vec![0f32; batch * data.row()], vec![0u32; batch]))
+                .map(|_| {
+                    (
+                        vec![0f32; batch * row(data)],
+                        Targets::zeros(data.target(), batch),
+                    )
+                })
                 .collect(),
         }
     }
@@ -141,15 +87,21 @@ impl Stage for PlainStage {
     fn stage(
         &mut self,
         slot: usize,
-        data: &HostData,
+        data: &dyn Dataset,
         idx: &[u32],
     ) -> Result<(Tensor, Tensor, Fence)> {
         let n = self.buffers.len();
         let (x, y) = &mut self.buffers[slot % n];
-        data.gather(idx, x, y)?;
+        data.gather(idx, x, y.as_mut())?;
         let b = idx.len();
-        let xs = Tensor::from_slice(&x[..b * data.row()], data.batch_shape(b), &self.device)?;
-        let ys = Tensor::from_slice(&y[..b], b, &self.device)?;
+        let xs = Tensor::from_slice(&x[..b * row(data)], batch_shape(data, b), &self.device)?;
+        let kind = data.target();
+        let ys = match y {
+            Targets::Classes(v) => Tensor::from_slice(&v[..b], kind.batch_shape(b), &self.device)?,
+            Targets::Values(v) => {
+                Tensor::from_slice(&v[..b * kind.width()], kind.batch_shape(b), &self.device)?
+            }
+        };
         Ok((xs, ys, Fence::Ready))
     }
 
@@ -162,7 +114,7 @@ impl Stage for PlainStage {
 /// (with the `cuda` feature), else [`PlainStage`].
 pub fn stage_for(
     device: &Device,
-    data: &HostData,
+    data: &dyn Dataset,
     batch: usize,
     slots: usize,
 ) -> Result<Box<dyn Stage>> {

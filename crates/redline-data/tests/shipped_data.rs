@@ -47,14 +47,14 @@ fn files_match_the_recorded_sha256() {
 fn splits_load_balanced_and_normalised() {
     for (kind, n) in [(SplitKind::Train, 60_000), (SplitKind::Test, 10_000)] {
         let s = Split::load(&data_dir(), kind, 10, Normalize::default(), &Device::Cpu).unwrap();
-        assert_eq!(s.images.dims(), &[n, 1, 28, 28]);
-        let labels = s.labels.to_vec1::<u32>().unwrap();
+        assert_eq!(s.x.dims(), &[n, 1, 28, 28]);
+        let labels = s.y.to_vec1::<u32>().unwrap();
         for class in 0..10 {
             // Fashion-MNIST is balanced: 6000 / 1000 images per class.
             assert_eq!(labels.iter().filter(|&&l| l == class).count(), n / 10);
         }
-        let min = s.images.min_all().unwrap().to_scalar::<f32>().unwrap();
-        let max = s.images.max_all().unwrap().to_scalar::<f32>().unwrap();
+        let min = s.x.min_all().unwrap().to_scalar::<f32>().unwrap();
+        let max = s.x.max_all().unwrap().to_scalar::<f32>().unwrap();
         assert_eq!((min, max), (-1.0, 1.0));
     }
 }

@@ -64,6 +64,51 @@ impl ModelConfig {
         }
     }
 
+    /// The zoo's model `name` shaped for the data: inputs of `input_dims` per
+    /// sample (`[C, H, W]` images for the CNN, anything for the MLP, which
+    /// flattens), `outputs` values out, and optional hidden widths.
+    pub fn for_data(
+        name: &str,
+        input_dims: &[usize],
+        outputs: usize,
+        hidden: Option<&[usize]>,
+    ) -> Result<Self> {
+        let mut cfg = Self::by_name(name)?;
+        match &mut cfg {
+            Self::Mlp(c) => {
+                c.in_features = input_dims.iter().product();
+                c.classes = outputs;
+                if let Some(h) = hidden {
+                    c.hidden = h.to_vec();
+                }
+            }
+            Self::Cnn(c) => {
+                let [ch, h, w] = input_dims[..] else {
+                    return Err(Error::Config(format!(
+                        "--model cnn takes images (C, H, W); the data's inputs are {input_dims:?}
+                         HINT: use --model mlp for tables and vectors"
+                    )));
+                };
+                if h != w {
+                    return Err(Error::Config(format!(
+                        "--model cnn takes square images; the data's are {h}x{w}"
+                    )));
+                }
+                (c.in_channels, c.image_size, c.classes) = (ch, h, outputs);
+                match hidden {
+                    None => {}
+                    Some([one]) => c.hidden = *one,
+                    Some(more) => {
+                        return Err(Error::Config(format!(
+                            "--hidden {more:?}: the CNN has one hidden fully connected layer; give one width"
+                        )))
+                    }
+                }
+            }
+        }
+        Ok(cfg)
+    }
+
     /// Short name for logs and run directories.
     pub fn name(&self) -> &'static str {
         match self {

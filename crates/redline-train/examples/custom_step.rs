@@ -122,8 +122,8 @@ impl Callback for BestEpoch {
 fn head(split: Split, n: usize) -> anyhow::Result<Split> {
     let n = n.min(split.len());
     Ok(Split {
-        images: split.images.narrow(0, 0, n)?,
-        labels: split.labels.narrow(0, 0, n)?,
+        x: split.x.narrow(0, 0, n)?,
+        y: split.y.narrow(0, 0, n)?,
         ..split
     })
 }

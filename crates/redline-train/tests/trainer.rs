@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Tensor};
 use redline_core::{Device, Precision};
-use redline_data::{Loader, LoaderConfig, Split};
+use redline_data::{Loader, LoaderConfig, Split, TargetKind};
 use redline_models::{MlpConfig, ModelConfig};
 use redline_train::{
     loss::cross_entropy, Callback, Classifier, Event, JsonlMetrics, OptimizerConfig,
@@ -23,9 +23,9 @@ fn classes(n: usize) -> anyhow::Result<Split> {
         .collect();
     let y: Vec<u32> = (0..n).map(|i| u32::from(x[i * 4] > 0.0)).collect();
     Ok(Split {
-        images: Tensor::from_vec(x, (n, 1, 2, 2), &candle_core::Device::Cpu)?,
-        labels: Tensor::from_vec(y, n, &candle_core::Device::Cpu)?,
-        classes: 2,
+        x: Tensor::from_vec(x, (n, 1, 2, 2), &candle_core::Device::Cpu)?,
+        y: Tensor::from_vec(y, n, &candle_core::Device::Cpu)?,
+        target: TargetKind::Classes(2),
         source: PathBuf::from("synthetic"),
     })
 }
@@ -167,11 +167,11 @@ fn validation_is_the_mean_over_every_sample_and_test_is_reported() -> R {
     model
         .params()
         .assign(&t.params().to_map(), std::path::Path::new("trained"))?;
-    let logits = model.forward(&split.images)?;
-    let loss = cross_entropy(&logits, &split.labels)?.to_scalar::<f32>()? as f64;
+    let logits = model.forward(&split.x)?;
+    let loss = cross_entropy(&logits, &split.y)?.to_scalar::<f32>()? as f64;
     let hits = logits
         .argmax(1)?
-        .eq(&split.labels)?
+        .eq(&split.y)?
         .to_dtype(DType::F32)?
         .sum_all()?
         .to_scalar::<f32>()? as f64;
@@ -210,9 +210,9 @@ fn linear_targets(n: usize) -> anyhow::Result<Split> {
         .map(|i| 2.0 * x[i * 4] - x[i * 4 + 1] + 0.5)
         .collect();
     Ok(Split {
-        images: Tensor::from_vec(x, (n, 4), &candle_core::Device::Cpu)?,
-        labels: Tensor::from_vec(y, n, &candle_core::Device::Cpu)?,
-        classes: 0,
+        x: Tensor::from_vec(x, (n, 4), &candle_core::Device::Cpu)?,
+        y: Tensor::from_vec(y, n, &candle_core::Device::Cpu)?,
+        target: TargetKind::Values(1),
         source: PathBuf::from("synthetic"),
     })
 }
@@ -239,6 +239,33 @@ fn a_regression_step_trains_with_mse_and_reports_mae() -> R {
     );
     assert!(mae1 < mae0, "{mae0:?} -> {mae1:?}");
     assert_eq!(fit.epochs_log[0].train.0.len(), 1, "train_mae only");
+    Ok(())
+}
+
+#[test]
+fn float_targets_stream_through_staging_like_resident_ones() -> R {
+    // Streaming gathers each batch into staging buffers typed by the data set's
+    // targets; a regression fit must see exactly the resident batches.
+    let fit = |placement| -> anyhow::Result<Vec<f64>> {
+        let data = linear_targets(40)?;
+        let cfg_l = LoaderConfig {
+            batch_size: 16,
+            shuffle: true,
+            seed: 3,
+            prefetch: 1,
+            drop_last: false,
+        };
+        let train = Loader::placed(data, &candle_core::Device::Cpu, placement, cfg_l)?;
+        let mut t = Trainer::builder()
+            .config(cfg(3, None))
+            .optimizer(OptimizerConfig::by_name("adam", 0.01)?)
+            .build(Regressor::new(mlp(1)?, RegressionLoss::L1), Device::cpu())?;
+        let f = t.fit(&train, None)?;
+        Ok(f.epochs_log.iter().map(|e| e.train_loss).collect())
+    };
+    let resident = fit(redline_data::Placement::Resident)?;
+    assert_eq!(resident.len(), 3);
+    assert_eq!(resident, fit(redline_data::Placement::Streaming)?);
     Ok(())
 }
 

@@ -73,15 +73,36 @@ pub struct RunsArgs {
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct TrainArgs {
-    /// Model from the zoo: mlp (784-128-10) or cnn.
+    /// Model from the zoo: mlp (784-128-10 on Fashion-MNIST) or cnn; inputs and outputs follow the data.
     #[arg(long, default_value = "mlp")]
     pub model: String,
-    /// MNIST-format folder (train-/t10k- images and labels, .gz or raw) [default: the shipped Fashion-MNIST].
-    #[arg(long, value_name = "DIR")]
+    /// Hidden layer widths, e.g. 256,128 [default: 128].
+    #[arg(long, value_name = "W,W,...")]
+    pub hidden: Option<String>,
+    /// Data: an MNIST-format or CIFAR binary folder, a .csv/.tsv table, an .npz or
+    /// .safetensors file, or a folder of .npy files [default: the shipped Fashion-MNIST].
+    #[arg(long, value_name = "PATH")]
     pub data: Option<PathBuf>,
-    /// Number of classes the labels must lie in.
-    #[arg(long, default_value_t = 10)]
-    pub classes: usize,
+    /// Task: auto (from the targets), classification or regression.
+    #[arg(long, default_value = "auto")]
+    pub task: String,
+    /// Loss: auto (ce for classification, mse for regression), ce, mse or l1.
+    #[arg(long, default_value = "auto")]
+    pub loss: String,
+    /// Target column of a table: a header name or an index (negative from the end) [default: the last].
+    #[arg(long, value_name = "COLUMN", allow_hyphen_values = true)]
+    pub target: Option<String>,
+    /// Number of classes the labels must lie in [default: the largest label + 1].
+    #[arg(long)]
+    pub classes: Option<usize>,
+    /// Hold out this fraction of the training data for validation [default: validate on
+    /// the test split; 0.1 when the data has none].
+    #[arg(long, value_name = "FRACTION")]
+    pub val_split: Option<f64>,
+    /// Keep table features as they are (by default they are standardised with the
+    /// training rows' mean and std).
+    #[arg(long)]
+    pub no_standardize: bool,
     /// Device: auto (best present), cpu, or cuda:N.
     #[arg(long, default_value = "auto")]
     pub device: String,
@@ -148,7 +169,7 @@ pub struct TrainArgs {
     /// Read the loss back every N steps (the loop itself never waits on the device).
     #[arg(long, default_value_t = 50)]
     pub log_every: usize,
-    /// Skip validation on the test split after each epoch.
+    /// Skip validation after each epoch and the test pass after training.
     #[arg(long)]
     pub no_validate: bool,
     /// Start from these weights (safetensors with PyTorch names).

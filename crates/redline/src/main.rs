@@ -5,6 +5,7 @@ mod cli;
 mod csv_log;
 mod progress;
 mod run_dir;
+mod step_kind;
 mod summary;
 mod train;
 

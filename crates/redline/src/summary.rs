@@ -85,13 +85,15 @@ pub fn print(s: &FitSummary, test: Option<&EvalResult>, batch_size: usize) -> st
         writeln!(out, "{}", row(&cells))?;
     }
     let full: Vec<f64> = s.epochs_log.iter().map(|e| e.epoch_s).collect();
-    let headline = match test {
-        Some(t) => {
-            let mut parts = vec![format!("test loss {:.4}", t.loss)];
+    // The test pass when there was one, else the last validation.
+    let last = test.map(|t| ("test", t)).or(s.val.as_ref().map(|v| ("val", v)));
+    let headline = match last {
+        Some((split, t)) => {
+            let mut parts = vec![format!("{split} loss {:.4}", t.loss)];
             parts.extend(
                 t.metrics
                     .iter()
-                    .map(|(n, v)| format!("test {n} {}", show(n, v))),
+                    .map(|(n, v)| format!("{split} {n} {}", show(n, v))),
             );
             parts.join(" | ") + " | "
         }

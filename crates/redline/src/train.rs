@@ -6,19 +6,19 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use redline_core::{Device, DeviceSpec, Precision};
 use redline_data::{
-    place, DataOnDevice, Loader, LoaderConfig, Normalize, Placement, Split, SplitKind,
+    place, DataOnDevice, DataOptions, Dataset, HostData, Loader, LoaderConfig, Normalize,
+    Placement,
 };
 use redline_models::ModelConfig;
 use redline_monitor::Sampler;
 use redline_profile::{Mode, Profile};
 use redline_train::metrics::{num, prefixed};
-use redline_train::{
-    Classifier, EvalResult, FitSummary, JsonlMetrics, OptimizerConfig, TrainConfig, Trainer,
-};
+use redline_train::{EvalResult, FitSummary, JsonlMetrics, OptimizerConfig, TrainConfig, Trainer};
 use serde_json::json;
 
 use crate::cli::TrainArgs;
 use crate::progress::Progress;
+use crate::step_kind::StepKind;
 use crate::run_dir::{self, RunLog};
 use crate::summary;
 
@@ -87,6 +87,40 @@ fn optimizer(args: &TrainArgs) -> anyhow::Result<OptimizerConfig> {
     Ok(cfg)
 }
 
+/// How `--data` is read, from the flags.
+fn data_options(args: &TrainArgs) -> anyhow::Result<DataOptions> {
+    Ok(DataOptions {
+        task: args.task.parse()?,
+        classes: args.classes,
+        target: match &args.target {
+            Some(t) => t.parse()?,
+            None => Default::default(),
+        },
+        norm: Normalize {
+            mean: args.mean,
+            std: args.std,
+        },
+        standardize: !args.no_standardize,
+        val_split: args.val_split,
+        seed: args.seed,
+    })
+}
+
+/// `--hidden 256,128` as widths.
+fn hidden(args: &TrainArgs) -> anyhow::Result<Option<Vec<usize>>> {
+    let Some(text) = &args.hidden else {
+        return Ok(None);
+    };
+    let widths = text
+        .split(',')
+        .map(|w| w.trim().parse::<usize>().ok().filter(|&w| w > 0))
+        .collect::<Option<Vec<usize>>>();
+    match widths {
+        Some(w) if !w.is_empty() => Ok(Some(w)),
+        _ => bail!("--hidden {text:?}: give widths >= 1 separated by commas, e.g. 256,128"),
+    }
+}
+
 /// Runs `redline train`.
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if args.threads == Some(0) {
@@ -95,7 +129,6 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let threads = redline_core::threads::configure(args.threads);
     let spec: DeviceSpec = args.device.parse()?;
     let device = Device::resolve(spec)?;
-    let model_cfg = ModelConfig::by_name(&args.model)?;
     let opt_cfg = optimizer(args)?;
     let data_dir = match &args.data {
         Some(d) => d.clone(),
@@ -112,23 +145,41 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         );
     }
 
-    let norm = Normalize {
-        mean: args.mean,
-        std: args.std,
-    };
+    let data = data_options(args)?;
+    let prepared = redline_data::prepare(&data_dir, &data)
+        .with_context(|| format!("--data {}", data_dir.display()))?;
+    let (inputs, target) = (prepared.train.input_dims.clone(), prepared.train.target);
+    let model_cfg = ModelConfig::for_data(
+        &args.model,
+        &inputs,
+        target.classes().unwrap_or(target.width()),
+        hidden(args)?.as_deref(),
+    )?;
+    let step_kind = StepKind::resolve(&args.loss, target)?;
     let policy: DataOnDevice = args.data_on_device.parse()?;
     // Read on the host, then placed: uploaded once, or streamed per batch.
     let mut device_free = redline_core::memory::stats(&device)?.map(|m| m.device_free);
-    let mut load = |kind: SplitKind, cfg: LoaderConfig| -> anyhow::Result<Loader> {
-        let split = Split::load(&data_dir, kind, args.classes, norm, Device::cpu().candle())?;
-        let placement = place(policy, split.bytes(), device_free)?;
+    let mut load = |data: HostData, cfg: LoaderConfig| -> anyhow::Result<Loader> {
+        let placement = place(policy, data.bytes(), device_free)?;
         if let (Placement::Resident, Some(free)) = (placement, device_free.as_mut()) {
-            *free = free.saturating_sub(split.bytes());
+            *free = free.saturating_sub(data.bytes());
         }
-        Ok(Loader::placed(split, device.candle(), placement, cfg)?)
+        Ok(Loader::placed_host(data, device.candle(), placement, cfg)?)
     };
+    let eval_cfg = LoaderConfig {
+        batch_size: args.eval_batch_size,
+        shuffle: false,
+        seed: 0,
+        prefetch: args.prefetch,
+        drop_last: false,
+    };
+    let (train_n, val_n, test_n) = (
+        prepared.train.len(),
+        prepared.val.as_ref().map_or(0, |v| v.len()),
+        prepared.test.as_ref().map_or(0, |t| t.len()),
+    );
     let train_loader = load(
-        SplitKind::Train,
+        prepared.train,
         LoaderConfig {
             batch_size: args.batch_size,
             shuffle: !args.no_shuffle,
@@ -137,19 +188,19 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             drop_last: false,
         },
     )?;
-    let test_loader = if args.no_validate {
-        None
+    let (val_loader, test_loader) = if args.no_validate {
+        (None, None)
     } else {
-        Some(load(
-            SplitKind::Test,
-            LoaderConfig {
-                batch_size: args.eval_batch_size,
-                shuffle: false,
-                seed: 0,
-                prefetch: args.prefetch,
-                drop_last: false,
-            },
-        )?)
+        let test = prepared
+            .test
+            .map(|t| load(t, eval_cfg.clone()))
+            .transpose()?;
+        let val = match prepared.val {
+            Some(v) => Some(load(v, eval_cfg)?),
+            None if prepared.val_is_test => test.clone(),
+            None => None,
+        };
+        (val, test)
     };
 
     let model = model_cfg.build(&device, Precision::Fp32, args.seed)?;
@@ -157,19 +208,31 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         model.params().load_safetensors(init).context("--init")?;
     }
     println!(
-        "redline: {} ({} params) on {} ({} compute threads), data {} ({} train / {} test, {}), {} batch {}, lr {}",
+        "redline: {} ({} params) on {} ({} compute threads), {} batch {}, lr {}, loss {}",
         model_cfg.name(),
         model.params().numel(),
         device,
         threads,
-        data_dir.display(),
-        train_loader.len(),
-        test_loader.as_ref().map_or(0, |l| l.len()),
-        train_loader.placement(),
         args.optimizer,
         args.batch_size,
-        args.lr
+        args.lr,
+        step_kind
     );
+    println!(
+        "data: {} ({}; inputs {:?}, {}): {} train / {} val{} / {} test, {}",
+        data_dir.display(),
+        prepared.format,
+        inputs,
+        target,
+        train_n,
+        if prepared.val_is_test { test_n } else { val_n },
+        if prepared.val_is_test { " (the test split)" } else { "" },
+        test_n,
+        train_loader.placement(),
+    );
+    for note in &prepared.notes {
+        println!("  {note}");
+    }
 
     let started = run_dir::unix_now();
     let dir = run_dir::create(args.run_dir.as_deref(), model_cfg.name(), started)?;
@@ -215,10 +278,10 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.metrics {
         builder = builder.callback(Box::new(JsonlMetrics::create(path)?));
     }
-    let mut trainer = builder.build(Classifier::new(model), device)?;
+    let mut trainer = builder.build(step_kind.step(model), device)?;
     // Lightning's `trainer.test` after `fit`: the test split, reported as test_*.
     let fit = trainer
-        .fit(&train_loader, test_loader.as_ref())
+        .fit(&train_loader, val_loader.as_ref())
         .and_then(|f| {
             Ok((
                 f,

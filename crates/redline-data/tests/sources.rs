@@ -1,0 +1,291 @@
+//! `--data PATH` end to end: every shipped format detected, read, split and
+//! fed through both loader placements, and the clear errors for bad files.
+
+// Tests may panic on unexpected values: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+use redline_data::{
+    prepare, DataOptions, Dataset, Format, HostData, Loader, LoaderConfig, Placement, Split,
+    TargetKind, Targets, Task,
+};
+
+fn tables() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables")
+}
+
+fn err(r: redline_data::Result<redline_data::Prepared>) -> String {
+    r.err().map(|e| format!("{e:#}")).unwrap_or_default()
+}
+
+#[test]
+fn wine_csv_is_a_standardised_three_class_table_with_a_holdout() {
+    let p = prepare(&tables().join("wine.csv"), &DataOptions::default()).unwrap();
+    assert_eq!(p.format, Format::Csv);
+    assert_eq!(p.train.target, TargetKind::Classes(3));
+    assert_eq!(p.train.input_dims, vec![13]);
+    let val = p.val.as_ref().unwrap();
+    assert_eq!((p.train.len(), val.len(), p.test.is_none()), (160, 18, true));
+    assert!(!p.val_is_test);
+    // Each feature of the training rows now has mean 0 and std 1.
+    for c in 0..13 {
+        let col: Vec<f64> = p.train.x.iter().skip(c).step_by(13).map(|&v| v as f64).collect();
+        let mean = col.iter().sum::<f64>() / col.len() as f64;
+        let var = col.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / col.len() as f64;
+        assert!(mean.abs() < 1e-5 && (var - 1.0).abs() < 1e-4, "column {c}: {mean} {var}");
+    }
+    assert!(p.notes.iter().any(|n| n.contains("task: classification, 3 classes")));
+    // The same seed holds out the same rows; another seed other rows.
+    let again = prepare(&tables().join("wine.csv"), &DataOptions::default()).unwrap();
+    assert_eq!(again.val.unwrap().y, val.y);
+    let other = DataOptions {
+        seed: 1,
+        standardize: false,
+        ..Default::default()
+    };
+    let moved = prepare(&tables().join("wine.csv"), &other).unwrap();
+    assert_ne!(moved.val.unwrap().x, val.x);
+    // Raw first row of the file: alcohol 14.23 ... proline 1065, cultivar 0.
+    assert_eq!(moved.train.x[0], 14.23);
+}
+
+#[test]
+fn diabetes_csv_is_regression_and_the_task_and_target_can_be_chosen() {
+    let path = tables().join("diabetes.csv");
+    let p = prepare(&path, &DataOptions::default()).unwrap();
+    assert_eq!(p.train.target, TargetKind::Values(1));
+    assert_eq!(p.train.len() + p.val.as_ref().unwrap().len(), 442);
+    let Targets::Values(y) = &p.train.y else {
+        panic!("float targets expected")
+    };
+    assert_eq!(y[0], 151.0, "the first patient's progression");
+    // `sex` (1 or 2) as a two-class target: ids must start at 0, so 3 classes.
+    let opts = DataOptions {
+        target: "sex".parse().unwrap(),
+        task: Task::Classification,
+        val_split: Some(0.0),
+        ..Default::default()
+    };
+    let p = prepare(&path, &opts).unwrap();
+    assert_eq!(p.train.target, TargetKind::Classes(3));
+    assert!(p.val.is_none(), "--val-split 0 turns validation off");
+    let bad = DataOptions {
+        target: "bmi".parse().unwrap(),
+        task: Task::Classification,
+        ..Default::default()
+    };
+    assert!(err(prepare(&path, &bad)).contains("`bmi` is not one whole number >= 0"));
+    let bad = DataOptions {
+        val_split: Some(1.0),
+        ..Default::default()
+    };
+    assert!(err(prepare(&path, &bad)).contains("fraction in [0, 1)"));
+}
+
+#[test]
+fn digits_npz_has_a_test_split_and_keeps_float_pixels() {
+    let p = prepare(&tables().join("digits.npz"), &DataOptions::default()).unwrap();
+    assert_eq!(p.format, Format::Arrays);
+    assert_eq!(p.train.input_dims, vec![1, 8, 8]);
+    assert_eq!(p.train.target, TargetKind::Classes(10));
+    assert_eq!((p.train.len(), p.test.as_ref().unwrap().len()), (1500, 297));
+    assert!(p.val_is_test && p.val.is_none());
+    // scikit-learn's digits.images[0][0] / 16: 0 0 5 13 9 1 0 0.
+    let want: Vec<f32> = [0., 0., 5., 13., 9., 1., 0., 0.].iter().map(|v| v / 16.0).collect();
+    assert_eq!(&p.train.x[..8], &want[..]);
+    let Targets::Classes(labels) = &p.train.y else {
+        panic!("class ids expected")
+    };
+    assert_eq!(&labels[..5], &[0, 1, 2, 3, 4]);
+}
+
+/// Batches of a loader, as host vectors of inputs and targets.
+fn batches(l: &Loader, epoch: usize) -> Vec<(Vec<f32>, Vec<f32>)> {
+    l.epoch(epoch)
+        .map(|b| {
+            let b = b.unwrap();
+            let y = b.y.to_dtype(DType::F32).unwrap().flatten_all().unwrap();
+            (
+                b.x.flatten_all().unwrap().to_vec1().unwrap(),
+                y.to_vec1().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn npy_folders_and_safetensors_with_vector_targets_feed_both_placements() {
+    let dir = tempfile::tempdir().unwrap();
+    let x = Tensor::arange(0f32, 30., &Device::Cpu)
+        .unwrap()
+        .reshape((10, 3))
+        .unwrap();
+    let y = (x.narrow(1, 0, 2).unwrap() * -1.0).unwrap();
+    let npy = dir.path().join("arrays");
+    std::fs::create_dir(&npy).unwrap();
+    x.write_npy(npy.join("x.npy")).unwrap();
+    y.write_npy(npy.join("y.npy")).unwrap();
+    let st = dir.path().join("d.safetensors");
+    candle_core::safetensors::save(
+        &[("x".to_string(), x.clone()), ("y".to_string(), y.clone())]
+            .into_iter()
+            .collect(),
+        &st,
+    )
+    .unwrap();
+    let opts = DataOptions {
+        val_split: Some(0.0),
+        ..Default::default()
+    };
+    for path in [npy, st] {
+        let p = prepare(&path, &opts).unwrap();
+        assert_eq!(p.train.target, TargetKind::Values(2), "{}", path.display());
+        assert_eq!(p.train.input_dims, vec![3]);
+        let cfg = LoaderConfig {
+            batch_size: 4,
+            shuffle: true,
+            seed: 5,
+            prefetch: 1,
+            drop_last: false,
+        };
+        let dev = Device::Cpu;
+        let resident =
+            Loader::placed_host(p.train.clone(), &dev, Placement::Resident, cfg.clone()).unwrap();
+        let streaming =
+            Loader::placed_host(p.train.clone(), &dev, Placement::Streaming, cfg).unwrap();
+        let (r, s) = (batches(&resident, 1), batches(&streaming, 1));
+        assert_eq!(r.len(), 3);
+        assert_eq!(r, s);
+        // Every target row is minus the first two inputs of its sample.
+        for (xs, ys) in &r {
+            for (xr, yr) in xs.chunks(3).zip(ys.chunks(2)) {
+                assert_eq!(yr, &[-xr[0], -xr[1]]);
+            }
+        }
+        let b = resident.epoch(0).next().unwrap().unwrap();
+        assert_eq!(b.y.dims(), &[4, 2]);
+    }
+}
+
+#[test]
+fn cifar10_binary_folder_reads_all_five_batches_and_the_test_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("cifar-10-batches-bin");
+    std::fs::create_dir(&bin).unwrap();
+    let record = |label: u8, px: u8| {
+        let mut r = vec![label];
+        r.extend(std::iter::repeat_n(px, 3072));
+        r
+    };
+    for b in 1..=5u8 {
+        let mut bytes = record(b, 0);
+        bytes.extend(record(9, 255));
+        std::fs::write(bin.join(format!("data_batch_{b}.bin")), bytes).unwrap();
+    }
+    std::fs::write(bin.join("test_batch.bin"), record(3, 51)).unwrap();
+    let p = prepare(dir.path(), &DataOptions::default()).unwrap();
+    assert_eq!(p.format.to_string(), "CIFAR-10");
+    assert_eq!((p.train.len(), p.train.input_dims.clone()), (10, vec![3, 32, 32]));
+    assert_eq!(p.train.target, TargetKind::Classes(10));
+    assert_eq!(
+        p.train.y,
+        Targets::Classes(vec![1, 9, 2, 9, 3, 9, 4, 9, 5, 9])
+    );
+    assert_eq!((p.train.x[0], p.train.x[3072]), (-1.0, 1.0));
+    let test = p.test.unwrap();
+    assert_eq!(test.x[0], (51.0 / 255.0 - 0.5) / 0.5);
+    let split = Split::from_host(&test, &Device::Cpu).unwrap();
+    assert_eq!(split.x.dims(), &[1, 3, 32, 32]);
+    // A regression task on class ids is refused with the reason.
+    let reg = DataOptions {
+        task: Task::Regression,
+        ..Default::default()
+    };
+    assert!(err(prepare(dir.path(), &reg)).contains("labels are class ids"));
+}
+
+#[test]
+fn unreadable_data_names_the_file_and_what_was_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let m = err(prepare(&d.join("missing.csv"), &DataOptions::default()));
+    assert!(m.contains("missing.csv") && m.contains("no such file"), "{m}");
+    std::fs::write(d.join("x.parquet"), b"PAR1").unwrap();
+    let m = err(prepare(&d.join("x.parquet"), &DataOptions::default()));
+    assert!(m.contains("unknown data file type"), "{m}");
+    let m = err(prepare(d, &DataOptions::default()));
+    assert!(m.contains("no data set recognised in this folder"), "{m}");
+    // An .npy whose header promises more than the file holds is refused
+    // before anything is allocated from the header.
+    let x = Tensor::zeros((4, 2), DType::F32, &Device::Cpu).unwrap();
+    x.write_npy(d.join("x.npy")).unwrap();
+    x.write_npy(d.join("y.npy")).unwrap();
+    let mut bytes = std::fs::read(d.join("x.npy")).unwrap();
+    // The shape's first dimension, 4, becomes 9 (same header length).
+    let at = bytes.windows(2).position(|w| w == b"(4").unwrap();
+    bytes[at + 1] = b'9';
+    std::fs::write(d.join("x.npy"), bytes).unwrap();
+    let m = err(prepare(d, &DataOptions::default()));
+    assert!(m.contains("declares shape [9, 2] (72 bytes)"), "{m}");
+    // Arrays with other names list what was found.
+    let st = d.join("w.safetensors");
+    candle_core::safetensors::save(&[("weight".to_string(), x)].into_iter().collect(), &st)
+        .unwrap();
+    let m = err(prepare(&st, &DataOptions::default()));
+    assert!(m.contains("found arrays [\"weight\"]"), "{m}");
+}
+
+#[test]
+fn a_custom_dataset_streams_through_the_loader() {
+    /// Sample i is (i, 2i) with target i mod 3, made on demand.
+    struct Made(PathBuf);
+    impl Dataset for Made {
+        fn len(&self) -> usize {
+            7
+        }
+        fn input_dims(&self) -> &[usize] {
+            &[2]
+        }
+        fn target(&self) -> TargetKind {
+            TargetKind::Classes(3)
+        }
+        fn gather(
+            &self,
+            idx: &[u32],
+            x: &mut [f32],
+            y: redline_data::TargetsMut<'_>,
+        ) -> redline_data::Result<()> {
+            let redline_data::TargetsMut::Classes(y) = y else {
+                return Err(redline_data::Error::Config("class targets".into()));
+            };
+            for (k, &i) in idx.iter().enumerate() {
+                x[2 * k] = i as f32;
+                x[2 * k + 1] = 2.0 * i as f32;
+                y[k] = i % 3;
+            }
+            Ok(())
+        }
+        fn source(&self) -> &Path {
+            &self.0
+        }
+    }
+    let cfg = LoaderConfig {
+        batch_size: 3,
+        shuffle: false,
+        seed: 0,
+        prefetch: 2,
+        drop_last: false,
+    };
+    let l = Loader::from_dataset(Arc::new(Made("made".into())), &Device::Cpu, cfg).unwrap();
+    let got = batches(&l, 0);
+    assert_eq!(got.len(), 3);
+    assert_eq!(got[2], (vec![6.0, 12.0], vec![0.0]));
+    let whole: HostData = Split::from_dataset(&Made("m".into()), &Device::Cpu)
+        .unwrap()
+        .to_host()
+        .unwrap();
+    assert_eq!(whole.y, Targets::Classes(vec![0, 1, 2, 0, 1, 2, 0]));
+}

@@ -59,7 +59,10 @@ pub fn read_all(path: &Path) -> Result<HashMap<String, Tensor>> {
     } else if path.extension().is_some_and(|e| e == "safetensors") {
         candle_core::safetensors::load(path, &Device::Cpu).map_err(candle)
     } else {
-        Ok(Tensor::read_npz(path).map_err(candle)?.into_iter().collect())
+        Ok(Tensor::read_npz(path)
+            .map_err(candle)?
+            .into_iter()
+            .collect())
     }
 }
 
@@ -74,8 +77,12 @@ fn check_npy(path: &Path) -> Result<()> {
     let size = std::fs::metadata(path).map_err(io)?.len();
     let mut f = std::fs::File::open(path).map_err(io)?;
     let mut head = [0u8; 10];
-    f.read_exact(&mut head)
-        .map_err(|_| invalid(path, format!("{size} bytes is too short for an .npy header")))?;
+    f.read_exact(&mut head).map_err(|_| {
+        invalid(
+            path,
+            format!("{size} bytes is too short for an .npy header"),
+        )
+    })?;
     if &head[..6] != b"\x93NUMPY" {
         return Err(invalid(path, "not an .npy file (no \\x93NUMPY magic)"));
     }
@@ -91,7 +98,10 @@ fn check_npy(path: &Path) -> Result<()> {
         )
     };
     if len > 1 << 20 || skip + len > size {
-        return Err(invalid(path, format!("header length {len} does not fit the file's {size} bytes")));
+        return Err(invalid(
+            path,
+            format!("header length {len} does not fit the file's {size} bytes"),
+        ));
     }
     let mut text = vec![0u8; len as usize];
     f.read_exact(&mut text)
@@ -99,7 +109,11 @@ fn check_npy(path: &Path) -> Result<()> {
     let text = String::from_utf8_lossy(&text);
     let elem = |key: &str| {
         let at = text.find(key)?;
-        Some(text[at + key.len()..].trim_start_matches([' ', ':', '\'', '"']).to_owned())
+        Some(
+            text[at + key.len()..]
+                .trim_start_matches([' ', ':', '\'', '"'])
+                .to_owned(),
+        )
     };
     let descr = elem("descr").unwrap_or_default();
     let width: u64 = descr
@@ -117,7 +131,12 @@ fn check_npy(path: &Path) -> Result<()> {
         .filter(|d| !d.trim().is_empty())
         .map(|d| d.trim().parse::<u64>())
         .collect::<std::result::Result<Vec<u64>, _>>()
-        .map_err(|_| invalid(path, format!("unreadable shape in the .npy header: {shape:?}")))?;
+        .map_err(|_| {
+            invalid(
+                path,
+                format!("unreadable shape in the .npy header: {shape:?}"),
+            )
+        })?;
     let need = dims
         .iter()
         .try_fold(width, |a, &d| a.checked_mul(d))
@@ -139,9 +158,16 @@ fn check_npy(path: &Path) -> Result<()> {
 fn inputs(path: &Path, name: &str, t: &Tensor, norm: Normalize) -> Result<(Vec<f32>, Vec<usize>)> {
     let dims = t.dims().to_vec();
     let Some((&_, rest)) = dims.split_first() else {
-        return Err(invalid(path, format!("`{name}` is a scalar; expected (N, ...)")));
+        return Err(invalid(
+            path,
+            format!("`{name}` is a scalar; expected (N, ...)"),
+        ));
     };
-    let mut input_dims = if rest.is_empty() { vec![1] } else { rest.to_vec() };
+    let mut input_dims = if rest.is_empty() {
+        vec![1]
+    } else {
+        rest.to_vec()
+    };
     let conv = |e: candle_core::Error| invalid(path, format!("`{name}`: {e}"));
     let x = if t.dtype() == DType::U8 {
         check_norm(norm)?;
@@ -149,7 +175,10 @@ fn inputs(path: &Path, name: &str, t: &Tensor, norm: Normalize) -> Result<(Vec<f
         if input_dims.len() == 2 {
             input_dims.insert(0, 1);
         }
-        let bytes = t.flatten_all().and_then(|t| t.to_vec1::<u8>()).map_err(conv)?;
+        let bytes = t
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<u8>())
+            .map_err(conv)?;
         crate::mnist::normalise(&bytes, norm)
     } else {
         t.flatten_all()
@@ -158,7 +187,10 @@ fn inputs(path: &Path, name: &str, t: &Tensor, norm: Normalize) -> Result<(Vec<f
             .map_err(conv)?
     };
     if let Some(i) = x.iter().position(|v| !v.is_finite()) {
-        return Err(invalid(path, format!("`{name}` holds a non-finite value at flat index {i}")));
+        return Err(invalid(
+            path,
+            format!("`{name}` holds a non-finite value at flat index {i}"),
+        ));
     }
     Ok((x, input_dims))
 }
@@ -234,4 +266,3 @@ pub fn load(path: &Path, norm: Normalize) -> Result<(RawSplit, Option<RawSplit>)
 pub fn is_npy_dir(dir: &Path) -> bool {
     dir.join("x.npy").is_file() || dir.join("x_train.npy").is_file()
 }
-

@@ -91,7 +91,7 @@ fn decode(
         path: path.to_path_buf(),
         msg,
     };
-    if bytes.is_empty() || bytes.len() % record != 0 {
+    if bytes.is_empty() || !bytes.len().is_multiple_of(record) {
         return Err(invalid(format!(
             "{} bytes is not a whole number of {record}-byte {variant:?} records \
              (truncated, or not the binary version?)\nHINT: download the binary version \
@@ -163,15 +163,24 @@ mod tests {
     #[test]
     fn partial_records_and_bad_labels_are_refused() {
         let msg = |bytes: &[u8], v| {
-            decode(Path::new("f.bin"), bytes, v, &mut Vec::new(), &mut Vec::new())
-                .err()
-                .map(|e| e.to_string())
-                .unwrap_or_default()
+            decode(
+                Path::new("f.bin"),
+                bytes,
+                v,
+                &mut Vec::new(),
+                &mut Vec::new(),
+            )
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
         };
         let mut short = record(&[1], |_| 0);
         short.pop();
         let m = msg(&short, Variant::Cifar10);
-        assert!(m.contains("3072 bytes is not a whole number of 3073-byte"), "{m}");
+        assert!(
+            m.contains("3072 bytes is not a whole number of 3073-byte"),
+            "{m}"
+        );
         let m = msg(&record(&[10], |_| 0), Variant::Cifar10);
         assert!(m.contains("record 0: label 10 is >= 10 classes"), "{m}");
     }

@@ -109,14 +109,20 @@ impl Stage for PinnedStage {
         let y = match hy {
             PinnedTargets::Classes(h) => {
                 // SAFETY: as above.
-                let mut d = unsafe { self.copy.alloc::<u32>(h.len()) }.map_err(|e| cuda("alloc", e))?;
-                self.copy.memcpy_htod(&*h, &mut d).map_err(|e| cuda("copy", e))?;
+                let mut d =
+                    unsafe { self.copy.alloc::<u32>(h.len()) }.map_err(|e| cuda("alloc", e))?;
+                self.copy
+                    .memcpy_htod(&*h, &mut d)
+                    .map_err(|e| cuda("copy", e))?;
                 self.wrap(d, y_full)
             }
             PinnedTargets::Values(h) => {
                 // SAFETY: as above.
-                let mut d = unsafe { self.copy.alloc::<f32>(h.len()) }.map_err(|e| cuda("alloc", e))?;
-                self.copy.memcpy_htod(&*h, &mut d).map_err(|e| cuda("copy", e))?;
+                let mut d =
+                    unsafe { self.copy.alloc::<f32>(h.len()) }.map_err(|e| cuda("alloc", e))?;
+                self.copy
+                    .memcpy_htod(&*h, &mut d)
+                    .map_err(|e| cuda("copy", e))?;
                 self.wrap(d, y_full)
             }
         }

@@ -164,9 +164,11 @@ impl HostData {
         };
         let row: usize = input_dims.iter().product();
         if row == 0 {
-            return Err(bad(format!("inputs of shape {input_dims:?} hold no values")));
+            return Err(bad(format!(
+                "inputs of shape {input_dims:?} hold no values"
+            )));
         }
-        if x.len() % row != 0 {
+        if !x.len().is_multiple_of(row) {
             return Err(bad(format!(
                 "{} input values do not divide into samples of {input_dims:?}",
                 x.len()
@@ -314,7 +316,10 @@ mod tests {
         assert_eq!(x, vec![10.0, 11.0, 2.0, 3.0]);
         assert_eq!(y, Targets::Values(vec![-10.0, -11.0, -2.0, -3.0]));
         let sub = d.subset(&[2])?;
-        assert_eq!((sub.x, sub.y), (vec![4.0, 5.0], Targets::Values(vec![-4.0, -5.0])));
+        assert_eq!(
+            (sub.x, sub.y),
+            (vec![4.0, 5.0], Targets::Values(vec![-4.0, -5.0]))
+        );
         Ok(())
     }
 

@@ -4,18 +4,20 @@
 //! * [`dataset`]: the `Dataset` trait, typed targets, and host-memory data.
 //! * [`split`]: a whole data set as two tensors on a device.
 //! * [`mnist`]: an MNIST-format folder, normalised.
-//! * [`source`]: `--data PATH`: format detection, task, hold-out; [`cifar`], [`table`] (CSV), [`arrays`] (npz, safetensors, npy).
+//! * [`source`]: `--data PATH`: format detection, task, hold-out; [`cifar`], [`table`] (CSV), [`arrays`] (npz, safetensors, npy), [`image_folder`]; [`augment`]: random crop and flip on the loader thread.
 //! * [`loader`]: seeded per-epoch shuffling, device-resident or streamed batches, background prefetch.
 //! * [`place`]: the `--data-on-device` policy (resident when the split fits a memory budget).
 //! * [`stage`]: staging buffers for streaming (pinned memory and async copies on GPUs).
 
 pub mod arrays;
+pub mod augment;
 pub mod cifar;
 #[cfg(feature = "cuda")]
 mod cuda_stage;
 pub mod dataset;
 mod error;
 pub mod idx;
+pub mod image_folder;
 pub mod loader;
 pub mod mnist;
 pub mod place;
@@ -24,11 +26,12 @@ pub mod split;
 pub mod stage;
 pub mod table;
 
+pub use augment::{Augment, Augmented};
 pub use dataset::{Dataset, HostData, TargetKind, Targets, TargetsMut};
 pub use error::{Error, Result};
 pub use loader::{Batch, Loader, LoaderConfig};
 pub use mnist::{Normalize, SplitKind};
+pub use place::{place, DataOnDevice, Placement};
 pub use source::{prepare, DataOptions, Format, Prepared, Task};
 pub use split::Split;
 pub use table::TargetColumn;
-pub use place::{place, DataOnDevice, Placement};

@@ -125,7 +125,11 @@ impl Loader {
     /// A streaming loader over any data set: each batch is gathered into a
     /// staging slot and copied to `device` (pinned memory and an asynchronous
     /// copy on GPUs).
-    pub fn from_dataset(data: Arc<dyn Dataset>, device: &Device, cfg: LoaderConfig) -> Result<Self> {
+    pub fn from_dataset(
+        data: Arc<dyn Dataset>,
+        device: &Device,
+        cfg: LoaderConfig,
+    ) -> Result<Self> {
         check(&cfg)?;
         Ok(Self {
             cfg,

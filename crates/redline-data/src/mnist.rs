@@ -49,12 +49,21 @@ impl Default for Normalize {
 
 /// True when `dir` holds MNIST-format training images.
 pub fn is_idx_dir(dir: &Path) -> bool {
-    idx::locate(dir, &format!("{}-images-idx3-ubyte", SplitKind::Train.prefix())).is_ok()
+    idx::locate(
+        dir,
+        &format!("{}-images-idx3-ubyte", SplitKind::Train.prefix()),
+    )
+    .is_ok()
 }
 
 /// Reads `dir`'s split as host data: normalised images `(1, H, W)` and class
 /// ids checked against `classes` (`None`: one more than the largest label).
-pub fn load(dir: &Path, kind: SplitKind, classes: Option<usize>, norm: Normalize) -> Result<HostData> {
+pub fn load(
+    dir: &Path,
+    kind: SplitKind,
+    classes: Option<usize>,
+    norm: Normalize,
+) -> Result<HostData> {
     let img_path = idx::locate(dir, &format!("{}-images-idx3-ubyte", kind.prefix()))?;
     let lbl_path = idx::locate(dir, &format!("{}-labels-idx1-ubyte", kind.prefix()))?;
     let images = idx::read(&img_path)?;
@@ -174,11 +183,10 @@ mod tests {
     #[test]
     fn normalises_like_torchvision() -> std::result::Result<(), String> {
         let s = build(arr(&[1, 1, 3], vec![0, 255, 51]), arr(&[1], vec![4]))?;
-        let v = s
-            .x
-            .flatten_all()
-            .and_then(|t| t.to_vec1::<f32>())
-            .map_err(|e| e.to_string())?;
+        let v =
+            s.x.flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(|e| e.to_string())?;
         assert_eq!(v, vec![-1.0, 1.0, (51.0 / 255.0 - 0.5) / 0.5]);
         assert_eq!(s.x.dims(), &[1, 1, 1, 3]);
         Ok(())

@@ -7,6 +7,7 @@
 //! | a folder with `data_batch_1.bin` or `train.bin`+`test.bin` (or their `cifar-*` sub-folder) | CIFAR-10 / CIFAR-100 binary |
 //! | `*.csv`, `*.tsv` | a numeric table |
 //! | `*.npz`, `*.safetensors`, a folder with `x.npy` / `x_train.npy` | named arrays |
+//! | a folder of class sub-folders of PNG/JPEG (optionally under `train/`, `test/`) | image folder |
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +19,7 @@ use crate::arrays::{self, RawSplit};
 use crate::cifar::{self, Variant};
 use crate::dataset::{Dataset, HostData, TargetKind, Targets};
 use crate::error::{Error, Result};
+use crate::image_folder;
 use crate::mnist::{self, Normalize, SplitKind};
 use crate::table::{Standardize, Table, TargetColumn};
 
@@ -72,6 +74,8 @@ pub enum Format {
     Csv,
     /// Named arrays in `.npz`, `.safetensors` or `.npy` files.
     Arrays,
+    /// PNG/JPEG files in one sub-folder per class.
+    Images,
 }
 
 impl std::fmt::Display for Format {
@@ -82,6 +86,7 @@ impl std::fmt::Display for Format {
             Self::Cifar(Variant::Cifar100) => "CIFAR-100",
             Self::Csv => "CSV table",
             Self::Arrays => "arrays",
+            Self::Images => "image folder",
         })
     }
 }
@@ -104,6 +109,8 @@ pub struct DataOptions {
     pub val_split: Option<f64>,
     /// Seed of the hold-out draw.
     pub seed: u64,
+    /// Resize every image of an image folder to this square size.
+    pub image_size: Option<u32>,
 }
 
 impl Default for DataOptions {
@@ -116,6 +123,7 @@ impl Default for DataOptions {
             standardize: true,
             val_split: None,
             seed: 0,
+            image_size: None,
         }
     }
 }
@@ -163,11 +171,14 @@ pub fn detect(path: &Path) -> Result<(Format, PathBuf)> {
         if arrays::is_npy_dir(path) {
             return Ok((Format::Arrays, path.to_path_buf()));
         }
+        if image_folder::detect(path).is_some() {
+            return Ok((Format::Images, path.to_path_buf()));
+        }
         return Err(Error::Invalid {
             path: path.to_path_buf(),
             msg: "no data set recognised in this folder: expected train-images-idx3-ubyte[.gz] \
                   (MNIST family), data_batch_1.bin or train.bin + test.bin (CIFAR binary), \
-                  or x.npy / x_train.npy"
+                  x.npy / x_train.npy, or class sub-folders of PNG/JPEG images"
                 .into(),
         });
     }
@@ -203,6 +214,30 @@ pub fn prepare(path: &Path, opts: &DataOptions) -> Result<Prepared> {
             let test = load(SplitKind::Test, train.target.classes())?;
             (train, Some(test))
         }
+        Format::Images => {
+            if opts.task == Task::Regression {
+                return Err(Error::Config(
+                    "--task regression: an image folder's labels are class ids".into(),
+                ));
+            }
+            let (train_dir, test_dir) =
+                image_folder::detect(&at).ok_or_else(|| Error::Invalid {
+                    path: at.clone(),
+                    msg: "no class sub-folders of images".into(),
+                })?;
+            let (train, names) = image_folder::load(&train_dir, None, opts.image_size, opts.norm)?;
+            let shown: Vec<&str> = names.iter().take(10).map(String::as_str).collect();
+            notes.push(format!(
+                "classes (sorted folder names): {}{}",
+                shown.join(", "),
+                if names.len() > 10 { ", ..." } else { "" }
+            ));
+            let size = train.input_dims.get(1).map(|&s| s as u32);
+            let test = test_dir
+                .map(|d| image_folder::load(&d, Some(&names), size, opts.norm).map(|t| t.0))
+                .transpose()?;
+            (train, test)
+        }
         Format::Csv => {
             let raw = Table::read(&at)?.split(&opts.target)?;
             (host(&at, raw, opts, &mut notes)?, None)
@@ -235,7 +270,10 @@ pub fn prepare(path: &Path, opts: &DataOptions) -> Result<Prepared> {
     if format == Format::Csv && opts.standardize {
         let cols = train.input_dims.iter().product();
         let s = Standardize::fit(&train.x, cols);
-        for d in std::iter::once(&mut train).chain(val.iter_mut()).chain(test.iter_mut()) {
+        for d in std::iter::once(&mut train)
+            .chain(val.iter_mut())
+            .chain(test.iter_mut())
+        {
             s.apply(&mut d.x);
         }
         notes.push(
@@ -338,7 +376,12 @@ fn finish(path: &Path, raw: RawSplit, kind: TargetKind, first: &RawTargets) -> R
     HostData::new(raw.x, raw.input_dims, y, kind, path.to_path_buf())
 }
 
-fn host(path: &Path, raw: RawSplit, opts: &DataOptions, notes: &mut Vec<String>) -> Result<HostData> {
+fn host(
+    path: &Path,
+    raw: RawSplit,
+    opts: &DataOptions,
+    notes: &mut Vec<String>,
+) -> Result<HostData> {
     let kind = decide(&raw.y, opts, notes)?;
     let first = raw.y.clone();
     finish(path, raw, kind, &first)

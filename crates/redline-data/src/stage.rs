@@ -36,9 +36,9 @@ impl Fence {
         match self {
             Self::Ready => Ok(()),
             #[cfg(feature = "cuda")]
-            Self::Cuda { event, compute } => compute
-                .wait(&event)
-                .map_err(|e| crate::Error::Candle(candle_core::Error::Msg(format!("stream wait: {e:?}")))),
+            Self::Cuda { event, compute } => compute.wait(&event).map_err(|e| {
+                crate::Error::Candle(candle_core::Error::Msg(format!("stream wait: {e:?}")))
+            }),
         }
     }
 }

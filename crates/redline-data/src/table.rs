@@ -29,7 +29,9 @@ impl std::str::FromStr for TargetColumn {
     fn from_str(s: &str) -> Result<Self> {
         let s = s.trim();
         if s.is_empty() {
-            return Err(Error::Config("--target: give a column name or index".into()));
+            return Err(Error::Config(
+                "--target: give a column name or index".into(),
+            ));
         }
         Ok(match s.parse::<i64>() {
             Ok(-1) => Self::Last,
@@ -224,9 +226,15 @@ mod tests {
         let t = Table::read(&p)?;
         assert_eq!(t.columns, vec!["a", "b", "price"]);
         let s = t.split(&TargetColumn::Last)?;
-        assert_eq!((s.x, s.y.values), (vec![1.0, 2.0, 4.0, 5.0], vec![3.0, 6.0]));
+        assert_eq!(
+            (s.x, s.y.values),
+            (vec![1.0, 2.0, 4.0, 5.0], vec![3.0, 6.0])
+        );
         let s = t.split(&"a".parse()?)?;
-        assert_eq!((s.x, s.y.values), (vec![2.0, 3.0, 5.0, 6.0], vec![1.0, 4.0]));
+        assert_eq!(
+            (s.x, s.y.values),
+            (vec![2.0, 3.0, 5.0, 6.0], vec![1.0, 4.0])
+        );
         assert_eq!(t.split(&"1".parse()?)?.y.values, vec![2.0, 5.0]);
         assert_eq!(t.split(&"-3".parse()?)?.y.values, vec![1.0, 4.0]);
         let m = t.split(&"cost".parse()?).err().map(|e| e.to_string());
@@ -239,13 +247,28 @@ mod tests {
         let (_d, p) = write("1,2\n3,4\n")?;
         assert_eq!(Table::read(&p)?.rows(), 2);
         let (_d, p) = write("x,y\n1,2\n3,male\n")?;
-        let m = Table::read(&p).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(m.contains("line 3, column `y`: \"male\" is not a finite number"), "{m}");
+        let m = Table::read(&p)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            m.contains("line 3, column `y`: \"male\" is not a finite number"),
+            "{m}"
+        );
         let (_d, p) = write("x,y\n1,2\n3\n")?;
-        let m = Table::read(&p).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(m.contains("line 3 has 1 cells; the first line has 2"), "{m}");
+        let m = Table::read(&p)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            m.contains("line 3 has 1 cells; the first line has 2"),
+            "{m}"
+        );
         let (_d, p) = write("x,y\n")?;
-        let m = Table::read(&p).err().map(|e| e.to_string()).unwrap_or_default();
+        let m = Table::read(&p)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(m.contains("no rows"), "{m}");
         Ok(())
     }
@@ -254,7 +277,10 @@ mod tests {
     fn standardize_uses_population_std_and_leaves_constants_centred() {
         let x = vec![1.0, 5.0, 3.0, 5.0];
         let s = Standardize::fit(&x, 2);
-        assert_eq!((s.mean.clone(), s.std.clone()), (vec![2.0, 5.0], vec![1.0, 1.0]));
+        assert_eq!(
+            (s.mean.clone(), s.std.clone()),
+            (vec![2.0, 5.0], vec![1.0, 1.0])
+        );
         let mut y = x;
         s.apply(&mut y);
         assert_eq!(y, vec![-1.0, 0.0, 1.0, 0.0]);

@@ -28,16 +28,32 @@ fn wine_csv_is_a_standardised_three_class_table_with_a_holdout() {
     assert_eq!(p.train.target, TargetKind::Classes(3));
     assert_eq!(p.train.input_dims, vec![13]);
     let val = p.val.as_ref().unwrap();
-    assert_eq!((p.train.len(), val.len(), p.test.is_none()), (160, 18, true));
+    assert_eq!(
+        (p.train.len(), val.len(), p.test.is_none()),
+        (160, 18, true)
+    );
     assert!(!p.val_is_test);
     // Each feature of the training rows now has mean 0 and std 1.
     for c in 0..13 {
-        let col: Vec<f64> = p.train.x.iter().skip(c).step_by(13).map(|&v| v as f64).collect();
+        let col: Vec<f64> = p
+            .train
+            .x
+            .iter()
+            .skip(c)
+            .step_by(13)
+            .map(|&v| v as f64)
+            .collect();
         let mean = col.iter().sum::<f64>() / col.len() as f64;
         let var = col.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / col.len() as f64;
-        assert!(mean.abs() < 1e-5 && (var - 1.0).abs() < 1e-4, "column {c}: {mean} {var}");
+        assert!(
+            mean.abs() < 1e-5 && (var - 1.0).abs() < 1e-4,
+            "column {c}: {mean} {var}"
+        );
     }
-    assert!(p.notes.iter().any(|n| n.contains("task: classification, 3 classes")));
+    assert!(p
+        .notes
+        .iter()
+        .any(|n| n.contains("task: classification, 3 classes")));
     // The same seed holds out the same rows; another seed other rows.
     let again = prepare(&tables().join("wine.csv"), &DataOptions::default()).unwrap();
     assert_eq!(again.val.unwrap().y, val.y);
@@ -94,7 +110,10 @@ fn digits_npz_has_a_test_split_and_keeps_float_pixels() {
     assert_eq!((p.train.len(), p.test.as_ref().unwrap().len()), (1500, 297));
     assert!(p.val_is_test && p.val.is_none());
     // scikit-learn's digits.images[0][0] / 16: 0 0 5 13 9 1 0 0.
-    let want: Vec<f32> = [0., 0., 5., 13., 9., 1., 0., 0.].iter().map(|v| v / 16.0).collect();
+    let want: Vec<f32> = [0., 0., 5., 13., 9., 1., 0., 0.]
+        .iter()
+        .map(|v| v / 16.0)
+        .collect();
     assert_eq!(&p.train.x[..8], &want[..]);
     let Targets::Classes(labels) = &p.train.y else {
         panic!("class ids expected")
@@ -188,7 +207,10 @@ fn cifar10_binary_folder_reads_all_five_batches_and_the_test_file() {
     std::fs::write(bin.join("test_batch.bin"), record(3, 51)).unwrap();
     let p = prepare(dir.path(), &DataOptions::default()).unwrap();
     assert_eq!(p.format.to_string(), "CIFAR-10");
-    assert_eq!((p.train.len(), p.train.input_dims.clone()), (10, vec![3, 32, 32]));
+    assert_eq!(
+        (p.train.len(), p.train.input_dims.clone()),
+        (10, vec![3, 32, 32])
+    );
     assert_eq!(p.train.target, TargetKind::Classes(10));
     assert_eq!(
         p.train.y,
@@ -212,7 +234,10 @@ fn unreadable_data_names_the_file_and_what_was_wrong() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let m = err(prepare(&d.join("missing.csv"), &DataOptions::default()));
-    assert!(m.contains("missing.csv") && m.contains("no such file"), "{m}");
+    assert!(
+        m.contains("missing.csv") && m.contains("no such file"),
+        "{m}"
+    );
     std::fs::write(d.join("x.parquet"), b"PAR1").unwrap();
     let m = err(prepare(&d.join("x.parquet"), &DataOptions::default()));
     assert!(m.contains("unknown data file type"), "{m}");
@@ -288,4 +313,90 @@ fn a_custom_dataset_streams_through_the_loader() {
         .to_host()
         .unwrap();
     assert_eq!(whole.y, Targets::Classes(vec![0, 1, 2, 0, 1, 2, 0]));
+}
+
+/// Writes the first `n` Fashion-MNIST test images as PNG files under
+/// `dir/<split>/<class name>/`, returning them as read from the IDX file.
+fn fashion_pngs(dir: &Path, split: &str, skip: usize, n: usize) -> HostData {
+    let names = [
+        "0-tshirt",
+        "1-trouser",
+        "2-pullover",
+        "3-dress",
+        "4-coat",
+        "5-sandal",
+        "6-shirt",
+        "7-sneaker",
+        "8-bag",
+        "9-boot",
+    ];
+    let fm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fashion-mnist");
+    let raw = redline_data::Normalize {
+        mean: 0.0,
+        std: 1.0 / 255.0,
+    };
+    let all = redline_data::mnist::load(&fm, redline_data::SplitKind::Test, Some(10), raw).unwrap();
+    let idx: Vec<u32> = (skip as u32..(skip + n) as u32).collect();
+    let part = all.subset(&idx).unwrap();
+    let Targets::Classes(labels) = &part.y else {
+        panic!()
+    };
+    for (k, &l) in labels.iter().enumerate() {
+        let px: Vec<u8> = part.x[k * 784..(k + 1) * 784]
+            .iter()
+            .map(|&v| v.round() as u8)
+            .collect();
+        let d = dir.join(split).join(names[l as usize]);
+        std::fs::create_dir_all(&d).unwrap();
+        image::GrayImage::from_raw(28, 28, px)
+            .unwrap()
+            .save(d.join(format!("{k:04}.png")))
+            .unwrap();
+    }
+    part
+}
+
+#[test]
+fn an_image_folder_of_real_pngs_reads_back_the_idx_pixels() {
+    let dir = tempfile::tempdir().unwrap();
+    let want = fashion_pngs(dir.path(), "train", 0, 120);
+    fashion_pngs(dir.path(), "test", 120, 30);
+    let opts = DataOptions {
+        norm: redline_data::Normalize {
+            mean: 0.0,
+            std: 1.0 / 255.0,
+        },
+        ..Default::default()
+    };
+    let p = prepare(dir.path(), &opts).unwrap();
+    assert_eq!(p.format, Format::Images);
+    assert_eq!(p.train.input_dims, vec![1, 28, 28]);
+    assert_eq!(p.train.target, TargetKind::Classes(10));
+    assert!(p.val_is_test);
+    assert_eq!(p.test.as_ref().unwrap().len(), 30);
+    // Files are read class by class: compare each image with its IDX original
+    // through its label and position within the class.
+    let (Targets::Classes(got), Targets::Classes(orig)) = (&p.train.y, &want.y) else {
+        panic!()
+    };
+    for class in 0..10u32 {
+        let mine: Vec<usize> = (0..got.len()).filter(|&i| got[i] == class).collect();
+        let theirs: Vec<usize> = (0..orig.len()).filter(|&i| orig[i] == class).collect();
+        assert_eq!(mine.len(), theirs.len(), "class {class}");
+        for (&a, &b) in mine.iter().zip(&theirs) {
+            assert_eq!(
+                p.train.x[a * 784..(a + 1) * 784],
+                want.x[b * 784..(b + 1) * 784]
+            );
+        }
+    }
+    // Resized on request.
+    let small = DataOptions {
+        image_size: Some(14),
+        ..Default::default()
+    };
+    assert_eq!(
+        prepare(dir.path(), &small).unwrap().train.input_dims,
+        vec![1, 14, 14]
+    );
 }

@@ -99,6 +99,13 @@ pub struct TrainArgs {
     /// the test split; 0.1 when the data has none].
     #[arg(long, value_name = "FRACTION")]
     pub val_split: Option<f64>,
+    /// Resize every image of an image folder to N x N [default: the images' own size].
+    #[arg(long, value_name = "N")]
+    pub image_size: Option<u32>,
+    /// Augment training images on the loader thread: flip (random horizontal flip),
+    /// crop (pad 4 and crop back at a random offset) or crop=N, comma-separated.
+    #[arg(long, value_name = "LIST")]
+    pub augment: Option<String>,
     /// Keep table features as they are (by default they are standardised with the
     /// training rows' mean and std).
     #[arg(long)]

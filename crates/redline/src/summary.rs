@@ -86,7 +86,9 @@ pub fn print(s: &FitSummary, test: Option<&EvalResult>, batch_size: usize) -> st
     }
     let full: Vec<f64> = s.epochs_log.iter().map(|e| e.epoch_s).collect();
     // The test pass when there was one, else the last validation.
-    let last = test.map(|t| ("test", t)).or(s.val.as_ref().map(|v| ("val", v)));
+    let last = test
+        .map(|t| ("test", t))
+        .or(s.val.as_ref().map(|v| ("val", v)));
     let headline = match last {
         Some((split, t)) => {
             let mut parts = vec![format!("{split} loss {:.4}", t.loss)];

@@ -1,13 +1,14 @@
 //! `redline train`: resolve flags into configs, build, fit, report, save.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use redline_core::{Device, DeviceSpec, Precision};
 use redline_data::{
-    place, DataOnDevice, DataOptions, Dataset, HostData, Loader, LoaderConfig, Normalize,
-    Placement,
+    place, Augment, Augmented, DataOnDevice, DataOptions, Dataset, HostData, Loader, LoaderConfig,
+    Normalize, Placement,
 };
 use redline_models::ModelConfig;
 use redline_monitor::Sampler;
@@ -18,8 +19,8 @@ use serde_json::json;
 
 use crate::cli::TrainArgs;
 use crate::progress::Progress;
-use crate::step_kind::StepKind;
 use crate::run_dir::{self, RunLog};
+use crate::step_kind::StepKind;
 use crate::summary;
 
 /// The shipped Fashion-MNIST: `./data/fashion-mnist` from the repository root,
@@ -103,7 +104,35 @@ fn data_options(args: &TrainArgs) -> anyhow::Result<DataOptions> {
         standardize: !args.no_standardize,
         val_split: args.val_split,
         seed: args.seed,
+        image_size: args.image_size,
     })
+}
+
+/// `--augment flip,crop=4` as the transforms (`None` without the flag).
+fn augment(args: &TrainArgs) -> anyhow::Result<Option<Augment>> {
+    let Some(text) = &args.augment else {
+        return Ok(None);
+    };
+    let mut aug = Augment {
+        flip: false,
+        crop_padding: 0,
+        fill: -args.mean / args.std,
+    };
+    for part in text.split(',').map(str::trim) {
+        match part.split_once('=') {
+            None if part == "flip" => aug.flip = true,
+            None if part == "crop" => aug.crop_padding = 4,
+            Some(("crop", n)) => {
+                aug.crop_padding = n
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .with_context(|| format!("--augment crop={n}: give a padding >= 1"))?
+            }
+            _ => bail!("--augment {part:?}: expected flip, crop or crop=N (comma-separated)"),
+        }
+    }
+    Ok(Some(aug))
 }
 
 /// `--hidden 256,128` as widths.
@@ -178,16 +207,22 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         prepared.val.as_ref().map_or(0, |v| v.len()),
         prepared.test.as_ref().map_or(0, |t| t.len()),
     );
-    let train_loader = load(
-        prepared.train,
-        LoaderConfig {
-            batch_size: args.batch_size,
-            shuffle: !args.no_shuffle,
-            seed: args.seed,
-            prefetch: args.prefetch,
-            drop_last: false,
-        },
-    )?;
+    let train_cfg = LoaderConfig {
+        batch_size: args.batch_size,
+        shuffle: !args.no_shuffle,
+        seed: args.seed,
+        prefetch: args.prefetch,
+        drop_last: false,
+    };
+    let train_loader = match augment(args)? {
+        // Transforms run while gathering on the loader thread: the split streams.
+        Some(aug) => Loader::from_dataset(
+            Arc::new(Augmented::new(prepared.train, aug, args.seed)?),
+            device.candle(),
+            train_cfg,
+        )?,
+        None => load(prepared.train, train_cfg)?,
+    };
     let (val_loader, test_loader) = if args.no_validate {
         (None, None)
     } else {
@@ -226,7 +261,11 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         target,
         train_n,
         if prepared.val_is_test { test_n } else { val_n },
-        if prepared.val_is_test { " (the test split)" } else { "" },
+        if prepared.val_is_test {
+            " (the test split)"
+        } else {
+            ""
+        },
         test_n,
         train_loader.placement(),
     );

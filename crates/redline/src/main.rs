@@ -3,6 +3,7 @@
 
 mod cli;
 mod csv_log;
+mod data_flags;
 mod progress;
 mod run_dir;
 mod step_kind;

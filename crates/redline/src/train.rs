@@ -7,8 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use redline_core::{Device, DeviceSpec, Precision};
 use redline_data::{
-    place, Augment, Augmented, DataOnDevice, DataOptions, Dataset, HostData, Loader, LoaderConfig,
-    Normalize, Placement,
+    place, Augmented, DataOnDevice, Dataset, HostData, Loader, LoaderConfig, Placement,
 };
 use redline_models::ModelConfig;
 use redline_monitor::Sampler;
@@ -18,6 +17,7 @@ use redline_train::{EvalResult, FitSummary, JsonlMetrics, OptimizerConfig, Train
 use serde_json::json;
 
 use crate::cli::TrainArgs;
+use crate::data_flags::{augment, data_options, hidden};
 use crate::progress::Progress;
 use crate::run_dir::{self, RunLog};
 use crate::step_kind::StepKind;
@@ -88,68 +88,6 @@ fn optimizer(args: &TrainArgs) -> anyhow::Result<OptimizerConfig> {
     Ok(cfg)
 }
 
-/// How `--data` is read, from the flags.
-fn data_options(args: &TrainArgs) -> anyhow::Result<DataOptions> {
-    Ok(DataOptions {
-        task: args.task.parse()?,
-        classes: args.classes,
-        target: match &args.target {
-            Some(t) => t.parse()?,
-            None => Default::default(),
-        },
-        norm: Normalize {
-            mean: args.mean,
-            std: args.std,
-        },
-        standardize: !args.no_standardize,
-        val_split: args.val_split,
-        seed: args.seed,
-        image_size: args.image_size,
-    })
-}
-
-/// `--augment flip,crop=4` as the transforms (`None` without the flag).
-fn augment(args: &TrainArgs) -> anyhow::Result<Option<Augment>> {
-    let Some(text) = &args.augment else {
-        return Ok(None);
-    };
-    let mut aug = Augment {
-        flip: false,
-        crop_padding: 0,
-        fill: -args.mean / args.std,
-    };
-    for part in text.split(',').map(str::trim) {
-        match part.split_once('=') {
-            None if part == "flip" => aug.flip = true,
-            None if part == "crop" => aug.crop_padding = 4,
-            Some(("crop", n)) => {
-                aug.crop_padding = n
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .with_context(|| format!("--augment crop={n}: give a padding >= 1"))?
-            }
-            _ => bail!("--augment {part:?}: expected flip, crop or crop=N (comma-separated)"),
-        }
-    }
-    Ok(Some(aug))
-}
-
-/// `--hidden 256,128` as widths.
-fn hidden(args: &TrainArgs) -> anyhow::Result<Option<Vec<usize>>> {
-    let Some(text) = &args.hidden else {
-        return Ok(None);
-    };
-    let widths = text
-        .split(',')
-        .map(|w| w.trim().parse::<usize>().ok().filter(|&w| w > 0))
-        .collect::<Option<Vec<usize>>>();
-    match widths {
-        Some(w) if !w.is_empty() => Ok(Some(w)),
-        _ => bail!("--hidden {text:?}: give widths >= 1 separated by commas, e.g. 256,128"),
-    }
-}
-
 /// Runs `redline train`.
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if args.threads == Some(0) {
@@ -215,6 +153,10 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         drop_last: false,
     };
     let train_loader = match augment(args)? {
+        Some(_) if policy == DataOnDevice::On => bail!(
+            "--augment transforms batches on the loader thread, so the training split streams; \
+             it cannot be combined with --data-on-device on"
+        ),
         // Transforms run while gathering on the loader thread: the split streams.
         Some(aug) => Loader::from_dataset(
             Arc::new(Augmented::new(prepared.train, aug, args.seed)?),

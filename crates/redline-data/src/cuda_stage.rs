@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use candle_core::cuda_backend::cudarc::driver::{CudaStream, PinnedHostSlice};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, Storage, Tensor};
 
@@ -65,15 +65,28 @@ impl PinnedStage {
             batch,
         })
     }
+}
 
-    fn wrap<T: candle_core::cuda_backend::CudaDType>(
-        &self,
-        slice: candle_core::cuda_backend::cudarc::driver::CudaSlice<T>,
-        shape: Vec<usize>,
-    ) -> Tensor {
-        let storage = CudaStorage::wrap_cuda_slice(slice, self.device.clone());
-        Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
-    }
+/// Queues the copy of a whole pinned slot into fresh device memory on the copy stream.
+fn upload<T: candle_core::cuda_backend::cudarc::driver::DeviceRepr>(
+    copy: &CudaStream,
+    host: &PinnedHostSlice<T>,
+) -> Result<CudaSlice<T>> {
+    // SAFETY: the copy below writes every element before any use.
+    let mut d = unsafe { copy.alloc::<T>(host.len()) }.map_err(|e| cuda("alloc", e))?;
+    copy.memcpy_htod(host, &mut d)
+        .map_err(|e| cuda("copy", e))?;
+    Ok(d)
+}
+
+/// A device slice as a tensor of `shape` (no copy).
+fn wrap<T: candle_core::cuda_backend::CudaDType>(
+    device: &CudaDevice,
+    slice: CudaSlice<T>,
+    shape: Vec<usize>,
+) -> Tensor {
+    let storage = CudaStorage::wrap_cuda_slice(slice, device.clone());
+    Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
 }
 
 impl Stage for PinnedStage {
@@ -98,39 +111,18 @@ impl Stage for PinnedStage {
             };
             data.gather(idx, x, y)?;
         }
-        // SAFETY: the copies below write every element before any use.
-        let mut dx = unsafe { self.copy.alloc::<f32>(hx.len()) }.map_err(|e| cuda("alloc", e))?;
-        self.copy
-            .memcpy_htod(&*hx, &mut dx)
-            .map_err(|e| cuda("copy", e))?;
-        let kind = data.target();
-        let y_full = kind.batch_shape(self.batch);
-        let b = idx.len();
+        let (b, y_shape) = (idx.len(), data.target().batch_shape(self.batch));
+        let x = wrap(
+            &self.device,
+            upload(&self.copy, hx)?,
+            batch_shape(data, self.batch),
+        );
         let y = match hy {
-            PinnedTargets::Classes(h) => {
-                // SAFETY: as above.
-                let mut d =
-                    unsafe { self.copy.alloc::<u32>(h.len()) }.map_err(|e| cuda("alloc", e))?;
-                self.copy
-                    .memcpy_htod(&*h, &mut d)
-                    .map_err(|e| cuda("copy", e))?;
-                self.wrap(d, y_full)
-            }
-            PinnedTargets::Values(h) => {
-                // SAFETY: as above.
-                let mut d =
-                    unsafe { self.copy.alloc::<f32>(h.len()) }.map_err(|e| cuda("alloc", e))?;
-                self.copy
-                    .memcpy_htod(&*h, &mut d)
-                    .map_err(|e| cuda("copy", e))?;
-                self.wrap(d, y_full)
-            }
-        }
-        .narrow(0, 0, b)?;
+            PinnedTargets::Classes(h) => wrap(&self.device, upload(&self.copy, h)?, y_shape),
+            PinnedTargets::Values(h) => wrap(&self.device, upload(&self.copy, h)?, y_shape),
+        };
         let event = self.copy.record_event(None).map_err(|e| cuda("event", e))?;
-        let x = self
-            .wrap(dx, batch_shape(data, self.batch))
-            .narrow(0, 0, b)?;
+        let (x, y) = (x.narrow(0, 0, b)?, y.narrow(0, 0, b)?);
         Ok((
             x,
             y,

@@ -84,12 +84,22 @@ mod tests {
 
     #[test]
     fn hidden_widths_and_augment_lists_parse_or_say_why_not() -> anyhow::Result<()> {
-        assert_eq!(hidden(&args(&["--hidden", "256, 128"])?)?, Some(vec![256, 128]));
+        assert_eq!(
+            hidden(&args(&["--hidden", "256, 128"])?)?,
+            Some(vec![256, 128])
+        );
         assert_eq!(hidden(&args(&[])?)?, None);
         for bad in ["", "8,", "x", "0"] {
             assert!(hidden(&args(&["--hidden", bad])?).is_err(), "{bad:?}");
         }
-        let a = augment(&args(&["--augment", "flip,crop=2", "--mean", "0.5", "--std", "0.25"])?)?;
+        let a = augment(&args(&[
+            "--augment",
+            "flip,crop=2",
+            "--mean",
+            "0.5",
+            "--std",
+            "0.25",
+        ])?)?;
         assert_eq!(
             a,
             Some(Augment {

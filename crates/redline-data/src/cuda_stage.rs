@@ -69,7 +69,7 @@ impl PinnedStage {
 
 /// Queues the copy of a whole pinned slot into fresh device memory on the copy stream.
 fn upload<T: candle_core::cuda_backend::cudarc::driver::DeviceRepr>(
-    copy: &CudaStream,
+    copy: &Arc<CudaStream>,
     host: &PinnedHostSlice<T>,
 ) -> Result<CudaSlice<T>> {
     // SAFETY: the copy below writes every element before any use.

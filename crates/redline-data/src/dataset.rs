@@ -258,14 +258,15 @@ impl Dataset for HostData {
                 idx.len()
             )));
         }
-        if let Some(&i) = idx.iter().find(|&&i| i as usize >= n) {
-            return Err(Error::Config(format!(
-                "sample index {i} beyond the data set's {n} samples"
-            )));
-        }
+        // One pass: the bounds check rides on the copy of each row.
         for (k, &i) in idx.iter().enumerate() {
             let i = i as usize;
-            x[k * row..(k + 1) * row].copy_from_slice(&self.x[i * row..(i + 1) * row]);
+            let src = self.x.get(i * row..(i + 1) * row).ok_or_else(|| {
+                Error::Config(format!(
+                    "sample index {i} beyond the data set's {n} samples"
+                ))
+            })?;
+            x[k * row..(k + 1) * row].copy_from_slice(src);
         }
         match (&self.y, y) {
             (Targets::Classes(src), TargetsMut::Classes(dst)) => {

@@ -244,10 +244,10 @@ pub fn prepare(path: &Path, opts: &DataOptions) -> Result<Prepared> {
         }
         Format::Arrays => {
             let (train, test) = arrays::load(&at, opts.norm)?;
-            let kind_from = train.y.clone();
+            let first = train.y.name.clone();
             let train = host(&at, train, opts, &mut notes)?;
             let test = test
-                .map(|t| finish(&at, t, train.target, &kind_from))
+                .map(|t| finish(&at, t, train.target, &first))
                 .transpose()?;
             (train, test)
         }
@@ -331,7 +331,8 @@ fn decide(raw: &RawTargets, opts: &DataOptions, notes: &mut Vec<String>) -> Resu
         Task::Regression => Ok(TargetKind::Values(raw.width)),
         Task::Auto => {
             // As AutoGluon: integer targets with few distinct values are classes.
-            let few = distinct() <= 100 && distinct() * 10 <= n.max(20);
+            let d = distinct();
+            let few = d <= 100 && d * 10 <= n.max(20);
             if raw.width == 1 && class_ids(&raw.values) && (raw.integer || few) {
                 let kind = as_classes()?;
                 notes.push(format!(
@@ -357,7 +358,7 @@ fn decide(raw: &RawTargets, opts: &DataOptions, notes: &mut Vec<String>) -> Resu
 }
 
 /// Host data from a raw split whose target kind is known.
-fn finish(path: &Path, raw: RawSplit, kind: TargetKind, first: &RawTargets) -> Result<HostData> {
+fn finish(path: &Path, raw: RawSplit, kind: TargetKind, first: &str) -> Result<HostData> {
     let y = match kind {
         TargetKind::Classes(_) => {
             if !class_ids(&raw.y.values) {
@@ -365,7 +366,7 @@ fn finish(path: &Path, raw: RawSplit, kind: TargetKind, first: &RawTargets) -> R
                     path: path.to_path_buf(),
                     msg: format!(
                         "`{}` holds values that are not class ids while `{}` does",
-                        raw.y.name, first.name
+                        raw.y.name, first
                     ),
                 });
             }
@@ -383,7 +384,7 @@ fn host(
     notes: &mut Vec<String>,
 ) -> Result<HostData> {
     let kind = decide(&raw.y, opts, notes)?;
-    let first = raw.y.clone();
+    let first = raw.y.name.clone();
     finish(path, raw, kind, &first)
 }
 

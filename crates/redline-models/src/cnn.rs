@@ -4,7 +4,8 @@
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
-use redline_core::ops::{conv2d_pool_relu, linear};
+use redline_core::grad::Param;
+use redline_core::ops::{conv2d_pool_relu_param, linear_param};
 use redline_core::trace;
 
 use crate::error::{Error, Result};
@@ -42,12 +43,12 @@ impl Default for CnnConfig {
 /// The built network.
 pub struct Cnn {
     /// (weight (Cout, Cin, 3, 3), bias (Cout)) of each conv block.
-    convs: Vec<(Tensor, Tensor)>,
+    convs: Vec<(Param, Param)>,
     /// `conv1`, `conv2`, ...: span names for the detailed profiler.
     conv_names: Vec<String>,
     /// (weight, bias) of the two fully connected layers.
-    fc1: (Tensor, Tensor),
-    fc2: (Tensor, Tensor),
+    fc1: (Param, Param),
+    fc2: (Param, Param),
     params: Params,
 }
 
@@ -65,20 +66,17 @@ impl Cnn {
         let mut c_in = cfg.in_channels;
         for (i, &c_out) in cfg.channels.iter().enumerate() {
             let (w, b) = init.layer(&[c_out, c_in, 3, 3], c_out, c_in * 9)?;
-            convs.push((w.as_tensor().clone(), b.as_tensor().clone()));
-            params.push(format!("conv{}.weight", i + 1), w)?;
-            params.push(format!("conv{}.bias", i + 1), b)?;
+            convs.push((
+                params.push(format!("conv{}.weight", i + 1), w)?,
+                params.push(format!("conv{}.bias", i + 1), b)?,
+            ));
             c_in = c_out;
         }
         let flat = c_in * side * side;
         let (w1, b1) = init.layer(&[cfg.hidden, flat], cfg.hidden, flat)?;
         let (w2, b2) = init.layer(&[cfg.classes, cfg.hidden], cfg.classes, cfg.hidden)?;
-        let fc1 = (w1.as_tensor().clone(), b1.as_tensor().clone());
-        let fc2 = (w2.as_tensor().clone(), b2.as_tensor().clone());
-        params.push("fc1.weight", w1)?;
-        params.push("fc1.bias", b1)?;
-        params.push("fc2.weight", w2)?;
-        params.push("fc2.bias", b2)?;
+        let fc1 = (params.push("fc1.weight", w1)?, params.push("fc1.bias", b1)?);
+        let fc2 = (params.push("fc2.weight", w2)?, params.push("fc2.bias", b2)?);
         let conv_names = (1..=convs.len()).map(|i| format!("conv{i}")).collect();
         Ok(Self {
             convs,
@@ -100,15 +98,15 @@ impl Model for Cnn {
             // ReLU is monotone, so relu(pool(x)) == pool(relu(x)) exactly, with the
             // same gradient (windows without a positive value pass none either way):
             // one fused op, the conv output never materialised as a tensor.
-            h = conv2d_pool_relu(&h, w, b, 1, 2)?;
+            h = conv2d_pool_relu_param(&h, w, b, 1, 2)?;
         }
         // (B, C, s, s) -> (B, C*s*s) -> (B, hidden) -> (B, classes)
         let h = {
             let _span = trace::layer("fc1");
-            linear(&h.flatten_from(1)?, &self.fc1.0, &self.fc1.1, true)?
+            linear_param(&h.flatten_from(1)?, &self.fc1.0, &self.fc1.1, true)?
         };
         let _span = trace::layer("fc2");
-        Ok(linear(&h, &self.fc2.0, &self.fc2.1, false)?)
+        Ok(linear_param(&h, &self.fc2.0, &self.fc2.1, false)?)
     }
 
     fn params(&self) -> &Params {

@@ -2,7 +2,8 @@
 //! The default is the tutorial's 784-128-10 (`fc1.*`, `fc2.*`).
 
 use candle_core::Tensor;
-use redline_core::ops::linear;
+use redline_core::grad::Param;
+use redline_core::ops::linear_param;
 use redline_core::trace;
 use serde::{Deserialize, Serialize};
 
@@ -34,8 +35,8 @@ impl Default for MlpConfig {
 
 /// The built network; layers are named `fc1`, `fc2`, ... as in PyTorch.
 pub struct Mlp {
-    /// (weight (out, in), bias (out)) per layer, sharing storage with `params`.
-    layers: Vec<(Tensor, Tensor)>,
+    /// (weight (out, in), bias (out)) per layer, shared with `params`.
+    layers: Vec<(Param, Param)>,
     /// `fc1`, `fc2`, ...: span names for the detailed profiler.
     names: Vec<String>,
     params: Params,
@@ -58,9 +59,10 @@ impl Mlp {
         for (i, w) in widths.windows(2).enumerate() {
             let (fan_in, fan_out) = (w[0], w[1]);
             let (weight, bias) = init.layer(&[fan_out, fan_in], fan_out, fan_in)?;
-            layers.push((weight.as_tensor().clone(), bias.as_tensor().clone()));
-            params.push(format!("fc{}.weight", i + 1), weight)?;
-            params.push(format!("fc{}.bias", i + 1), bias)?;
+            layers.push((
+                params.push(format!("fc{}.weight", i + 1), weight)?,
+                params.push(format!("fc{}.bias", i + 1), bias)?,
+            ));
         }
         let names = (1..=layers.len()).map(|i| format!("fc{i}")).collect();
         Ok(Self {
@@ -80,7 +82,7 @@ impl Model for Mlp {
         for (i, ((w, b), name)) in self.layers.iter().zip(&self.names).enumerate() {
             let _span = trace::layer(name);
             // (B, in) -> (B, out), bias and ReLU fused into the GEMM's output pass
-            h = linear(&h, w, b, i < last)?;
+            h = linear_param(&h, w, b, i < last)?;
         }
         Ok(h)
     }

@@ -7,13 +7,15 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
 use candle_core::{Tensor, Var};
+use redline_core::grad::Param;
 
 use crate::error::{Error, Result};
 
-/// The trainable parameters of a model.
+/// The trainable parameters of a model, each with its gradient
+/// ([`Param::grad`]): clones share the variables and the gradients.
 #[derive(Debug, Clone, Default)]
 pub struct Params {
-    entries: Vec<(String, Var)>,
+    entries: Vec<(String, Param)>,
 }
 
 impl Params {
@@ -22,16 +24,19 @@ impl Params {
         Self::default()
     }
 
-    /// Adds a parameter; names must be unique.
-    pub fn push(&mut self, name: impl Into<String>, var: Var) -> Result<()> {
+    /// Adds a parameter; names must be unique. Returns the [`Param`] (a
+    /// shared handle) for the layer that uses it, so that the fused kernels
+    /// write its gradient where the optimizer reads it.
+    pub fn push(&mut self, name: impl Into<String>, var: Var) -> Result<Param> {
         let name = name.into();
         if self.get(&name).is_some() {
             return Err(Error::Config(format!(
                 "parameter {name:?} registered twice"
             )));
         }
-        self.entries.push((name, var));
-        Ok(())
+        let param = Param::new(var);
+        self.entries.push((name, param.clone()));
+        Ok(param)
     }
 
     /// Number of parameter tensors.
@@ -46,29 +51,76 @@ impl Params {
 
     /// Total number of scalar parameters.
     pub fn numel(&self) -> usize {
-        self.entries.iter().map(|(_, v)| v.elem_count()).sum()
+        self.entries
+            .iter()
+            .map(|(_, v)| v.as_tensor().elem_count())
+            .sum()
     }
 
-    /// The parameter called `name`.
+    /// The variable of the parameter called `name`.
     pub fn get(&self, name: &str) -> Option<&Var> {
-        self.entries.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+        self.param(name).map(Param::var)
+    }
+
+    /// The parameter called `name`, with its gradient.
+    pub fn param(&self, name: &str) -> Option<&Param> {
+        self.entries.iter().find(|(n, _)| n == name).map(|(_, p)| p)
     }
 
     /// `(name, var)` pairs in registration order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Var)> {
-        self.entries.iter().map(|(n, v)| (n.as_str(), v))
+        self.entries.iter().map(|(n, p)| (n.as_str(), p.var()))
     }
 
-    /// The variables in order (what optimizers update).
+    /// `(name, param)` pairs in registration order.
+    pub fn iter_params(&self) -> impl Iterator<Item = (&str, &Param)> {
+        self.entries.iter().map(|(n, p)| (n.as_str(), p))
+    }
+
+    /// The variables in order.
     pub fn vars(&self) -> Vec<Var> {
-        self.entries.iter().map(|(_, v)| v.clone()).collect()
+        self.entries.iter().map(|(_, p)| p.var().clone()).collect()
+    }
+
+    /// The parameters in order (what optimizers update: shared handles).
+    pub fn to_vec(&self) -> Vec<Param> {
+        self.entries.iter().map(|(_, p)| p.clone()).collect()
+    }
+
+    /// Back-propagates `loss` and adds every parameter's gradient to its
+    /// [`Param::grad`] (PyTorch's `loss.backward()`): the fused layers wrote
+    /// theirs during the pass, the rest are moved out of candle's `GradStore`.
+    /// Gradients accumulate until the optimizer takes them or
+    /// [`Params::zero_grad`].
+    pub fn backward(&self, loss: &Tensor) -> Result<()> {
+        let mut grads = loss.backward()?;
+        for (_, p) in &self.entries {
+            p.absorb(&mut grads)?;
+        }
+        Ok(())
+    }
+
+    /// Drops every accumulated gradient.
+    pub fn zero_grad(&self) {
+        for (_, p) in &self.entries {
+            p.grad().clear();
+        }
+    }
+
+    /// A copy of the gradient of `name` accumulated so far (`None` when it
+    /// has none, or no such parameter): for inspection.
+    pub fn grad(&self, name: &str) -> Result<Option<Tensor>> {
+        match self.param(name) {
+            Some(p) => Ok(p.grad().to_tensor(p.as_tensor())?),
+            None => Ok(None),
+        }
     }
 
     /// A name -> tensor map of the current values.
     pub fn to_map(&self) -> HashMap<String, Tensor> {
         self.entries
             .iter()
-            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+            .map(|(n, p)| (n.clone(), p.as_tensor().clone()))
             .collect()
     }
 
@@ -83,11 +135,11 @@ impl Params {
         let mut wrong = Vec::new();
         for (name, var) in &self.entries {
             if let Some(t) = tensors.get(name) {
-                if t.dims() != var.dims() {
+                if t.dims() != var.as_tensor().dims() {
                     wrong.push(format!(
                         "{name}: file {:?}, model {:?}",
                         t.dims(),
-                        var.dims()
+                        var.as_tensor().dims()
                     ));
                 }
             }
@@ -110,14 +162,15 @@ impl Params {
                     "the model expects {}; was the file saved from another --model?",
                     self.entries
                         .iter()
-                        .map(|(n, v)| format!("{n} {:?}", v.dims()))
+                        .map(|(n, v)| format!("{n} {:?}", v.as_tensor().dims()))
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),
             });
         }
-        for (name, var) in &self.entries {
+        for (name, p) in &self.entries {
             if let Some(t) = tensors.get(name) {
+                let var = p.var();
                 let t = t.to_dtype(var.dtype())?.to_device(var.device())?;
                 var.set(&t)?;
             }
@@ -136,7 +189,7 @@ impl Params {
         let device = self
             .entries
             .first()
-            .map(|(_, v)| v.device().clone())
+            .map(|(_, p)| p.as_tensor().device().clone())
             .unwrap_or(candle_core::Device::Cpu);
         let tensors =
             candle_core::safetensors::load(path, &device).map_err(|e| Error::Weights {

@@ -37,7 +37,7 @@ fn main() -> anyhow::Result<()> {
         },
     )?;
     let model = ModelConfig::by_name(model_name)?.build(&dev, Precision::Fp32, 0)?;
-    let mut opt = OptimizerConfig::by_name("adam", 1e-3)?.build(model.params().vars())?;
+    let mut opt = OptimizerConfig::by_name("adam", 1e-3)?.build(model.params().to_vec())?;
     for epoch in 0..epochs {
         run_epoch(
             &loader,
@@ -75,9 +75,9 @@ fn run_epoch(
         let t2 = Instant::now();
         let loss = cross_entropy(&logits, &b.y)?;
         let t3 = Instant::now();
-        let grads = loss.backward()?;
+        model.params().backward(&loss)?;
         let t4 = Instant::now();
-        opt.step(&grads)?;
+        opt.step()?;
         let t5 = Instant::now();
         for (i, d) in [t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4]
             .iter()

@@ -14,6 +14,9 @@ pub struct StepLog {
     pub epoch: usize,
     /// Mean training loss over the steps since the previous log point.
     pub loss: f64,
+    /// Mean total gradient norm (before clipping) over the same steps, when
+    /// measured (`--log-grad-norm` or `--clip-grad-norm`).
+    pub grad_norm: Option<f64>,
     /// Learning rate used by the last step.
     pub lr: f64,
     /// Training samples per second over the same window.

@@ -6,8 +6,10 @@
 //! * [`Event`] and [`Callback`]: the loop emits events; logging, progress bars
 //!   and (later) profilers observe them and can never break training.
 //! * [`optim`]: Adam, AdamW and SGD with PyTorch's update rules.
+//! * [`clip`]: gradient clipping (norm, value) and the gradient norm.
 //! * [`metrics`]: the JSON-lines metrics writer.
 
+pub mod clip;
 mod device_clock;
 mod error;
 pub mod events;
@@ -18,6 +20,7 @@ mod running;
 pub mod step;
 mod trainer;
 
+pub use clip::GradClip;
 pub use error::{Error, Result};
 pub use events::{Callback, EpochLog, EvalResult, Event, FitSummary, MetricValues, StepLog};
 pub use metrics::{epoch_record, prefixed, step_record, test_record, JsonlMetrics};

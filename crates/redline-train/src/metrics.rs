@@ -52,10 +52,14 @@ pub fn num(x: f64) -> serde_json::Value {
 
 /// The `{"kind":"step",...}` record of a log point.
 pub fn step_record(s: &StepLog) -> serde_json::Value {
-    json!({
+    let mut r = json!({
         "kind": "step", "step": s.step, "epoch": s.epoch, "loss": num(s.loss),
         "lr": s.lr, "samples_per_s": num(s.samples_per_s), "elapsed_s": s.elapsed_s,
-    })
+    });
+    if let (Some(g), Some(m)) = (s.grad_norm, r.as_object_mut()) {
+        m.insert("grad_norm".into(), num(g));
+    }
+    r
 }
 
 /// `{prefix}loss` and `{prefix}{name}` for each of the step's metrics: the

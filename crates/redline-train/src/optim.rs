@@ -4,13 +4,10 @@
 //! State (moments, momentum buffers) lives on the parameters' device and is
 //! created lazily at the first step, as PyTorch does.
 
-use candle_core::backprop::GradStore;
-use candle_core::{Tensor, Var};
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
-use std::sync::Arc;
-
-use redline_core::ops::grad_buffer::GradBuffer;
+use redline_core::grad::{GradRef, Param};
 use redline_core::ops::optim::{
     adam_step, adam_step_from, sgd_step, sgd_step_from, AdamStep, SgdStep, SlotState,
 };
@@ -94,8 +91,9 @@ impl OptimizerConfig {
         }
     }
 
-    /// Checks ranges, then builds the optimizer over `vars`.
-    pub fn build(&self, vars: Vec<Var>) -> Result<Optimizer> {
+    /// Checks ranges, then builds the optimizer over `params` (shared
+    /// handles: it reads their gradients and updates their variables).
+    pub fn build(&self, params: Vec<Param>) -> Result<Optimizer> {
         let bad = |m: String| Err(Error::Config(m));
         if !(self.lr().is_finite() && self.lr() >= 0.0) {
             return bad(format!("--lr {}: must be a finite number >= 0", self.lr()));
@@ -127,11 +125,10 @@ impl OptimizerConfig {
         }
         Ok(Optimizer {
             cfg: self.clone(),
-            state: vars
+            state: params
                 .into_iter()
-                .map(|var| Slot {
-                    buffer: GradBuffer::attach(var.as_tensor()),
-                    var,
+                .map(|param| Slot {
+                    param,
                     fused: SlotState::default(),
                     a: None,
                     b: None,
@@ -145,10 +142,7 @@ impl OptimizerConfig {
 /// One parameter and its state: host vectors for the fused CPU kernel, or
 /// tensors (Adam: m, v; SGD: momentum buffer) for the generic path.
 struct Slot {
-    var: Var,
-    /// Where the fused backward kernels put this parameter's gradient (CPU
-    /// f32 parameters); the rest of the gradients come in the `GradStore`.
-    buffer: Option<Arc<GradBuffer>>,
+    param: Param,
     fused: SlotState,
     a: Option<Tensor>,
     b: Option<Tensor>,
@@ -172,64 +166,53 @@ impl Optimizer {
         self.step
     }
 
-    /// Applies one update from the gradients of the backward passes since the
-    /// last step: those the fused kernels wrote into this optimizer's gradient
-    /// buffers, the rest from `grads`; parameters without a gradient are
-    /// skipped. The fused in-place kernel runs where it covers the device;
-    /// otherwise the generic tensor path (same arithmetic) does.
-    ///
-    /// Building an optimizer attaches a gradient buffer to each CPU f32
-    /// parameter; while it lives, candle's `GradStore` holds no gradient for
-    /// those (see [`Optimizer::gradient`]).
-    pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+    /// The parameters it updates, in order.
+    pub fn params(&self) -> impl Iterator<Item = &Param> {
+        self.state.iter().map(|s| &s.param)
+    }
+
+    /// Applies one update from each parameter's gradient ([`Param::grad`]:
+    /// everything the backward passes since the last step accumulated) and
+    /// takes the gradients (PyTorch's `step()` then `zero_grad()`);
+    /// parameters without a gradient are skipped. The fused in-place kernel
+    /// runs where it covers the device; otherwise the generic tensor path
+    /// (same arithmetic) does.
+    pub fn step(&mut self) -> Result<()> {
         self.step += 1;
         let hp = self.fused_params();
         for slot in &mut self.state {
-            let p = slot.var.as_tensor();
-            // The buffer's gradient, applied by the fused kernel (`Some(None)`);
-            // kept as a tensor for the generic path should the kernel decline it.
-            let buffered = slot.buffer.as_ref().and_then(|b| {
-                b.take_with(|g| -> Result<Option<Tensor>> {
-                    if fused_from(p, g, &mut slot.fused, hp)? {
-                        return Ok(None);
+            let p = slot.param.as_tensor().clone();
+            let fused = &mut slot.fused;
+            // `None`: the kernel updated `p` in place; else the gradient for
+            // the generic path.
+            let declined = slot.param.grad().take_with(|g| -> Result<Option<Tensor>> {
+                let done = match (g, hp) {
+                    (GradRef::Host(g), Fused::Adam(hp)) => adam_step_from(&p, g, fused, hp)?,
+                    (GradRef::Host(g), Fused::Sgd(hp)) => sgd_step_from(&p, g, fused, hp)?,
+                    (GradRef::Tensor(g), Fused::Adam(hp)) => adam_step(&p, g, fused, hp)?,
+                    (GradRef::Tensor(g), Fused::Sgd(hp)) => sgd_step(&p, g, fused, hp)?,
+                };
+                Ok(match (done, g) {
+                    (true, _) => None,
+                    (false, GradRef::Host(g)) => {
+                        Some(Tensor::from_slice(g, p.shape(), p.device())?)
                     }
-                    Ok(Some(Tensor::from_slice(g, p.shape(), p.device())?))
+                    (false, GradRef::Tensor(g)) => Some(g.clone()),
                 })
             });
-            let from_buffer = match buffered.transpose()? {
-                Some(None) => continue,
-                declined_or_none => declined_or_none.flatten(),
-            };
-            let Some(g) = from_buffer.as_ref().or_else(|| grads.get(p)) else {
-                continue;
-            };
-            let fused = match hp {
-                Fused::Adam(hp) => adam_step(p, g, &mut slot.fused, hp)?,
-                Fused::Sgd(hp) => sgd_step(p, g, &mut slot.fused, hp)?,
-            };
-            if !fused {
-                // candle leaves variables' gradients attached to the step's graph;
-                // state built from them would chain every step's activations together.
-                let g = g.detach();
+            if let Some(g) = declined.transpose()?.flatten() {
                 let new_p = generic_update(&self.cfg, slot, &p.detach(), &g, self.step as i32)?;
-                slot.var.set(&new_p)?;
+                slot.param.var().set(&new_p)?;
             }
         }
         Ok(())
     }
 
-    /// Drops the gradients accumulated in the buffers since the last step
-    /// (PyTorch's `zero_grad`); `GradStore` gradients belong to their store.
+    /// Drops every parameter's accumulated gradient (PyTorch's `zero_grad`).
     pub fn zero_grad(&self) {
-        for b in self.state.iter().filter_map(|s| s.buffer.as_ref()) {
-            b.clear();
+        for s in &self.state {
+            s.param.grad().clear();
         }
-    }
-
-    /// The gradient accumulated for the `i`-th parameter (in the order given
-    /// to [`OptimizerConfig::build`]) in its buffer since the last step.
-    pub fn gradient(&self, i: usize) -> Option<Vec<f32>> {
-        self.state.get(i)?.buffer.as_ref()?.gradient()
     }
 
     /// This step's hyperparameters for the fused kernels.
@@ -277,13 +260,6 @@ impl Optimizer {
 enum Fused {
     Adam(AdamStep),
     Sgd(SgdStep),
-}
-
-fn fused_from(p: &Tensor, g: &[f32], state: &mut SlotState, hp: Fused) -> Result<bool> {
-    Ok(match hp {
-        Fused::Adam(hp) => adam_step_from(p, g, state, hp)?,
-        Fused::Sgd(hp) => sgd_step_from(p, g, state, hp)?,
-    })
 }
 
 /// The update from candle tensor ops, for devices the fused kernel does not cover.
@@ -377,15 +353,25 @@ fn adam_update(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{DType, Device};
+    use candle_core::{DType, Device, Var};
+
+    /// Back-propagates `loss` into `params`' gradients.
+    fn backward(loss: &Tensor, params: &[&Param]) -> Result<()> {
+        let mut grads = loss.backward()?;
+        for p in params {
+            p.absorb(&mut grads)?;
+        }
+        Ok(())
+    }
 
     /// Minimises (x - 3)^2 from 0; each optimizer must get close.
     fn converges(cfg: OptimizerConfig, steps: usize) -> Result<f32> {
-        let x = Var::zeros(1, DType::F32, &Device::Cpu)?;
+        let x = Param::new(Var::zeros(1, DType::F32, &Device::Cpu)?);
         let mut opt = cfg.build(vec![x.clone()])?;
         for _ in 0..steps {
             let loss = (x.as_tensor() - 3.0)?.sqr()?.sum_all()?;
-            opt.step(&loss.backward()?)?;
+            backward(&loss, &[&x])?;
+            opt.step()?;
         }
         Ok(x.as_tensor().to_vec1::<f32>()?[0])
     }
@@ -419,7 +405,7 @@ mod tests {
         // flows through an activation, so candle hands it over still attached
         // to the forward graph; the optimizer state must not keep that graph.
         for name in ["adam", "adamw", "sgd"] {
-            let w = Var::new(&[0.5f64, -1.5, 2.0], &Device::Cpu)?;
+            let w = Param::new(Var::new(&[0.5f64, -1.5, 2.0], &Device::Cpu)?);
             let mut cfg = OptimizerConfig::by_name(name, 0.1)?;
             if let OptimizerConfig::Sgd { momentum, .. } = &mut cfg {
                 *momentum = 0.9;
@@ -427,8 +413,8 @@ mod tests {
             let mut opt = cfg.build(vec![w.clone()])?;
             for _ in 0..3 {
                 let act = w.as_tensor().affine(2.0, 0.0)?.tanh()?;
-                let loss = (act * w.as_tensor())?.sum_all()?;
-                opt.step(&loss.backward()?)?;
+                backward(&(act * w.as_tensor())?.sum_all()?, &[&w])?;
+                opt.step()?;
             }
             for slot in &opt.state {
                 for t in [&slot.a, &slot.b].into_iter().flatten() {
@@ -446,66 +432,67 @@ mod tests {
         Ok(())
     }
 
-    /// A step of a linear layer with the optimizer alive during backward
-    /// (gradients through its buffers) and one built only after the backward
-    /// (gradients from the `GradStore`) give the same weights.
+    /// A step of a linear layer from gradients the fused kernel wrote into
+    /// the parameters' buffers and one from candle's `GradStore` gradients
+    /// (the plain op, absorbed) give the same weights; the step takes them.
     #[test]
-    fn buffered_and_grad_store_gradients_give_the_same_step() -> Result<()> {
-        use redline_core::ops::linear;
+    fn fused_and_store_gradients_give_the_same_step() -> Result<()> {
+        use redline_core::ops::{linear, linear_param};
         let dev = Device::Cpu;
         let x = Tensor::arange(0f32, 12.0, &dev)?.reshape((3, 4))?.sin()?;
         let up = Tensor::arange(0f32, 6.0, &dev)?.reshape((3, 2))?.cos()?;
-        let fresh = || -> Result<(Var, Var)> {
+        let fresh = || -> Result<(Param, Param)> {
             let w = Tensor::arange(0f32, 8.0, &dev)?
                 .reshape((2, 4))?
                 .affine(0.1, -0.3)?;
-            Ok((Var::from_tensor(&w)?, Var::zeros(2, DType::F32, &dev)?))
-        };
-        let loss = |w: &Var, b: &Var| -> Result<Tensor> {
-            let y = linear(&x, w.as_tensor(), b.as_tensor(), true)?;
-            Ok((y * &up)?.sum_all()?)
+            Ok((
+                Param::new(Var::from_tensor(&w)?),
+                Param::new(Var::zeros(2, DType::F32, &dev)?),
+            ))
         };
         for name in ["adam", "adamw", "sgd"] {
             let cfg = OptimizerConfig::by_name(name, 0.1)?;
             let (w1, b1) = fresh()?;
-            let mut buffered = cfg.build(vec![w1.clone(), b1.clone()])?;
-            let grads = loss(&w1, &b1)?.backward()?;
-            assert!(grads.get(w1.as_tensor()).is_none() && buffered.gradient(0).is_some());
-            buffered.step(&grads)?;
-            assert!(buffered.gradient(0).is_none());
+            let mut fused = cfg.build(vec![w1.clone(), b1.clone()])?;
+            let y = linear_param(&x, &w1, &b1, true)?;
+            let grads = (y * &up)?.sum_all()?.backward()?;
+            assert!(grads.get(w1.as_tensor()).is_none() && !w1.grad().is_empty());
+            fused.step()?;
+            assert!(w1.grad().is_empty() && b1.grad().is_empty());
 
             let (w2, b2) = fresh()?;
-            let grads = loss(&w2, &b2)?.backward()?;
-            assert!(grads.get(w2.as_tensor()).is_some());
-            cfg.build(vec![w2.clone(), b2.clone()])?.step(&grads)?;
+            let y = linear(&x, w2.as_tensor(), b2.as_tensor(), true)?;
+            backward(&(y * &up)?.sum_all()?, &[&w2, &b2])?;
+            cfg.build(vec![w2.clone(), b2.clone()])?.step()?;
 
             for (a, b) in [(&w1, &w2), (&b1, &b2)] {
                 let d = (a.as_tensor() - b.as_tensor())?.abs()?.max_all()?;
                 assert_eq!(d.to_scalar::<f32>()?, 0.0, "{name}");
             }
-            assert!(
-                w1.as_tensor()
-                    .ne(&fresh()?.0.as_tensor().clone())?
-                    .sum_all()?
-                    .to_scalar::<u8>()?
-                    > 0
-            );
+            let moved = (w1.as_tensor() - fresh()?.0.as_tensor())?
+                .abs()?
+                .sum_all()?;
+            assert!(moved.to_scalar::<f32>()? > 0.0, "{name}: no update");
         }
         Ok(())
     }
 
     #[test]
-    fn zero_grad_drops_buffered_gradients() -> Result<()> {
+    fn zero_grad_drops_accumulated_gradients() -> Result<()> {
         let dev = Device::Cpu;
-        let w = Var::from_tensor(&Tensor::ones((2, 3), DType::F32, &dev)?)?;
-        let b = Var::zeros(2, DType::F32, &dev)?;
+        let w = Param::new(Var::from_tensor(&Tensor::ones((2, 3), DType::F32, &dev)?)?);
+        let b = Param::new(Var::zeros(2, DType::F32, &dev)?);
         let mut opt = OptimizerConfig::by_name("sgd", 1.0)?.build(vec![w.clone(), b.clone()])?;
         let x = Tensor::ones((1, 3), DType::F32, &dev)?;
-        let y = redline_core::ops::linear(&x, w.as_tensor(), b.as_tensor(), false)?;
-        let grads = y.sum_all()?.backward()?;
-        assert_eq!(opt.gradient(1), Some(vec![1.0, 1.0]));
+        let y = redline_core::ops::linear_param(&x, &w, &b, false)?;
+        y.sum_all()?.backward()?;
+        let g = b.grad().to_tensor(b.as_tensor())?;
+        assert_eq!(
+            g.map(|g| g.to_vec1::<f32>()).transpose()?,
+            Some(vec![1.0, 1.0])
+        );
         opt.zero_grad();
-        opt.step(&grads)?;
+        opt.step()?;
         assert_eq!(w.as_tensor().sum_all()?.to_scalar::<f32>()?, 6.0);
         Ok(())
     }

@@ -35,6 +35,9 @@ pub(crate) struct Running {
     loss_sum: Tensor,
     /// The step's metrics, in the order it returns them.
     metrics: Vec<Sum>,
+    /// Metrics the loop adds itself (`grad_norm`, once per optimizer step),
+    /// after the step's.
+    extras: Vec<Sum>,
     /// Samples added (a host counter: no read needed).
     pub samples: usize,
 }
@@ -50,8 +53,26 @@ impl Running {
         Ok(Self {
             loss_sum: Tensor::zeros((), DType::F32, device)?,
             metrics: Vec::new(),
+            extras: Vec::new(),
             samples: 0,
         })
+    }
+
+    /// Adds a metric the loop computes (not the step), by name.
+    pub fn add_extra(&mut self, m: &Metric) -> Result<()> {
+        let sum = m.sum.detach().to_dtype(DType::F32)?;
+        match self.extras.iter_mut().find(|s| s.name == m.name) {
+            Some(s) => {
+                s.sum = (&s.sum + sum)?;
+                s.count += m.count;
+            }
+            None => self.extras.push(Sum {
+                name: m.name.clone(),
+                sum,
+                count: m.count,
+            }),
+        }
+        Ok(())
     }
 
     /// Adds a batch: `loss_sum` is the batch's summed loss (scalar, detached:
@@ -109,13 +130,34 @@ impl Running {
                 metrics: MetricValues::default(),
             });
         }
-        let sums: Vec<&Tensor> = std::iter::once(&self.loss_sum)
-            .chain(self.metrics.iter().map(|s| &s.sum))
+        self.read_sums(reads, self.metrics.iter().chain(&self.extras))
+    }
+
+    /// Reads the mean loss and the loop's own metrics, not the step's (one
+    /// host sync; the loss alone when there are none).
+    pub fn read_loss_and_extras(&self, reads: &HostReads) -> Result<(f64, MetricValues)> {
+        if self.samples == 0 {
+            return Ok((f64::NAN, MetricValues::default()));
+        }
+        if self.extras.is_empty() {
+            let loss = reads.scalar::<f32>(&self.loss_sum)? as f64 / self.samples as f64;
+            return Ok((loss, MetricValues::default()));
+        }
+        let m = self.read_sums(reads, self.extras.iter())?;
+        Ok((m.loss, m.metrics))
+    }
+
+    /// The loss and `sums` as means, in one host sync.
+    fn read_sums<'a>(
+        &self,
+        reads: &HostReads,
+        sums: impl Iterator<Item = &'a Sum> + Clone,
+    ) -> Result<Means> {
+        let tensors: Vec<&Tensor> = std::iter::once(&self.loss_sum)
+            .chain(sums.clone().map(|s| &s.sum))
             .collect();
-        let all = reads.vec::<f32>(&Tensor::stack(&sums, 0)?)?;
-        let metrics = self
-            .metrics
-            .iter()
+        let all = reads.vec::<f32>(&Tensor::stack(&tensors, 0)?)?;
+        let metrics = sums
             .zip(&all[1..])
             .map(|(s, &v)| (s.name.to_string(), v as f64 / s.count))
             .collect();
@@ -123,14 +165,6 @@ impl Running {
             loss: all[0] as f64 / self.samples as f64,
             metrics: MetricValues(metrics),
         })
-    }
-
-    /// Reads only the mean loss (one host sync).
-    pub fn read_loss(&self, reads: &HostReads) -> Result<f64> {
-        if self.samples == 0 {
-            return Ok(f64::NAN);
-        }
-        Ok(reads.scalar::<f32>(&self.loss_sum)? as f64 / self.samples as f64)
     }
 }
 
@@ -158,8 +192,21 @@ mod tests {
         assert_eq!(got.loss, 8.0 / 6.0);
         assert_eq!(got.metrics.get("accuracy"), Some(4.0 / 6.0));
         assert_eq!(got.metrics.get("mae"), Some(8.0 / 24.0));
-        assert_eq!(r.read_loss(&reads)?, 8.0 / 6.0);
+        assert_eq!(r.read_loss_and_extras(&reads)?.0, 8.0 / 6.0);
         assert_eq!(reads.count(), 2, "one sync per read, all sums at once");
+        r.add_extra(&Metric::mean("grad_norm", scalar(3.0)?, 1.0))?;
+        r.add_extra(&Metric::mean("grad_norm", scalar(5.0)?, 1.0))?;
+        let (loss, extras) = r.read_loss_and_extras(&reads)?;
+        assert_eq!((loss, extras.get("grad_norm")), (8.0 / 6.0, Some(4.0)));
+        assert_eq!(
+            extras.get("accuracy"),
+            None,
+            "the step's metrics are not read"
+        );
+        let all = r.read(&reads)?.metrics;
+        let names: Vec<&str> = all.iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["accuracy", "mae", "grad_norm"]);
+        assert_eq!(reads.count(), 4);
         Ok(())
     }
 
@@ -179,7 +226,7 @@ mod tests {
     fn an_empty_window_reads_nan() -> Result<()> {
         let r = Running::new(&Device::Cpu)?;
         let reads = HostReads::new();
-        assert!(r.read(&reads)?.loss.is_nan() && r.read_loss(&reads)?.is_nan());
+        assert!(r.read(&reads)?.loss.is_nan() && r.read_loss_and_extras(&reads)?.0.is_nan());
         assert_eq!(reads.count(), 0, "nothing to read, no sync");
         Ok(())
     }

@@ -10,6 +10,7 @@ use redline_models::Params;
 use redline_profile::{Action, Mode, Profile, Profiler};
 use serde::{Deserialize, Serialize};
 
+use crate::clip::{self, GradClip};
 use crate::error::{Error, Result};
 use crate::events::{Callback, EpochLog, EvalResult, Event, FitSummary, StepLog};
 use crate::optim::{Optimizer, OptimizerConfig};
@@ -23,8 +24,20 @@ pub struct TrainConfig {
     pub epochs: usize,
     /// Stop after this many optimizer steps (overrides `epochs` when reached first).
     pub max_steps: Option<usize>,
-    /// Read the running loss back every this many steps.
+    /// Read the running loss back every this many optimizer steps.
     pub log_every: usize,
+    /// Micro-batches whose gradients add up before each optimizer step
+    /// (Lightning's `accumulate_grad_batches`); each micro-batch's loss is
+    /// divided by it, so N micro-batches of B step as one batch of N*B.
+    #[serde(default = "one")]
+    pub accumulate: usize,
+    /// Gradient clipping before each optimizer step.
+    #[serde(default)]
+    pub clip: Option<GradClip>,
+    /// Log the total gradient norm before clipping (`grad_norm`); always
+    /// logged when clipping by norm, which computes it anyway.
+    #[serde(default)]
+    pub log_grad_norm: bool,
     /// Validate after each epoch when a validation loader is given.
     pub validate: bool,
     /// Return the device memory pool's cached blocks after each epoch's
@@ -39,10 +52,17 @@ impl Default for TrainConfig {
             epochs: 5,
             max_steps: None,
             log_every: 50,
+            accumulate: 1,
+            clip: None,
+            log_grad_norm: false,
             validate: true,
             empty_cache: false,
         }
     }
+}
+
+fn one() -> usize {
+    1
 }
 
 /// Assembles a [`Trainer`].
@@ -85,6 +105,18 @@ impl TrainerBuilder {
         self
     }
 
+    /// Micro-batches per optimizer step.
+    pub fn accumulate(mut self, micro_batches: usize) -> Self {
+        self.cfg.accumulate = micro_batches;
+        self
+    }
+
+    /// Gradient clipping before each step.
+    pub fn clip(mut self, clip: Option<GradClip>) -> Self {
+        self.cfg.clip = clip;
+        self
+    }
+
     /// The optimizer to build over the model's parameters.
     pub fn optimizer(mut self, optimizer: OptimizerConfig) -> Self {
         self.optimizer = optimizer;
@@ -118,7 +150,13 @@ impl TrainerBuilder {
         if self.cfg.max_steps == Some(0) {
             return Err(Error::Config("--max-steps must be at least 1".into()));
         }
-        let optimizer = self.optimizer.build(module.params().vars())?;
+        if self.cfg.accumulate == 0 {
+            return Err(Error::Config("--accumulate must be at least 1".into()));
+        }
+        if let Some(c) = &self.cfg.clip {
+            c.check()?;
+        }
+        let optimizer = self.optimizer.build(module.params().to_vec())?;
         Ok(Trainer {
             cfg: self.cfg,
             module: Box::new(module),
@@ -247,7 +285,8 @@ impl Trainer {
     ) -> Result<FitSummary> {
         let fit_start = Instant::now();
         let reads_before = self.reads.count();
-        let steps_per_epoch = train.batches_per_epoch();
+        let batches_per_epoch = train.batches_per_epoch();
+        let steps_per_epoch = batches_per_epoch.div_ceil(self.cfg.accumulate);
         let planned = steps_per_epoch * self.cfg.epochs;
         let total_steps = self.cfg.max_steps.map_or(planned, |m| {
             if self.cfg.epochs == 0 {
@@ -290,22 +329,37 @@ impl Trainer {
             let mut window_start = Instant::now();
             let mut epoch_steps = 0;
             let mut batches = train.epoch(epoch - 1);
+            // Micro-batches this epoch, and since the last optimizer step.
+            let (mut seen, mut pending) = (0usize, 0usize);
             loop {
-                // The step: batch, forward, loss, backward, update. Each switch
-                // tells the profiler what the loop does from here on.
+                // The step: batch, forward, loss, backward (N times when
+                // accumulating), update. Each switch tells the profiler what
+                // the loop does from here on.
                 prof.switch(Action::DataWait);
                 let Some(batch) = batches.next() else { break };
                 let batch = batch?;
+                seen += 1;
                 prof.switch(Action::TrainingStep);
                 let out = checked(self.module.training_step(&batch)?)?;
                 prof.switch(Action::Backward);
-                let grads = out.loss.backward()?;
-                prof.switch(Action::OptimizerStep);
-                self.optimizer.step(&grads)?;
+                self.backward(&out.loss)?;
+                pending += 1;
                 prof.switch(Action::Metrics);
                 let loss_sum = batch_loss_sum(&out.loss, out.samples)?;
                 epoch_sums.add(&loss_sum, out.samples, &out.metrics)?;
                 window.add_loss(&loss_sum, out.samples)?;
+                if pending < self.cfg.accumulate && seen < batches_per_epoch {
+                    continue;
+                }
+                pending = 0;
+                prof.switch(Action::OptimizerStep);
+                let norm = self.update()?;
+                if let Some(norm) = norm {
+                    prof.switch(Action::Metrics);
+                    let m = crate::step::Metric::mean("grad_norm", norm, 1.0);
+                    epoch_sums.add_extra(&m)?;
+                    window.add_extra(&m)?;
+                }
 
                 prof.switch(Action::Logging);
                 step += 1;
@@ -326,6 +380,9 @@ impl Trainer {
                     break;
                 }
             }
+            // A loader that ended early leaves gradients no step took: drop
+            // them rather than carry them into the next epoch.
+            self.optimizer.zero_grad();
             prof.switch(Action::HostSync);
             let train = epoch_sums.read(&self.reads)?;
             let epoch_s = epoch_start.elapsed().as_secs_f64();
@@ -381,6 +438,32 @@ impl Trainer {
         Ok(summary)
     }
 
+    /// Back-propagates a micro-batch's loss into the parameters' gradients,
+    /// divided by the accumulation count (Lightning's normalisation).
+    fn backward(&self, loss: &candle_core::Tensor) -> Result<()> {
+        let n = self.cfg.accumulate;
+        let params = self.module.params();
+        if n > 1 {
+            params.backward(&loss.affine(1.0 / n as f64, 0.0)?)?;
+        } else {
+            params.backward(loss)?;
+        }
+        Ok(())
+    }
+
+    /// Clips the accumulated gradients and applies one optimizer update;
+    /// returns the gradient norm before clipping when it was computed.
+    fn update(&mut self) -> Result<Option<candle_core::Tensor>> {
+        let norm = if self.cfg.clip.is_some() || self.cfg.log_grad_norm {
+            let params: Vec<&redline_core::grad::Param> = self.optimizer.params().collect();
+            clip::prepare(&params, self.cfg.clip, self.cfg.log_grad_norm)?
+        } else {
+            None
+        };
+        self.optimizer.step()?;
+        Ok(norm)
+    }
+
     fn log_point(
         &self,
         window: &Running,
@@ -389,13 +472,14 @@ impl Trainer {
         window_start: Instant,
         fit_start: Instant,
     ) -> Result<StepLog> {
-        let loss = window.read_loss(&self.reads)?;
+        let (loss, grad_norm) = window.read_loss_and_extras(&self.reads)?;
         check_finite(loss, step, epoch, self.optimizer.lr())?;
         let secs = window_start.elapsed().as_secs_f64();
         Ok(StepLog {
             step,
             epoch,
             loss,
+            grad_norm: grad_norm.get("grad_norm"),
             lr: self.optimizer.lr(),
             samples_per_s: if secs > 0.0 {
                 window.samples as f64 / secs

@@ -133,21 +133,35 @@ fn run_on(
     dev: &Device,
     placement: Placement,
 ) -> (Box<dyn Model>, Vec<f64>) {
+    let cfg = TrainConfig {
+        epochs: 1,
+        max_steps: Some(steps),
+        log_every: 1,
+        validate: false,
+        ..TrainConfig::default()
+    };
+    run_with(kind, init, opt, cfg, 64, dev, placement)
+}
+
+/// `run_on` with any loop settings and batch size.
+fn run_with(
+    kind: &str,
+    init: &str,
+    opt: OptimizerConfig,
+    cfg: TrainConfig,
+    batch: usize,
+    dev: &Device,
+    placement: Placement,
+) -> (Box<dyn Model>, Vec<f64>) {
     let losses = Arc::new(Mutex::new(Vec::new()));
     let mut trainer = Trainer::builder()
-        .config(TrainConfig {
-            epochs: 1,
-            max_steps: Some(steps),
-            log_every: 1,
-            validate: false,
-            empty_cache: false,
-        })
+        .config(cfg)
         .optimizer(opt)
         .callback(Box::new(Losses(losses.clone())))
         .build(Classifier::new(model(kind, init, dev)), dev.clone())
         .unwrap();
     trainer
-        .fit(&train_loader(64, dev, placement), None)
+        .fit(&train_loader(batch, dev, placement), None)
         .unwrap();
     let got = losses.lock().unwrap().clone();
     // Hand the model back by re-reading its parameters into a fresh one.
@@ -201,13 +215,18 @@ fn first_batch_check_on(kind: &str, logits_tol: f64, grad_tol: f64, dev: &Device
     let l = loss.to_scalar::<f32>().unwrap();
     let wl = flat(&want["loss"])[0];
     assert!(((l - wl) / wl).abs() < 1e-5, "loss {l} vs {wl}");
-    let grads = loss.backward().unwrap();
+    // The gradients land in the parameters' `.grad` (fused kernels or the
+    // GradStore, moved): the one place the optimizer reads them.
+    m.params().backward(&loss).unwrap();
     let errs: Vec<(String, f64)> = m
         .params()
         .iter()
-        .map(|(name, var)| {
-            let g = grads.get(var.as_tensor()).unwrap();
-            (name.to_string(), max_rel(g, &want[&format!("grad.{name}")]))
+        .map(|(name, _)| {
+            let g = m.params().grad(name).unwrap().unwrap();
+            (
+                name.to_string(),
+                max_rel(&g, &want[&format!("grad.{name}")]),
+            )
         })
         .collect();
     assert!(

@@ -58,7 +58,7 @@ fn cfg(epochs: usize, max_steps: Option<usize>) -> TrainConfig {
         max_steps,
         log_every: 1,
         validate: true,
-        empty_cache: false,
+        ..TrainConfig::default()
     }
 }
 

@@ -149,6 +149,20 @@ pub struct TrainArgs {
     /// Adam/AdamW epsilon.
     #[arg(long, default_value_t = 1e-8)]
     pub eps: f64,
+    /// Micro-batches whose gradients add up before each optimizer step (Lightning's
+    /// accumulate_grad_batches): N micro-batches of --batch-size step as one batch of N times it.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub accumulate: usize,
+    /// Before each step, scale the gradients so that their total L2 norm is at most MAX
+    /// (torch.nn.utils.clip_grad_norm_); the norm is logged as grad_norm.
+    #[arg(long, value_name = "MAX", conflicts_with = "clip_grad_value")]
+    pub clip_grad_norm: Option<f64>,
+    /// Before each step, clamp every gradient element to [-V, V] (clip_grad_value_).
+    #[arg(long, value_name = "V")]
+    pub clip_grad_value: Option<f64>,
+    /// Log the total gradient norm before clipping (grad_norm) at log points and epochs.
+    #[arg(long)]
+    pub log_grad_norm: bool,
     /// Seed for initialisation and shuffling; same seed, machine and threads give the same run bit for bit.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

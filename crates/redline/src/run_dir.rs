@@ -194,11 +194,14 @@ impl Callback for RunLog {
             }
             Event::Log(s) => self.with(|w| {
                 w.line(&step_record(s), Some(s.step))?;
-                let scalars = [
+                let mut scalars = vec![
                     ("train/loss", s.loss),
                     ("train/lr", s.lr),
                     ("train/samples_per_s", s.samples_per_s),
                 ];
+                if let Some(g) = s.grad_norm {
+                    scalars.push(("train/grad_norm", g));
+                }
                 w.tb.add_scalars(s.step as i64, &scalars, unix_now())
                     .map_err(|e| e.to_string())
             }),

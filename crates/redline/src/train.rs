@@ -13,7 +13,9 @@ use redline_models::ModelConfig;
 use redline_monitor::Sampler;
 use redline_profile::{Mode, Profile};
 use redline_train::metrics::{num, prefixed};
-use redline_train::{EvalResult, FitSummary, JsonlMetrics, OptimizerConfig, TrainConfig, Trainer};
+use redline_train::{
+    EvalResult, FitSummary, GradClip, JsonlMetrics, OptimizerConfig, TrainConfig, Trainer,
+};
 use serde_json::json;
 
 use crate::cli::TrainArgs;
@@ -215,6 +217,22 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         println!("  {note}");
     }
 
+    // Checked before the run folder exists, so that a bad value leaves nothing behind.
+    if args.accumulate == 0 {
+        bail!("--accumulate 0: must be at least 1 (1: no accumulation)");
+    }
+    if let Some(clip) = grad_clip(args) {
+        clip.check()?;
+    }
+    if args.accumulate > 1 {
+        println!(
+            "  accumulating {} micro-batches of {} per optimizer step (effective batch {})",
+            args.accumulate,
+            args.batch_size,
+            args.accumulate * args.batch_size
+        );
+    }
+
     let started = run_dir::unix_now();
     let dir = run_dir::create(args.run_dir.as_deref(), model_cfg.name(), started)?;
     let config = toml::to_string(args).context("serialising the config")?;
@@ -237,7 +255,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let mut head = json!({
         "model": model_cfg.name(), "device": device.to_string(),
         "started": run_dir::utc_stamp(started).1, "started_unix": started,
-        "batch_size": args.batch_size, "threads": threads, "free_cores": free_cores,
+        "batch_size": args.batch_size, "accumulate": args.accumulate, "threads": threads, "free_cores": free_cores,
         "logical_cores": redline_core::threads::usable_cores(), "prefetch": args.prefetch,
         "data_placement": train_loader.placement().to_string(),
         "profiler": mode.to_string(), "run_dir": dir.display().to_string(),
@@ -250,6 +268,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             epochs: args.epochs,
             max_steps: args.max_steps,
             log_every: args.log_every,
+            accumulate: args.accumulate,
+            clip: grad_clip(args),
+            log_grad_norm: args.log_grad_norm,
             validate: !args.no_validate,
             empty_cache: args.empty_cache,
         })
@@ -381,4 +402,13 @@ fn finish<T>(
         }
     }
     Ok(())
+}
+
+/// `--clip-grad-norm` / `--clip-grad-value` (clap refuses both at once).
+fn grad_clip(args: &TrainArgs) -> Option<GradClip> {
+    match (args.clip_grad_norm, args.clip_grad_value) {
+        (Some(max_norm), _) => Some(GradClip::Norm { max_norm }),
+        (None, Some(limit)) => Some(GradClip::Value { limit }),
+        (None, None) => None,
+    }
 }

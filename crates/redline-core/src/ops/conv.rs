@@ -17,6 +17,7 @@ use super::conv_backward::backward;
 use super::gemm::{self, Mat};
 use super::slices::{f32s, fused_cpu};
 use crate::error::{Error, Result};
+use crate::grad::{layer_buffers, Param, ParamBuffers};
 use crate::trace;
 
 /// 2-D convolution with bias, stride 1, dilation 1, one group: PyTorch's
@@ -25,8 +26,27 @@ use crate::trace;
 /// `x (B, Cin, H, W)`, `w (Cout, Cin, kh, kw)`, `b (Cout)` ->
 /// `(B, Cout, H + 2p - kh + 1, W + 2p - kw + 1)`. CPU f32 tensors take the
 /// fused kernel (the input gradient is computed only when `x` is tracked);
-/// anything else takes [`conv2d_generic`].
+/// anything else takes [`conv2d_generic`]. The weight's and bias's
+/// gradients come back in candle's `GradStore`.
 pub fn conv2d(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Result<Tensor> {
+    conv2d_with(x, w, b, padding, None)
+}
+
+/// [`conv2d`] over parameters: where the fused kernel runs, its backward
+/// writes dW and db into `w.grad()` and `b.grad()`, otherwise they come in
+/// the `GradStore` for [`Param::absorb`].
+pub fn conv2d_param(x: &Tensor, w: &Param, b: &Param, padding: usize) -> Result<Tensor> {
+    let buffers = layer_buffers(w, b);
+    conv2d_with(x, w.as_tensor(), b.as_tensor(), padding, buffers)
+}
+
+fn conv2d_with(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    padding: usize,
+    buffers: Option<ParamBuffers>,
+) -> Result<Tensor> {
     let geom = Geom::new(x, w, b, padding)?;
     if ![x, w, b].into_iter().all(fused_cpu) {
         return conv2d_generic(x, w, b, padding);
@@ -35,6 +55,7 @@ pub fn conv2d(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Result<Tens
         geom,
         input_grad: x.track_op(),
         layer: trace::current_layer(),
+        buffers,
     };
     Ok(x.contiguous()?
         .apply_op3(&w.contiguous()?, &b.contiguous()?, op)?)
@@ -303,6 +324,8 @@ struct Conv2dOp {
     input_grad: bool,
     /// The layer that built it, for the backward span (only while tracing).
     layer: Option<Arc<str>>,
+    /// Where dW and db go, when the layer's parameters were given.
+    buffers: Option<ParamBuffers>,
 }
 
 impl CustomOp3 for Conv2dOp {
@@ -346,13 +369,21 @@ impl CustomOp3 for Conv2dOp {
         &self,
         x: &Tensor,
         w: &Tensor,
-        b: &Tensor,
+        _b: &Tensor,
         _res: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let _span = trace::backward(self.layer.as_ref(), "conv2d");
         trace::count("conv2d.backward");
-        backward(self.geom, self.input_grad, None, x, w, b, grad)
+        backward(
+            self.geom,
+            self.input_grad,
+            None,
+            self.buffers.clone(),
+            x,
+            w,
+            grad,
+        )
     }
 }
 

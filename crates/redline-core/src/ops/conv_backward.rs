@@ -14,8 +14,8 @@ use rayon::prelude::*;
 
 use super::conv::{gemm_or_err, Geom};
 use super::gemm::Mat;
-use super::grad_buffer::{layer_buffers, ParamBuffers};
 use super::slices::{unpack_grads, Grads3};
+use crate::grad::ParamBuffers;
 
 /// Marks a pooled output the ReLU zeroed: no gradient flows back through it.
 pub(super) const NO_GRAD: u8 = u8::MAX;
@@ -115,17 +115,16 @@ impl pulp::WithSimd for UnpoolLoop<'_> {
 }
 
 /// Gradients of a conv (or conv block) through the fused kernel: dW and db
-/// into the parameters' gradient buffers where attached, else returned.
+/// into the parameters' gradient buffers where given, else returned.
 pub(super) fn backward(
     geom: Geom,
     input_grad: bool,
     unpool: Option<Unpool>,
+    buffers: Option<ParamBuffers>,
     x: &Tensor,
     w: &Tensor,
-    b: &Tensor,
     grad: &Tensor,
 ) -> candle_core::Result<Grads3> {
-    let buffers = layer_buffers(w, b);
     let buffered = buffers.is_some();
     let op = Conv2dBackward {
         geom,

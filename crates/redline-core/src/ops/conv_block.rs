@@ -26,13 +26,15 @@ use super::conv_backward::{backward, Unpool, NO_GRAD};
 use super::pool::{first_max4, max_pool2d};
 use super::slices::{fused_cpu, Grads3};
 use crate::error::Result;
+use crate::grad::{layer_buffers, Param, ParamBuffers};
 use crate::trace;
 
 /// `relu(max_pool2d(conv2d(x, w, b, padding), k))`: `x (B, Cin, H, W)`,
 /// `w (Cout, Cin, kh, kw)`, `b (Cout)` -> `(B, Cout, oh / k, ow / k)` with
 /// `oh = H + 2p - kh + 1` (likewise `ow`), pooling in floor mode. CPU f32
 /// tensors take the fused kernel; anything else (and windows over 15x15)
-/// the separate ops.
+/// the separate ops. The weight's and bias's gradients come back in
+/// candle's `GradStore`.
 pub fn conv2d_pool_relu(
     x: &Tensor,
     w: &Tensor,
@@ -44,12 +46,43 @@ pub fn conv2d_pool_relu(
     if !(1..16).contains(&k) || ![x, w, b].into_iter().all(fused_cpu) {
         return Ok(max_pool2d(&conv2d(x, w, b, padding)?, k)?.relu()?);
     }
+    block(geom, x, w, b, k, None)
+}
+
+/// [`conv2d_pool_relu`] over parameters: where the fused kernel runs, its
+/// backward writes dW and db into `w.grad()` and `b.grad()`, otherwise they
+/// come in the `GradStore` for [`Param::absorb`].
+pub fn conv2d_pool_relu_param(
+    x: &Tensor,
+    w: &Param,
+    b: &Param,
+    padding: usize,
+    k: usize,
+) -> Result<Tensor> {
+    let (wt, bt) = (w.as_tensor(), b.as_tensor());
+    let geom = Geom::new(x, wt, bt, padding)?;
+    if !(1..16).contains(&k) || ![x, wt, bt].into_iter().all(fused_cpu) {
+        let y = super::conv::conv2d_param(x, w, b, padding)?;
+        return Ok(max_pool2d(&y, k)?.relu()?);
+    }
+    block(geom, x, wt, bt, k, layer_buffers(w, b))
+}
+
+fn block(
+    geom: Geom,
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    k: usize,
+    buffers: Option<ParamBuffers>,
+) -> Result<Tensor> {
     let op = BlockOp {
         geom,
         k,
         input_grad: x.track_op(),
         layer: trace::current_layer(),
         argmax: Mutex::new(None),
+        buffers,
     };
     Ok(x.contiguous()?
         .apply_op3(&w.contiguous()?, &b.contiguous()?, op)?)
@@ -65,6 +98,8 @@ struct BlockOp {
     layer: Option<Arc<str>>,
     /// Set by the forward: per pooled output, [`Unpool::argmax`].
     argmax: Mutex<Option<Arc<Vec<u8>>>>,
+    /// Where dW and db go, when the layer's parameters were given.
+    buffers: Option<ParamBuffers>,
 }
 
 impl BlockOp {
@@ -192,7 +227,7 @@ impl CustomOp3 for BlockOp {
         &self,
         x: &Tensor,
         w: &Tensor,
-        b: &Tensor,
+        _b: &Tensor,
         _res: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<Grads3> {
@@ -207,7 +242,15 @@ impl CustomOp3 for BlockOp {
             bail!("{}: backward before forward", self.name())
         };
         let unpool = Unpool { k: self.k, argmax };
-        backward(self.geom, self.input_grad, Some(unpool), x, w, b, grad)
+        backward(
+            self.geom,
+            self.input_grad,
+            Some(unpool),
+            self.buffers.clone(),
+            x,
+            w,
+            grad,
+        )
     }
 }
 

@@ -4,22 +4,41 @@
 //! The backward is one kernel too: it masks the incoming gradient by the ReLU,
 //! sums the bias gradient, runs the dW GEMM and, only when the input needs a
 //! gradient, the dx GEMM (candle's matmul backward always computes dx, which
-//! for the first layer is the data batch: wasted work every step). Where the
-//! optimizer attached [`GradBuffer`](super::grad_buffer::GradBuffer)s to the weight and bias, dW and db go
-//! straight into them and candle sees only dx.
+//! for the first layer is the data batch: wasted work every step). Through
+//! [`linear_param`], dW and db go straight into the parameters' gradient
+//! buffers ([`Param::grad`]) and candle sees only dx.
 
 use std::sync::Arc;
 
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Storage, Tensor};
 
 use super::gemm::{matmul, Mat};
-use super::grad_buffer::{layer_buffers, ParamBuffers};
 use super::slices::{f32s, fused_cpu, unpack_grads};
 use crate::error::Result;
+use crate::grad::{layer_buffers, Param, ParamBuffers};
 use crate::trace;
 
 /// `x (B, in) -> (B, out)` with `w (out, in)` and `b (out)`; ReLU when `relu`.
+/// The weight's and bias's gradients come back in candle's `GradStore`.
 pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor, relu: bool) -> Result<Tensor> {
+    linear_with(x, w, b, relu, None)
+}
+
+/// [`linear`] over parameters: where the fused kernel runs, its backward
+/// writes dW and db into `w.grad()` and `b.grad()` (PyTorch's `.grad`),
+/// otherwise they come in the `GradStore` for [`Param::absorb`].
+pub fn linear_param(x: &Tensor, w: &Param, b: &Param, relu: bool) -> Result<Tensor> {
+    let buffers = layer_buffers(w, b);
+    linear_with(x, w.as_tensor(), b.as_tensor(), relu, buffers)
+}
+
+fn linear_with(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    relu: bool,
+    buffers: Option<ParamBuffers>,
+) -> Result<Tensor> {
     if !(fused_cpu(x) && fused_cpu(w) && fused_cpu(b)) {
         let y = x.matmul(&w.t()?)?.broadcast_add(b)?;
         return Ok(if relu { y.relu()? } else { y });
@@ -28,6 +47,7 @@ pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor, relu: bool) -> Result<Tensor> 
         relu,
         input_grad: x.track_op(),
         layer: trace::current_layer(),
+        buffers,
     };
     Ok(x.contiguous()?
         .apply_op3(&w.contiguous()?, &b.contiguous()?, op)?)
@@ -38,6 +58,8 @@ struct LinearOp {
     input_grad: bool,
     /// The layer that built it, for the backward span (only while tracing).
     layer: Option<Arc<str>>,
+    /// Where dW and db go, when the layer's parameters were given.
+    buffers: Option<ParamBuffers>,
 }
 
 fn dims(l1: &Layout, l2: &Layout, l3: &Layout) -> candle_core::Result<(usize, usize, usize)> {
@@ -99,7 +121,7 @@ impl CustomOp3 for LinearOp {
         &self,
         x: &Tensor,
         w: &Tensor,
-        b: &Tensor,
+        _b: &Tensor,
         y: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
@@ -107,14 +129,13 @@ impl CustomOp3 for LinearOp {
         trace::count("linear.backward");
         let bsz = x.dims2()?.0;
         let grad = grad.flatten_all()?.contiguous()?;
-        let buffers = layer_buffers(w, b);
-        let buffered = buffers.is_some();
+        let buffered = self.buffers.is_some();
         // One buffer holds [dW | db | dx]; the three results are views into it.
         let op = LinearBwd {
             relu: self.relu.then(|| y.clone()),
             input_grad: self.input_grad,
             bsz,
-            buffers,
+            buffers: self.buffers.clone(),
         };
         let flat = grad.apply_op3_no_bwd(x, w, &op)?;
         unpack_grads(&flat, w.shape(), x.shape(), self.input_grad, buffered)

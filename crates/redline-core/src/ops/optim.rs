@@ -84,7 +84,7 @@ pub fn sgd_step(param: &Tensor, grad: &Tensor, state: &mut SlotState, hp: SgdSte
 }
 
 /// [`adam_step`] with the gradient read from a host slice (a
-/// [`GradBuffer`](super::grad_buffer::GradBuffer)'s contents).
+/// [`GradBuffer`](crate::grad::GradBuffer)'s contents).
 pub fn adam_step_from(
     param: &Tensor,
     grad: &[f32],

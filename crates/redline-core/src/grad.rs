@@ -1,0 +1,474 @@
+//! Parameters and their gradients (PyTorch's `param.grad`), owned and passed
+//! explicitly: no registry, nothing looked up by tensor id.
+//!
+//! A [`Param`] is a candle [`Var`] plus the [`GradBuffer`] that every backward
+//! pass accumulates its gradient into until the optimizer takes it. Gradients
+//! arrive two ways:
+//! * the fused CPU kernels of the layers that hold the `Param`
+//!   ([`ops::linear_param`](crate::ops::linear_param) and the conv twins) are
+//!   handed its buffer when the forward op is built and write dW and db there
+//!   from their backward (first write of a step) or add to it (accumulation),
+//!   so candle's `GradStore` never holds those gradients;
+//! * every other op's gradient comes back in candle's `GradStore`;
+//!   [`Param::absorb`] moves it into the same buffer.
+//!
+//! Either way, between backward and the update the gradient is in one place,
+//! where clipping, norms and accumulation see it. candle's own accumulation
+//! (`zeros_like(param) + g` per parameter per step, split over its thread pool
+//! above 64K elements, whose workers then spin on the core the prefetch thread
+//! needs: `bench/NOTES.md`) is skipped for the fused layers.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use candle_core::{DType, Tensor, Var};
+
+use crate::error::Result;
+use crate::ops::slices::fused_cpu;
+
+/// A parameter's gradient, accumulated over the backward passes since the
+/// optimizer (or [`GradBuffer::clear`]) last emptied it.
+#[derive(Debug, Default)]
+pub struct GradBuffer {
+    state: Mutex<Buf>,
+}
+
+#[derive(Debug, Default)]
+struct Buf {
+    /// Host storage the fused kernels write; kept between steps so that no
+    /// step allocates.
+    host: Vec<f32>,
+    held: Held,
+}
+
+/// What the buffer holds now.
+#[derive(Debug, Default)]
+enum Held {
+    /// No gradient since the last take.
+    #[default]
+    Empty,
+    /// The gradient is `host`.
+    Host,
+    /// The gradient is a (detached) tensor from candle's `GradStore`, on the
+    /// parameter's device.
+    Tensor(Tensor),
+}
+
+/// A view of a held gradient.
+#[derive(Debug, Clone, Copy)]
+pub enum GradRef<'a> {
+    /// Written by the fused CPU kernels: f32, the parameter's shape flattened.
+    Host(&'a [f32]),
+    /// From candle's `GradStore`: the parameter's shape, device and dtype.
+    Tensor(&'a Tensor),
+}
+
+impl GradBuffer {
+    /// An empty buffer.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Buf> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f(dst, accumulate)` on the `len`-element host buffer:
+    /// `accumulate` is false on the first write since the last take (`dst`
+    /// then holds stale values that `f` must overwrite), true on later ones
+    /// (add to `dst`). A gradient held as a CPU tensor is copied in first.
+    pub(crate) fn write<R>(&self, len: usize, f: impl FnOnce(&mut [f32], bool) -> R) -> R {
+        let mut buf = self.lock();
+        let buf = &mut *buf;
+        if buf.host.len() != len {
+            buf.host = vec![0.0; len];
+            if matches!(buf.held, Held::Host) {
+                buf.held = Held::Empty;
+            }
+        }
+        // A parameter used by a fused layer and a generic op in one step (tied
+        // weights): fold the generic gradient into the host buffer.
+        if let Held::Tensor(t) = &buf.held {
+            match t.flatten_all().and_then(|t| t.to_vec1::<f32>()) {
+                Ok(v) if v.len() == len => {
+                    buf.host.copy_from_slice(&v);
+                    buf.held = Held::Host;
+                }
+                // Not host f32 data of this size: never the case for a
+                // parameter a fused kernel covers; start over rather than mix.
+                _ => buf.held = Held::Empty,
+            }
+        }
+        let accumulate = matches!(buf.held, Held::Host);
+        buf.held = Held::Host;
+        f(&mut buf.host, accumulate)
+    }
+
+    /// Adds `src` to the host buffer (or writes it, on the first write).
+    pub(crate) fn add(&self, src: &[f32]) {
+        self.write(src.len(), |dst, accumulate| {
+            if accumulate {
+                dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
+            } else {
+                dst.copy_from_slice(src);
+            }
+        });
+    }
+
+    /// Adds a gradient from candle's `GradStore` (detached here).
+    pub fn absorb(&self, g: &Tensor) -> Result<()> {
+        let g = g.detach();
+        let mut buf = self.lock();
+        let held = std::mem::take(&mut buf.held);
+        buf.held = match held {
+            Held::Empty => Held::Tensor(g),
+            Held::Tensor(t) => Held::Tensor((t + g)?),
+            Held::Host => {
+                let v = g.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+                if v.len() != buf.host.len() {
+                    return Err(candle_core::Error::Msg(format!(
+                        "gradient of {} elements added to a buffer of {}",
+                        v.len(),
+                        buf.host.len()
+                    ))
+                    .into());
+                }
+                buf.host.iter_mut().zip(&v).for_each(|(d, s)| *d += s);
+                Held::Host
+            }
+        };
+        Ok(())
+    }
+
+    /// Whether no gradient arrived since the last take.
+    pub fn is_empty(&self) -> bool {
+        matches!(self.lock().held, Held::Empty)
+    }
+
+    /// Runs `f` on the held gradient, if any (the buffer keeps it).
+    pub fn with<R>(&self, f: impl FnOnce(GradRef<'_>) -> R) -> Option<R> {
+        let buf = self.lock();
+        match &buf.held {
+            Held::Empty => None,
+            Held::Host => Some(f(GradRef::Host(&buf.host))),
+            Held::Tensor(t) => Some(f(GradRef::Tensor(t))),
+        }
+    }
+
+    /// Runs `f` on the held gradient, if any, and empties the buffer.
+    pub fn take_with<R>(&self, f: impl FnOnce(GradRef<'_>) -> R) -> Option<R> {
+        let mut buf = self.lock();
+        let buf = &mut *buf;
+        match std::mem::take(&mut buf.held) {
+            Held::Empty => None,
+            Held::Host => Some(f(GradRef::Host(&buf.host))),
+            Held::Tensor(t) => Some(f(GradRef::Tensor(&t))),
+        }
+    }
+
+    /// A copy of the gradient as a tensor of `param`'s shape and device
+    /// (`None` when empty): for inspection, not for the hot loop.
+    pub fn to_tensor(&self, param: &Tensor) -> Result<Option<Tensor>> {
+        self.with(|g| -> Result<Tensor> {
+            Ok(match g {
+                GradRef::Host(v) => Tensor::from_slice(v, param.shape(), param.device())?,
+                GradRef::Tensor(t) => t.clone(),
+            })
+        })
+        .transpose()
+    }
+
+    /// The sum of the squared gradient as an f32 scalar on the gradient's
+    /// device (no host read for device gradients); `None` when empty.
+    pub fn sum_sq(&self) -> Result<Option<Tensor>> {
+        self.with(|g| -> Result<Tensor> {
+            Ok(match g {
+                GradRef::Host(v) => {
+                    // f64 sums: the norm of a million f32 squares in f32 would
+                    // lose digits PyTorch's pairwise sum keeps.
+                    let s: f64 = v.iter().map(|x| f64::from(*x) * f64::from(*x)).sum();
+                    Tensor::new(s as f32, &candle_core::Device::Cpu)?
+                }
+                GradRef::Tensor(t) => t.to_dtype(DType::F32)?.sqr()?.sum_all()?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Multiplies the gradient by `coef`, an f32 scalar on the gradient's
+    /// device (`clip_grad_norm_`'s `g.mul_(clip_coef_clamped)`).
+    pub fn scale(&self, coef: &Tensor) -> Result<()> {
+        let mut buf = self.lock();
+        let buf = &mut *buf;
+        match &mut buf.held {
+            Held::Empty => {}
+            Held::Host => {
+                let c = coef.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+                // x * 1.0 == x: the usual case (under the limit) costs no pass.
+                if c != 1.0 {
+                    buf.host.iter_mut().for_each(|x| *x *= c);
+                }
+            }
+            Held::Tensor(t) => *t = t.broadcast_mul(&coef.to_dtype(t.dtype())?)?,
+        }
+        Ok(())
+    }
+
+    /// Clamps every element to `[-limit, limit]` (`clip_grad_value_`).
+    pub fn clamp(&self, limit: f64) -> Result<()> {
+        let mut buf = self.lock();
+        let buf = &mut *buf;
+        match &mut buf.held {
+            Held::Empty => {}
+            Held::Host => {
+                let l = limit as f32;
+                buf.host.iter_mut().for_each(|x| *x = x.clamp(-l, l));
+            }
+            Held::Tensor(t) => *t = t.clamp(-limit, limit)?,
+        }
+        Ok(())
+    }
+
+    /// Drops the accumulated gradient (`zero_grad`).
+    pub fn clear(&self) {
+        self.lock().held = Held::Empty;
+    }
+}
+
+/// A trainable parameter: the variable and its gradient. Clones share both,
+/// so the layer that uses it, the model's parameter list and the optimizer
+/// all see one gradient.
+#[derive(Debug, Clone)]
+pub struct Param {
+    var: Var,
+    grad: Arc<GradBuffer>,
+}
+
+impl Param {
+    /// A parameter with an empty gradient.
+    pub fn new(var: Var) -> Self {
+        Self {
+            var,
+            grad: Arc::new(GradBuffer::new()),
+        }
+    }
+
+    /// The variable.
+    pub fn var(&self) -> &Var {
+        &self.var
+    }
+
+    /// The current value.
+    pub fn as_tensor(&self) -> &Tensor {
+        self.var.as_tensor()
+    }
+
+    /// The gradient accumulated since the last take.
+    pub fn grad(&self) -> &GradBuffer {
+        &self.grad
+    }
+
+    /// The gradient buffer the fused kernels write, when they cover this
+    /// parameter (an f32 CPU tensor).
+    pub(crate) fn fused_buffer(&self) -> Option<Arc<GradBuffer>> {
+        fused_cpu(self.as_tensor()).then(|| Arc::clone(&self.grad))
+    }
+
+    /// Moves this parameter's gradient out of a `GradStore` into its buffer
+    /// (a no-op when the store has none: the fused kernels already wrote it,
+    /// or the loss does not depend on it).
+    pub fn absorb(&self, grads: &mut candle_core::backprop::GradStore) -> Result<()> {
+        if let Some(g) = grads.remove(self.as_tensor()) {
+            self.grad.absorb(&g)?;
+        }
+        Ok(())
+    }
+}
+
+/// The gradient buffers of a layer's weight and bias, when the fused kernels
+/// cover both.
+pub(crate) type ParamBuffers = (Arc<GradBuffer>, Arc<GradBuffer>);
+
+/// The buffers of `w` and `b` for the fused kernels.
+pub(crate) fn layer_buffers(w: &Param, b: &Param) -> Option<ParamBuffers> {
+    w.fused_buffer().zip(b.fused_buffer())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn host(buf: &GradBuffer) -> Option<Vec<f32>> {
+        buf.with(|g| match g {
+            GradRef::Host(v) => v.to_vec(),
+            GradRef::Tensor(_) => panic!("expected a host gradient"),
+        })
+    }
+
+    #[test]
+    fn first_write_overwrites_later_ones_accumulate_take_empties() {
+        let buf = GradBuffer::new();
+        assert!(buf.is_empty() && buf.take_with(|_| ()).is_none());
+        buf.add(&[1.0, 2.0, 3.0]);
+        buf.add(&[1.0, 1.0, 1.0]);
+        assert_eq!(host(&buf), Some(vec![2.0, 3.0, 4.0]));
+        assert!(buf.take_with(|_| ()).is_some());
+        assert!(buf.is_empty());
+        // The stale values of the last step are overwritten, not added to.
+        buf.add(&[5.0, 5.0, 5.0]);
+        assert_eq!(host(&buf), Some(vec![5.0; 3]));
+        buf.clear();
+        assert_eq!(host(&buf), None);
+    }
+
+    #[test]
+    fn store_gradients_accumulate_and_mix_with_host_writes() -> Result<()> {
+        let buf = GradBuffer::new();
+        let t = |v: &[f32]| Tensor::new(v, &Device::Cpu);
+        buf.absorb(&t(&[1.0, 2.0])?)?;
+        buf.absorb(&t(&[0.5, 0.5])?)?;
+        let p = Tensor::zeros(2, DType::F32, &Device::Cpu)?;
+        let got = buf.to_tensor(&p)?.map(|g| g.to_vec1::<f32>()).transpose()?;
+        assert_eq!(got, Some(vec![1.5, 2.5]));
+        // A fused write after a store gradient adds to it ...
+        buf.add(&[1.0, 1.0]);
+        assert_eq!(host(&buf), Some(vec![2.5, 3.5]));
+        // ... and a store gradient after a fused write too.
+        buf.absorb(&t(&[1.0, -1.0])?)?;
+        assert_eq!(host(&buf), Some(vec![3.5, 2.5]));
+        assert!(buf.absorb(&t(&[1.0])?).is_err(), "size mismatch");
+        Ok(())
+    }
+
+    #[test]
+    fn norms_scale_and_clamp_see_both_kinds() -> Result<()> {
+        let host_buf = GradBuffer::new();
+        host_buf.add(&[3.0, -4.0]);
+        let dev_buf = GradBuffer::new();
+        dev_buf.absorb(&Tensor::new(&[6.0f32, 8.0], &Device::Cpu)?)?;
+        let sq = |b: &GradBuffer| -> Result<f32> {
+            Ok(b.sum_sq()?.map_or(Ok(-1.0), |t| t.to_scalar::<f32>())?)
+        };
+        assert_eq!((sq(&host_buf)?, sq(&dev_buf)?), (25.0, 100.0));
+        let half = Tensor::new(0.5f32, &Device::Cpu)?;
+        host_buf.scale(&half)?;
+        dev_buf.scale(&half)?;
+        assert_eq!((sq(&host_buf)?, sq(&dev_buf)?), (6.25, 25.0));
+        host_buf.clamp(1.0)?;
+        dev_buf.clamp(1.0)?;
+        assert_eq!(host(&host_buf), Some(vec![1.0, -1.0]));
+        assert_eq!(sq(&dev_buf)?, 2.0);
+        assert!(GradBuffer::new().sum_sq()?.is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn only_f32_cpu_parameters_get_a_fused_buffer() -> Result<()> {
+        let f64p = Param::new(Var::zeros(2, DType::F64, &Device::Cpu)?);
+        assert!(f64p.fused_buffer().is_none());
+        let f32p = Param::new(Var::zeros(2, DType::F32, &Device::Cpu)?);
+        let clone = f32p.clone();
+        let buf = f32p.fused_buffer();
+        assert!(buf.is_some_and(|b| std::ptr::eq(&*b, clone.grad())));
+        Ok(())
+    }
+
+    fn data(dims: &[usize], seed: f32) -> Result<Tensor> {
+        let n: usize = dims.iter().product();
+        let v: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37 + seed).sin()).collect();
+        Ok(Tensor::from_vec(v, dims, &Device::Cpu)?)
+    }
+
+    fn close(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(a, b)| (a - b).abs() <= 1e-5 * (1.0 + b.abs()))
+    }
+
+    type Plain = fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>;
+    type Owned = fn(&Tensor, &Param, &Param) -> Result<Tensor>;
+
+    /// Two backward passes through the `Param` form of a layer accumulate in
+    /// the parameters' buffers exactly what candle's `GradStore` reports for
+    /// the plain form, summed; the input gradient still flows through candle.
+    fn accumulates_like_grad_store(
+        (plain, owned): (Plain, Owned),
+        x: &[usize],
+        w: &[usize],
+    ) -> Result<()> {
+        let x = Var::from_tensor(&data(x, 0.0)?)?;
+        let w = Param::new(Var::from_tensor(&data(w, 1.0)?)?);
+        let b = Param::new(Var::from_tensor(&data(&w.as_tensor().dims()[..1], 2.0)?)?);
+        let (wt, bt) = (w.as_tensor(), b.as_tensor());
+        let y_shape = plain(x.as_tensor(), wt, bt)?.dims().to_vec();
+        let ups = [data(&y_shape, 3.0)?, data(&y_shape, 4.0)?];
+        let flat = |t: Option<&Tensor>| -> Result<Vec<f32>> {
+            match t {
+                Some(t) => Ok(t.flatten_all()?.to_vec1::<f32>()?),
+                None => panic!("gradient missing from the GradStore"),
+            }
+        };
+        let mut want_w = vec![0f32; wt.elem_count()];
+        let mut want_b = vec![0f32; bt.elem_count()];
+        let mut want_dx = Vec::new();
+        for up in &ups {
+            let g = (plain(x.as_tensor(), wt, bt)? * up)?
+                .sum_all()?
+                .backward()?;
+            want_w
+                .iter_mut()
+                .zip(flat(g.get(wt))?)
+                .for_each(|(a, s)| *a += s);
+            want_b
+                .iter_mut()
+                .zip(flat(g.get(bt))?)
+                .for_each(|(a, s)| *a += s);
+            want_dx.push(flat(g.get(&x))?);
+        }
+        for (up, want_dx) in ups.iter().zip(&want_dx) {
+            let g = (owned(x.as_tensor(), &w, &b)? * up)?
+                .sum_all()?
+                .backward()?;
+            assert!(g.get(wt).is_none() && g.get(bt).is_none());
+            assert!(close(&flat(g.get(&x))?, want_dx), "dx");
+        }
+        assert!(host(w.grad()).is_some_and(|g| close(&g, &want_w)), "dW");
+        assert!(host(b.grad()).is_some_and(|g| close(&g, &want_b)), "db");
+        Ok(())
+    }
+
+    #[test]
+    fn linear_and_conv_gradients_accumulate_in_buffers() -> Result<()> {
+        use crate::ops;
+        let lin: (Plain, Owned) = (
+            |x, w, b| ops::linear(x, w, b, true),
+            |x, w, b| ops::linear_param(x, w, b, true),
+        );
+        accumulates_like_grad_store(lin, &[5, 7], &[3, 7])?;
+        let conv: (Plain, Owned) = (
+            |x, w, b| ops::conv2d(x, w, b, 1),
+            |x, w, b| ops::conv2d_param(x, w, b, 1),
+        );
+        accumulates_like_grad_store(conv, &[2, 3, 6, 6], &[4, 3, 3, 3])?;
+        let block: (Plain, Owned) = (
+            |x, w, b| ops::conv2d_pool_relu(x, w, b, 1, 2),
+            |x, w, b| ops::conv2d_pool_relu_param(x, w, b, 1, 2),
+        );
+        accumulates_like_grad_store(block, &[2, 3, 6, 6], &[4, 3, 3, 3])
+    }
+
+    #[test]
+    fn absorb_moves_a_store_gradient_into_the_buffer() -> Result<()> {
+        let p = Param::new(Var::new(&[1.0f64, 2.0], &Device::Cpu)?);
+        let mut grads = p.as_tensor().sqr()?.sum_all()?.backward()?;
+        p.absorb(&mut grads)?;
+        assert!(grads.get(p.as_tensor()).is_none(), "moved, not copied");
+        let g = p.grad().to_tensor(p.as_tensor())?;
+        assert_eq!(
+            g.map(|g| g.to_vec1::<f64>()).transpose()?,
+            Some(vec![2.0, 4.0])
+        );
+        Ok(())
+    }
+}

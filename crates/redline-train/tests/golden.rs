@@ -15,7 +15,8 @@ use redline_core::{Device, Precision};
 use redline_data::{Loader, LoaderConfig, Normalize, Placement, Split, SplitKind};
 use redline_models::{Model, ModelConfig};
 use redline_train::{
-    loss::cross_entropy, Callback, Classifier, Event, OptimizerConfig, TrainConfig, Trainer,
+    loss::cross_entropy, Callback, Classifier, Event, GradClip, OptimizerConfig, TrainConfig,
+    Trainer,
 };
 
 fn root() -> PathBuf {
@@ -105,8 +106,8 @@ fn rel_l2(a: &Tensor, b: &Tensor) -> f64 {
     (num / den.max(1e-30)).sqrt()
 }
 
-/// Collects every logged loss.
-struct Losses(Arc<Mutex<Vec<f64>>>);
+/// Collects every logged loss, and every logged gradient norm into the second list.
+struct Losses(Arc<Mutex<Vec<f64>>>, Arc<Mutex<Vec<f64>>>);
 
 impl Callback for Losses {
     fn name(&self) -> &str {
@@ -115,6 +116,9 @@ impl Callback for Losses {
     fn on_event(&mut self, e: &Event<'_>) -> Result<(), String> {
         if let Event::Log(s) = e {
             self.0.lock().unwrap().push(s.loss);
+            if let Some(g) = s.grad_norm {
+                self.1.lock().unwrap().push(g);
+            }
         }
         Ok(())
     }
@@ -153,11 +157,26 @@ fn run_with(
     dev: &Device,
     placement: Placement,
 ) -> (Box<dyn Model>, Vec<f64>) {
+    let (model, losses, _) = run_logged(kind, init, opt, cfg, batch, dev, placement);
+    (model, losses)
+}
+
+/// `run_with`, also returning the logged gradient norms.
+fn run_logged(
+    kind: &str,
+    init: &str,
+    opt: OptimizerConfig,
+    cfg: TrainConfig,
+    batch: usize,
+    dev: &Device,
+    placement: Placement,
+) -> (Box<dyn Model>, Vec<f64>, Vec<f64>) {
     let losses = Arc::new(Mutex::new(Vec::new()));
+    let norms = Arc::new(Mutex::new(Vec::new()));
     let mut trainer = Trainer::builder()
         .config(cfg)
         .optimizer(opt)
-        .callback(Box::new(Losses(losses.clone())))
+        .callback(Box::new(Losses(losses.clone(), norms.clone())))
         .build(Classifier::new(model(kind, init, dev)), dev.clone())
         .unwrap();
     trainer
@@ -172,11 +191,16 @@ fn run_with(
     out.params()
         .assign(&trainer.params().to_map(), Path::new("trained"))
         .unwrap();
-    (out, got)
+    let norms = norms.lock().unwrap().clone();
+    (out, got, norms)
 }
 
 fn check_losses(got: &[f64], trace: &serde_json::Value, rel_tol: f64) {
-    let want: Vec<f64> = trace["losses"]
+    check_series(got, trace, "losses", rel_tol);
+}
+
+fn check_series(got: &[f64], trace: &serde_json::Value, key: &str, rel_tol: f64) {
+    let want: Vec<f64> = trace[key]
         .as_array()
         .unwrap()
         .iter()
@@ -187,7 +211,7 @@ fn check_losses(got: &[f64], trace: &serde_json::Value, rel_tol: f64) {
         let rel = (g - w).abs() / w.abs();
         assert!(
             rel < rel_tol,
-            "step {}: ours {g}, PyTorch {w}, rel {rel:e}",
+            "{key} at step {}: ours {g}, PyTorch {w}, rel {rel:e}",
             i + 1
         );
     }
@@ -333,6 +357,105 @@ fn cnn_forward_and_gradients_match_pytorch() {
 #[test]
 fn cnn_adam_matches_pytorch() {
     check_cnn_adam(&Device::cpu());
+}
+
+/// 20 steps of the MLP with the given loop settings against a PyTorch
+/// trace and final weights (`tools/reference/make_golden_grads.py`).
+fn check_mlp_grads(name: &str, opt: OptimizerConfig, cfg: TrainConfig, batch: usize) {
+    let cfg = TrainConfig {
+        epochs: 1,
+        max_steps: Some(20),
+        log_every: 1,
+        validate: false,
+        ..cfg
+    };
+    let (m, losses, norms) = run_logged(
+        "mlp",
+        "mlp_init.safetensors",
+        opt,
+        cfg,
+        batch,
+        &Device::cpu(),
+        Placement::Resident,
+    );
+    let t = trace(&format!("{name}_trace.json"));
+    check_losses(&losses, &t, 1e-5);
+    if t.get("grad_norms").is_some() {
+        check_series(&norms, &t, "grad_norms", 1e-5);
+    }
+    let want = load(&format!("{name}_final.safetensors"));
+    for (p, var) in m.params().iter() {
+        let r = max_rel(var.as_tensor(), &want[p]);
+        assert!(r < 1e-4, "{name}: {p}: rel {r:e}");
+    }
+}
+
+#[test]
+fn clip_grad_norm_matches_pytorch() {
+    // Every step's norm (about 2) is above 0.5: every step is clipped.
+    let cfg = TrainConfig {
+        clip: Some(GradClip::Norm { max_norm: 0.5 }),
+        ..TrainConfig::default()
+    };
+    let adam = OptimizerConfig::by_name("adam", 1e-3).unwrap();
+    check_mlp_grads("mlp_clip_norm", adam, cfg, 64);
+}
+
+#[test]
+fn clip_grad_value_matches_pytorch() {
+    let cfg = TrainConfig {
+        clip: Some(GradClip::Value { limit: 0.01 }),
+        ..TrainConfig::default()
+    };
+    let sgd = OptimizerConfig::Sgd {
+        lr: 0.05,
+        momentum: 0.9,
+        dampening: 0.0,
+        nesterov: false,
+        weight_decay: 0.0,
+    };
+    check_mlp_grads("mlp_clip_value", sgd, cfg, 64);
+}
+
+#[test]
+fn four_accumulated_micro_batches_match_pytorch() {
+    let cfg = TrainConfig {
+        accumulate: 4,
+        ..TrainConfig::default()
+    };
+    let adam = OptimizerConfig::by_name("adam", 1e-3).unwrap();
+    check_mlp_grads("mlp_accumulate", adam, cfg, 16);
+}
+
+#[test]
+fn four_micro_batches_of_16_step_as_one_batch_of_64() {
+    // The accumulated run against the plain Adam run's PyTorch weights: the
+    // same 20 updates over the same 1280 images, summed in another order.
+    let cfg = TrainConfig {
+        epochs: 1,
+        max_steps: Some(20),
+        log_every: 1,
+        validate: false,
+        accumulate: 4,
+        ..TrainConfig::default()
+    };
+    let adam = OptimizerConfig::by_name("adam", 1e-3).unwrap();
+    let dev = Device::cpu();
+    let (m, losses) = run_with(
+        "mlp",
+        "mlp_init.safetensors",
+        adam,
+        cfg,
+        16,
+        &dev,
+        Placement::Resident,
+    );
+    check_losses(&losses, &trace("mlp_trace.json"), 1e-5);
+    let want = load("mlp_final.safetensors");
+    for (name, var) in m.params().iter() {
+        let r = max_rel(var.as_tensor(), &want[name]);
+        assert!(r < 1e-4, "{name}: rel {r:e}");
+    }
 }
 
 /// The same checks on the first GPU, fed both ways (run on a GPU machine:

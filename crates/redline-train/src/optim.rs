@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use redline_core::grad::{GradRef, Param};
 use redline_core::ops::optim::{
-    adam_step, adam_step_from, sgd_step, sgd_step_from, AdamStep, SgdStep, SlotState,
+    adam_step, adam_step_from, adam_tensors, sgd_step, sgd_step_from, sgd_tensors, AdamStep,
+    SgdStep, SlotState, TensorState,
 };
 
 use crate::error::{Error, Result};
@@ -130,8 +131,7 @@ impl OptimizerConfig {
                 .map(|param| Slot {
                     param,
                     fused: SlotState::default(),
-                    a: None,
-                    b: None,
+                    generic: TensorState::default(),
                 })
                 .collect(),
             step: 0,
@@ -144,8 +144,7 @@ impl OptimizerConfig {
 struct Slot {
     param: Param,
     fused: SlotState,
-    a: Option<Tensor>,
-    b: Option<Tensor>,
+    generic: TensorState,
 }
 
 /// A built optimizer.
@@ -179,7 +178,7 @@ impl Optimizer {
     /// (same arithmetic) does.
     pub fn step(&mut self) -> Result<()> {
         self.step += 1;
-        let hp = self.fused_params();
+        let hp = self.step_params();
         for slot in &mut self.state {
             let p = slot.param.as_tensor().clone();
             let fused = &mut slot.fused;
@@ -187,10 +186,10 @@ impl Optimizer {
             // the generic path.
             let declined = slot.param.grad().take_with(|g| -> Result<Option<Tensor>> {
                 let done = match (g, hp) {
-                    (GradRef::Host(g), Fused::Adam(hp)) => adam_step_from(&p, g, fused, hp)?,
-                    (GradRef::Host(g), Fused::Sgd(hp)) => sgd_step_from(&p, g, fused, hp)?,
-                    (GradRef::Tensor(g), Fused::Adam(hp)) => adam_step(&p, g, fused, hp)?,
-                    (GradRef::Tensor(g), Fused::Sgd(hp)) => sgd_step(&p, g, fused, hp)?,
+                    (GradRef::Host(g), StepParams::Adam(hp)) => adam_step_from(&p, g, fused, hp)?,
+                    (GradRef::Host(g), StepParams::Sgd(hp)) => sgd_step_from(&p, g, fused, hp)?,
+                    (GradRef::Tensor(g), StepParams::Adam(hp)) => adam_step(&p, g, fused, hp)?,
+                    (GradRef::Tensor(g), StepParams::Sgd(hp)) => sgd_step(&p, g, fused, hp)?,
                 };
                 Ok(match (done, g) {
                     (true, _) => None,
@@ -201,7 +200,11 @@ impl Optimizer {
                 })
             });
             if let Some(g) = declined.transpose()?.flatten() {
-                let new_p = generic_update(&self.cfg, slot, &p.detach(), &g, self.step as i32)?;
+                let (p, g, st) = (p.detach(), g.detach(), &mut slot.generic);
+                let new_p = match hp {
+                    StepParams::Adam(hp) => adam_tensors(&p, &g, st, hp)?,
+                    StepParams::Sgd(hp) => sgd_tensors(&p, &g, st, hp)?,
+                };
                 slot.param.var().set(&new_p)?;
             }
         }
@@ -215,8 +218,8 @@ impl Optimizer {
         }
     }
 
-    /// This step's hyperparameters for the fused kernels.
-    fn fused_params(&self) -> Fused {
+    /// This step's hyperparameters (for the fused kernel and the generic path).
+    fn step_params(&self) -> StepParams {
         let t = self.step;
         match &self.cfg {
             OptimizerConfig::Adam {
@@ -230,7 +233,7 @@ impl Optimizer {
                 betas,
                 eps,
                 weight_decay,
-            } => Fused::Adam(AdamStep {
+            } => StepParams::Adam(AdamStep {
                 lr: *lr,
                 betas: *betas,
                 eps: *eps,
@@ -244,7 +247,7 @@ impl Optimizer {
                 dampening,
                 nesterov,
                 weight_decay,
-            } => Fused::Sgd(SgdStep {
+            } => StepParams::Sgd(SgdStep {
                 lr: *lr,
                 momentum: *momentum,
                 dampening: *dampening,
@@ -255,99 +258,11 @@ impl Optimizer {
     }
 }
 
-/// A step's hyperparameters for the fused kernels.
+/// A step's hyperparameters.
 #[derive(Clone, Copy)]
-enum Fused {
+enum StepParams {
     Adam(AdamStep),
     Sgd(SgdStep),
-}
-
-/// The update from candle tensor ops, for devices the fused kernel does not cover.
-fn generic_update(
-    cfg: &OptimizerConfig,
-    slot: &mut Slot,
-    p: &Tensor,
-    g: &Tensor,
-    t: i32,
-) -> Result<Tensor> {
-    Ok(match cfg {
-        OptimizerConfig::Adam {
-            lr,
-            betas,
-            eps,
-            weight_decay,
-        } => {
-            let g = if *weight_decay != 0.0 {
-                (g + p.affine(*weight_decay, 0.0)?)?
-            } else {
-                g.clone()
-            };
-            adam_update(slot, p, &g, *lr, *betas, *eps, t)?
-        }
-        OptimizerConfig::AdamW {
-            lr,
-            betas,
-            eps,
-            weight_decay,
-        } => {
-            let decayed = p.affine(1.0 - lr * weight_decay, 0.0)?;
-            adam_update(slot, &decayed, g, *lr, *betas, *eps, t)?
-        }
-        OptimizerConfig::Sgd {
-            lr,
-            momentum,
-            dampening,
-            nesterov,
-            weight_decay,
-        } => {
-            let mut g = if *weight_decay != 0.0 {
-                (g + p.affine(*weight_decay, 0.0)?)?
-            } else {
-                g.clone()
-            };
-            if *momentum != 0.0 {
-                let buf = match slot.a.take() {
-                    None => g.clone(),
-                    Some(b) => (b.affine(*momentum, 0.0)? + g.affine(1.0 - dampening, 0.0)?)?,
-                };
-                g = if *nesterov {
-                    (g + buf.affine(*momentum, 0.0)?)?
-                } else {
-                    buf.clone()
-                };
-                slot.a = Some(buf);
-            }
-            (p - g.affine(*lr, 0.0)?)?
-        }
-    })
-}
-
-/// PyTorch's Adam arithmetic: m.lerp_(g, 1-b1); v = b2 v + (1-b2) g^2;
-/// p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps).
-fn adam_update(
-    slot: &mut Slot,
-    p: &Tensor,
-    g: &Tensor,
-    lr: f64,
-    (b1, b2): (f64, f64),
-    eps: f64,
-    t: i32,
-) -> Result<Tensor> {
-    let m = match slot.a.take() {
-        None => g.affine(1.0 - b1, 0.0)?,
-        Some(m) => (&m + (g - &m)?.affine(1.0 - b1, 0.0)?)?,
-    };
-    let v = match slot.b.take() {
-        None => g.sqr()?.affine(1.0 - b2, 0.0)?,
-        Some(v) => (v.affine(b2, 0.0)? + g.sqr()?.affine(1.0 - b2, 0.0)?)?,
-    };
-    let bc1 = 1.0 - b1.powi(t);
-    let bc2_sqrt = (1.0 - b2.powi(t)).sqrt();
-    let denom = v.sqrt()?.affine(1.0 / bc2_sqrt, eps)?;
-    let new_p = (p - (&m / denom)?.affine(lr / bc1, 0.0)?)?;
-    slot.a = Some(m);
-    slot.b = Some(v);
-    Ok(new_p)
 }
 
 #[cfg(test)]
@@ -417,7 +332,7 @@ mod tests {
                 opt.step()?;
             }
             for slot in &opt.state {
-                for t in [&slot.a, &slot.b].into_iter().flatten() {
+                for t in [&slot.generic.a, &slot.generic.b].into_iter().flatten() {
                     assert!(
                         !t.track_op(),
                         "{name}: optimizer state keeps a backprop graph"

@@ -13,6 +13,7 @@ pub mod gemm;
 mod linear;
 mod loss;
 pub mod optim;
+pub mod optim_math;
 pub mod pool;
 pub(crate) mod slices;
 

@@ -1,7 +1,8 @@
 //! In-place optimizer updates: one pass over each parameter's storage reading
 //! its gradient and state, with no temporaries (the generic path allocates
-//! about ten tensors per parameter per step). Same arithmetic order as
-//! PyTorch's single-tensor CPU code.
+//! about ten tensors per parameter per step). The arithmetic is written once,
+//! in [`optim_math`](super::optim_math), for these loops and for the generic
+//! path ([`adam_tensors`], [`sgd_tensors`]): PyTorch's single-tensor order.
 //!
 //! The loops are compiled once per instruction set and picked at run time
 //! (`pulp`: AVX-512 where present, else AVX2, else SSE2); no FMA contraction,
@@ -21,6 +22,7 @@ use std::cell::RefCell;
 use candle_core::{bail, CpuStorage, InplaceOp1, InplaceOp2, Layout, Tensor};
 use pulp::{Simd, WithSimd};
 
+use super::optim_math::{self, AdamConsts, SgdConsts};
 use super::slices::{f32s, f32s_mut, fused_cpu};
 use crate::error::Result;
 use crate::trace;
@@ -192,46 +194,23 @@ fn adam(p: &mut [f32], g: &[f32], st: &mut SlotState, hp: AdamStep) {
         st.a = vec![0.0; p.len()];
         st.b = vec![0.0; p.len()];
     }
-    let t = hp.step.min(i32::MAX as u64) as i32;
-    let (b1, b2) = hp.betas;
-    let wd = hp.weight_decay as f32;
     pulp::Arch::new().dispatch(AdamLoop {
         p,
         g,
         m: &mut st.a,
         v: &mut st.b,
-        step_size: (hp.lr / (1.0 - b1.powi(t))) as f32,
-        bc2_sqrt: (1.0 - b2.powi(t)).sqrt() as f32,
-        w1: (1.0 - b1) as f32,
-        b2: b2 as f32,
-        w2: (1.0 - b2) as f32,
-        eps: hp.eps as f32,
-        l2: if hp.decoupled { 0.0 } else { wd },
-        decay: if hp.decoupled {
-            (1.0 - hp.lr * hp.weight_decay) as f32
-        } else {
-            1.0
-        },
+        c: AdamConsts::new(hp),
     });
 }
 
-/// One Adam/AdamW pass; the scalars are fields (copied into registers) so
+/// One Adam/AdamW pass; the constants are a field (copied into registers) so
 /// that the compiler can vectorize the loop without aliasing worries.
 struct AdamLoop<'a> {
     p: &'a mut [f32],
     g: &'a [f32],
     m: &'a mut [f32],
     v: &'a mut [f32],
-    step_size: f32,
-    bc2_sqrt: f32,
-    w1: f32,
-    b2: f32,
-    w2: f32,
-    eps: f32,
-    /// Adam's L2 term (0 for AdamW or no decay).
-    l2: f32,
-    /// AdamW's decoupled factor `1 - lr * wd` (1 for Adam).
-    decay: f32,
+    c: AdamConsts,
 }
 
 impl WithSimd for AdamLoop<'_> {
@@ -239,49 +218,21 @@ impl WithSimd for AdamLoop<'_> {
 
     #[inline(always)]
     fn with_simd<S: Simd>(self, _simd: S) {
-        let Self {
-            p,
-            g,
-            m,
-            v,
-            step_size,
-            bc2_sqrt,
-            w1,
-            b2,
-            w2,
-            eps,
-            l2,
-            decay,
-        } = self;
+        let Self { p, g, m, v, c } = self;
         let n = p.len().min(g.len()).min(m.len()).min(v.len());
         let (p, g, m, v) = (&mut p[..n], &g[..n], &mut m[..n], &mut v[..n]);
         for i in 0..n {
-            // `g + 0 * p` and `p * 1` are exact, so one loop serves both
-            // decays and no decay, in PyTorch's order.
-            let gi = g[i] + l2 * p[i];
-            let pi = p[i] * decay;
-            let mi = flush(m[i] + (gi - m[i]) * w1);
-            let vi = flush(v[i] * b2 + w2 * gi * gi);
+            let Ok([pi, mi, vi]) = optim_math::adam(&p[i], &g[i], &m[i], &v[i], &c);
+            p[i] = pi;
             m[i] = mi;
             v[i] = vi;
-            let denom = vi.sqrt() / bc2_sqrt + eps;
-            p[i] = pi - step_size * (mi / denom);
         }
     }
 }
 
-/// `x`, or zero where `x` is subnormal (see the module header).
-#[inline(always)]
-fn flush(x: f32) -> f32 {
-    if x.abs() < f32::MIN_POSITIVE {
-        0.0
-    } else {
-        x
-    }
-}
-
 fn sgd(p: &mut [f32], g: &[f32], st: &mut SlotState, hp: SgdStep) {
-    let first = hp.momentum != 0.0 && st.a.len() != p.len();
+    let c = SgdConsts::new(hp);
+    let first = c.momentum() && st.a.len() != p.len();
     if first {
         st.a = vec![0.0; p.len()];
     }
@@ -289,27 +240,20 @@ fn sgd(p: &mut [f32], g: &[f32], st: &mut SlotState, hp: SgdStep) {
         p,
         g,
         buf: &mut st.a,
-        lr: hp.lr as f32,
-        wd: hp.weight_decay as f32,
-        mom: hp.momentum as f32,
-        damp: (1.0 - hp.dampening) as f32,
+        c,
         first,
-        nesterov: hp.nesterov,
     });
 }
 
-/// One SGD pass (see [`AdamLoop`] for why the scalars are fields).
+/// One SGD pass (see [`AdamLoop`] for why the constants are a field).
 struct SgdLoop<'a> {
     p: &'a mut [f32],
     g: &'a [f32],
     /// Momentum buffer; empty without momentum.
     buf: &'a mut [f32],
-    lr: f32,
-    wd: f32,
-    mom: f32,
-    damp: f32,
+    c: SgdConsts,
+    /// The first step with momentum: the buffer starts as the gradient.
     first: bool,
-    nesterov: bool,
 }
 
 impl WithSimd for SgdLoop<'_> {
@@ -321,33 +265,56 @@ impl WithSimd for SgdLoop<'_> {
             p,
             g,
             buf,
-            lr,
-            wd,
-            mom,
-            damp,
+            c,
             first,
-            nesterov,
         } = self;
         let n = p.len().min(g.len());
         let (p, g) = (&mut p[..n], &g[..n]);
-        if mom == 0.0 {
+        if !c.momentum() {
             for i in 0..n {
-                let gi = g[i] + wd * p[i];
-                p[i] -= lr * gi;
+                let Ok((pi, _)) = optim_math::sgd(&p[i], &g[i], None, &c);
+                p[i] = pi;
             }
             return;
         }
         let n = n.min(buf.len());
         let (p, g, buf) = (&mut p[..n], &g[..n], &mut buf[..n]);
         for i in 0..n {
-            let gi = g[i] + wd * p[i];
-            // PyTorch: the buffer starts as a copy of the first gradient.
-            let bi = flush(if first { gi } else { buf[i] * mom + damp * gi });
-            buf[i] = bi;
-            let d = if nesterov { gi + mom * bi } else { bi };
-            p[i] -= lr * d;
+            let prev = (!first).then_some(&buf[i]);
+            let Ok((pi, bi)) = optim_math::sgd(&p[i], &g[i], prev, &c);
+            p[i] = pi;
+            buf[i] = bi.unwrap_or(0.0);
         }
     }
+}
+
+/// The generic (tensor-op) path's state of one parameter.
+#[derive(Debug, Clone, Default)]
+pub struct TensorState {
+    /// First moment (Adam) or momentum buffer (SGD).
+    pub a: Option<Tensor>,
+    /// Second moment (Adam).
+    pub b: Option<Tensor>,
+}
+
+/// One Adam/AdamW update from candle tensor ops, for devices and dtypes the
+/// fused kernel does not cover: the same arithmetic ([`optim_math::adam`]).
+/// Returns the new parameter; `p` and `g` must be detached.
+pub fn adam_tensors(p: &Tensor, g: &Tensor, st: &mut TensorState, hp: AdamStep) -> Result<Tensor> {
+    let zeros = || p.zeros_like();
+    let m = st.a.take().map_or_else(zeros, Ok)?;
+    let v = st.b.take().map_or_else(zeros, Ok)?;
+    let [p, m, v] = optim_math::adam(p, g, &m, &v, &AdamConsts::new(hp))?;
+    st.a = Some(m);
+    st.b = Some(v);
+    Ok(p)
+}
+
+/// One SGD update from candle tensor ops ([`optim_math::sgd`]).
+pub fn sgd_tensors(p: &Tensor, g: &Tensor, st: &mut TensorState, hp: SgdStep) -> Result<Tensor> {
+    let (p, buf) = optim_math::sgd(p, g, st.a.as_ref(), &SgdConsts::new(hp))?;
+    st.a = buf;
+    Ok(p)
 }
 
 #[cfg(test)]

@@ -42,6 +42,35 @@ impl Initializer {
         Ok(Var::from_tensor(&t)?)
     }
 
+    /// A parameter of `shape` filled with `value` (LayerNorm's ones and zeros).
+    pub fn constant(&mut self, shape: &[usize], value: f32) -> Result<Var> {
+        let t = Tensor::full(value, shape, &self.device)?.to_dtype(self.dtype)?;
+        Ok(Var::from_tensor(&t)?)
+    }
+
+    /// A parameter of `shape` drawn from N(0, 1) (`nn.Embedding`'s default),
+    /// by the Box-Muller transform of two uniform draws.
+    pub fn normal(&mut self, shape: &[usize]) -> Result<Var> {
+        let n: usize = shape.iter().product();
+        let unit =
+            Uniform::new(f64::EPSILON, 1.0).map_err(|e| Error::Config(format!("init: {e}")))?;
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                let (u1, u2) = (unit.sample(&mut self.rng), unit.sample(&mut self.rng));
+                ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+            })
+            .collect();
+        let t = Tensor::from_vec(v, shape, &self.device)?.to_dtype(self.dtype)?;
+        Ok(Var::from_tensor(&t)?)
+    }
+
+    /// A seed for a layer's own random stream (dropout masks), drawn from
+    /// this one so that the model's seed fixes it.
+    pub fn fork_seed(&mut self) -> u64 {
+        use rand::RngCore;
+        self.rng.next_u64()
+    }
+
     /// PyTorch's default (weight, bias) for a layer with `fan_in` inputs per output.
     pub fn layer(
         &mut self,

@@ -2,11 +2,14 @@
 //!
 //! * [`params`]: the named parameter store (PyTorch `state_dict()` names) and safetensors I/O.
 //! * [`init`]: PyTorch's default initialisation for Linear and Conv2d.
-//! * [`mlp`], [`cnn`]: the model families; [`ModelConfig`] picks one.
+//! * [`mlp`], [`cnn`]: the zoo's model families; [`ModelConfig`] picks one.
+//! * [`layers`]: a layer set and models described as a list of layers
+//!   ([`SequentialConfig`], e.g. from a TOML file: `--model FILE.toml`).
 
 pub mod cnn;
 mod error;
 pub mod init;
+pub mod layers;
 pub mod mlp;
 pub mod params;
 
@@ -15,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 pub use cnn::{Cnn, CnnConfig};
 pub use error::{Error, Result};
+pub use layers::{Layer, LayerSpec, Sequential, SequentialConfig};
 pub use mlp::{Mlp, MlpConfig};
 pub use params::Params;
 
@@ -50,6 +54,8 @@ pub enum ModelConfig {
     Mlp(MlpConfig),
     /// A small convolutional network.
     Cnn(CnnConfig),
+    /// A list of layers (a model file).
+    Sequential(SequentialConfig),
 }
 
 impl ModelConfig {
@@ -59,7 +65,8 @@ impl ModelConfig {
             "mlp" => Ok(Self::Mlp(MlpConfig::default())),
             "cnn" => Ok(Self::Cnn(CnnConfig::default())),
             other => Err(Error::Config(format!(
-                "--model {other:?}: unknown model; available: mlp, cnn"
+                "--model {other:?}: unknown model; available: mlp, cnn, or a model file \
+                 (FILE.toml, docs/models.md)"
             ))),
         }
     }
@@ -73,6 +80,17 @@ impl ModelConfig {
         outputs: usize,
         hidden: Option<&[usize]>,
     ) -> Result<Self> {
+        if name.ends_with(".toml") {
+            if let Some(h) = hidden {
+                return Err(Error::Config(format!(
+                    "--hidden {h:?} shapes the zoo's models; a model file ({name}) sets its own widths"
+                )));
+            }
+            let path = std::path::Path::new(name);
+            return Ok(Self::Sequential(SequentialConfig::from_file(
+                path, input_dims, outputs,
+            )?));
+        }
         let mut cfg = Self::by_name(name)?;
         match &mut cfg {
             Self::Mlp(c) => {
@@ -105,15 +123,17 @@ impl ModelConfig {
                     }
                 }
             }
+            Self::Sequential(_) => {}
         }
         Ok(cfg)
     }
 
     /// Short name for logs and run directories.
-    pub fn name(&self) -> &'static str {
+    pub fn name(&self) -> &str {
         match self {
             Self::Mlp(_) => "mlp",
             Self::Cnn(_) => "cnn",
+            Self::Sequential(c) => &c.name,
         }
     }
 
@@ -128,6 +148,7 @@ impl ModelConfig {
         Ok(match self {
             Self::Mlp(c) => Box::new(Mlp::new(c, &mut init)?),
             Self::Cnn(c) => Box::new(Cnn::new(c, &mut init)?),
+            Self::Sequential(c) => Box::new(c.build(&mut init)?),
         })
     }
 }

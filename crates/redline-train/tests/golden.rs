@@ -49,11 +49,18 @@ fn on(gpu: bool) -> Device {
     }
 }
 
+/// The zoo's `mlp` or `cnn`, or `seq`: the model file `seq_model.toml`
+/// (the layer set) shaped for Fashion-MNIST.
+fn config(kind: &str) -> ModelConfig {
+    if kind == "seq" {
+        let file = golden("seq_model.toml");
+        return ModelConfig::for_data(file.to_str().unwrap(), &[1, 28, 28], 10, None).unwrap();
+    }
+    ModelConfig::by_name(kind).unwrap()
+}
+
 fn model(kind: &str, init: &str, dev: &Device) -> Box<dyn Model> {
-    let m = ModelConfig::by_name(kind)
-        .unwrap()
-        .build(dev, Precision::Fp32, 0)
-        .unwrap();
+    let m = config(kind).build(dev, Precision::Fp32, 0).unwrap();
     m.params().load_safetensors(&golden(init)).unwrap();
     m
 }
@@ -184,8 +191,7 @@ fn run_logged(
         .unwrap();
     let got = losses.lock().unwrap().clone();
     // Hand the model back by re-reading its parameters into a fresh one.
-    let out = ModelConfig::by_name(kind)
-        .unwrap()
+    let out = config(kind)
         .build(&Device::cpu(), Precision::Fp32, 0)
         .unwrap();
     out.params()
@@ -357,6 +363,32 @@ fn cnn_forward_and_gradients_match_pytorch() {
 #[test]
 fn cnn_adam_matches_pytorch() {
     check_cnn_adam(&Device::cpu());
+}
+
+#[test]
+fn layer_set_forward_and_gradients_match_pytorch() {
+    // Conv (fused with ReLU and max pool), a residual conv + GELU block, average
+    // pooling, Linear, LayerNorm, ReLU, Dropout(0): PyTorch's nn.Sequential
+    // names load as they are.
+    first_batch_check("seq", 1e-5, 1e-5);
+}
+
+#[test]
+fn layer_set_adam_matches_pytorch() {
+    let (m, losses) = run(
+        "seq",
+        "seq_init.safetensors",
+        OptimizerConfig::by_name("adam", 1e-3).unwrap(),
+        8,
+    );
+    check_losses(&losses, &trace("seq_trace.json"), 1e-5);
+    let (init, want) = (load("seq_init.safetensors"), load("seq_final.safetensors"));
+    for (name, var) in m.params().iter() {
+        let ours = (var.as_tensor() - &init[name]).unwrap();
+        let theirs = (&want[name] - &init[name]).unwrap();
+        let r = rel_l2(&ours, &theirs);
+        assert!(r < 1e-4, "{name}: update rel L2 {r:e}");
+    }
 }
 
 /// 20 steps of the MLP with the given loop settings against a PyTorch

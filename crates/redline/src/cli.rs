@@ -73,7 +73,8 @@ pub struct RunsArgs {
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct TrainArgs {
-    /// Model from the zoo: mlp (784-128-10 on Fashion-MNIST) or cnn; inputs and outputs follow the data.
+    /// Model: mlp (784-128-10 on Fashion-MNIST) or cnn from the zoo, or a model file FILE.toml
+    /// (`[model] layers = [...]`, docs/models.md); inputs and outputs follow the data.
     #[arg(long, default_value = "mlp")]
     pub model: String,
     /// Hidden layer widths, e.g. 256,128 [default: 128].

@@ -235,7 +235,16 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
 
     let started = run_dir::unix_now();
     let dir = run_dir::create(args.run_dir.as_deref(), model_cfg.name(), started)?;
-    let config = toml::to_string(args).context("serialising the config")?;
+    // A model file is copied into the run folder, and the config names the
+    // copy: the run re-runs from its folder even after the file changes.
+    let mut recorded = args.clone();
+    if args.model.ends_with(".toml") {
+        let copy = std::path::absolute(dir.join("model.toml"))?;
+        std::fs::copy(&args.model, &copy)
+            .with_context(|| format!("--model {}: copying it into the run folder", args.model))?;
+        recorded.model = copy.display().to_string();
+    }
+    let config = toml::to_string(&recorded).context("serialising the config")?;
     run_dir::write_atomic(
         &dir.join("config.toml"),
         &format!(

@@ -17,8 +17,8 @@ pub mod optim_math;
 pub mod pool;
 pub(crate) mod slices;
 
-pub use conv::{conv2d, conv2d_param};
+pub use conv::{conv2d, conv2d_generic, conv2d_param};
 pub use conv_block::{conv2d_pool_relu, conv2d_pool_relu_param};
 pub use linear::{linear, linear_param};
 pub use loss::cross_entropy;
-pub use pool::max_pool2d;
+pub use pool::{max_pool2d, max_pool2d_generic};

@@ -1,0 +1,143 @@
+//! The layers without normalisation: Linear, Conv2d (alone or fused with ReLU
+//! and max pooling), pools, Flatten, ReLU, GELU and Dropout.
+
+use std::sync::{Mutex, PoisonError};
+
+use candle_core::{DType, Tensor};
+use rand::distr::{Distribution, Uniform};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use redline_core::grad::Param;
+use redline_core::ops::{conv2d_param, conv2d_pool_relu_param, linear_param, max_pool2d};
+
+use super::Layer;
+use crate::error::{Error, Result};
+
+/// `nn.Linear` on `(B, in)`, with the following ReLU fused in when `relu`.
+pub(super) struct Linear {
+    pub(super) w: Param,
+    pub(super) b: Param,
+    pub(super) relu: bool,
+}
+
+impl Layer for Linear {
+    fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
+        // (B, in) -> (B, out): bias and ReLU in the GEMM's output pass
+        Ok(linear_param(x, &self.w, &self.b, self.relu)?)
+    }
+}
+
+/// `nn.Conv2d` (stride 1), with a following ReLU and max pool fused in when
+/// `pool_relu` is the pool's window.
+pub(super) struct Conv2d {
+    pub(super) w: Param,
+    pub(super) b: Param,
+    pub(super) padding: usize,
+    pub(super) pool_relu: Option<usize>,
+}
+
+impl Layer for Conv2d {
+    fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
+        Ok(match self.pool_relu {
+            // relu(pool(conv)) == pool(relu(conv)): one op, the conv output
+            // never materialised.
+            Some(k) => conv2d_pool_relu_param(x, &self.w, &self.b, self.padding, k)?,
+            None => conv2d_param(x, &self.w, &self.b, self.padding)?,
+        })
+    }
+}
+
+/// `nn.MaxPool2d(k)` (stride k, floor mode; the first maximum takes the gradient).
+pub(super) struct MaxPool(pub(super) usize);
+
+impl Layer for MaxPool {
+    fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
+        Ok(max_pool2d(x, self.0)?)
+    }
+}
+
+/// `nn.AvgPool2d(k)` (stride k, floor mode).
+pub(super) struct AvgPool(pub(super) usize);
+
+impl Layer for AvgPool {
+    fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
+        Ok(x.avg_pool2d(self.0)?)
+    }
+}
+
+/// `nn.Flatten()`: `(B, ...) -> (B, prod(...))`.
+pub(super) struct Flatten;
+
+impl Layer for Flatten {
+    fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
+        Ok(x.flatten_from(1)?)
+    }
+}
+
+/// `nn.ReLU()`.
+pub(super) struct Relu;
+
+impl Layer for Relu {
+    fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
+        Ok(x.relu()?)
+    }
+}
+
+/// `nn.GELU()` (the exact, erf form: PyTorch's default).
+pub(super) struct Gelu;
+
+impl Layer for Gelu {
+    fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
+        Ok(x.gelu_erf()?)
+    }
+}
+
+/// `nn.Dropout(p)`: in training, zeroes each element with probability `p`
+/// and scales the rest by `1 / (1 - p)`; the identity in eval mode. Masks come
+/// from a seeded stream, so a run with the same seed drops the same units.
+pub(super) struct Dropout {
+    p: f64,
+    rng: Mutex<ChaCha8Rng>,
+}
+
+impl Dropout {
+    pub(super) fn new(p: f64, seed: u64) -> Result<Self> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(Error::Config(format!("dropout p = {p}: must be in [0, 1)")));
+        }
+        Ok(Self {
+            p,
+            rng: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
+        })
+    }
+}
+
+impl Layer for Dropout {
+    fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        if !train || self.p == 0.0 {
+            return Ok(x.clone());
+        }
+        let unit = Uniform::new(0.0f32, 1.0).map_err(|e| Error::Config(format!("dropout: {e}")))?;
+        let scale = (1.0 / (1.0 - self.p)) as f32;
+        let p = self.p as f32;
+        let mask: Vec<f32> = {
+            let mut rng = self.rng.lock().unwrap_or_else(PoisonError::into_inner);
+            (0..x.elem_count())
+                .map(|_| {
+                    if unit.sample(&mut *rng) < p {
+                        0.0
+                    } else {
+                        scale
+                    }
+                })
+                .collect()
+        };
+        let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
+        Ok((x * mask)?)
+    }
+}
+
+/// `x` as class or token ids: the data loader hands floats.
+pub(super) fn as_ids(x: &Tensor) -> Result<Tensor> {
+    Ok(x.to_dtype(DType::U32)?)
+}

@@ -1,0 +1,410 @@
+//! A layer set and models described as a list of layers (PyTorch's
+//! `nn.Sequential`), e.g. from a TOML file:
+//!
+//! ```toml
+//! [model]
+//! name = "small-cnn"
+//! layers = [
+//!   { type = "conv2d", out = 16, kernel = 3, padding = 1 },
+//!   { type = "relu" },
+//!   { type = "maxpool2d", kernel = 2 },
+//!   { type = "flatten" },
+//!   { type = "linear", out = 64 },
+//!   { type = "relu" },
+//!   { type = "dropout", p = 0.2 },
+//!   { type = "linear" },   # no `out`: the data's outputs
+//! ]
+//! ```
+//!
+//! Shapes are inferred from the data's per-sample input shape, so a layer
+//! names only what it adds (`out`, `kernel`). Parameters are named as
+//! `nn.Sequential` names them (`0.weight`, `4.bias`; a residual block's body
+//! is `<i>.body.<j>`), so `state_dict()` files move both ways.
+//!
+//! Where a layer has a fused CPU kernel it is used, and neighbours are fused:
+//! Linear then ReLU is one op, Conv2d then ReLU and MaxPool2d (either order)
+//! is one op, as in the zoo's models.
+
+mod basic;
+mod norm;
+
+use std::path::Path;
+
+use candle_core::Tensor;
+use redline_core::trace;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::init::Initializer;
+use crate::params::Params;
+use crate::Model;
+
+/// A layer of a [`Sequential`] model: its forward pass over `(B, ...)`.
+pub trait Layer: Send + Sync {
+    /// The output for a batch; `train` selects training behaviour (dropout).
+    fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor>;
+}
+
+fn default_eps() -> f64 {
+    1e-5
+}
+
+/// One layer as written in a model file (`type = "..."` plus its settings).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum LayerSpec {
+    /// `nn.Linear(in, out)` on `(B, in)`; without `out`, the data's outputs.
+    Linear {
+        /// Output features [default: the data's outputs].
+        #[serde(default)]
+        out: Option<usize>,
+    },
+    /// `nn.Conv2d(in, out, kernel, padding=padding)` on `(B, C, H, W)`, stride 1.
+    Conv2d {
+        /// Output channels.
+        out: usize,
+        /// Square kernel side.
+        kernel: usize,
+        /// Zero padding on each side.
+        #[serde(default)]
+        padding: usize,
+    },
+    /// `nn.MaxPool2d(kernel)` (stride = kernel).
+    Maxpool2d {
+        /// Window side.
+        kernel: usize,
+    },
+    /// `nn.AvgPool2d(kernel)` (stride = kernel).
+    Avgpool2d {
+        /// Window side.
+        kernel: usize,
+    },
+    /// `nn.Flatten()`.
+    Flatten,
+    /// `nn.ReLU()`.
+    Relu,
+    /// `nn.GELU()` (erf form).
+    Gelu,
+    /// `nn.Dropout(p)`.
+    Dropout {
+        /// Probability of zeroing an element in training.
+        p: f64,
+    },
+    /// `nn.LayerNorm(last_dim, eps)` over the last dimension.
+    Layernorm {
+        /// Added to the variance.
+        #[serde(default = "default_eps")]
+        eps: f64,
+    },
+    /// `nn.Embedding(num, dim)`: whole-number ids `(B, L)` -> `(B, L, dim)`.
+    Embedding {
+        /// Vocabulary size (ids are `0..num`).
+        num: usize,
+        /// Vector width.
+        dim: usize,
+    },
+    /// `x + body(x)`; the body must keep the shape.
+    Residual {
+        /// The body's layers.
+        layers: Vec<LayerSpec>,
+    },
+}
+
+impl LayerSpec {
+    /// The name a spec's `type` has in a file.
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Linear { .. } => "linear",
+            Self::Conv2d { .. } => "conv2d",
+            Self::Maxpool2d { .. } => "maxpool2d",
+            Self::Avgpool2d { .. } => "avgpool2d",
+            Self::Flatten => "flatten",
+            Self::Relu => "relu",
+            Self::Gelu => "gelu",
+            Self::Dropout { .. } => "dropout",
+            Self::Layernorm { .. } => "layernorm",
+            Self::Embedding { .. } => "embedding",
+            Self::Residual { .. } => "residual",
+        }
+    }
+}
+
+/// A model as a list of layers, shaped for the data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SequentialConfig {
+    /// Name for logs and run folders.
+    pub name: String,
+    /// Per-sample input shape (`[C, H, W]`, `[features]`, `[tokens]`).
+    pub input_dims: Vec<usize>,
+    /// Values out per sample (classes, or the regression target's width).
+    pub outputs: usize,
+    /// The layers, in order.
+    pub layers: Vec<LayerSpec>,
+}
+
+/// What a model file holds: `[model]` with a `name` and `layers`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelFile {
+    model: FileModel,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileModel {
+    #[serde(default)]
+    name: Option<String>,
+    layers: Vec<LayerSpec>,
+}
+
+impl SequentialConfig {
+    /// Reads the `[model]` table of a TOML file, shaped for the data.
+    pub fn from_file(path: &Path, input_dims: &[usize], outputs: usize) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let file: ModelFile = toml::from_str(&text).map_err(|e| {
+            Error::Config(format!(
+                "--model {}: not a model file: {e}HINT: a model file has a [model] table with \
+                 `layers = [{{ type = \"linear\", out = 64 }}, {{ type = \"relu\" }}, ...]`; \
+                 docs/models.md lists the layer types",
+                path.display()
+            ))
+        })?;
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
+        let cfg = Self {
+            name: file.model.name.unwrap_or_else(|| stem.to_string()),
+            input_dims: input_dims.to_vec(),
+            outputs,
+            layers: file.model.layers,
+        };
+        // Shapes are checked now, before any data is trained on.
+        cfg.shapes()
+            .map_err(|e| Error::Config(format!("--model {}: {e}", path.display())))?;
+        Ok(cfg)
+    }
+
+    /// The per-sample shape after each layer (an error names the first layer
+    /// that does not fit).
+    pub fn shapes(&self) -> Result<Vec<Vec<usize>>> {
+        if self.layers.is_empty() {
+            return Err(Error::Config("the model has no layers".into()));
+        }
+        let mut shape = self.input_dims.clone();
+        let mut out = Vec::new();
+        for (i, spec) in self.layers.iter().enumerate() {
+            shape = out_shape(spec, &shape, self.outputs)
+                .map_err(|e| Error::Config(format!("layer {i} ({}): {e}", spec.kind())))?;
+            out.push(shape.clone());
+        }
+        Ok(out)
+    }
+
+    /// Builds the model, drawing PyTorch's default initialisation from `init`.
+    pub fn build(&self, init: &mut Initializer) -> Result<Sequential> {
+        self.shapes()?;
+        let mut params = Params::new();
+        let body = build_layers(
+            &self.layers,
+            &self.input_dims,
+            self.outputs,
+            "",
+            init,
+            &mut params,
+        )?;
+        Ok(Sequential { body, params })
+    }
+}
+
+/// The per-sample shape after `spec` given `input`.
+fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Result<Vec<usize>> {
+    let bad = |m: String| Err(Error::Config(m));
+    let image = |what: &str| -> Result<(usize, usize, usize)> {
+        match input {
+            [c, h, w] => Ok((*c, *h, *w)),
+            _ => Err(Error::Config(format!(
+                "{what} takes images (C, H, W); its input is {input:?}"
+            ))),
+        }
+    };
+    Ok(match spec {
+        LayerSpec::Linear { out } => match input {
+            [_] => vec![out.unwrap_or(outputs)],
+            _ => {
+                return bad(format!(
+                    "linear takes vectors; its input is {input:?}\nHINT: put {{ type = \"flatten\" }} before it"
+                ))
+            }
+        },
+        LayerSpec::Conv2d {
+            out,
+            kernel,
+            padding,
+        } => {
+            let (_, h, w) = image("conv2d")?;
+            if *out == 0 || *kernel == 0 || kernel > &(h + 2 * padding) || kernel > &(w + 2 * padding) {
+                return bad(format!(
+                    "out {out}, kernel {kernel}, padding {padding} do not fit a {h}x{w} input"
+                ));
+            }
+            vec![*out, h + 2 * padding + 1 - kernel, w + 2 * padding + 1 - kernel]
+        }
+        LayerSpec::Maxpool2d { kernel } | LayerSpec::Avgpool2d { kernel } => {
+            let (c, h, w) = image(spec.kind())?;
+            if *kernel == 0 || *kernel > h || *kernel > w {
+                return bad(format!("kernel {kernel} does not fit a {h}x{w} input"));
+            }
+            vec![c, h / kernel, w / kernel]
+        }
+        LayerSpec::Flatten => vec![input.iter().product()],
+        LayerSpec::Relu | LayerSpec::Gelu => input.to_vec(),
+        LayerSpec::Dropout { p } => {
+            if !(0.0..1.0).contains(p) {
+                return bad(format!("p = {p}: must be in [0, 1)"));
+            }
+            input.to_vec()
+        }
+        LayerSpec::Layernorm { eps } => {
+            if input.is_empty() || !(eps.is_finite() && *eps > 0.0) {
+                return bad(format!("input {input:?}, eps {eps}: needs a last dimension and eps > 0"));
+            }
+            input.to_vec()
+        }
+        LayerSpec::Embedding { num, dim } => {
+            if *num == 0 || *dim == 0 || input.len() != 1 {
+                return bad(format!(
+                    "num {num}, dim {dim} on input {input:?}: needs num, dim > 0 and ids (L,)"
+                ));
+            }
+            vec![input[0], *dim]
+        }
+        LayerSpec::Residual { layers } => {
+            let mut shape = input.to_vec();
+            for (j, inner) in layers.iter().enumerate() {
+                shape = out_shape(inner, &shape, outputs).map_err(|e| {
+                    Error::Config(format!("body layer {j} ({}): {e}", inner.kind()))
+                })?;
+            }
+            if shape != input {
+                return bad(format!(
+                    "the body turns {input:?} into {shape:?}; x + body(x) needs the same shape"
+                ));
+            }
+            shape
+        }
+    })
+}
+
+/// Builds `specs` with parameters named `<prefix><i>.weight`, fusing
+/// neighbours where a fused kernel covers them.
+fn build_layers(
+    specs: &[LayerSpec],
+    input: &[usize],
+    outputs: usize,
+    prefix: &str,
+    init: &mut Initializer,
+    params: &mut Params,
+) -> Result<Vec<(String, Box<dyn Layer>)>> {
+    let mut out: Vec<(String, Box<dyn Layer>)> = Vec::new();
+    let mut shape = input.to_vec();
+    let mut i = 0;
+    while i < specs.len() {
+        let spec = &specs[i];
+        let name = format!("{prefix}{i}");
+        let next = |k: usize| specs.get(i + k);
+        let mut used = 1;
+        let layer: Box<dyn Layer> = match spec {
+            LayerSpec::Linear { out: o } => {
+                let (fan_in, fan_out) = (shape[0], o.unwrap_or(outputs));
+                let (w, b) = init.layer(&[fan_out, fan_in], fan_out, fan_in)?;
+                let relu = matches!(next(1), Some(LayerSpec::Relu));
+                used += usize::from(relu);
+                Box::new(basic::Linear {
+                    w: params.push(format!("{name}.weight"), w)?,
+                    b: params.push(format!("{name}.bias"), b)?,
+                    relu,
+                })
+            }
+            LayerSpec::Conv2d {
+                out: o,
+                kernel,
+                padding,
+            } => {
+                let cin = shape[0];
+                let (w, b) = init.layer(&[*o, cin, *kernel, *kernel], *o, cin * kernel * kernel)?;
+                let pool_relu = match (next(1), next(2)) {
+                    (Some(LayerSpec::Relu), Some(LayerSpec::Maxpool2d { kernel: k }))
+                    | (Some(LayerSpec::Maxpool2d { kernel: k }), Some(LayerSpec::Relu)) => Some(*k),
+                    _ => None,
+                };
+                used += if pool_relu.is_some() { 2 } else { 0 };
+                Box::new(basic::Conv2d {
+                    w: params.push(format!("{name}.weight"), w)?,
+                    b: params.push(format!("{name}.bias"), b)?,
+                    padding: *padding,
+                    pool_relu,
+                })
+            }
+            LayerSpec::Maxpool2d { kernel } => Box::new(basic::MaxPool(*kernel)),
+            LayerSpec::Avgpool2d { kernel } => Box::new(basic::AvgPool(*kernel)),
+            LayerSpec::Flatten => Box::new(basic::Flatten),
+            LayerSpec::Relu => Box::new(basic::Relu),
+            LayerSpec::Gelu => Box::new(basic::Gelu),
+            LayerSpec::Dropout { p } => Box::new(basic::Dropout::new(*p, init.fork_seed())?),
+            LayerSpec::Layernorm { eps } => {
+                let d = shape.last().copied().unwrap_or(0);
+                let w = init.constant(&[d], 1.0)?;
+                let b = init.constant(&[d], 0.0)?;
+                Box::new(norm::LayerNorm {
+                    w: params.push(format!("{name}.weight"), w)?,
+                    b: params.push(format!("{name}.bias"), b)?,
+                    eps: *eps,
+                })
+            }
+            LayerSpec::Embedding { num, dim } => {
+                let w = init.normal(&[*num, *dim])?;
+                Box::new(norm::Embedding {
+                    w: params.push(format!("{name}.weight"), w)?,
+                })
+            }
+            LayerSpec::Residual { layers } => {
+                let body_prefix = format!("{name}.body.");
+                let body = build_layers(layers, &shape, outputs, &body_prefix, init, params)?;
+                Box::new(norm::Residual { body })
+            }
+        };
+        for s in &specs[i..i + used] {
+            shape = out_shape(s, &shape, outputs)?;
+        }
+        let kinds: Vec<&str> = specs[i..i + used].iter().map(LayerSpec::kind).collect();
+        out.push((format!("{name}.{}", kinds.join("+")), layer));
+        i += used;
+    }
+    Ok(out)
+}
+
+/// A model built from a [`SequentialConfig`].
+pub struct Sequential {
+    /// (span name, layer): `3.linear+relu` for a fused pair.
+    body: Vec<(String, Box<dyn Layer>)>,
+    params: Params,
+}
+
+impl Model for Sequential {
+    fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        let mut h = x.clone();
+        for (name, layer) in &self.body {
+            let _span = trace::layer(name);
+            h = layer.forward_t(&h, train)?;
+        }
+        Ok(h)
+    }
+
+    fn params(&self) -> &Params {
+        &self.params
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,174 @@
+use super::*;
+use candle_core::{DType, Device};
+use redline_core::ops::{conv2d_generic, max_pool2d_generic};
+use redline_core::Precision;
+
+fn parse(text: &str, input: &[usize], outputs: usize) -> Result<SequentialConfig> {
+    let dir = tempfile::tempdir().map_err(|e| Error::Config(e.to_string()))?;
+    let path = dir.path().join("net.toml");
+    std::fs::write(&path, text).map_err(|e| Error::Config(e.to_string()))?;
+    SequentialConfig::from_file(&path, input, outputs)
+}
+
+fn init() -> Initializer {
+    Initializer::new(0, &redline_core::Device::cpu(), Precision::Fp32)
+}
+
+const CNN: &str = r#"
+[model]
+layers = [
+  { type = "conv2d", out = 4, kernel = 3, padding = 1 },
+  { type = "relu" },
+  { type = "maxpool2d", kernel = 2 },
+  { type = "residual", layers = [
+      { type = "conv2d", out = 4, kernel = 3, padding = 1 },
+      { type = "gelu" },
+  ] },
+  { type = "avgpool2d", kernel = 2 },
+  { type = "flatten" },
+  { type = "linear", out = 8 },
+  { type = "layernorm" },
+  { type = "relu" },
+  { type = "dropout", p = 0.5 },
+  { type = "linear" },
+]
+"#;
+
+#[test]
+fn shapes_follow_the_data_and_names_follow_nn_sequential() -> Result<()> {
+    let cfg = parse(CNN, &[1, 8, 8], 3)?;
+    assert_eq!(cfg.name, "net");
+    let shapes = cfg.shapes()?;
+    assert_eq!(shapes[2], vec![4, 4, 4]);
+    assert_eq!(shapes[5], vec![16]);
+    assert_eq!(shapes.last(), Some(&vec![3]));
+    let model = cfg.build(&mut init())?;
+    let names: Vec<&str> = model.params().iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        names,
+        [
+            "0.weight",
+            "0.bias",
+            "3.body.0.weight",
+            "3.body.0.bias",
+            "6.weight",
+            "6.bias",
+            "7.weight",
+            "7.bias",
+            "10.weight",
+            "10.bias"
+        ]
+    );
+    // conv+relu+pool fused into one layer; linear+relu not (layernorm between).
+    let spans: Vec<&str> = model.body.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(spans[0], "0.conv2d+relu+maxpool2d");
+    let x = Tensor::ones((2, 1, 8, 8), DType::F32, &Device::Cpu)?;
+    assert_eq!(model.forward(&x)?.dims(), &[2, 3]);
+    Ok(())
+}
+
+#[test]
+fn fused_neighbours_compute_what_the_separate_layers_do() -> Result<()> {
+    let text = r#"[model]
+layers = [
+  { type = "conv2d", out = 3, kernel = 3, padding = 1 },
+  { type = "maxpool2d", kernel = 2 },
+  { type = "relu" },
+  { type = "flatten" },
+  { type = "linear", out = 5 },
+  { type = "relu" },
+  { type = "linear" },
+]"#;
+    let model = parse(text, &[2, 6, 6], 4)?.build(&mut init())?;
+    let p = |n: &str| -> Result<Tensor> {
+        match model.params().get(n) {
+            Some(v) => Ok(v.as_tensor().clone()),
+            None => Err(Error::Config(format!("no {n}"))),
+        }
+    };
+    let x = Tensor::arange(0f32, 144.0, &Device::Cpu)?
+        .reshape((2, 2, 6, 6))?
+        .sin()?;
+    let h = conv2d_generic(&x, &p("0.weight")?, &p("0.bias")?, 1)?;
+    let h = max_pool2d_generic(&h, 2)?.relu()?.flatten_from(1)?;
+    let h = h
+        .matmul(&p("4.weight")?.t()?)?
+        .broadcast_add(&p("4.bias")?)?
+        .relu()?;
+    let want = h
+        .matmul(&p("6.weight")?.t()?)?
+        .broadcast_add(&p("6.bias")?)?;
+    let got = model.forward(&x)?;
+    let diff = (got - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    assert!(diff < 1e-5, "{diff}");
+    Ok(())
+}
+
+#[test]
+fn dropout_drops_in_training_only_and_is_seeded() -> Result<()> {
+    let text = "[model]\nlayers = [{ type = \"dropout\", p = 0.25 }]";
+    let cfg = parse(text, &[4000], 1)?;
+    let x = Tensor::ones((1, 4000), DType::F32, &Device::Cpu)?;
+    let a = cfg.build(&mut init())?;
+    let eval = a.forward(&x)?.sum_all()?.to_scalar::<f32>()?;
+    assert_eq!(eval, 4000.0);
+    let y = a.forward_t(&x, true)?.flatten_all()?.to_vec1::<f32>()?;
+    let kept = y.iter().filter(|v| **v != 0.0).count();
+    assert!((2800..3200).contains(&kept), "{kept} of 4000 kept");
+    assert!(y
+        .iter()
+        .all(|v| *v == 0.0 || (*v - 1.0 / 0.75).abs() < 1e-6));
+    let b = cfg.build(&mut init())?;
+    assert_eq!(b.forward_t(&x, true)?.flatten_all()?.to_vec1::<f32>()?, y);
+    Ok(())
+}
+
+#[test]
+fn embedding_looks_up_rows() -> Result<()> {
+    let text = r#"[model]
+layers = [{ type = "embedding", num = 5, dim = 3 }, { type = "flatten" }, { type = "linear" }]"#;
+    let model = parse(text, &[2], 2)?.build(&mut init())?;
+    let w = model
+        .params()
+        .get("0.weight")
+        .map(|v| v.as_tensor().clone());
+    let ids = Tensor::new(&[[4f32, 0.0]], &Device::Cpu)?;
+    let h = model.body[0].1.forward_t(&ids, false)?;
+    assert_eq!(h.dims(), &[1, 2, 3]);
+    if let Some(w) = w {
+        assert_eq!(
+            h.get(0)?.get(0)?.to_vec1::<f32>()?,
+            w.get(4)?.to_vec1::<f32>()?
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn bad_files_name_the_layer_and_the_fix() {
+    let err = |text: &str, input: &[usize]| -> String {
+        match parse(text, input, 3) {
+            Ok(_) => panic!("accepted: {text}"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let m = err("[model]\nlayers = [{ type = \"linear\" }]", &[1, 4, 4]);
+    assert!(
+        m.contains("layer 0 (linear)") && m.contains("flatten"),
+        "{m}"
+    );
+    let m = err(
+        "[model]\nlayers = [{ type = \"conv2d\", out = 2, kernal = 3 }]",
+        &[1, 4, 4],
+    );
+    assert!(m.contains("kernal"), "{m}");
+    let m = err("[model]\nlayers = [{ type = \"lstm\" }]", &[4]);
+    assert!(m.contains("lstm") && m.contains("docs/models.md"), "{m}");
+    let m = err(
+        "[model]\nlayers = [{ type = \"residual\", layers = [{ type = \"linear\", out = 2 }] }]",
+        &[4],
+    );
+    assert!(m.contains("same shape"), "{m}");
+    let m = err("[model]\nlayers = []", &[4]);
+    assert!(m.contains("no layers"), "{m}");
+}

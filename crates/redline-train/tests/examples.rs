@@ -3,6 +3,9 @@
 #[path = "../examples/custom_step.rs"]
 mod custom_step;
 
+#[path = "../examples/candle_nn.rs"]
+mod candle_nn;
+
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
@@ -50,5 +53,18 @@ fn label_smoothing_of_equal_logits_is_log_classes() -> anyhow::Result<()> {
     let out = step.training_step(&batch)?;
     let loss = out.loss.to_scalar::<f32>()? as f64;
     assert!((loss - 5f64.ln()).abs() < 1e-6, "{loss}");
+    Ok(())
+}
+
+#[test]
+fn a_candle_nn_model_trains_unchanged() -> anyhow::Result<()> {
+    // Its gradients come from candle's GradStore (no fused kernel covers
+    // candle-nn's layers) into the parameters' buffers; clipping and the norm see them.
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fashion-mnist");
+    let acc = candle_nn::run(&data, 1, 2048)?;
+    assert!(
+        acc > 0.5 && acc <= 1.0,
+        "1 epoch on 2048 images beats chance: {acc}"
+    );
     Ok(())
 }

@@ -2,7 +2,8 @@
 """Golden files for the layer set: a model file (`testdata/golden/seq_model.toml`)
 built as the equivalent `nn.Sequential`, on Fashion-MNIST (CPU, fp32).
 
-Writes `seq_init.safetensors` (state_dict: `0.weight`, `3.body.0.weight`, ...),
+Writes `seq_init.safetensors` (state_dict: `0.weight`, `3.body.0.weight`,
+`4.shortcut.1.running_mean`, ...),
 `seq_first_batch.safetensors` (logits, loss and every gradient on batch 0 at
 init) and `seq_trace.json` / `seq_final.safetensors` (8 Adam 1e-3 steps over
 the first 8*64 training images in file order).
@@ -21,7 +22,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_golden import load_split, write_json, write_safetensors  # noqa: E402
+from make_golden import (load_split, make_readable, meta, write_json,  # noqa: E402
+                         write_safetensors)
+from safetensors.torch import save_file  # noqa: E402
 
 STEPS = 8
 BATCH = 64
@@ -29,12 +32,26 @@ SEED = 3
 
 
 class Residual(nn.Module):
-    def __init__(self, layers):
+    """shortcut(x) + body(x); the shortcut is the identity when empty."""
+
+    def __init__(self, layers, shortcut):
         super().__init__()
         self.body = nn.Sequential(*layers)
+        if shortcut:
+            self.shortcut = nn.Sequential(*shortcut)
+        else:
+            self.shortcut = None
 
     def forward(self, x):
-        return x + self.body(x)
+        s = x if self.shortcut is None else self.shortcut(x)
+        return s + self.body(x)
+
+
+def write_state(model, path):
+    """state_dict with its buffers (BatchNorm's num_batches_tracked is int64)."""
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, path, metadata=meta())
+    make_readable(path)
 
 
 def build(specs, shape, outputs):
@@ -48,9 +65,12 @@ def build(specs, shape, outputs):
             shape = [out]
         elif t == "conv2d":
             c, h, w = shape
-            k, p = s["kernel"], s.get("padding", 0)
-            mods.append(nn.Conv2d(c, s["out"], k, padding=p))
-            shape = [s["out"], h + 2 * p - k + 1, w + 2 * p - k + 1]
+            k, p, st = s["kernel"], s.get("padding", 0), s.get("stride", 1)
+            mods.append(nn.Conv2d(c, s["out"], k, stride=st, padding=p, bias=s.get("bias", True)))
+            shape = [s["out"], (h + 2 * p - k) // st + 1, (w + 2 * p - k) // st + 1]
+        elif t == "batchnorm2d":
+            mods.append(nn.BatchNorm2d(shape[0], eps=s.get("eps", 1e-5),
+                                       momentum=s.get("momentum", 0.1)))
         elif t in ("maxpool2d", "avgpool2d"):
             k = s["kernel"]
             mods.append(nn.MaxPool2d(k) if t == "maxpool2d" else nn.AvgPool2d(k))
@@ -70,11 +90,24 @@ def build(specs, shape, outputs):
         elif t == "layernorm":
             mods.append(nn.LayerNorm(shape[-1], eps=s.get("eps", 1e-5)))
         elif t == "residual":
-            inner, _ = build(s["layers"], shape, outputs)
-            mods.append(Residual(inner))
+            inner, out = build(s["layers"], shape, outputs)
+            short, _ = build(s.get("shortcut", []), shape, outputs)
+            mods.append(Residual(inner, short))
+            shape = out
         else:
             raise ValueError(t)
     return mods, shape
+
+
+def grads_f64(spec, state, x, y):
+    """Every gradient of the first batch, computed in float64, as float32."""
+    mods, _ = build(spec["layers"], [1, 28, 28], 10)
+    model = nn.Sequential(*mods).double()
+    model.load_state_dict({k: v.double() if v.is_floating_point() else v
+                           for k, v in state.items()})
+    model.train()
+    F.cross_entropy(model(x.double()), y).backward()
+    return {n: p.grad.float() for n, p in model.named_parameters()}
 
 
 def main():
@@ -90,7 +123,8 @@ def main():
     torch.manual_seed(SEED)
     mods, _ = build(spec["layers"], [1, 28, 28], 10)
     model = nn.Sequential(*mods)
-    write_safetensors(model.state_dict(), os.path.join(args.out, "seq_init.safetensors"))
+    write_state(model, os.path.join(args.out, "seq_init.safetensors"))
+    init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     x, y = load_split(args.data, "train", STEPS * BATCH)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
     model.train()
@@ -105,10 +139,14 @@ def main():
             first = {"logits": logits, "loss": loss.reshape(1)}
             for name, p in model.named_parameters():
                 first[f"grad.{name}"] = p.grad
+            # Backprop through batch statistics cancels digits: the float64
+            # gradients (rounded to f32) show how far fp32 itself lands.
+            for name, g in grads_f64(spec, init_state, xb, yb).items():
+                first[f"grad64.{name}"] = g
             write_safetensors(first, os.path.join(args.out, "seq_first_batch.safetensors"))
         losses.append(float(loss.item()))
         opt.step()
-    write_safetensors(model.state_dict(), os.path.join(args.out, "seq_final.safetensors"))
+    write_state(model, os.path.join(args.out, "seq_final.safetensors"))
     write_json({"model": spec["name"], "steps": STEPS, "batch_size": BATCH, "optimizer": "adam",
                 "lr": 1e-3, "seed": SEED, "torch_version": torch.__version__, "losses": losses},
                os.path.join(args.out, "seq_trace.json"))

@@ -42,6 +42,11 @@ impl Initializer {
         Ok(Var::from_tensor(&t)?)
     }
 
+    /// The device parameters are created on.
+    pub fn device(&self) -> &candle_core::Device {
+        &self.device
+    }
+
     /// A parameter of `shape` filled with `value` (LayerNorm's ones and zeros).
     pub fn constant(&mut self, shape: &[usize], value: f32) -> Result<Var> {
         let t = Tensor::full(value, shape, &self.device)?.to_dtype(self.dtype)?;

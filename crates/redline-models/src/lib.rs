@@ -22,6 +22,9 @@ pub use layers::{Layer, LayerSpec, Sequential, SequentialConfig};
 pub use mlp::{Mlp, MlpConfig};
 pub use params::Params;
 
+/// The zoo's ResNet as a model file (`--model resnet`).
+const RESNET: &str = include_str!("resnet.toml");
+
 /// A network the trainer can fit: a forward pass over named parameters.
 pub trait Model: Send + Sync {
     /// The output for a batch of inputs, e.g. logits `(B, classes)` for images
@@ -59,14 +62,22 @@ pub enum ModelConfig {
 }
 
 impl ModelConfig {
-    /// The zoo's model by name: `mlp` (784-128-10) or `cnn`.
+    /// The zoo's model by name: `mlp` (784-128-10) or `cnn` (both for
+    /// Fashion-MNIST until shaped by [`ModelConfig::for_data`]), or `resnet`
+    /// (a ResNet-8 for 3x32x32 CIFAR-10 images, 10 classes).
     pub fn by_name(name: &str) -> Result<Self> {
         match name.trim().to_ascii_lowercase().as_str() {
+            "resnet" => Ok(Self::Sequential(SequentialConfig::from_toml(
+                RESNET,
+                "resnet",
+                &[3, 32, 32],
+                10,
+            )?)),
             "mlp" => Ok(Self::Mlp(MlpConfig::default())),
             "cnn" => Ok(Self::Cnn(CnnConfig::default())),
             other => Err(Error::Config(format!(
-                "--model {other:?}: unknown model; available: mlp, cnn, or a model file \
-                 (FILE.toml, docs/models.md)"
+                "--model {other:?}: unknown model; available: mlp, cnn, resnet, or a model \
+                 file (FILE.toml, docs/models.md)"
             ))),
         }
     }
@@ -123,7 +134,14 @@ impl ModelConfig {
                     }
                 }
             }
-            Self::Sequential(_) => {}
+            Self::Sequential(c) => {
+                if hidden.is_some() {
+                    return Err(Error::Config(format!(
+                        "--hidden shapes the mlp and cnn; --model {name} has fixed widths"
+                    )));
+                }
+                *c = SequentialConfig::from_toml(RESNET, "resnet", input_dims, outputs)?;
+            }
         }
         Ok(cfg)
     }

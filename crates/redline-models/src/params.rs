@@ -16,6 +16,9 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Default)]
 pub struct Params {
     entries: Vec<(String, Param)>,
+    /// State that is saved and loaded but not trained (BatchNorm's running
+    /// statistics): PyTorch's buffers.
+    buffers: Vec<(String, Var)>,
 }
 
 impl Params {
@@ -29,7 +32,7 @@ impl Params {
     /// write its gradient where the optimizer reads it.
     pub fn push(&mut self, name: impl Into<String>, var: Var) -> Result<Param> {
         let name = name.into();
-        if self.get(&name).is_some() {
+        if self.state().any(|(n, _)| n == name) {
             return Err(Error::Config(format!(
                 "parameter {name:?} registered twice"
             )));
@@ -37,6 +40,26 @@ impl Params {
         let param = Param::new(var);
         self.entries.push((name, param.clone()));
         Ok(param)
+    }
+
+    /// Adds a buffer: saved, loaded and assigned with the parameters, never
+    /// given to the optimizer (BatchNorm's `running_mean`). Names are unique
+    /// across parameters and buffers.
+    pub fn push_buffer(&mut self, name: impl Into<String>, var: Var) -> Result<Var> {
+        let name = name.into();
+        if self.state().any(|(n, _)| n == name) {
+            return Err(Error::Config(format!(
+                "parameter or buffer {name:?} registered twice"
+            )));
+        }
+        self.buffers.push((name, var.clone()));
+        Ok(var)
+    }
+
+    /// Everything `state_dict()` holds: the parameters, then the buffers.
+    pub fn state(&self) -> impl Iterator<Item = (&str, &Var)> {
+        self.iter()
+            .chain(self.buffers.iter().map(|(n, v)| (n.as_str(), v)))
     }
 
     /// Number of parameter tensors.
@@ -116,24 +139,23 @@ impl Params {
         }
     }
 
-    /// A name -> tensor map of the current values.
+    /// A name -> tensor map of the current values (parameters and buffers).
     pub fn to_map(&self) -> HashMap<String, Tensor> {
-        self.entries
-            .iter()
-            .map(|(n, p)| (n.clone(), p.as_tensor().clone()))
+        self.state()
+            .map(|(n, v)| (n.to_string(), v.as_tensor().clone()))
             .collect()
     }
 
-    /// Overwrites every parameter from `tensors`, which must hold exactly these
-    /// names with these shapes; otherwise nothing is changed and the error lists
-    /// every missing, unexpected and mis-shaped name.
+    /// Overwrites every parameter and buffer from `tensors`, which must hold
+    /// exactly these names with these shapes; otherwise nothing is changed and
+    /// the error lists every missing, unexpected and mis-shaped name.
     pub fn assign(&self, tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
-        let ours: BTreeSet<&str> = self.entries.iter().map(|(n, _)| n.as_str()).collect();
+        let ours: BTreeSet<&str> = self.state().map(|(n, _)| n).collect();
         let theirs: BTreeSet<&str> = tensors.keys().map(String::as_str).collect();
         let missing: Vec<&str> = ours.difference(&theirs).copied().collect();
         let unexpected: Vec<&str> = theirs.difference(&ours).copied().collect();
         let mut wrong = Vec::new();
-        for (name, var) in &self.entries {
+        for (name, var) in self.state() {
             if let Some(t) = tensors.get(name) {
                 if t.dims() != var.as_tensor().dims() {
                     wrong.push(format!(
@@ -160,17 +182,15 @@ impl Params {
                 msg: format!("weights do not fit the model: {}", parts.join("; ")),
                 hint: format!(
                     "the model expects {}; was the file saved from another --model?",
-                    self.entries
-                        .iter()
+                    self.state()
                         .map(|(n, v)| format!("{n} {:?}", v.as_tensor().dims()))
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),
             });
         }
-        for (name, p) in &self.entries {
+        for (name, var) in self.state() {
             if let Some(t) = tensors.get(name) {
-                let var = p.var();
                 let t = t.to_dtype(var.dtype())?.to_device(var.device())?;
                 var.set(&t)?;
             }
@@ -214,9 +234,8 @@ impl Params {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
         let map: HashMap<String, Tensor> = self
-            .entries
-            .iter()
-            .map(|(n, v)| Ok((n.clone(), v.as_tensor().contiguous()?)))
+            .state()
+            .map(|(n, v)| Ok((n.to_string(), v.as_tensor().contiguous()?)))
             .collect::<Result<_>>()?;
         candle_core::safetensors::save(&map, &tmp)?;
         std::fs::rename(&tmp, path).map_err(io)

@@ -235,7 +235,8 @@ fn first_batch_check_on(kind: &str, logits_tol: f64, grad_tol: f64, dev: &Device
         .next()
         .unwrap()
         .unwrap();
-    let logits = m.forward(&batch.x).unwrap();
+    // Training mode, as the reference's step (batch norm uses the batch's statistics).
+    let logits = m.forward_t(&batch.x, true).unwrap();
     assert!(
         max_rel(&logits, &want["logits"]) < logits_tol,
         "logits {:e}",
@@ -253,10 +254,15 @@ fn first_batch_check_on(kind: &str, logits_tol: f64, grad_tol: f64, dev: &Device
         .iter()
         .map(|(name, _)| {
             let g = m.params().grad(name).unwrap().unwrap();
-            (
-                name.to_string(),
-                max_rel(&g, &want[&format!("grad.{name}")]),
-            )
+            let torch = &want[&format!("grad.{name}")];
+            let Some(exact) = want.get(&format!("grad64.{name}")) else {
+                return (name.to_string(), max_rel(&g, torch));
+            };
+            // Where the reference has float64 gradients (backprop through
+            // batch statistics cancels digits), ours are held to the exact ones.
+            let (ours, theirs) = (max_rel(&g, exact), max_rel(torch, exact));
+            eprintln!("{name}: ours {ours:.2e}, PyTorch fp32 {theirs:.2e} from float64");
+            (name.to_string(), ours)
         })
         .collect();
     assert!(
@@ -367,10 +373,14 @@ fn cnn_adam_matches_pytorch() {
 
 #[test]
 fn layer_set_forward_and_gradients_match_pytorch() {
-    // Conv (fused with ReLU and max pool), a residual conv + GELU block, average
+    // Conv (fused with ReLU and max pool), a residual conv + GELU block, a
+    // strided residual block with batch norm and a projection shortcut, average
     // pooling, Linear, LayerNorm, ReLU, Dropout(0): PyTorch's nn.Sequential
-    // names load as they are.
-    first_batch_check("seq", 1e-5, 1e-5);
+    // names load as they are. Gradients against float64: measured 7.4e-5 worst
+    // (0.bias, below two batch norms), where PyTorch's fp32 gets 1.6e-5; batch
+    // norm backpropagates through candle's generic mean/var ops, not PyTorch's
+    // closed-form backward.
+    first_batch_check("seq", 1e-5, 1e-4);
 }
 
 #[test]
@@ -389,6 +399,22 @@ fn layer_set_adam_matches_pytorch() {
         let r = rel_l2(&ours, &theirs);
         assert!(r < 1e-4, "{name}: update rel L2 {r:e}");
     }
+    // Batch norm's running statistics (buffers) after 8 training batches.
+    let mut buffers = 0;
+    for (name, var) in m.params().state() {
+        let t = var.as_tensor();
+        if name.ends_with("num_batches_tracked") {
+            let n = t.to_scalar::<i64>().unwrap();
+            assert_eq!(n, want[name].to_scalar::<i64>().unwrap(), "{name}");
+            assert_eq!(n, 8);
+            buffers += 1;
+        } else if name.contains("running_") {
+            let r = max_rel(t, &want[name]);
+            assert!(r < 1e-5, "{name}: rel {r:e}");
+            buffers += 1;
+        }
+    }
+    assert_eq!(buffers, 6, "two batch norms, three buffers each");
 }
 
 /// 20 steps of the MLP with the given loop settings against a PyTorch

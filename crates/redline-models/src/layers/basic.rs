@@ -27,17 +27,34 @@ impl Layer for Linear {
     }
 }
 
-/// `nn.Conv2d` (stride 1), with a following ReLU and max pool fused in when
-/// `pool_relu` is the pool's window.
+/// `nn.Conv2d`: stride 1 with a bias takes the fused kernel (with a following
+/// ReLU and max pool fused in when `pool_relu` is the pool's window); other
+/// strides take candle's convolution.
 pub(super) struct Conv2d {
     pub(super) w: Param,
+    /// The bias, or (`bias = false`) a zero bias that is not a parameter: the
+    /// fused kernel takes one, and its gradient is dropped.
     pub(super) b: Param,
+    pub(super) has_bias: bool,
     pub(super) padding: usize,
+    pub(super) stride: usize,
     pub(super) pool_relu: Option<usize>,
 }
 
 impl Layer for Conv2d {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
+        if !self.has_bias {
+            // Nothing reads this buffer: keep it from growing across steps.
+            self.b.grad().clear();
+        }
+        if self.stride != 1 {
+            let y = x.conv2d(self.w.as_tensor(), self.padding, self.stride, 1, 1)?;
+            if !self.has_bias {
+                return Ok(y);
+            }
+            let c = self.b.as_tensor().dim(0)?;
+            return Ok(y.broadcast_add(&self.b.as_tensor().reshape((1, c, 1, 1))?)?);
+        }
         Ok(match self.pool_relu {
             // relu(pool(conv)) == pool(relu(conv)): one op, the conv output
             // never materialised.
@@ -62,6 +79,15 @@ pub(super) struct AvgPool(pub(super) usize);
 impl Layer for AvgPool {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
         Ok(x.avg_pool2d(self.0)?)
+    }
+}
+
+/// `nn.AdaptiveAvgPool2d(1)`: `(B, C, H, W) -> (B, C, 1, 1)`.
+pub(super) struct GlobalAvgPool;
+
+impl Layer for GlobalAvgPool {
+    fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
+        Ok(x.mean_keepdim(3)?.mean_keepdim(2)?)
     }
 }
 

@@ -19,7 +19,9 @@
 //! Shapes are inferred from the data's per-sample input shape, so a layer
 //! names only what it adds (`out`, `kernel`). Parameters are named as
 //! `nn.Sequential` names them (`0.weight`, `4.bias`; a residual block's body
-//! is `<i>.body.<j>`), so `state_dict()` files move both ways.
+//! is `<i>.body.<j>` and its shortcut `<i>.shortcut.<j>`; batch norm's running
+//! statistics are buffers beside its weight), so `state_dict()` files move
+//! both ways.
 //!
 //! Where a layer has a fused CPU kernel it is used, and neighbours are fused:
 //! Linear then ReLU is one op, Conv2d then ReLU and MaxPool2d (either order)
@@ -31,7 +33,6 @@ mod norm;
 use std::path::Path;
 
 use candle_core::Tensor;
-use redline_core::trace;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -49,6 +50,18 @@ fn default_eps() -> f64 {
     1e-5
 }
 
+fn default_momentum() -> f64 {
+    0.1
+}
+
+fn one() -> usize {
+    1
+}
+
+fn yes() -> bool {
+    true
+}
+
 /// One layer as written in a model file (`type = "..."` plus its settings).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
@@ -59,7 +72,7 @@ pub enum LayerSpec {
         #[serde(default)]
         out: Option<usize>,
     },
-    /// `nn.Conv2d(in, out, kernel, padding=padding)` on `(B, C, H, W)`, stride 1.
+    /// `nn.Conv2d(in, out, kernel, stride, padding, bias=bias)` on `(B, C, H, W)`.
     Conv2d {
         /// Output channels.
         out: usize,
@@ -68,6 +81,22 @@ pub enum LayerSpec {
         /// Zero padding on each side.
         #[serde(default)]
         padding: usize,
+        /// Step between windows (1 takes the fused kernel).
+        #[serde(default = "one")]
+        stride: usize,
+        /// Whether the layer has a bias (ResNets drop it before batch norm).
+        #[serde(default = "yes")]
+        bias: bool,
+    },
+    /// `nn.BatchNorm2d(C, eps, momentum)` on `(B, C, H, W)`, with running
+    /// statistics (buffers `running_mean`, `running_var`, `num_batches_tracked`).
+    Batchnorm2d {
+        /// Added to the variance.
+        #[serde(default = "default_eps")]
+        eps: f64,
+        /// Weight of the batch in the running statistics.
+        #[serde(default = "default_momentum")]
+        momentum: f64,
     },
     /// `nn.MaxPool2d(kernel)` (stride = kernel).
     Maxpool2d {
@@ -79,6 +108,8 @@ pub enum LayerSpec {
         /// Window side.
         kernel: usize,
     },
+    /// `nn.AdaptiveAvgPool2d(1)`: the mean of each channel, `(C, 1, 1)`.
+    Adaptiveavgpool2d,
     /// `nn.Flatten()`.
     Flatten,
     /// `nn.ReLU()`.
@@ -103,10 +134,14 @@ pub enum LayerSpec {
         /// Vector width.
         dim: usize,
     },
-    /// `x + body(x)`; the body must keep the shape.
+    /// `shortcut(x) + body(x)`: the shortcut is the identity unless given
+    /// (a projection when the body changes the shape).
     Residual {
         /// The body's layers.
         layers: Vec<LayerSpec>,
+        /// The shortcut's layers [default: none, the identity].
+        #[serde(default)]
+        shortcut: Vec<LayerSpec>,
     },
 }
 
@@ -116,8 +151,10 @@ impl LayerSpec {
         match self {
             Self::Linear { .. } => "linear",
             Self::Conv2d { .. } => "conv2d",
+            Self::Batchnorm2d { .. } => "batchnorm2d",
             Self::Maxpool2d { .. } => "maxpool2d",
             Self::Avgpool2d { .. } => "avgpool2d",
+            Self::Adaptiveavgpool2d => "adaptiveavgpool2d",
             Self::Flatten => "flatten",
             Self::Relu => "relu",
             Self::Gelu => "gelu",
@@ -164,24 +201,34 @@ impl SequentialConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        let file: ModelFile = toml::from_str(&text).map_err(|e| {
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
+        Self::from_toml(&text, stem, input_dims, outputs)
+            .map_err(|e| Error::Config(format!("--model {}: {e}", path.display())))
+    }
+
+    /// Reads a model file's text (`[model]` with `layers`; `name` defaults to
+    /// `default_name`), shaped for the data and checked.
+    pub fn from_toml(
+        text: &str,
+        default_name: &str,
+        input_dims: &[usize],
+        outputs: usize,
+    ) -> Result<Self> {
+        let file: ModelFile = toml::from_str(text).map_err(|e| {
             Error::Config(format!(
-                "--model {}: not a model file: {e}HINT: a model file has a [model] table with \
+                "not a model file: {e}HINT: a model file has a [model] table with \
                  `layers = [{{ type = \"linear\", out = 64 }}, {{ type = \"relu\" }}, ...]`; \
-                 docs/models.md lists the layer types",
-                path.display()
+                 docs/models.md lists the layer types"
             ))
         })?;
-        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
         let cfg = Self {
-            name: file.model.name.unwrap_or_else(|| stem.to_string()),
+            name: file.model.name.unwrap_or_else(|| default_name.to_string()),
             input_dims: input_dims.to_vec(),
             outputs,
             layers: file.model.layers,
         };
         // Shapes are checked now, before any data is trained on.
-        cfg.shapes()
-            .map_err(|e| Error::Config(format!("--model {}: {e}", path.display())))?;
+        cfg.shapes()?;
         Ok(cfg)
     }
 
@@ -241,14 +288,24 @@ fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Result<Vec<us
             out,
             kernel,
             padding,
+            stride,
+            ..
         } => {
             let (_, h, w) = image("conv2d")?;
-            if *out == 0 || *kernel == 0 || kernel > &(h + 2 * padding) || kernel > &(w + 2 * padding) {
+            if *out == 0 || *kernel == 0 || *stride == 0 || kernel > &(h + 2 * padding) || kernel > &(w + 2 * padding) {
                 return bad(format!(
-                    "out {out}, kernel {kernel}, padding {padding} do not fit a {h}x{w} input"
+                    "out {out}, kernel {kernel}, padding {padding}, stride {stride} do not fit a {h}x{w} input"
                 ));
             }
-            vec![*out, h + 2 * padding + 1 - kernel, w + 2 * padding + 1 - kernel]
+            let side = |n: usize| (n + 2 * padding - kernel) / stride + 1;
+            vec![*out, side(h), side(w)]
+        }
+        LayerSpec::Batchnorm2d { eps, momentum } => {
+            image("batchnorm2d")?;
+            if !(eps.is_finite() && *eps > 0.0 && (0.0..=1.0).contains(momentum)) {
+                return bad(format!("eps {eps}, momentum {momentum}: need eps > 0 and momentum in [0, 1]"));
+            }
+            input.to_vec()
         }
         LayerSpec::Maxpool2d { kernel } | LayerSpec::Avgpool2d { kernel } => {
             let (c, h, w) = image(spec.kind())?;
@@ -256,6 +313,10 @@ fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Result<Vec<us
                 return bad(format!("kernel {kernel} does not fit a {h}x{w} input"));
             }
             vec![c, h / kernel, w / kernel]
+        }
+        LayerSpec::Adaptiveavgpool2d => {
+            let (c, _, _) = image("adaptiveavgpool2d")?;
+            vec![c, 1, 1]
         }
         LayerSpec::Flatten => vec![input.iter().product()],
         LayerSpec::Relu | LayerSpec::Gelu => input.to_vec(),
@@ -279,19 +340,25 @@ fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Result<Vec<us
             }
             vec![input[0], *dim]
         }
-        LayerSpec::Residual { layers } => {
-            let mut shape = input.to_vec();
-            for (j, inner) in layers.iter().enumerate() {
-                shape = out_shape(inner, &shape, outputs).map_err(|e| {
-                    Error::Config(format!("body layer {j} ({}): {e}", inner.kind()))
-                })?;
-            }
-            if shape != input {
+        LayerSpec::Residual { layers, shortcut } => {
+            let through = |what: &str, specs: &[LayerSpec]| -> Result<Vec<usize>> {
+                let mut shape = input.to_vec();
+                for (j, inner) in specs.iter().enumerate() {
+                    shape = out_shape(inner, &shape, outputs).map_err(|e| {
+                        Error::Config(format!("{what} layer {j} ({}): {e}", inner.kind()))
+                    })?;
+                }
+                Ok(shape)
+            };
+            let (body, short) = (through("body", layers)?, through("shortcut", shortcut)?);
+            if body != short {
                 return bad(format!(
-                    "the body turns {input:?} into {shape:?}; x + body(x) needs the same shape"
+                    "the body turns {input:?} into {body:?} but the shortcut gives {short:?}; \
+                     shortcut(x) + body(x) needs the same shape\nHINT: give a shortcut that \
+                     projects, e.g. a 1x1 conv2d with the body's stride"
                 ));
             }
-            shape
+            body
         }
     })
 }
@@ -305,8 +372,8 @@ fn build_layers(
     prefix: &str,
     init: &mut Initializer,
     params: &mut Params,
-) -> Result<Vec<(String, Box<dyn Layer>)>> {
-    let mut out: Vec<(String, Box<dyn Layer>)> = Vec::new();
+) -> Result<norm::Chain> {
+    let mut out: norm::Chain = Vec::new();
     let mut shape = input.to_vec();
     let mut i = 0;
     while i < specs.len() {
@@ -330,24 +397,61 @@ fn build_layers(
                 out: o,
                 kernel,
                 padding,
+                stride,
+                bias,
             } => {
                 let cin = shape[0];
                 let (w, b) = init.layer(&[*o, cin, *kernel, *kernel], *o, cin * kernel * kernel)?;
-                let pool_relu = match (next(1), next(2)) {
-                    (Some(LayerSpec::Relu), Some(LayerSpec::Maxpool2d { kernel: k }))
-                    | (Some(LayerSpec::Maxpool2d { kernel: k }), Some(LayerSpec::Relu)) => Some(*k),
+                let pool_relu = match (*stride, next(1), next(2)) {
+                    (1, Some(LayerSpec::Relu), Some(LayerSpec::Maxpool2d { kernel: k }))
+                    | (1, Some(LayerSpec::Maxpool2d { kernel: k }), Some(LayerSpec::Relu)) => {
+                        Some(*k)
+                    }
                     _ => None,
                 };
                 used += if pool_relu.is_some() { 2 } else { 0 };
+                let w = params.push(format!("{name}.weight"), w)?;
+                let b = if *bias {
+                    params.push(format!("{name}.bias"), b)?
+                } else {
+                    let zero = b.as_tensor().zeros_like()?;
+                    redline_core::grad::Param::new(candle_core::Var::from_tensor(&zero)?)
+                };
                 Box::new(basic::Conv2d {
+                    w,
+                    b,
+                    has_bias: *bias,
+                    padding: *padding,
+                    stride: *stride,
+                    pool_relu,
+                })
+            }
+            LayerSpec::Batchnorm2d { eps, momentum } => {
+                let c = shape[0];
+                let dev = init.device().clone();
+                let (w, b) = (init.constant(&[c], 1.0)?, init.constant(&[c], 0.0)?);
+                Box::new(norm::BatchNorm2d {
                     w: params.push(format!("{name}.weight"), w)?,
                     b: params.push(format!("{name}.bias"), b)?,
-                    padding: *padding,
-                    pool_relu,
+                    running_mean: params.push_buffer(
+                        format!("{name}.running_mean"),
+                        norm::buffer(&dev, Some(c), 0.0)?,
+                    )?,
+                    running_var: params.push_buffer(
+                        format!("{name}.running_var"),
+                        norm::buffer(&dev, Some(c), 1.0)?,
+                    )?,
+                    tracked: params.push_buffer(
+                        format!("{name}.num_batches_tracked"),
+                        norm::buffer(&dev, None, 0.0)?,
+                    )?,
+                    eps: *eps,
+                    momentum: *momentum,
                 })
             }
             LayerSpec::Maxpool2d { kernel } => Box::new(basic::MaxPool(*kernel)),
             LayerSpec::Avgpool2d { kernel } => Box::new(basic::AvgPool(*kernel)),
+            LayerSpec::Adaptiveavgpool2d => Box::new(basic::GlobalAvgPool),
             LayerSpec::Flatten => Box::new(basic::Flatten),
             LayerSpec::Relu => Box::new(basic::Relu),
             LayerSpec::Gelu => Box::new(basic::Gelu),
@@ -368,10 +472,13 @@ fn build_layers(
                     w: params.push(format!("{name}.weight"), w)?,
                 })
             }
-            LayerSpec::Residual { layers } => {
+            LayerSpec::Residual { layers, shortcut } => {
                 let body_prefix = format!("{name}.body.");
                 let body = build_layers(layers, &shape, outputs, &body_prefix, init, params)?;
-                Box::new(norm::Residual { body })
+                let short_prefix = format!("{name}.shortcut.");
+                let shortcut =
+                    build_layers(shortcut, &shape, outputs, &short_prefix, init, params)?;
+                Box::new(norm::Residual { body, shortcut })
             }
         };
         for s in &specs[i..i + used] {
@@ -387,18 +494,13 @@ fn build_layers(
 /// A model built from a [`SequentialConfig`].
 pub struct Sequential {
     /// (span name, layer): `3.linear+relu` for a fused pair.
-    body: Vec<(String, Box<dyn Layer>)>,
+    body: norm::Chain,
     params: Params,
 }
 
 impl Model for Sequential {
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let mut h = x.clone();
-        for (name, layer) in &self.body {
-            let _span = trace::layer(name);
-            h = layer.forward_t(&h, train)?;
-        }
-        Ok(h)
+        norm::run_chain(&self.body, x, train)
     }
 
     fn params(&self) -> &Params {

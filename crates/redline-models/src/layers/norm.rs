@@ -1,6 +1,6 @@
-//! LayerNorm, Embedding and residual blocks.
+//! LayerNorm, BatchNorm2d, Embedding and residual blocks.
 
-use candle_core::{Tensor, D};
+use candle_core::{DType, Tensor, Var, D};
 use redline_core::grad::Param;
 use redline_core::trace;
 
@@ -28,6 +28,70 @@ impl Layer for LayerNorm {
     }
 }
 
+/// `nn.BatchNorm2d(C, eps, momentum)` on `(B, C, H, W)`: in training,
+/// normalises by the batch's statistics per channel (biased variance) and
+/// updates the running ones (unbiased variance), on the device; in eval mode,
+/// normalises by the running statistics.
+pub(super) struct BatchNorm2d {
+    pub(super) w: Param,
+    pub(super) b: Param,
+    pub(super) running_mean: Var,
+    pub(super) running_var: Var,
+    pub(super) tracked: Var,
+    pub(super) eps: f64,
+    pub(super) momentum: f64,
+}
+
+impl BatchNorm2d {
+    /// Per-channel statistics of `x (B, C, H, W)` as `(1, C, 1, 1)`.
+    fn channel_mean(x: &Tensor) -> Result<Tensor> {
+        Ok(x.mean_keepdim(3)?.mean_keepdim(2)?.mean_keepdim(0)?)
+    }
+}
+
+impl Layer for BatchNorm2d {
+    fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        let (b, c, h, w) = x.dims4()?;
+        let shape = (1, c, 1, 1);
+        let (mean, var) = if train {
+            let mean = Self::channel_mean(x)?;
+            let var = Self::channel_mean(&x.broadcast_sub(&mean)?.sqr()?)?;
+            let n = (b * h * w) as f64;
+            let m = self.momentum;
+            let unbiased = var.detach().affine(n / (n - 1.0).max(1.0), 0.0)?;
+            let rm = self.running_mean.as_tensor().reshape(shape)?;
+            let rv = self.running_var.as_tensor().reshape(shape)?;
+            let new_rm = (rm.affine(1.0 - m, 0.0)? + mean.detach().affine(m, 0.0)?)?;
+            let new_rv = (rv.affine(1.0 - m, 0.0)? + unbiased.affine(m, 0.0)?)?;
+            self.running_mean.set(&new_rm.flatten_all()?)?;
+            self.running_var.set(&new_rv.flatten_all()?)?;
+            let one = Tensor::new(1i64, x.device())?;
+            self.tracked
+                .set(&self.tracked.as_tensor().broadcast_add(&one)?)?;
+            (mean, var)
+        } else {
+            (
+                self.running_mean.as_tensor().reshape(shape)?,
+                self.running_var.as_tensor().reshape(shape)?,
+            )
+        };
+        let normed = x
+            .broadcast_sub(&mean)?
+            .broadcast_div(&(var + self.eps)?.sqrt()?)?;
+        Ok(normed
+            .broadcast_mul(&self.w.as_tensor().reshape(shape)?)?
+            .broadcast_add(&self.b.as_tensor().reshape(shape)?)?)
+    }
+}
+
+/// A buffer of `len` values `v` (or a 0-d i64 counter when `len` is `None`).
+pub(super) fn buffer(device: &candle_core::Device, len: Option<usize>, v: f32) -> Result<Var> {
+    Ok(match len {
+        Some(n) => Var::from_tensor(&Tensor::full(v, n, device)?)?,
+        None => Var::from_tensor(&Tensor::zeros((), DType::I64, device)?)?,
+    })
+}
+
 /// `nn.Embedding(num, dim)`: ids `(B, L)` (floats holding whole numbers, as
 /// the loader gives them) -> `(B, L, dim)`.
 pub(super) struct Embedding {
@@ -45,18 +109,31 @@ impl Layer for Embedding {
     }
 }
 
-/// `x + body(x)`: the body's output has the input's shape.
+/// Named layers applied in order.
+pub(super) type Chain = Vec<(String, Box<dyn Layer>)>;
+
+/// The chain's output for `x`.
+pub(super) fn run_chain(chain: &Chain, x: &Tensor, train: bool) -> Result<Tensor> {
+    let mut h = x.clone();
+    for (name, layer) in chain {
+        let _span = trace::layer(name);
+        h = layer.forward_t(&h, train)?;
+    }
+    Ok(h)
+}
+
+/// `shortcut(x) + body(x)`, the shortcut being the identity when empty (a
+/// projection, e.g. a strided 1x1 conv and batch norm, when the body changes
+/// the shape).
 pub(super) struct Residual {
-    pub(super) body: Vec<(String, Box<dyn Layer>)>,
+    pub(super) body: Chain,
+    pub(super) shortcut: Chain,
 }
 
 impl Layer for Residual {
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let mut h = x.clone();
-        for (name, layer) in &self.body {
-            let _span = trace::layer(name);
-            h = layer.forward_t(&h, train)?;
-        }
-        Ok((x + h)?)
+        let h = run_chain(&self.body, x, train)?;
+        let s = run_chain(&self.shortcut, x, train)?;
+        Ok((s + h)?)
     }
 }

@@ -2,6 +2,7 @@ use super::*;
 use candle_core::{DType, Device};
 use redline_core::ops::{conv2d_generic, max_pool2d_generic};
 use redline_core::Precision;
+use std::collections::HashMap;
 
 fn parse(text: &str, input: &[usize], outputs: usize) -> Result<SequentialConfig> {
     let dir = tempfile::tempdir().map_err(|e| Error::Config(e.to_string()))?;
@@ -171,4 +172,70 @@ fn bad_files_name_the_layer_and_the_fix() {
     assert!(m.contains("same shape"), "{m}");
     let m = err("[model]\nlayers = []", &[4]);
     assert!(m.contains("no layers"), "{m}");
+}
+
+#[test]
+fn batch_norm_normalises_by_the_batch_in_training_and_keeps_running_stats() -> Result<()> {
+    let text = "[model]\nlayers = [{ type = \"batchnorm2d\", momentum = 0.5 }]";
+    let model = parse(text, &[2, 3, 3], 1)?.build(&mut init())?;
+    // Channel 0 holds 0..17, channel 1 holds 100.
+    let x = Tensor::arange(0f32, 36.0, &Device::Cpu)?.reshape((2, 2, 3, 3))?;
+    let ch1 = Tensor::full(100f32, (2, 1, 3, 3), &Device::Cpu)?;
+    let x = Tensor::cat(&[&x.narrow(1, 0, 1)?, &ch1], 1)?;
+    let y = model.forward_t(&x, true)?;
+    let m = y
+        .mean_keepdim(3)?
+        .mean_keepdim(2)?
+        .mean_keepdim(0)?
+        .flatten_all()?;
+    assert!(
+        m.to_vec1::<f32>()?.iter().all(|v| v.abs() < 1e-5),
+        "zero mean per channel"
+    );
+    let state: HashMap<&str, Tensor> = model
+        .params()
+        .state()
+        .map(|(n, v)| (n, v.as_tensor().clone()))
+        .collect();
+    let rm = state["0.running_mean"].to_vec1::<f32>()?;
+    assert!(
+        (rm[1] - 50.0).abs() < 1e-4,
+        "half of the batch mean 100: {rm:?}"
+    );
+    assert_eq!(state["0.num_batches_tracked"].to_scalar::<i64>()?, 1);
+    assert_eq!(
+        model.params().len(),
+        2,
+        "weight and bias train; the buffers do not"
+    );
+    // Eval mode uses the running statistics: a constant channel is no longer zero.
+    let e = model
+        .forward(&x)?
+        .narrow(1, 1, 1)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    assert!(e.iter().all(|v| *v > 1.0), "{e:?}");
+    // Buffers are saved and loaded with the weights.
+    let dir = tempfile::tempdir().map_err(|e| Error::Config(e.to_string()))?;
+    let file = dir.path().join("bn.safetensors");
+    model.params().save_safetensors(&file)?;
+    let fresh = parse(text, &[2, 3, 3], 1)?.build(&mut init())?;
+    fresh.params().load_safetensors(&file)?;
+    let back = fresh.params().to_map();
+    assert_eq!(back["0.running_mean"].to_vec1::<f32>()?, rm);
+    Ok(())
+}
+
+#[test]
+fn the_zoo_resnet_fits_cifar_and_other_square_images() -> Result<()> {
+    for (dims, batch) in [([3, 32, 32], 2), ([1, 28, 28], 3)] {
+        let cfg = crate::ModelConfig::for_data("resnet", &dims, 10, None)?;
+        assert_eq!(cfg.name(), "resnet");
+        let model = cfg.build(&redline_core::Device::cpu(), Precision::Fp32, 0)?;
+        let x = Tensor::ones((batch, dims[0], dims[1], dims[2]), DType::F32, &Device::Cpu)?;
+        assert_eq!(model.forward_t(&x, true)?.dims(), &[batch, 10]);
+    }
+    let m = crate::ModelConfig::for_data("resnet", &[3, 32, 32], 10, Some(&[8]));
+    assert!(m.is_err(), "--hidden does not shape the resnet");
+    Ok(())
 }

@@ -2,9 +2,7 @@
 //!
 //! * [`Device`] / [`DeviceSpec`]: which accelerator a run uses (`auto | cpu | cuda:N`).
 //! * [`Precision`]: the dtype policy (one place picks parameter and compute dtypes).
-//! * [`grad`]: parameters and their gradients, passed explicitly ([`grad::Param`]).
 //! * [`host`]: every read of a tensor back to the host goes through here and is counted.
-//! * [`ops`]: tensor operations candle lacks or gets wrong (max-pool backward).
 //! * [`threads`]: the process's one thread policy (compute threads = free cores).
 //! * [`memory`]: device memory stats, pool trim (`empty_cache`), out-of-memory recognition.
 //! * [`system`]: discovery of the machine's devices for `redline devices`.
@@ -15,10 +13,8 @@ pub mod cuda;
 mod device;
 mod dtype;
 mod error;
-pub mod grad;
 pub mod host;
 pub mod memory;
-pub mod ops;
 pub mod system;
 pub mod threads;
 pub mod time;

@@ -3,7 +3,7 @@
 //! `RAYON_NUM_THREADS` on every call) and Redline's fused kernels follow it.
 //! The prefetch thread blocks on a channel, so it does not count.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// Cores this process may run on.
@@ -68,8 +68,29 @@ pub fn configure(requested: Option<usize>) -> usize {
         .max(1);
     // candle (matmul, conv) and rayon's global pool read this; set before first use.
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-    crate::ops::gemm::set_threads(n);
+    set_compute_threads(n);
     n
+}
+
+/// Compute threads for the fused kernels (0 = not set).
+static COMPUTE_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets the number of compute threads the fused kernels split work over.
+pub fn set_compute_threads(n: usize) {
+    COMPUTE_THREADS.store(n.max(1), Ordering::Relaxed);
+}
+
+/// Compute threads the fused kernels may use: as set, else
+/// `RAYON_NUM_THREADS` (what candle's kernels follow), else all available cores.
+pub fn compute_threads() -> usize {
+    match COMPUTE_THREADS.load(Ordering::Relaxed) {
+        0 => std::env::var("RAYON_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        n => n,
+    }
 }
 
 #[cfg(test)]

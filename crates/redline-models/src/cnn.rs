@@ -4,9 +4,9 @@
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
-use redline_core::grad::Param;
-use redline_core::ops::{conv2d_pool_relu_param, linear_param};
 use redline_core::trace;
+use redline_kernels::grad::Param;
+use redline_kernels::{conv2d_pool_relu_param, linear_param};
 
 use crate::error::{Error, Result};
 use crate::init::Initializer;

@@ -26,9 +26,12 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
-    /// An error from the core crate (device, ops).
+    /// An error from the core crate (device, precision).
     #[error(transparent)]
     Core(#[from] redline_core::Error),
+    /// An error from a fused kernel or its fallback.
+    #[error(transparent)]
+    Kernels(#[from] redline_kernels::Error),
     /// A tensor operation failed.
     #[error("tensor operation failed: {0}")]
     Candle(#[from] candle_core::Error),

@@ -2,9 +2,9 @@
 //! The default is the tutorial's 784-128-10 (`fc1.*`, `fc2.*`).
 
 use candle_core::Tensor;
-use redline_core::grad::Param;
-use redline_core::ops::linear_param;
 use redline_core::trace;
+use redline_kernels::grad::Param;
+use redline_kernels::linear_param;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};

@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
 use candle_core::{Tensor, Var};
-use redline_core::grad::Param;
+use redline_kernels::grad::Param;
 
 use crate::error::{Error, Result};
 

@@ -7,7 +7,7 @@
 //! gradients by a device tensor, so a GPU step never waits for the host.
 
 use candle_core::Tensor;
-use redline_core::grad::Param;
+use redline_kernels::grad::Param;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};

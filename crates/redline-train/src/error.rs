@@ -46,6 +46,9 @@ pub enum Error {
     /// An error from the core crate.
     #[error(transparent)]
     Core(#[from] redline_core::Error),
+    /// An error from a fused kernel or its fallback.
+    #[error(transparent)]
+    Kernels(#[from] redline_kernels::Error),
     /// A tensor operation failed.
     #[error("tensor operation failed: {0}")]
     Candle(#[from] candle_core::Error),
@@ -55,9 +58,15 @@ impl Error {
     /// Turns a device out-of-memory failure into [`Error::OutOfMemory`] naming
     /// the batch size; any other error passes through unchanged.
     pub fn with_oom_context(self, device: &str, batch_size: usize) -> Self {
+        use redline_kernels::Error as K;
+        use redline_models::Error as M;
         let candle = match &self {
-            Self::Candle(c) | Self::Core(redline_core::Error::Candle(c)) => c,
-            Self::Data(redline_data::Error::Candle(c)) => c,
+            Self::Candle(c)
+            | Self::Core(redline_core::Error::Candle(c))
+            | Self::Kernels(K::Candle(c))
+            | Self::Data(redline_data::Error::Candle(c))
+            | Self::Model(M::Candle(c) | M::Kernels(K::Candle(c)))
+            | Self::Model(M::Core(redline_core::Error::Candle(c))) => c,
             _ => return self,
         };
         if !redline_core::memory::is_out_of_memory(candle) {
@@ -90,6 +99,11 @@ mod tests {
             "{msg}"
         );
         assert!(msg.contains("--batch-size 2048"), "{msg}");
+        // Inside a model's forward (a kernel's error wrapped by the model crate).
+        let inner = candle_core::Error::Msg("CUDA_ERROR_OUT_OF_MEMORY".into());
+        let nested = Error::Model(redline_models::Error::Kernels(inner.into()));
+        let msg = nested.with_oom_context("cuda:0", 64).to_string();
+        assert!(msg.contains("--batch-size 32"), "{msg}");
         let other = Error::Config("nope".into()).with_oom_context("cuda:0", 64);
         assert_eq!(other.to_string(), "nope");
     }

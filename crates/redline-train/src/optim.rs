@@ -7,8 +7,8 @@
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
-use redline_core::grad::{GradRef, Param};
-use redline_core::ops::optim::{
+use redline_kernels::grad::{GradRef, Param};
+use redline_kernels::optim::{
     adam_step, adam_step_from, adam_tensors, sgd_step, sgd_step_from, sgd_tensors, AdamStep,
     SgdStep, SlotState, TensorState,
 };
@@ -352,7 +352,7 @@ mod tests {
     /// (the plain op, absorbed) give the same weights; the step takes them.
     #[test]
     fn fused_and_store_gradients_give_the_same_step() -> Result<()> {
-        use redline_core::ops::{linear, linear_param};
+        use redline_kernels::{linear, linear_param};
         let dev = Device::Cpu;
         let x = Tensor::arange(0f32, 12.0, &dev)?.reshape((3, 4))?.sin()?;
         let up = Tensor::arange(0f32, 6.0, &dev)?.reshape((3, 2))?.cos()?;
@@ -399,7 +399,7 @@ mod tests {
         let b = Param::new(Var::zeros(2, DType::F32, &dev)?);
         let mut opt = OptimizerConfig::by_name("sgd", 1.0)?.build(vec![w.clone(), b.clone()])?;
         let x = Tensor::ones((1, 3), DType::F32, &dev)?;
-        let y = redline_core::ops::linear_param(&x, &w, &b, false)?;
+        let y = redline_kernels::linear_param(&x, &w, &b, false)?;
         y.sum_all()?.backward()?;
         let g = b.grad().to_tensor(b.as_tensor())?;
         assert_eq!(

@@ -455,7 +455,7 @@ impl Trainer {
     /// returns the gradient norm before clipping when it was computed.
     fn update(&mut self) -> Result<Option<candle_core::Tensor>> {
         let norm = if self.cfg.clip.is_some() || self.cfg.log_grad_norm {
-            let params: Vec<&redline_core::grad::Param> = self.optimizer.params().collect();
+            let params: Vec<&redline_kernels::grad::Param> = self.optimizer.params().collect();
             clip::prepare(&params, self.cfg.clip, self.cfg.log_grad_norm)?
         } else {
             None

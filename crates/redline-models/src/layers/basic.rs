@@ -7,8 +7,8 @@ use candle_core::{DType, Tensor};
 use rand::distr::{Distribution, Uniform};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use redline_core::grad::Param;
-use redline_core::ops::{conv2d_param, conv2d_pool_relu_param, linear_param, max_pool2d};
+use redline_kernels::grad::Param;
+use redline_kernels::{conv2d_param, conv2d_pool_relu_param, linear_param, max_pool2d};
 
 use super::Layer;
 use crate::error::{Error, Result};

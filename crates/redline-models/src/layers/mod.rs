@@ -415,7 +415,7 @@ fn build_layers(
                     params.push(format!("{name}.bias"), b)?
                 } else {
                     let zero = b.as_tensor().zeros_like()?;
-                    redline_core::grad::Param::new(candle_core::Var::from_tensor(&zero)?)
+                    redline_kernels::grad::Param::new(candle_core::Var::from_tensor(&zero)?)
                 };
                 Box::new(basic::Conv2d {
                     w,

@@ -1,8 +1,8 @@
 //! LayerNorm, BatchNorm2d, Embedding and residual blocks.
 
 use candle_core::{DType, Tensor, Var, D};
-use redline_core::grad::Param;
 use redline_core::trace;
+use redline_kernels::grad::Param;
 
 use super::basic::as_ids;
 use super::Layer;

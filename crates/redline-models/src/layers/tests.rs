@@ -1,7 +1,7 @@
 use super::*;
 use candle_core::{DType, Device};
-use redline_core::ops::{conv2d_generic, max_pool2d_generic};
 use redline_core::Precision;
+use redline_kernels::{conv2d_generic, max_pool2d_generic};
 use std::collections::HashMap;
 
 fn parse(text: &str, input: &[usize], outputs: usize) -> Result<SequentialConfig> {

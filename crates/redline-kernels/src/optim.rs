@@ -1,7 +1,7 @@
 //! In-place optimizer updates: one pass over each parameter's storage reading
 //! its gradient and state, with no temporaries (the generic path allocates
 //! about ten tensors per parameter per step). The arithmetic is written once,
-//! in [`optim_math`](super::optim_math), for these loops and for the generic
+//! in [`optim_math`](crate::optim_math), for these loops and for the generic
 //! path ([`adam_tensors`], [`sgd_tensors`]): PyTorch's single-tensor order.
 //!
 //! The loops are compiled once per instruction set and picked at run time
@@ -22,10 +22,10 @@ use std::cell::RefCell;
 use candle_core::{bail, CpuStorage, InplaceOp1, InplaceOp2, Layout, Tensor};
 use pulp::{Simd, WithSimd};
 
-use super::optim_math::{self, AdamConsts, SgdConsts};
-use super::slices::{f32s, f32s_mut, fused_cpu};
 use crate::error::Result;
-use crate::trace;
+use crate::optim_math::{self, AdamConsts, SgdConsts};
+use crate::slices::{f32s, f32s_mut, fused_cpu};
+use redline_core::trace;
 
 /// Adam / AdamW hyperparameters for one step.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use redline_core::ops::gemm::{
+use redline_kernels::gemm::{
     matmul, set_parallel_min_flops, set_threads, threads, Mat, PARALLEL_MIN_FLOPS,
 };
 

@@ -1,5 +1,5 @@
-//! The fused conv2d backward kernel, shared by [`conv2d`](super::conv2d) and
-//! the conv + max-pool + ReLU block ([`conv2d_pool_relu`](super::conv2d_pool_relu)).
+//! The fused conv2d backward kernel, shared by [`conv2d`](crate::conv2d) and
+//! the conv + max-pool + ReLU block ([`conv2d_pool_relu`](crate::conv2d_pool_relu)).
 //!
 //! One pass per sample: (for the block, first rebuild the conv output's
 //! gradient from the pooled gradient and the saved window maxima), then dW
@@ -12,10 +12,10 @@ use std::sync::Arc;
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::conv::{gemm_or_err, Geom};
-use super::gemm::Mat;
-use super::slices::{unpack_grads, Grads3};
+use crate::conv::{gemm_or_err, Geom};
+use crate::gemm::Mat;
 use crate::grad::ParamBuffers;
+use crate::slices::{unpack_grads, Grads3};
 
 /// Marks a pooled output the ReLU zeroed: no gradient flows back through it.
 pub(super) const NO_GRAD: u8 = u8::MAX;

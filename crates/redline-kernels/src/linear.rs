@@ -12,11 +12,11 @@ use std::sync::Arc;
 
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Storage, Tensor};
 
-use super::gemm::{matmul, Mat};
-use super::slices::{f32s, fused_cpu, unpack_grads};
 use crate::error::Result;
+use crate::gemm::{matmul, Mat};
 use crate::grad::{layer_buffers, Param, ParamBuffers};
-use crate::trace;
+use crate::slices::{f32s, fused_cpu, unpack_grads};
+use redline_core::trace;
 
 /// `x (B, in) -> (B, out)` with `w (out, in)` and `b (out)`; ReLU when `relu`.
 /// The weight's and bias's gradients come back in candle's `GradStore`.

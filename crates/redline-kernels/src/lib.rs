@@ -1,4 +1,5 @@
-//! Tensor operations candle lacks, gets wrong, or runs slowly on the CPU.
+//! Redline kernels: tensor operations candle lacks, gets wrong, or runs
+//! slowly on the CPU, and the parameters' gradients they write ([`grad`]).
 //!
 //! Each op has a fused CPU kernel (candle custom op over the storage slices,
 //! GEMMs through the `gemm` crate) and a fallback built from generic candle
@@ -9,16 +10,19 @@ pub mod conv;
 mod conv_backward;
 mod conv_block;
 mod conv_wide;
+mod error;
 pub mod gemm;
+pub mod grad;
 mod linear;
 mod loss;
 pub mod optim;
 pub mod optim_math;
 pub mod pool;
-pub(crate) mod slices;
+mod slices;
 
 pub use conv::{conv2d, conv2d_generic, conv2d_param};
 pub use conv_block::{conv2d_pool_relu, conv2d_pool_relu_param};
+pub use error::{Error, Result};
 pub use linear::{linear, linear_param};
 pub use loss::cross_entropy;
 pub use pool::{max_pool2d, max_pool2d_generic};

@@ -10,7 +10,7 @@ use std::convert::Infallible;
 
 use candle_core::{DType, Tensor};
 
-use super::optim::{AdamStep, SgdStep};
+use crate::optim::{AdamStep, SgdStep};
 
 /// The operations an update is made of, on one element or a whole tensor.
 pub trait Arith: Sized {

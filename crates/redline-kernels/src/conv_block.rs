@@ -21,13 +21,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::conv::{conv2d, Geom};
-use super::conv_backward::{backward, Unpool, NO_GRAD};
-use super::pool::{first_max4, max_pool2d};
-use super::slices::{fused_cpu, Grads3};
+use crate::conv::{conv2d, Geom};
+use crate::conv_backward::{backward, Unpool, NO_GRAD};
 use crate::error::Result;
 use crate::grad::{layer_buffers, Param, ParamBuffers};
-use crate::trace;
+use crate::pool::{first_max4, max_pool2d};
+use crate::slices::{fused_cpu, Grads3};
+use redline_core::trace;
 
 /// `relu(max_pool2d(conv2d(x, w, b, padding), k))`: `x (B, Cin, H, W)`,
 /// `w (Cout, Cin, kh, kw)`, `b (Cout)` -> `(B, Cout, oh / k, ow / k)` with
@@ -62,7 +62,7 @@ pub fn conv2d_pool_relu_param(
     let (wt, bt) = (w.as_tensor(), b.as_tensor());
     let geom = Geom::new(x, wt, bt, padding)?;
     if !(1..16).contains(&k) || ![x, wt, bt].into_iter().all(fused_cpu) {
-        let y = super::conv::conv2d_param(x, w, b, padding)?;
+        let y = crate::conv::conv2d_param(x, w, b, padding)?;
         return Ok(max_pool2d(&y, k)?.relu()?);
     }
     block(geom, x, wt, bt, k, layer_buffers(w, b))

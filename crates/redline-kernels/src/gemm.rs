@@ -8,9 +8,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use gemm::Parallelism;
 
-/// Compute threads for GEMMs (0 = not set: use all available cores).
-static THREADS: AtomicUsize = AtomicUsize::new(0);
-
 /// Multiply-adds below which a GEMM stays on one thread (measured with
 /// `examples/gemm_crossover.rs`; see `bench/NOTES.md`).
 pub const PARALLEL_MIN_FLOPS: usize = 40_000_000;
@@ -22,22 +19,16 @@ pub fn set_parallel_min_flops(n: usize) {
     PARALLEL_MIN.store(n, Ordering::Relaxed);
 }
 
-/// Sets the number of compute threads used by fused kernels.
+/// Sets the number of compute threads used by fused kernels (the thread
+/// policy itself lives in `redline_core::threads`).
 pub fn set_threads(n: usize) {
-    THREADS.store(n.max(1), Ordering::Relaxed);
+    redline_core::threads::set_compute_threads(n);
 }
 
-/// Compute threads fused kernels may use: as set, else `RAYON_NUM_THREADS`
-/// (what candle's kernels follow), else all available cores.
+/// Compute threads fused kernels may use: see
+/// [`redline_core::threads::compute_threads`].
 pub fn threads() -> usize {
-    match THREADS.load(Ordering::Relaxed) {
-        0 => std::env::var("RAYON_NUM_THREADS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|&n| n > 0)
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-        n => n,
-    }
+    redline_core::threads::compute_threads()
 }
 
 /// A row-major matrix operand: `rows x cols` as stored, optionally transposed.

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use candle_core::{DType, Tensor, Var};
 
 use crate::error::Result;
-use crate::ops::slices::fused_cpu;
+use crate::slices::fused_cpu;
 
 /// A parameter's gradient, accumulated over the backward passes since the
 /// optimizer (or [`GradBuffer::clear`]) last emptied it.
@@ -440,7 +440,7 @@ mod tests {
 
     #[test]
     fn linear_and_conv_gradients_accumulate_in_buffers() -> Result<()> {
-        use crate::ops;
+        use crate as ops;
         let lin: (Plain, Owned) = (
             |x, w, b| ops::linear(x, w, b, true),
             |x, w, b| ops::linear_param(x, w, b, true),

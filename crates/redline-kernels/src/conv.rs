@@ -13,12 +13,12 @@ use std::sync::Arc;
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::conv_backward::backward;
-use super::gemm::{self, Mat};
-use super::slices::{f32s, fused_cpu};
+use crate::conv_backward::backward;
 use crate::error::{Error, Result};
+use crate::gemm::{self, Mat};
 use crate::grad::{layer_buffers, Param, ParamBuffers};
-use crate::trace;
+use crate::slices::{f32s, fused_cpu};
+use redline_core::trace;
 
 /// 2-D convolution with bias, stride 1, dilation 1, one group: PyTorch's
 /// `F.conv2d(x, w, b, padding=padding)`.

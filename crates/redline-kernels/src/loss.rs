@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Shape, Tensor};
 
-use super::slices::{f32s, fused_cpu, u32s};
 use crate::error::Result;
-use crate::trace;
+use crate::slices::{f32s, fused_cpu, u32s};
+use redline_core::trace;
 
 /// Mean cross-entropy of `logits (B, C)` against class indices `targets (B,)` (u32).
 /// A target `>= C` is an error, not a silent wrong answer.

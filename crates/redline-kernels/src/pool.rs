@@ -13,10 +13,10 @@ use std::sync::Arc;
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor, D};
 use rayon::prelude::*;
 
-use super::gemm;
-use super::slices::{f32s, fused_cpu};
 use crate::error::{Error, Result};
-use crate::trace;
+use crate::gemm;
+use crate::slices::{f32s, fused_cpu};
+use redline_core::trace;
 
 /// Max pooling with a `k x k` window and stride `k` (PyTorch's `MaxPool2d(k)`,
 /// floor mode): `(B, C, H, W) -> (B, C, H/k, W/k)`. CPU f32 tensors take the

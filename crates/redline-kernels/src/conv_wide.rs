@@ -11,8 +11,8 @@
 //! `kw - 1` junk columns per row in the GEMMs (+14% there); the output
 //! gradient is zero on them, so they add nothing to dW, db or dx.
 
-use super::conv::{gemm_or_err, Geom};
-use super::gemm::Mat;
+use crate::conv::{gemm_or_err, Geom};
+use crate::gemm::Mat;
 
 impl Geom {
     /// Padded input width (also the wide output's row length).

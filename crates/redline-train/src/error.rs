@@ -21,6 +21,29 @@ pub enum Error {
         /// Learning rate at that point.
         lr: f64,
     },
+    /// The loss grew past `--divergence-threshold` times the first step's.
+    #[error(
+        "training diverged at step {step} (epoch {epoch}): the loss is {value:.4e}, {ratio:.3e} \
+         times the first step's {start:.4} (above --divergence-threshold {factor})\n\
+         HINT: lower --lr (now {lr}) or clip gradients (--clip-grad-norm 1.0); \
+         --divergence-threshold 0 turns this check off"
+    )]
+    Diverged {
+        /// The loss read back.
+        value: f64,
+        /// The fit's first step's loss.
+        start: f64,
+        /// `value / start`.
+        ratio: f64,
+        /// The threshold it crossed.
+        factor: f64,
+        /// Global step (1-based) of the log point that saw it.
+        step: usize,
+        /// Epoch (1-based).
+        epoch: usize,
+        /// Learning rate at that point.
+        lr: f64,
+    },
     /// The device ran out of memory.
     #[error(
         "{device} ran out of memory at batch size {batch_size}: {detail}\nHINT: use a smaller \

@@ -38,6 +38,11 @@ pub struct TrainConfig {
     /// logged when clipping by norm, which computes it anyway.
     #[serde(default)]
     pub log_grad_norm: bool,
+    /// Stop when a logged loss exceeds this many times the fit's first step's
+    /// loss (Lightning's `EarlyStopping(divergence_threshold=...)`, relative);
+    /// `None` turns the check off. Non-finite losses always stop the fit.
+    #[serde(default = "default_divergence")]
+    pub divergence_threshold: Option<f64>,
     /// Validate after each epoch when a validation loader is given.
     pub validate: bool,
     /// Return the device memory pool's cached blocks after each epoch's
@@ -55,6 +60,7 @@ impl Default for TrainConfig {
             accumulate: 1,
             clip: None,
             log_grad_norm: false,
+            divergence_threshold: default_divergence(),
             validate: true,
             empty_cache: false,
         }
@@ -63,6 +69,12 @@ impl Default for TrainConfig {
 
 fn one() -> usize {
     1
+}
+
+/// A loss a thousand times its start has left any sane training curve; a
+/// slow drift upward never gets there.
+fn default_divergence() -> Option<f64> {
+    Some(1e3)
 }
 
 /// Assembles a [`Trainer`].
@@ -155,6 +167,13 @@ impl TrainerBuilder {
         }
         if let Some(c) = &self.cfg.clip {
             c.check()?;
+        }
+        if let Some(f) = self.cfg.divergence_threshold {
+            if !(f.is_finite() && f > 1.0) {
+                return Err(Error::Config(format!(
+                    "--divergence-threshold {f}: must be a finite factor > 1 (0 turns the check off)"
+                )));
+            }
         }
         let optimizer = self.optimizer.build(module.params().to_vec())?;
         Ok(Trainer {
@@ -313,6 +332,10 @@ impl Trainer {
         });
 
         let mut step = 0usize;
+        // The first step's loss (read at the first log point): divergence is
+        // measured against it, as a first window's mean may already have blown up.
+        let mut start_loss: Option<f64> = None;
+        let mut first_loss: Option<candle_core::Tensor> = None;
         let mut logs = Vec::new();
         let (mut train_s, mut eval_s_total, mut samples) = (0.0, 0.0, 0usize);
         let candle_dev = self.device.candle().clone();
@@ -341,6 +364,9 @@ impl Trainer {
                 seen += 1;
                 prof.switch(Action::TrainingStep);
                 let out = checked(self.module.training_step(&batch)?)?;
+                if first_loss.is_none() {
+                    first_loss = Some(out.loss.detach());
+                }
                 prof.switch(Action::Backward);
                 self.backward(&out.loss)?;
                 pending += 1;
@@ -368,6 +394,7 @@ impl Trainer {
                 if step.is_multiple_of(self.cfg.log_every) || step == total_steps {
                     prof.switch(Action::HostSync);
                     let log = self.log_point(&window, step, epoch, window_start, fit_start)?;
+                    self.check_divergence(log.loss, &first_loss, &mut start_loss, step, epoch)?;
                     prof.sync_device_clock();
                     prof.switch(Action::Logging);
                     self.emit(&Event::Log(&log));
@@ -387,6 +414,7 @@ impl Trainer {
             let train = epoch_sums.read(&self.reads)?;
             let epoch_s = epoch_start.elapsed().as_secs_f64();
             check_finite(train.loss, step, epoch, self.optimizer.lr())?;
+            self.check_divergence(train.loss, &first_loss, &mut start_loss, step, epoch)?;
             train_s += epoch_s;
             samples += epoch_sums.samples;
             if self.cfg.empty_cache {
@@ -436,6 +464,46 @@ impl Trainer {
         prof.switch(Action::Logging);
         self.emit(&Event::FitEnd(&summary));
         Ok(summary)
+    }
+
+    /// Stops the fit when `loss` exceeds the divergence threshold times the
+    /// fit's first step's loss (`first`, read back once into `start`).
+    fn check_divergence(
+        &self,
+        loss: f64,
+        first: &Option<candle_core::Tensor>,
+        start: &mut Option<f64>,
+        step: usize,
+        epoch: usize,
+    ) -> Result<()> {
+        let (Some(factor), true) = (self.cfg.divergence_threshold, loss.is_finite()) else {
+            return Ok(());
+        };
+        let first = match (*start, first) {
+            (Some(v), _) => v,
+            (None, Some(t)) => {
+                let v = f64::from(
+                    self.reads
+                        .scalar::<f32>(&t.to_dtype(candle_core::DType::F32)?)?,
+                );
+                *start = Some(v);
+                v
+            }
+            (None, None) => return Ok(()),
+        };
+        // A start at zero (or below, for a loss of your own) has no scale to grow from.
+        if first > 0.0 && loss > factor * first {
+            return Err(Error::Diverged {
+                value: loss,
+                start: first,
+                ratio: loss / first,
+                factor,
+                step,
+                epoch,
+                lr: self.optimizer.lr(),
+            });
+        }
+        Ok(())
     }
 
     /// Back-propagates a micro-batch's loss into the parameters' gradients,

@@ -302,7 +302,8 @@ fn a_step_that_returns_a_non_scalar_loss_is_refused() -> R {
 #[test]
 fn each_trainer_counts_its_own_host_syncs() -> R {
     // Two fits at once: 3 steps, a log point each (3 reads) and an epoch end
-    // (1 read) give exactly 4/3 syncs a step to each, whatever the other does.
+    // (1 read), plus the first step's loss that the divergence guard reads
+    // once per fit, give exactly 5/3 syncs a step to each, whatever the other does.
     let fit = || -> anyhow::Result<f64> {
         let mut t = Trainer::builder()
             .config(TrainConfig {
@@ -319,7 +320,36 @@ fn each_trainer_counts_its_own_host_syncs() -> R {
     });
     for got in [a, b] {
         let got = got.map_err(|_| anyhow::anyhow!("fit panicked"))??;
-        assert_eq!(got, 4.0 / 3.0);
+        assert_eq!(got, 5.0 / 3.0);
     }
+    Ok(())
+}
+
+#[test]
+fn a_diverging_fit_stops_with_the_step_and_the_likely_cause() -> R {
+    let fit = |threshold: Option<f64>| -> anyhow::Result<redline_train::FitSummary> {
+        let mut t = Trainer::builder()
+            .config(TrainConfig {
+                validate: false,
+                divergence_threshold: threshold,
+                ..cfg(1, None)
+            })
+            .optimizer(redline_train::OptimizerConfig::by_name("adam", 1e6)?)
+            .build(Classifier::new(mlp(2)?), Device::cpu())?;
+        Ok(t.fit(&loader(classes(12)?, 4)?, None)?)
+    };
+    let err = fit(Some(1e3)).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("training diverged at step"), "{err}");
+    assert!(err.contains("lower --lr"), "{err}");
+    // Off, the same fit runs to its end.
+    assert!(fit(None).is_ok());
+    // A threshold that cannot work is refused when the trainer is built.
+    let bad = Trainer::builder()
+        .config(TrainConfig {
+            divergence_threshold: Some(0.5),
+            ..cfg(1, None)
+        })
+        .build(Classifier::new(mlp(2)?), Device::cpu());
+    assert!(bad.is_err());
     Ok(())
 }

@@ -164,6 +164,10 @@ pub struct TrainArgs {
     /// Log the total gradient norm before clipping (grad_norm) at log points and epochs.
     #[arg(long)]
     pub log_grad_norm: bool,
+    /// Stop (status failed, --save not written) when a logged training loss exceeds F times
+    /// the first step's; 0 turns the check off. NaN and infinite losses always stop.
+    #[arg(long, default_value_t = 1000.0, value_name = "F")]
+    pub divergence_threshold: f64,
     /// Seed for initialisation and shuffling; same seed, machine and threads give the same run bit for bit.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

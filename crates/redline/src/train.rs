@@ -224,6 +224,10 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if let Some(clip) = grad_clip(args) {
         clip.check()?;
     }
+    let f = args.divergence_threshold;
+    if f != 0.0 && !(f.is_finite() && f > 1.0) {
+        bail!("--divergence-threshold {f}: give a factor > 1, or 0 to turn the check off");
+    }
     if args.accumulate > 1 {
         println!(
             "  accumulating {} micro-batches of {} per optimizer step (effective batch {})",
@@ -280,6 +284,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             accumulate: args.accumulate,
             clip: grad_clip(args),
             log_grad_norm: args.log_grad_norm,
+            divergence_threshold: (args.divergence_threshold != 0.0)
+                .then_some(args.divergence_threshold),
             validate: !args.no_validate,
             empty_cache: args.empty_cache,
         })

@@ -90,3 +90,45 @@ fn bad_clipping_and_accumulation_are_refused_before_the_run_folder() {
     assert!(m.contains("cannot be used with"), "{m}");
     assert!(!run.exists(), "a refused run leaves no folder");
 }
+
+#[test]
+fn a_diverging_run_stops_fails_and_leaves_the_save_file_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let save = dir.path().join("w.safetensors");
+    std::fs::write(&save, "the weights of an earlier run").unwrap();
+    let args = [
+        "train",
+        "--lr",
+        "1e6",
+        "--max-steps",
+        "100",
+        "--log-every",
+        "10",
+        "--device",
+        "cpu",
+        "--monitor-interval",
+        "0",
+        "--save",
+        save.to_str().unwrap(),
+        "--run-dir",
+        run.to_str().unwrap(),
+    ];
+    let m = fails(&args);
+    assert!(
+        m.contains("training diverged at step 10") && m.contains("lower --lr"),
+        "{m}"
+    );
+    let kept = std::fs::read_to_string(&save).unwrap();
+    assert_eq!(kept, "the weights of an earlier run");
+    let summary = json(&run.join("summary.json"));
+    assert_eq!(summary["status"], "failed", "{summary}");
+    // Turned off, the same run goes on to the end (and is saved).
+    let mut off = args.to_vec();
+    let run2 = dir.path().join("run2");
+    let n = off.len();
+    off[n - 1] = run2.to_str().unwrap();
+    off.extend_from_slice(&["--divergence-threshold", "0", "--max-steps", "20"]);
+    ok(&off);
+    assert_ne!(std::fs::read(&save).unwrap(), kept.as_bytes());
+}

@@ -338,7 +338,10 @@ fn a_diverging_fit_stops_with_the_step_and_the_likely_cause() -> R {
             .build(Classifier::new(mlp(2)?), Device::cpu())?;
         Ok(t.fit(&loader(classes(12)?, 4)?, None)?)
     };
-    let err = fit(Some(1e3)).err().map(|e| e.to_string()).unwrap_or_default();
+    let err = fit(Some(1e3))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
     assert!(err.contains("training diverged at step"), "{err}");
     assert!(err.contains("lower --lr"), "{err}");
     // Off, the same fit runs to its end.

@@ -380,14 +380,11 @@ fn devices_table(
 
 /// `redline monitor`: GPUs through NVML and the host, refreshed like nvidia-smi.
 pub fn monitor(args: &MonitorArgs) -> anyhow::Result<()> {
-    if !(args.interval > 0.0 && args.interval.is_finite()) {
-        anyhow::bail!(
-            "--interval {}: give seconds > 0, e.g. --interval 0.5",
-            args.interval
-        );
+    if args.interval == 0.0 {
+        anyhow::bail!("--interval 0: give seconds > 0, e.g. --interval 0.5");
     }
     let opts = redline_monitor::MonitorOptions {
-        interval: std::time::Duration::from_secs_f64(args.interval),
+        interval: seconds("--interval", args.interval)?,
         once: args.once,
         json: args.json,
         csv: args.csv.clone(),
@@ -408,4 +405,34 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<()> {
     let rows = redline_report::list_runs(&args.root)?;
     print!("{}", redline_report::format_runs(&rows));
     Ok(())
+}
+
+/// The longest interval a flag takes: a day.
+pub const MAX_INTERVAL_S: f64 = 86_400.0;
+
+/// `value` seconds of flag `flag` as a duration: 0 to a day, else an error
+/// that names the flag (a huge value would overflow `Duration`).
+pub fn seconds(flag: &str, value: f64) -> anyhow::Result<std::time::Duration> {
+    if !(value.is_finite() && (0.0..=MAX_INTERVAL_S).contains(&value)) {
+        anyhow::bail!(
+            "{flag} {value:?}: give seconds from 0 to {MAX_INTERVAL_S} (a day), e.g. {flag} 0.5"
+        );
+    }
+    Ok(std::time::Duration::from_secs_f64(value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals_are_bounded_not_overflowed() {
+        assert!(seconds("--interval", 1e300).is_err());
+        assert!(seconds("--interval", -1.0).is_err());
+        assert!(seconds("--interval", f64::NAN).is_err());
+        assert_eq!(
+            seconds("--interval", 0.5).ok(),
+            Some(std::time::Duration::from_millis(500))
+        );
+    }
 }

@@ -107,11 +107,20 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         bail!("--batch-size and --eval-batch-size must be at least 1");
     }
     let mode: Mode = args.profiler.parse()?;
-    if !(args.monitor_interval >= 0.0 && args.monitor_interval.is_finite()) {
+    // 0 turns sampling off.
+    let monitor_every = crate::cli::seconds("--monitor-interval", args.monitor_interval)?;
+    if args.prefetch > MAX_PREFETCH {
         bail!(
-            "--monitor-interval {}: give seconds >= 0 (0 turns sampling off)",
-            args.monitor_interval
+            "--prefetch {}: at most {MAX_PREFETCH} batches ahead (each one is a whole batch held \
+             in memory)\nHINT: 2 to 4 keeps a device fed; more only helps a loader that stalls \
+             now and then",
+            args.prefetch
         );
+    }
+    for (flag, path) in [("--save", &args.save), ("--metrics", &args.metrics)] {
+        if let Some(path) = path {
+            check_writable(flag, path)?;
+        }
     }
 
     let data = data_options(args)?;
@@ -257,12 +266,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         ),
     )?;
     let log = RunLog::create(&dir)?;
-    let sampler = (args.monitor_interval > 0.0).then(|| {
-        Sampler::start_with(
-            Duration::from_secs_f64(args.monitor_interval),
-            log.system_callback(),
-        )
-    });
+    let sampler = (args.monitor_interval > 0.0)
+        .then(|| Sampler::start_with(monitor_every, log.system_callback()));
     let free_cores = redline_core::threads::last_free_cores()
         .unwrap_or_else(|| redline_core::threads::measure_free_cores(Duration::from_millis(100)));
     let mut head = json!({
@@ -426,4 +431,37 @@ fn grad_clip(args: &TrainArgs) -> Option<GradClip> {
         (None, Some(limit)) => Some(GradClip::Value { limit }),
         (None, None) => None,
     }
+}
+
+/// The most batches `--prefetch` may keep ahead.
+const MAX_PREFETCH: usize = 64;
+
+/// Refuses an output path that cannot be written, before any training (a
+/// folder, a read-only place): creates and removes a probe file beside it.
+/// Missing parent folders are created, as writing the file would.
+fn check_writable(flag: &str, path: &Path) -> anyhow::Result<()> {
+    let hint = "HINT: give a file path in a folder you can write";
+    if path.is_dir() {
+        bail!("{flag} {}: is a folder, not a file\n{hint}", path.display());
+    }
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).with_context(|| {
+        format!(
+            "{flag} {}: cannot create its folder\n{hint}",
+            path.display()
+        )
+    })?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    let probe = parent.join(format!(".{name}.probe-{}", std::process::id()));
+    std::fs::write(&probe, b"")
+        .with_context(|| format!("{flag} {}: cannot write there\n{hint}", path.display()))?;
+    std::fs::remove_file(&probe)
+        .with_context(|| format!("{flag}: removing the probe {}", probe.display()))?;
+    Ok(())
 }

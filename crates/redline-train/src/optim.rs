@@ -95,35 +95,7 @@ impl OptimizerConfig {
     /// Checks ranges, then builds the optimizer over `params` (shared
     /// handles: it reads their gradients and updates their variables).
     pub fn build(&self, params: Vec<Param>) -> Result<Optimizer> {
-        let bad = |m: String| Err(Error::Config(m));
-        if !(self.lr().is_finite() && self.lr() >= 0.0) {
-            return bad(format!("--lr {}: must be a finite number >= 0", self.lr()));
-        }
-        match self {
-            Self::Adam { betas, eps, .. } | Self::AdamW { betas, eps, .. } => {
-                for b in [betas.0, betas.1] {
-                    if !(0.0..1.0).contains(&b) {
-                        return bad(format!("Adam beta {b}: must be in [0, 1)"));
-                    }
-                }
-                if *eps < 0.0 {
-                    return bad(format!("Adam eps {eps}: must be >= 0"));
-                }
-            }
-            Self::Sgd {
-                momentum,
-                dampening,
-                nesterov,
-                ..
-            } => {
-                if *momentum < 0.0 {
-                    return bad(format!("--momentum {momentum}: must be >= 0"));
-                }
-                if *nesterov && (*momentum <= 0.0 || *dampening != 0.0) {
-                    return bad("--nesterov needs --momentum > 0 and zero dampening".into());
-                }
-            }
-        }
+        self.check()?;
         Ok(Optimizer {
             cfg: self.clone(),
             state: params
@@ -136,6 +108,51 @@ impl OptimizerConfig {
                 .collect(),
             step: 0,
         })
+    }
+
+    /// Refuses settings that cannot work (negative or non-finite rates and
+    /// decays, betas outside [0, 1), Nesterov without momentum).
+    pub fn check(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(m));
+        if !(self.lr().is_finite() && self.lr() >= 0.0) {
+            return bad(format!("--lr {}: must be a finite number >= 0", self.lr()));
+        }
+        let wd = match self {
+            Self::Adam { weight_decay, .. }
+            | Self::AdamW { weight_decay, .. }
+            | Self::Sgd { weight_decay, .. } => *weight_decay,
+        };
+        if !(wd.is_finite() && wd >= 0.0) {
+            return bad(format!("--weight-decay {wd}: must be a finite number >= 0"));
+        }
+        match self {
+            Self::Adam { betas, eps, .. } | Self::AdamW { betas, eps, .. } => {
+                for b in [betas.0, betas.1] {
+                    if !(0.0..1.0).contains(&b) {
+                        return bad(format!("Adam beta {b}: must be in [0, 1)"));
+                    }
+                }
+                if !(eps.is_finite() && *eps >= 0.0) {
+                    return bad(format!("--eps {eps}: must be a finite number >= 0"));
+                }
+            }
+            Self::Sgd {
+                momentum,
+                dampening,
+                nesterov,
+                ..
+            } => {
+                if !(momentum.is_finite() && *momentum >= 0.0) {
+                    return bad(format!(
+                        "--momentum {momentum}: must be a finite number >= 0"
+                    ));
+                }
+                if *nesterov && (*momentum <= 0.0 || *dampening != 0.0) {
+                    return bad("--nesterov needs --momentum > 0 and zero dampening".into());
+                }
+            }
+        }
+        Ok(())
     }
 }
 

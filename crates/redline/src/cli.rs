@@ -130,25 +130,25 @@ pub struct TrainArgs {
     #[arg(long, default_value = "adam")]
     pub optimizer: String,
     /// Learning rate.
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1e-3)]
     pub lr: f64,
     /// Momentum (sgd).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
     pub momentum: f64,
     /// Nesterov momentum (sgd; needs --momentum > 0).
     #[arg(long)]
     pub nesterov: bool,
     /// Weight decay [default: 0 for adam/sgd, 0.01 for adamw].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub weight_decay: Option<f64>,
     /// Adam/AdamW beta1.
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.9)]
     pub beta1: f64,
     /// Adam/AdamW beta2.
-    #[arg(long, default_value_t = 0.999)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.999)]
     pub beta2: f64,
     /// Adam/AdamW epsilon.
-    #[arg(long, default_value_t = 1e-8)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1e-8)]
     pub eps: f64,
     /// Micro-batches whose gradients add up before each optimizer step (Lightning's
     /// accumulate_grad_batches): N micro-batches of --batch-size step as one batch of N times it.
@@ -166,7 +166,12 @@ pub struct TrainArgs {
     pub log_grad_norm: bool,
     /// Stop (status failed, --save not written) when a logged training loss exceeds F times
     /// the first step's; 0 turns the check off. NaN and infinite losses always stop.
-    #[arg(long, default_value_t = 1000.0, value_name = "F")]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        default_value_t = 1000.0,
+        value_name = "F"
+    )]
     pub divergence_threshold: f64,
     /// Seed for initialisation and shuffling; same seed, machine and threads give the same run bit for bit.
     #[arg(long, default_value_t = 0)]
@@ -187,10 +192,10 @@ pub struct TrainArgs {
     #[arg(long)]
     pub empty_cache: bool,
     /// Normalisation mean, after scaling pixels to [0, 1].
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.5)]
     pub mean: f32,
     /// Normalisation standard deviation.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.5)]
     pub std: f32,
     /// Read the loss back every N steps (the loop itself never waits on the device).
     #[arg(long, default_value_t = 50)]
@@ -215,7 +220,12 @@ pub struct TrainArgs {
     #[arg(long, default_value = "off", value_name = "MODE")]
     pub profiler: String,
     /// Seconds between system samples (CPU, memory, GPUs) during training; 0: none.
-    #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        default_value_t = 1.0,
+        value_name = "SECONDS"
+    )]
     pub monitor_interval: f64,
     /// Run folder [default: runs/<date-time>-<model>].
     #[arg(long, value_name = "DIR")]
@@ -227,11 +237,21 @@ pub struct TrainArgs {
     pub config: Option<PathBuf>,
 }
 
+/// The flags a `--config` file contributed: the file and its keys.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigFlags {
+    /// The file, when `--config` was given.
+    pub file: Option<PathBuf>,
+    /// Its keys (flag names without `--`).
+    pub keys: Vec<String>,
+}
+
 /// Expands `redline train --config FILE`: the file's flags are inserted right
-/// after `train`, so flags on the command line (later, and overriding) win.
-pub fn expand_config(argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
+/// after `train` as `--key=value` (so negative numbers stay values), and flags
+/// on the command line (later, and overriding) win.
+pub fn expand_config(argv: Vec<OsString>) -> anyhow::Result<(Vec<OsString>, ConfigFlags)> {
     let Some(train_at) = argv.iter().position(|a| a == "train") else {
-        return Ok(argv);
+        return Ok((argv, ConfigFlags::default()));
     };
     let mut file = None;
     for (i, a) in argv.iter().enumerate().skip(train_at + 1) {
@@ -243,7 +263,7 @@ pub fn expand_config(argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
         }
     }
     let Some(file) = file else {
-        return Ok(argv);
+        return Ok((argv, ConfigFlags::default()));
     };
     let text = std::fs::read_to_string(&file)
         .with_context(|| format!("--config {}: cannot read it", file.display()))?;
@@ -254,24 +274,50 @@ pub fn expand_config(argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
         )
     })?;
     let mut flags: Vec<OsString> = Vec::new();
+    let mut keys = Vec::new();
     for (key, value) in table {
-        let flag = OsString::from(format!("--{key}"));
+        let flag = format!("--{key}");
         match value {
-            toml::Value::Boolean(true) => flags.push(flag),
+            toml::Value::Boolean(true) => flags.push(flag.into()),
             toml::Value::Boolean(false) => {}
-            toml::Value::String(s) => flags.extend([flag, s.into()]),
-            toml::Value::Integer(i) => flags.extend([flag, i.to_string().into()]),
-            toml::Value::Float(x) => flags.extend([flag, x.to_string().into()]),
+            toml::Value::String(s) => flags.push(format!("{flag}={s}").into()),
+            toml::Value::Integer(i) => flags.push(format!("{flag}={i}").into()),
+            toml::Value::Float(x) => flags.push(format!("{flag}={x}").into()),
             other => anyhow::bail!(
                 "--config {}: `{key}` has a value of type {} that no flag takes",
                 file.display(),
                 other.type_str()
             ),
         }
+        keys.push(key);
     }
     let mut out = argv;
     out.splice(train_at + 1..train_at + 1, flags);
-    Ok(out)
+    Ok((
+        out,
+        ConfigFlags {
+            file: Some(file),
+            keys,
+        },
+    ))
+}
+
+/// The config key a parse error is about, when it came from `config`'s file
+/// (`lr` for an invalid `--lr` value, or an unknown key).
+pub fn config_key_of(err: &clap::Error, config: &ConfigFlags) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue};
+    let arg = match err.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(s)) => s.clone(),
+        _ => return None,
+    };
+    // "--lr <LR>" or "--no-such=1" -> "lr" / "no-such"
+    let name = arg
+        .trim_start_matches("--")
+        .split([' ', '='])
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    config.keys.contains(&name).then_some(name)
 }
 
 /// Flags of `redline devices`.

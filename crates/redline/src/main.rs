@@ -34,10 +34,22 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();
-    let result = cli::expand_config(std::env::args_os().collect()).and_then(|argv| {
+    let result = cli::expand_config(std::env::args_os().collect()).and_then(|(argv, config)| {
         match cli::Cli::try_parse_from(argv) {
             Ok(args) => dispatch(args.command),
-            Err(e) => e.exit(),
+            Err(e) => match (cli::config_key_of(&e, &config), &config.file) {
+                // A bad value read from a --config file: say which file and key.
+                (Some(key), Some(file)) => {
+                    eprint!("{}", e.render());
+                    eprintln!(
+                        "  in --config {}: the key `{key}`\nHINT: fix or remove `{key}` in that \
+                         file, or pass --{key} on the command line to override it",
+                        file.display()
+                    );
+                    std::process::exit(2)
+                }
+                _ => e.exit(),
+            },
         }
     });
     match result {

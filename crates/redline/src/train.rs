@@ -87,6 +87,14 @@ fn optimizer(args: &TrainArgs) -> anyhow::Result<OptimizerConfig> {
     if args.nesterov && !matches!(cfg, OptimizerConfig::Sgd { .. }) {
         bail!("--nesterov applies to --optimizer sgd only");
     }
+    if args.momentum != 0.0 && !matches!(cfg, OptimizerConfig::Sgd { .. }) {
+        bail!(
+            "--momentum applies to --optimizer sgd only\nHINT: Adam's momentum is --beta1 (now {})",
+            args.beta1
+        );
+    }
+    // Checked now, before any data is read or a run folder exists.
+    cfg.check()?;
     Ok(cfg)
 }
 
@@ -251,6 +259,11 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     // A model file is copied into the run folder, and the config names the
     // copy: the run re-runs from its folder even after the file changes.
     let mut recorded = args.clone();
+    // Paths are recorded absolute, so the config re-runs from any folder.
+    recorded.data = Some(std::path::absolute(&data_dir)?);
+    if let Some(init) = &args.init {
+        recorded.init = Some(std::path::absolute(init)?);
+    }
     if args.model.ends_with(".toml") {
         let copy = std::path::absolute(dir.join("model.toml"))?;
         std::fs::copy(&args.model, &copy)

@@ -59,3 +59,81 @@ fn a_save_target_that_cannot_be_written_is_refused_before_training() {
     let entries: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert_eq!(entries.len(), 2, "no probe files left behind");
 }
+
+#[test]
+fn a_config_with_negative_values_reruns_from_another_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run, rerun) = (dir.path().join("run"), dir.path().join("rerun"));
+    let args = [
+        "train",
+        "--data",
+        "data/tables/wine.csv",
+        "--mean",
+        "-0.5",
+        "--epochs",
+        "2",
+        "--device",
+        "cpu",
+        "--monitor-interval",
+        "0",
+        "--run-dir",
+        run.to_str().unwrap(),
+    ];
+    common::ok(&args);
+    let config = run.join("config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains("mean = -0.5"), "{text}");
+    // Re-run from a folder that is not the repository: the data path is absolute.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_redline"))
+        .args(["train", "--config", config.to_str().unwrap(), "--run-dir"])
+        .arg(&rerun)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let a = common::json(&run.join("summary.json"));
+    let b = common::json(&rerun.join("summary.json"));
+    assert_eq!(a["val_loss"], b["val_loss"], "the same run again");
+}
+
+#[test]
+fn a_bad_value_in_a_config_file_names_the_file_and_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(&config, "epochs = 1\nlr = \"fast\"\n").unwrap();
+    let m = fails(&["train", "--config", config.to_str().unwrap()]);
+    assert!(
+        m.contains("--config") && m.contains("c.toml") && m.contains("the key `lr`"),
+        "{m}"
+    );
+    std::fs::write(&config, "epochs = 1\nlearning-rate = 0.1\n").unwrap();
+    let m = fails(&["train", "--config", config.to_str().unwrap()]);
+    assert!(m.contains("the key `learning-rate`"), "{m}");
+}
+
+#[test]
+fn optimizer_flags_that_cannot_work_are_refused_before_the_run_folder() {
+    for (flags, says) in [
+        (
+            &["--weight-decay", "-0.1"][..],
+            "--weight-decay -0.1: must be",
+        ),
+        (&["--lr=-0.01"][..], "--lr -0.01: must be"),
+        (
+            &["--momentum", "0.9"][..],
+            "--momentum applies to --optimizer sgd only",
+        ),
+        (&["--beta1", "1"][..], "must be in [0, 1)"),
+        (
+            &["--optimizer", "sgd", "--nesterov"][..],
+            "--nesterov needs --momentum > 0",
+        ),
+    ] {
+        let m = refused(flags);
+        assert!(m.contains(says), "{flags:?}: {m}");
+    }
+}

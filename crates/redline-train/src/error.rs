@@ -44,6 +44,14 @@ pub enum Error {
         /// Learning rate at that point.
         lr: f64,
     },
+    /// The fit was asked to stop (a signal): it ended after a whole step.
+    #[error("interrupted after step {step} (epoch {epoch})")]
+    Interrupted {
+        /// The last step completed (0 in a validation or test pass).
+        step: usize,
+        /// Its epoch.
+        epoch: usize,
+    },
     /// The device ran out of memory.
     #[error(
         "{device} ran out of memory at batch size {batch_size}: {detail}\nHINT: use a smaller \

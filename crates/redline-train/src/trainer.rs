@@ -1,6 +1,8 @@
 //! The trainer: fit, validate, test. Built by a by-value builder; the loop emits
 //! [`Event`]s to callbacks and reads device values only at log points.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use redline_core::host::HostReads;
@@ -84,9 +86,18 @@ pub struct TrainerBuilder {
     callbacks: Vec<Box<dyn Callback>>,
     model_name: String,
     profiler: Mode,
+    stop: Option<Arc<AtomicBool>>,
 }
 
 impl TrainerBuilder {
+    /// A flag the loop polls after every step (and validation batch): once
+    /// set, the fit ends with [`Error::Interrupted`] (the CLI sets it from
+    /// SIGINT/SIGTERM).
+    pub fn stop_when(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.stop = Some(flag);
+        self
+    }
+
     /// What the profiler records (the breakdown is always measured).
     pub fn profiler(mut self, mode: Mode) -> Self {
         self.profiler = mode;
@@ -186,6 +197,7 @@ impl TrainerBuilder {
             profile_mode: self.profiler,
             profiler: None,
             reads: HostReads::new(),
+            stop: self.stop,
         })
     }
 }
@@ -204,6 +216,8 @@ pub struct Trainer {
     profiler: Option<Profiler>,
     /// This trainer's reads of tensors to the host (`host_syncs_per_step`).
     reads: HostReads,
+    /// Set from outside to stop the fit after the current step.
+    stop: Option<Arc<AtomicBool>>,
 }
 
 impl Trainer {
@@ -220,6 +234,7 @@ impl Trainer {
             callbacks: Vec::new(),
             model_name: "model".into(),
             profiler: Mode::Off,
+            stop: None,
         }
     }
 
@@ -403,6 +418,7 @@ impl Trainer {
                     window_start = Instant::now();
                 }
                 prof.end_step();
+                self.check_stop(step, epoch)?;
                 if step >= total_steps {
                     break;
                 }
@@ -464,6 +480,14 @@ impl Trainer {
         prof.switch(Action::Logging);
         self.emit(&Event::FitEnd(&summary));
         Ok(summary)
+    }
+
+    /// [`Error::Interrupted`] once the stop flag is set.
+    fn check_stop(&self, step: usize, epoch: usize) -> Result<()> {
+        match &self.stop {
+            Some(flag) if flag.load(Ordering::Relaxed) => Err(Error::Interrupted { step, epoch }),
+            _ => Ok(()),
+        }
     }
 
     /// Stops the fit when `loss` exceeds the divergence threshold times the
@@ -578,6 +602,7 @@ impl Trainer {
         let start = Instant::now();
         let mut sums = Running::new(self.device.candle())?;
         for batch in loader.epoch(0) {
+            self.check_stop(0, 0)?;
             let out = checked(self.module.validation_step(&batch?)?)?;
             let loss_sum = batch_loss_sum(&out.loss, out.samples)?;
             sums.add(&loss_sum, out.samples, &out.metrics)?;

@@ -356,3 +356,21 @@ fn a_diverging_fit_stops_with_the_step_and_the_likely_cause() -> R {
     assert!(bad.is_err());
     Ok(())
 }
+
+#[test]
+fn a_set_stop_flag_ends_the_fit_after_a_whole_step() -> R {
+    let flag = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let mut t = Trainer::builder()
+        .config(cfg(1, None))
+        .stop_when(Arc::clone(&flag))
+        .build(Classifier::new(mlp(2)?), Device::cpu())?;
+    let err = t.fit(&loader(classes(12)?, 4)?, None).err();
+    assert!(
+        matches!(
+            err,
+            Some(redline_train::Error::Interrupted { step: 1, epoch: 1 })
+        ),
+        "{err:?}"
+    );
+    Ok(())
+}

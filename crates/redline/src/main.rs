@@ -62,6 +62,11 @@ fn main() -> ExitCode {
             }) {
                 return ExitCode::SUCCESS;
             }
+            // A signal's graceful stop: the shell's exit code for it (130, 143).
+            if let Some(stopped) = err.downcast_ref::<train::Stopped>() {
+                eprintln!("{stopped}");
+                return ExitCode::from(u8::try_from(128 + stopped.signal).unwrap_or(1));
+            }
             eprintln!("error: {err}");
             for cause in err.chain().skip(1) {
                 eprintln!("  caused by: {cause}");

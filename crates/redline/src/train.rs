@@ -1,6 +1,7 @@
 //! `redline train`: resolve flags into configs, build, fit, report, save.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -313,6 +314,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.metrics {
         builder = builder.callback(Box::new(JsonlMetrics::create(path)?));
     }
+    let stop = stop_on_signals()?;
+    builder = builder.stop_when(Arc::clone(&stop.flag));
     let mut trainer = builder.build(step_kind.step(model), device)?;
     // Lightning's `trainer.test` after `fit`: the test split, reported as test_*.
     let fit = trainer
@@ -341,6 +344,13 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     }
     let profile = trainer.finish_profile();
     let outcome = match (fit, saved) {
+        (Err(redline_train::Error::Interrupted { step, epoch }), _) => {
+            Err(anyhow::Error::new(Stopped {
+                signal: stop.signal.load(Ordering::Relaxed) as i32,
+                step,
+                epoch,
+            }))
+        }
         (Err(e), _) => Err(anyhow::Error::from(e)),
         (Ok(_), Some(Err(e))) => Err(e),
         (Ok(f), _) => Ok(f),
@@ -391,6 +401,9 @@ fn finish<T>(
     if let serde_json::Value::Object(m) = &mut summary {
         let (status, error) = match outcome {
             Ok(_) => ("finished", serde_json::Value::Null),
+            Err(e) if e.downcast_ref::<Stopped>().is_some() => {
+                ("interrupted", json!(format!("{e:#}")))
+            }
             Err(e) => ("failed", json!(format!("{e:#}"))),
         };
         m.insert("status".into(), json!(status));
@@ -477,4 +490,58 @@ fn check_writable(flag: &str, path: &Path) -> anyhow::Result<()> {
     std::fs::remove_file(&probe)
         .with_context(|| format!("{flag}: removing the probe {}", probe.display()))?;
     Ok(())
+}
+
+/// A run stopped by SIGINT or SIGTERM after a whole step; the process exits
+/// with 128 + the signal number, as a shell reports a killed command.
+#[derive(Debug)]
+pub struct Stopped {
+    /// The signal (2: SIGINT, 15: SIGTERM).
+    pub signal: i32,
+    /// The last step completed (0 in a validation or test pass).
+    pub step: usize,
+    /// Its epoch.
+    pub epoch: usize,
+}
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self.signal {
+            signal_hook::consts::SIGINT => "SIGINT",
+            signal_hook::consts::SIGTERM => "SIGTERM",
+            _ => "a signal",
+        };
+        write!(
+            f,
+            "interrupted by {name} after step {} (epoch {}): the run folder has its records, \
+             summary and report; --save was not written",
+            self.step, self.epoch
+        )
+    }
+}
+
+impl std::error::Error for Stopped {}
+
+/// The flag the training loop polls, set by SIGINT or SIGTERM, and which one.
+struct StopFlags {
+    flag: Arc<AtomicBool>,
+    signal: Arc<AtomicUsize>,
+}
+
+/// Turns the first SIGINT/SIGTERM into a graceful stop (the current step
+/// finishes, everything is written); a second one exits at once.
+fn stop_on_signals() -> anyhow::Result<StopFlags> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let flags = StopFlags {
+        flag: Arc::new(AtomicBool::new(false)),
+        signal: Arc::new(AtomicUsize::new(0)),
+    };
+    for sig in [SIGINT, SIGTERM] {
+        // Registered first, so it sees the flag as the previous signal left it.
+        signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(&flags.flag))
+            .context("installing the signal handlers")?;
+        signal_hook::flag::register(sig, Arc::clone(&flags.flag))?;
+        signal_hook::flag::register_usize(sig, Arc::clone(&flags.signal), sig as usize)?;
+    }
+    Ok(flags)
 }

@@ -137,3 +137,53 @@ fn optimizer_flags_that_cannot_work_are_refused_before_the_run_folder() {
         assert!(m.contains(says), "{flags:?}: {m}");
     }
 }
+
+#[test]
+fn sigterm_finishes_the_step_writes_everything_and_exits_143() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("runs/one");
+    let save = dir.path().join("w.safetensors");
+    std::fs::write(&save, "earlier").unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_redline"))
+        .args([
+            "train",
+            "--epochs",
+            "50",
+            "--device",
+            "cpu",
+            "--monitor-interval",
+            "0",
+        ])
+        .arg("--save")
+        .arg(&save)
+        .arg("--run-dir")
+        .arg(&run)
+        .current_dir(common::root())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until training has logged a step, then ask it to stop.
+    let metrics = run.join("metrics.jsonl");
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(&metrics).is_ok_and(|t| t.contains("\"kind\":\"step\"")) {
+        assert!(started.elapsed().as_secs() < 120, "no step logged");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let pid = child.id().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{stderr}");
+    assert!(stderr.contains("interrupted by SIGTERM"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&save).unwrap(), "earlier");
+    let summary = common::json(&run.join("summary.json"));
+    assert_eq!(summary["status"], "interrupted", "{summary}");
+    assert!(run.join("report.html").is_file());
+    let listing = common::ok(&["runs", dir.path().join("runs").to_str().unwrap()]);
+    assert!(listing.contains("interrupted"), "{listing}");
+}

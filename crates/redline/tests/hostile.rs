@@ -144,7 +144,7 @@ fn sigterm_finishes_the_step_writes_everything_and_exits_143() {
     let run = dir.path().join("runs/one");
     let save = dir.path().join("w.safetensors");
     std::fs::write(&save, "earlier").unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_redline"))
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_redline"))
         .args([
             "train",
             "--epochs",

@@ -40,7 +40,7 @@ pub fn conv2d_param(x: &Tensor, w: &Param, b: &Param, padding: usize) -> Result<
     conv2d_with(x, w.as_tensor(), b.as_tensor(), padding, buffers)
 }
 
-fn conv2d_with(
+pub(crate) fn conv2d_with(
     x: &Tensor,
     w: &Tensor,
     b: &Tensor,

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use crate::conv::{conv2d, Geom};
+use crate::conv::{conv2d_with, Geom};
 use crate::conv_backward::{backward, Unpool, NO_GRAD};
 use crate::error::Result;
 use crate::grad::{layer_buffers, Param, ParamBuffers};
@@ -42,11 +42,7 @@ pub fn conv2d_pool_relu(
     padding: usize,
     k: usize,
 ) -> Result<Tensor> {
-    let geom = Geom::new(x, w, b, padding)?;
-    if !(1..16).contains(&k) || ![x, w, b].into_iter().all(fused_cpu) {
-        return Ok(max_pool2d(&conv2d(x, w, b, padding)?, k)?.relu()?);
-    }
-    block(geom, x, w, b, k, None)
+    pool_relu_with(x, w, b, padding, k, None)
 }
 
 /// [`conv2d_pool_relu`] over parameters: where the fused kernel runs, its
@@ -59,13 +55,24 @@ pub fn conv2d_pool_relu_param(
     padding: usize,
     k: usize,
 ) -> Result<Tensor> {
-    let (wt, bt) = (w.as_tensor(), b.as_tensor());
-    let geom = Geom::new(x, wt, bt, padding)?;
-    if !(1..16).contains(&k) || ![x, wt, bt].into_iter().all(fused_cpu) {
-        let y = crate::conv::conv2d_param(x, w, b, padding)?;
+    let buffers = layer_buffers(w, b);
+    pool_relu_with(x, w.as_tensor(), b.as_tensor(), padding, k, buffers)
+}
+
+fn pool_relu_with(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    padding: usize,
+    k: usize,
+    buffers: Option<ParamBuffers>,
+) -> Result<Tensor> {
+    let geom = Geom::new(x, w, b, padding)?;
+    if !(1..16).contains(&k) || ![x, w, b].into_iter().all(fused_cpu) {
+        let y = conv2d_with(x, w, b, padding, buffers)?;
         return Ok(max_pool2d(&y, k)?.relu()?);
     }
-    block(geom, x, wt, bt, k, layer_buffers(w, b))
+    block(geom, x, w, b, k, buffers)
 }
 
 fn block(
@@ -257,6 +264,7 @@ impl CustomOp3 for BlockOp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conv2d;
     use candle_core::{Device, Var};
 
     fn data(dims: &[usize], seed: f32) -> Result<Tensor> {

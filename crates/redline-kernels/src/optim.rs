@@ -23,6 +23,7 @@ use candle_core::{bail, CpuStorage, InplaceOp1, InplaceOp2, Layout, Tensor};
 use pulp::{Simd, WithSimd};
 
 use crate::error::Result;
+use crate::grad::GradRef;
 use crate::optim_math::{self, AdamConsts, SgdConsts};
 use crate::slices::{f32s, f32s_mut, fused_cpu};
 use redline_core::trace;
@@ -70,48 +71,27 @@ pub struct SlotState {
 
 /// Applies one Adam/AdamW update to `param` in place. Returns `Ok(false)`
 /// without touching anything when the fused kernel does not cover the device
-/// or dtype (the caller then uses the generic path).
+/// or dtype (the caller then uses the generic path, [`adam_tensors`]).
 pub fn adam_step(
     param: &Tensor,
-    grad: &Tensor,
+    grad: GradRef<'_>,
     state: &mut SlotState,
     hp: AdamStep,
 ) -> Result<bool> {
-    update(param, Grad::Tensor(grad), state, Kind::Adam(hp))
+    update(param, grad, state, Kind::Adam(hp))
 }
 
 /// Applies one SGD update in place; `Ok(false)` as for [`adam_step`].
-pub fn sgd_step(param: &Tensor, grad: &Tensor, state: &mut SlotState, hp: SgdStep) -> Result<bool> {
-    update(param, Grad::Tensor(grad), state, Kind::Sgd(hp))
-}
-
-/// [`adam_step`] with the gradient read from a host slice (a
-/// [`GradBuffer`](crate::grad::GradBuffer)'s contents).
-pub fn adam_step_from(
+pub fn sgd_step(
     param: &Tensor,
-    grad: &[f32],
-    state: &mut SlotState,
-    hp: AdamStep,
-) -> Result<bool> {
-    update(param, Grad::Slice(grad), state, Kind::Adam(hp))
-}
-
-/// [`sgd_step`] with the gradient read from a host slice.
-pub fn sgd_step_from(
-    param: &Tensor,
-    grad: &[f32],
+    grad: GradRef<'_>,
     state: &mut SlotState,
     hp: SgdStep,
 ) -> Result<bool> {
-    update(param, Grad::Slice(grad), state, Kind::Sgd(hp))
+    update(param, grad, state, Kind::Sgd(hp))
 }
 
-enum Grad<'a> {
-    Tensor(&'a Tensor),
-    Slice(&'a [f32]),
-}
-
-fn update(param: &Tensor, grad: Grad<'_>, state: &mut SlotState, kind: Kind) -> Result<bool> {
+fn update(param: &Tensor, grad: GradRef<'_>, state: &mut SlotState, kind: Kind) -> Result<bool> {
     if !(fused_cpu(param) && param.is_contiguous()) {
         return Ok(false);
     }
@@ -120,9 +100,9 @@ fn update(param: &Tensor, grad: Grad<'_>, state: &mut SlotState, kind: Kind) -> 
         kind,
     };
     match grad {
-        Grad::Tensor(g) if fused_cpu(g) => param.inplace_op2(&g.contiguous()?, &op)?,
-        Grad::Tensor(_) => return Ok(false),
-        Grad::Slice(g) => param.inplace_op1(&FromSlice { g, op })?,
+        GradRef::Tensor(g) if fused_cpu(g) => param.inplace_op2(&g.contiguous()?, &op)?,
+        GradRef::Tensor(_) => return Ok(false),
+        GradRef::Host(g) => param.inplace_op1(&FromSlice { g, op })?,
     }
     Ok(true)
 }
@@ -335,7 +315,7 @@ mod tests {
             decoupled: false,
             step: 1,
         };
-        assert!(adam_step(&p, &g, &mut st, hp)?);
+        assert!(adam_step(&p, GradRef::Tensor(&g), &mut st, hp)?);
         let got = p.to_vec1::<f32>()?;
         for (x, want) in got.iter().zip([0.99f32, -1.99, 0.49]) {
             assert!((x - want).abs() < 1e-6, "{got:?}");
@@ -363,13 +343,13 @@ mod tests {
         let mut st = SlotState::default();
         assert!(adam_step(
             &p,
-            &Tensor::new(&[0.5f32, 0.5], &Device::Cpu)?,
+            GradRef::Tensor(&Tensor::new(&[0.5f32, 0.5], &Device::Cpu)?),
             &mut st,
             adam_hp(1)
         )?);
         let zero = Tensor::new(&[0f32, 0.5], &Device::Cpu)?;
         for step in 2..=2000 {
-            adam_step(&p, &zero, &mut st, adam_hp(step))?;
+            adam_step(&p, GradRef::Tensor(&zero), &mut st, adam_hp(step))?;
             for x in st.a.iter().chain(&st.b) {
                 assert!(!x.is_subnormal(), "step {step}: {:?} {:?}", st.a, st.b);
             }
@@ -386,9 +366,10 @@ mod tests {
             nesterov: false,
             weight_decay: 0.0,
         };
-        sgd_step(&p, &Tensor::new(&[1f32, 1.0], &Device::Cpu)?, &mut sgd, hp)?;
+        let one = Tensor::new(&[1f32, 1.0], &Device::Cpu)?;
+        sgd_step(&p, GradRef::Tensor(&one), &mut sgd, hp)?;
         for _ in 0..200 {
-            sgd_step(&p, &zero, &mut sgd, hp)?;
+            sgd_step(&p, GradRef::Tensor(&zero), &mut sgd, hp)?;
             assert!(!sgd.a[0].is_subnormal(), "{:?}", sgd.a);
         }
         assert_eq!(sgd.a[0], 0.0);
@@ -407,8 +388,8 @@ mod tests {
             nesterov: false,
             weight_decay: 0.0,
         };
-        sgd_step(&p, &g, &mut st, hp)?;
-        sgd_step(&p, &g, &mut st, hp)?;
+        sgd_step(&p, GradRef::Tensor(&g), &mut st, hp)?;
+        sgd_step(&p, GradRef::Tensor(&g), &mut st, hp)?;
         // buf = 1, then 1.9: p = -0.1 - 0.19
         assert!((p.to_vec1::<f32>()?[0] + 0.29).abs() < 1e-6);
         Ok(())

@@ -140,7 +140,8 @@ impl ModelConfig {
                         "--hidden shapes the mlp and cnn; --model {name} has fixed widths"
                     )));
                 }
-                *c = SequentialConfig::from_toml(RESNET, "resnet", input_dims, outputs)?;
+                (c.input_dims, c.outputs) = (input_dims.to_vec(), outputs);
+                c.shapes()?;
             }
         }
         Ok(cfg)

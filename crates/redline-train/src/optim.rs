@@ -9,8 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use redline_kernels::grad::{GradRef, Param};
 use redline_kernels::optim::{
-    adam_step, adam_step_from, adam_tensors, sgd_step, sgd_step_from, sgd_tensors, AdamStep,
-    SgdStep, SlotState, TensorState,
+    adam_step, adam_tensors, sgd_step, sgd_tensors, AdamStep, SgdStep, SlotState, TensorState,
 };
 
 use crate::error::{Error, Result};
@@ -202,11 +201,9 @@ impl Optimizer {
             // `None`: the kernel updated `p` in place; else the gradient for
             // the generic path.
             let declined = slot.param.grad().take_with(|g| -> Result<Option<Tensor>> {
-                let done = match (g, hp) {
-                    (GradRef::Host(g), StepParams::Adam(hp)) => adam_step_from(&p, g, fused, hp)?,
-                    (GradRef::Host(g), StepParams::Sgd(hp)) => sgd_step_from(&p, g, fused, hp)?,
-                    (GradRef::Tensor(g), StepParams::Adam(hp)) => adam_step(&p, g, fused, hp)?,
-                    (GradRef::Tensor(g), StepParams::Sgd(hp)) => sgd_step(&p, g, fused, hp)?,
+                let done = match hp {
+                    StepParams::Adam(hp) => adam_step(&p, g, fused, hp)?,
+                    StepParams::Sgd(hp) => sgd_step(&p, g, fused, hp)?,
                 };
                 Ok(match (done, g) {
                     (true, _) => None,

@@ -1,8 +1,12 @@
-//! The process's one thread policy: compute threads = free cores (measured),
-//! `--threads N` overrides. Both candle's kernels (which read
-//! `RAYON_NUM_THREADS` on every call) and Redline's fused kernels follow it.
-//! The prefetch thread blocks on a channel, so it does not count.
+//! The thread policy: compute threads = free cores (measured), `--threads N`
+//! overrides. Both candle's kernels (which read `RAYON_NUM_THREADS` on every
+//! call) and Redline's fused kernels follow the process's setting
+//! ([`configure`]). A trainer (or any caller) can narrow the fused kernels to
+//! its own count on its own thread with [`scoped`], so two trainers in one
+//! process do not change each other's setting. The prefetch thread blocks on
+//! a channel, so it does not count.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -75,14 +79,46 @@ pub fn configure(requested: Option<usize>) -> usize {
 /// Compute threads for the fused kernels (0 = not set).
 static COMPUTE_THREADS: AtomicUsize = AtomicUsize::new(0);
 
+thread_local! {
+    /// This thread's own count (0 = follow the process's).
+    static LOCAL_THREADS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Restores the thread's previous count when dropped; see [`scoped`].
+#[must_use = "the count applies only while the guard lives"]
+#[derive(Debug)]
+pub struct ScopedThreads {
+    prev: usize,
+}
+
+impl Drop for ScopedThreads {
+    fn drop(&mut self) {
+        LOCAL_THREADS.with(|c| c.set(self.prev));
+    }
+}
+
+/// Makes the fused kernels called from this thread split their work over `n`
+/// threads (at least 1) until the guard drops, whatever the process's setting.
+/// Candle's own CPU kernels keep following `RAYON_NUM_THREADS`, which is
+/// process-wide by nature.
+pub fn scoped(n: usize) -> ScopedThreads {
+    let prev = LOCAL_THREADS.with(|c| c.replace(n.max(1)));
+    ScopedThreads { prev }
+}
+
 /// Sets the number of compute threads the fused kernels split work over.
 pub fn set_compute_threads(n: usize) {
     COMPUTE_THREADS.store(n.max(1), Ordering::Relaxed);
 }
 
-/// Compute threads the fused kernels may use: as set, else
-/// `RAYON_NUM_THREADS` (what candle's kernels follow), else all available cores.
+/// Compute threads the fused kernels may use: this thread's [`scoped`] count,
+/// else as set for the process, else `RAYON_NUM_THREADS` (what candle's
+/// kernels follow), else all available cores.
 pub fn compute_threads() -> usize {
+    let local = LOCAL_THREADS.with(Cell::get);
+    if local > 0 {
+        return local;
+    }
     match COMPUTE_THREADS.load(Ordering::Relaxed) {
         0 => std::env::var("RAYON_NUM_THREADS")
             .ok()
@@ -96,6 +132,27 @@ pub fn compute_threads() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scoped_count_holds_on_its_thread_only_and_nests() {
+        let process = compute_threads();
+        let other = std::thread::spawn(|| {
+            let _g = scoped(5);
+            std::thread::sleep(Duration::from_millis(20));
+            compute_threads()
+        });
+        {
+            let _outer = scoped(3);
+            assert_eq!(compute_threads(), 3);
+            {
+                let _inner = scoped(0);
+                assert_eq!(compute_threads(), 1, "at least one thread");
+            }
+            assert_eq!(compute_threads(), 3);
+        }
+        assert_eq!(compute_threads(), process);
+        assert_eq!(other.join().unwrap(), 5);
+    }
 
     #[test]
     fn free_cores_is_within_bounds() {

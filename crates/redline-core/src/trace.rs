@@ -1,27 +1,33 @@
 //! Detailed tracing: timed spans on named thread tracks, per-op counts and the
 //! layer label that lets a kernel's backward say which layer it belongs to.
 //!
-//! Off by default. Every entry point first reads one relaxed atomic flag and
-//! returns at once when tracing is off, so call sites in kernels and models cost
-//! a load and a branch (no clock read, no allocation, no lock). When on
-//! (`--profiler detailed`), spans go into one process-wide list that the
-//! profiler drains at the end and writes as a Chrome trace.
+//! Spans go to a [`Tracer`]: a recorder a thread is *attached* to. Nothing is
+//! process-wide: two trainers in one process (or two tests running in
+//! parallel) each attach their own thread to their own tracer and never see
+//! each other's spans. A thread that starts helpers for the traced work (the
+//! loader's prefetch thread, the system monitor) hands them
+//! [`current`] and they [`Tracer::attach`] to it.
+//!
+//! Off by default. Every entry point first reads one relaxed atomic (the number
+//! of attached threads in the process) and returns at once when it is zero, so
+//! call sites in kernels and models cost a load and a branch (no clock read, no
+//! allocation, no lock); when some thread somewhere is traced, an untraced
+//! thread pays one thread-local read more.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-static DETAILED: AtomicBool = AtomicBool::new(false);
+/// Threads attached to some tracer, process-wide: the fast "off" check.
+static ATTACHED: AtomicUsize = AtomicUsize::new(0);
 static NEXT_TID: AtomicU32 = AtomicU32::new(1);
-static ORIGIN: OnceLock<Instant> = OnceLock::new();
-static SPANS: Mutex<Vec<SpanRecord>> = Mutex::new(Vec::new());
-static COUNTS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
-static THREADS: Mutex<BTreeMap<u32, String>> = Mutex::new(BTreeMap::new());
 
 thread_local! {
     static TID: Cell<u32> = const { Cell::new(0) };
+    static NAME: RefCell<Option<String>> = const { RefCell::new(None) };
+    static CURRENT: RefCell<Option<Arc<Recorder>>> = const { RefCell::new(None) };
     static LAYER: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
 }
 
@@ -34,13 +40,13 @@ pub struct SpanRecord {
     pub cat: &'static str,
     /// Track (thread) id, see [`Trace::threads`].
     pub tid: u32,
-    /// Start, microseconds since the trace origin.
+    /// Start, microseconds since the tracer was made.
     pub start_us: f64,
     /// Duration in microseconds.
     pub dur_us: f64,
 }
 
-/// Everything recorded since tracing was switched on.
+/// Everything a tracer recorded since it was made or last taken.
 #[derive(Debug, Clone, Default)]
 pub struct Trace {
     /// Finished spans in the order they ended.
@@ -51,22 +57,112 @@ pub struct Trace {
     pub counts: BTreeMap<&'static str, u64>,
 }
 
-/// Switches detailed tracing on or off for the whole process.
-pub fn set_detailed(on: bool) {
-    if on {
-        ORIGIN.get_or_init(Instant::now);
-    }
-    DETAILED.store(on, Ordering::Relaxed);
+#[derive(Debug)]
+struct Recorder {
+    origin: Instant,
+    spans: Mutex<Vec<SpanRecord>>,
+    counts: Mutex<BTreeMap<&'static str, u64>>,
+    threads: Mutex<BTreeMap<u32, String>>,
 }
 
-/// Whether detailed tracing is on.
+/// A trace recorder that threads attach to. Cheap to clone (shared); `Send`,
+/// so helper threads can be given it.
+#[derive(Debug, Clone)]
+pub struct Tracer(Arc<Recorder>);
+
+impl Default for Tracer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Tracer {
+    /// A new, empty recorder; its clock starts now.
+    pub fn new() -> Self {
+        Self(Arc::new(Recorder {
+            origin: Instant::now(),
+            spans: Mutex::new(Vec::new()),
+            counts: Mutex::new(BTreeMap::new()),
+            threads: Mutex::new(BTreeMap::new()),
+        }))
+    }
+
+    /// Records this thread's spans and counts here until the guard drops
+    /// (then the thread goes back to what it was attached to before, if anything).
+    pub fn attach(&self) -> Attached {
+        let id = tid();
+        let name = NAME.with(|n| n.borrow().clone());
+        lock(&self.0.threads)
+            .entry(id)
+            .or_insert_with(|| name.unwrap_or_else(|| default_name(id)));
+        let prev = CURRENT.with(|c| c.borrow_mut().replace(Arc::clone(&self.0)));
+        if prev.is_none() {
+            ATTACHED.fetch_add(1, Ordering::Relaxed);
+        }
+        Attached { prev: Some(prev) }
+    }
+
+    /// Takes everything recorded so far (spans and counts are cleared; track names stay).
+    pub fn take(&self) -> Trace {
+        Trace {
+            spans: std::mem::take(&mut *lock(&self.0.spans)),
+            threads: lock(&self.0.threads).clone(),
+            counts: std::mem::take(&mut *lock(&self.0.counts)),
+        }
+    }
+
+    /// Whether `self` and `other` are the same recorder.
+    pub fn same(&self, other: &Tracer) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// Keeps a thread attached to a [`Tracer`]; see [`Tracer::attach`].
+#[must_use = "the thread is attached only while the guard lives"]
+#[derive(Debug)]
+pub struct Attached {
+    prev: Option<Option<Arc<Recorder>>>,
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        if let Some(prev) = self.prev.take() {
+            if prev.is_none() {
+                ATTACHED.fetch_sub(1, Ordering::Relaxed);
+            }
+            CURRENT.with(|c| *c.borrow_mut() = prev);
+        }
+    }
+}
+
+/// The tracer this thread is attached to, to hand to threads it starts.
+pub fn current() -> Option<Tracer> {
+    if ATTACHED.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    CURRENT.with(|c| c.borrow().clone()).map(Tracer)
+}
+
+/// Runs `f` with this thread's recorder, if it is attached to one.
+#[inline]
+fn with_recorder(f: impl FnOnce(&Recorder)) {
+    if ATTACHED.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    CURRENT.with(|c| {
+        if let Some(r) = c.borrow().as_deref() {
+            f(r);
+        }
+    });
+}
+
+/// Whether this thread is being traced.
 #[inline]
 pub fn detailed() -> bool {
-    DETAILED.load(Ordering::Relaxed)
+    ATTACHED.load(Ordering::Relaxed) != 0 && CURRENT.with(|c| c.borrow().is_some())
 }
 
-fn micros(t: Instant) -> f64 {
-    let origin = *ORIGIN.get_or_init(Instant::now);
+fn micros(origin: Instant, t: Instant) -> f64 {
     t.saturating_duration_since(origin).as_secs_f64() * 1e6
 }
 
@@ -75,49 +171,49 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// This thread's track id, registering the thread on first use.
+fn default_name(id: u32) -> String {
+    std::thread::current()
+        .name()
+        .map_or_else(|| format!("thread {id}"), str::to_string)
+}
+
+/// This thread's track id (unique in the process).
 fn tid() -> u32 {
     TID.with(|c| {
         if c.get() == 0 {
-            let id = NEXT_TID.fetch_add(1, Ordering::Relaxed);
-            c.set(id);
-            let name = std::thread::current()
-                .name()
-                .map_or_else(|| format!("thread {id}"), str::to_string);
-            lock(&THREADS).entry(id).or_insert(name);
+            c.set(NEXT_TID.fetch_add(1, Ordering::Relaxed));
         }
         c.get()
     })
 }
 
 /// Names this thread's track (e.g. `main loop`, `loader/prefetch`). Cheap; call
-/// it whether or not tracing is on, so a later switch-on finds the name.
+/// it whether or not tracing is on, so a later attach finds the name.
 pub fn name_thread(name: &str) {
-    let id = tid();
-    lock(&THREADS).insert(id, name.to_string());
+    NAME.with(|n| *n.borrow_mut() = Some(name.to_string()));
+    with_recorder(|r| {
+        lock(&r.threads).insert(tid(), name.to_string());
+    });
 }
 
 /// Records a span timed by the caller (the profiler's main-loop phases).
 pub fn record(cat: &'static str, name: &str, start: Instant, end: Instant) {
-    if !detailed() {
-        return;
-    }
-    let rec = SpanRecord {
-        name: Arc::from(name),
-        cat,
-        tid: tid(),
-        start_us: micros(start),
-        dur_us: end.saturating_duration_since(start).as_secs_f64() * 1e6,
-    };
-    lock(&SPANS).push(rec);
+    with_recorder(|r| {
+        let rec = SpanRecord {
+            name: Arc::from(name),
+            cat,
+            tid: tid(),
+            start_us: micros(r.origin, start),
+            dur_us: end.saturating_duration_since(start).as_secs_f64() * 1e6,
+        };
+        lock(&r.spans).push(rec);
+    });
 }
 
 /// Counts one invocation of kernel `op`.
 #[inline]
 pub fn count(op: &'static str) {
-    if detailed() {
-        *lock(&COUNTS).entry(op).or_insert(0) += 1;
-    }
+    with_recorder(|r| *lock(&r.counts).entry(op).or_insert(0) += 1);
 }
 
 /// A span that records itself when dropped; inert when tracing is off.
@@ -194,43 +290,67 @@ pub fn backward(layer: Option<&Arc<str>>, op: &'static str) -> Span {
     span("backward", &name)
 }
 
-/// Takes everything recorded so far (spans and counts are cleared; track names stay).
-pub fn take() -> Trace {
-    Trace {
-        spans: std::mem::take(&mut *lock(&SPANS)),
-        threads: lock(&THREADS).clone(),
-        counts: std::mem::take(&mut *lock(&COUNTS)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    // One test touches the global switch so parallel tests do not race on it.
     #[test]
-    fn records_only_when_detailed() {
-        set_detailed(false);
+    fn records_only_on_an_attached_thread() {
         drop(span("layer", "off"));
         count("off-op");
-        assert!(!take().spans.iter().any(|s| &*s.name == "off"));
+        assert!(!detailed() && current().is_none());
 
-        set_detailed(true);
+        let tracer = Tracer::new();
+        let traced = tracer.clone();
+        let other = Tracer::new();
+        // Another thread attached to another tracer records there, not here.
+        let other_thread = {
+            let other = other.clone();
+            std::thread::spawn(move || {
+                let _a = other.attach();
+                count("other-op");
+            })
+        };
         name_thread("test track");
         {
+            let _a = tracer.attach();
+            assert!(detailed() && current().is_some_and(|t| t.same(&traced)));
             let _l = layer("fc1");
             assert_eq!(current_layer().as_deref(), Some("fc1"));
             count("linear.forward");
             let _b = backward(current_layer().as_ref(), "linear");
         }
         assert_eq!(current_layer(), None);
-        set_detailed(false);
-        let t = take();
+        assert!(!detailed(), "the guard detaches the thread");
+        count("after-detach");
+        other_thread.join().unwrap();
+        let t = tracer.take();
         let names: Vec<&str> = t.spans.iter().map(|s| &*s.name).collect();
         assert!(names.contains(&"fc1.forward"), "{names:?}");
         assert!(names.contains(&"fc1.backward (linear)"), "{names:?}");
-        assert_eq!(t.counts.get("linear.forward"), Some(&1));
+        assert!(!names.contains(&"off"), "{names:?}");
+        assert_eq!(
+            t.counts.keys().copied().collect::<Vec<_>>(),
+            ["linear.forward"]
+        );
         let tid = t.spans[0].tid;
         assert_eq!(t.threads.get(&tid).map(String::as_str), Some("test track"));
+        assert_eq!(other.take().counts.get("other-op"), Some(&1));
+    }
+
+    #[test]
+    fn attaching_nests_and_restores() {
+        let (outer, inner) = (Tracer::new(), Tracer::new());
+        let _o = outer.attach();
+        {
+            let _i = inner.attach();
+            count("inner-op");
+        }
+        count("outer-op");
+        assert_eq!(inner.take().counts.len(), 1);
+        assert_eq!(
+            outer.take().counts.keys().copied().collect::<Vec<_>>(),
+            ["outer-op"]
+        );
     }
 }

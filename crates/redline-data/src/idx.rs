@@ -4,10 +4,10 @@
 //! u32 dimensions, then the payload in row-major order. Anything else is refused
 //! with an error that names the file and what was wrong.
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
-use flate2::read::GzDecoder;
+use flate2::read::MultiGzDecoder;
 
 use crate::error::{Error, Result};
 
@@ -42,66 +42,88 @@ fn type_name(t: u8) -> &'static str {
     }
 }
 
-/// Reads a whole file, decompressing it when it starts with the gzip magic.
-pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
-    let io_err = |source: std::io::Error, hint: &str| Error::Io {
+/// Where the bytes come from, for messages: a raw file or a gzip stream.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    Raw,
+    Gzip,
+}
+
+fn read_err(path: &Path, stream: Stream) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
         path: path.to_path_buf(),
         source,
-        hint: hint.to_string(),
-    };
-    let raw = std::fs::read(path).map_err(|e| {
+        hint: match stream {
+            Stream::Gzip => "the gzip stream is corrupt or truncated: download the file again",
+            Stream::Raw => "check the file's permissions",
+        }
+        .to_string(),
+    }
+}
+
+/// Fills `buf` as far as the stream goes; returns the bytes read.
+fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// Parses IDX bytes that came from `path` (used in messages only).
+pub fn parse(path: &Path, bytes: &[u8]) -> Result<IdxArray> {
+    parse_stream(path, bytes, Some(bytes.len() as u64), Stream::Raw)
+}
+
+/// Reads and parses an IDX file, raw or gzipped (one or several gzip members,
+/// as `cat a.gz b.gz` makes). It streams: the header is read first and
+/// checked, a raw file's size is checked against it before anything is
+/// allocated, and a gzip stream is decompressed only as far as the payload
+/// the header declares (plus one byte, to notice trailing data), so a small
+/// file that inflates to gigabytes costs no more memory than its header says.
+pub fn read(path: &Path) -> Result<IdxArray> {
+    let file = std::fs::File::open(path).map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::NotFound {
             "check --data: it must be a folder holding the four MNIST-format files \
              (train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k-...)"
         } else {
             "check the file's permissions"
         };
-        io_err(e, hint)
+        Error::Io {
+            path: path.to_path_buf(),
+            source: e,
+            hint: hint.to_string(),
+        }
     })?;
-    if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::with_capacity(raw.len() * 4);
-        GzDecoder::new(raw.as_slice())
-            .read_to_end(&mut out)
-            .map_err(|e| {
-                io_err(
-                    e,
-                    "the gzip stream is corrupt or truncated: download the file again",
-                )
-            })?;
-        Ok(out)
+    let size = file.metadata().map(|m| m.len()).ok();
+    let mut r = BufReader::new(file);
+    let head = r.fill_buf().map_err(read_err(path, Stream::Raw))?;
+    if head.starts_with(&[0x1f, 0x8b]) {
+        parse_stream(path, MultiGzDecoder::new(r), None, Stream::Gzip)
     } else {
-        Ok(raw)
+        parse_stream(path, r, size, Stream::Raw)
     }
 }
 
-/// Parses IDX bytes that came from `path` (used in messages only).
-pub fn parse(path: &Path, bytes: &[u8]) -> Result<IdxArray> {
-    if bytes.is_empty() {
-        return Err(invalid(
-            path,
-            "empty file (0 bytes); expected an IDX header",
-        ));
-    }
-    if bytes.len() < 4 {
-        return Err(invalid(
-            path,
-            format!(
-                "{} bytes is too short for the 4-byte IDX magic",
-                bytes.len()
-            ),
-        ));
-    }
-    if bytes[0] != 0 || bytes[1] != 0 {
+/// Refuses a header whose first four bytes are not an unsigned-byte IDX
+/// magic; returns the rank.
+fn check_magic(path: &Path, magic: [u8; 4]) -> Result<usize> {
+    if magic[0] != 0 || magic[1] != 0 {
         return Err(invalid(
             path,
             format!(
                 "wrong magic {:02x} {:02x} {:02x} {:02x}: an IDX file starts with two zero bytes \
                  (is this an IDX file?)",
-                bytes[0], bytes[1], bytes[2], bytes[3]
+                magic[0], magic[1], magic[2], magic[3]
             ),
         ));
     }
-    let (elem, rank) = (bytes[2], bytes[3] as usize);
+    let (elem, rank) = (magic[2], magic[3] as usize);
     if elem != TYPE_U8 {
         return Err(invalid(
             path,
@@ -118,17 +140,45 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<IdxArray> {
             "rank 0 in the IDX header; expected 1 (labels) or 3 (images)",
         ));
     }
+    Ok(rank)
+}
+
+/// The IDX parser over a stream of `total` bytes (when known).
+fn parse_stream(
+    path: &Path,
+    mut r: impl Read,
+    total: Option<u64>,
+    stream: Stream,
+) -> Result<IdxArray> {
+    let io = read_err(path, stream);
+    let mut magic = [0u8; 4];
+    let n = read_up_to(&mut r, &mut magic).map_err(&io)?;
+    if n == 0 {
+        return Err(invalid(
+            path,
+            "empty file (0 bytes); expected an IDX header",
+        ));
+    }
+    if n < 4 {
+        return Err(invalid(
+            path,
+            format!("{n} bytes is too short for the 4-byte IDX magic"),
+        ));
+    }
+    let rank = check_magic(path, magic)?;
     let header = 4 + 4 * rank;
-    if bytes.len() < header {
+    let mut dim_bytes = vec![0u8; 4 * rank];
+    let n = read_up_to(&mut r, &mut dim_bytes).map_err(&io)?;
+    if n < dim_bytes.len() {
         return Err(invalid(
             path,
             format!(
                 "truncated header: rank {rank} needs {header} bytes, the file has {}",
-                bytes.len()
+                4 + n
             ),
         ));
     }
-    let dims: Vec<usize> = bytes[4..header]
+    let dims: Vec<usize> = dim_bytes
         .chunks_exact(4)
         .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize)
         .collect();
@@ -136,34 +186,49 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<IdxArray> {
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
         .ok_or_else(|| invalid(path, format!("dimensions {dims:?} overflow")))?;
-    let payload = bytes.len() - header;
-    if payload < expected {
-        return Err(invalid(
+    let truncated = |found: u64| {
+        invalid(
             path,
             format!(
-                "truncated payload: dimensions {dims:?} need {expected} bytes, found {payload} \
+                "truncated payload: dimensions {dims:?} need {expected} bytes, found {found} \
                  (file cut short? download it again)"
             ),
-        ));
+        )
+    };
+    if let Some(total) = total {
+        // A raw file's size says everything before any allocation.
+        let payload = total.saturating_sub(header as u64);
+        if payload < expected as u64 {
+            return Err(truncated(payload));
+        }
+        if payload > expected as u64 {
+            return Err(invalid(
+                path,
+                format!(
+                    "{} unexpected bytes after the payload of dimensions {dims:?} (wrong header?)",
+                    payload - expected as u64
+                ),
+            ));
+        }
     }
-    if payload > expected {
+    // Grown as bytes arrive: a header alone cannot make it allocate much.
+    let mut data = Vec::with_capacity(expected.min(1 << 26));
+    r.take(expected as u64 + 1)
+        .read_to_end(&mut data)
+        .map_err(&io)?;
+    if data.len() < expected {
+        return Err(truncated(data.len() as u64));
+    }
+    if data.len() > expected {
         return Err(invalid(
             path,
             format!(
-                "{} unexpected bytes after the payload of dimensions {dims:?} (wrong header?)",
-                payload - expected
+                "the data goes on after the {expected}-byte payload of dimensions {dims:?} \
+                 (wrong header, or another file appended?); reading stopped there"
             ),
         ));
     }
-    Ok(IdxArray {
-        dims,
-        data: bytes[header..].to_vec(),
-    })
-}
-
-/// Reads and parses an IDX file (gzip or raw).
-pub fn read(path: &Path) -> Result<IdxArray> {
-    parse(path, &read_bytes(path)?)
+    Ok(IdxArray { dims, data })
 }
 
 /// Finds `stem` or `stem.gz` in `dir`, preferring the raw file.
@@ -267,6 +332,55 @@ mod tests {
         std::fs::write(&bad, &gz[..gz.len() / 2]).map_err(io)?;
         let m = read(&bad).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(m.contains("b.gz") && m.contains("gzip stream"), "{m}");
+        Ok(())
+    }
+
+    fn gzip(bytes: &[u8]) -> Result<Vec<u8>> {
+        use flate2::{write::GzEncoder, Compression};
+        use std::io::Write;
+        let io = |e: std::io::Error| Error::Config(e.to_string());
+        let mut enc = GzEncoder::new(Vec::new(), Compression::fast());
+        enc.write_all(bytes).map_err(io)?;
+        enc.finish().map_err(io)
+    }
+
+    #[test]
+    fn reads_multi_member_gzip() -> Result<()> {
+        // `cat a.gz b.gz`: one IDX file split over two gzip members.
+        let whole = encode(&[2, 3], &[1, 2, 3, 4, 5, 6]);
+        let mut two = gzip(&whole[..9])?;
+        two.extend(gzip(&whole[9..])?);
+        let dir = tempfile::tempdir().map_err(|e| Error::Config(e.to_string()))?;
+        let p = dir.path().join("two.gz");
+        std::fs::write(&p, two).map_err(|e| Error::Config(e.to_string()))?;
+        assert_eq!(read(&p)?.data, vec![1, 2, 3, 4, 5, 6]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_gzip_bomb_stops_at_the_size_its_header_declares() -> Result<()> {
+        // 3 declared bytes, then 256 MiB of zeros (about 250 KB compressed).
+        use flate2::{write::GzEncoder, Compression};
+        use std::io::Write;
+        let io = |e: std::io::Error| Error::Config(e.to_string());
+        let mut enc = GzEncoder::new(Vec::new(), Compression::best());
+        enc.write_all(&encode(&[3], &[7, 8, 9])).map_err(io)?;
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..256 {
+            enc.write_all(&zeros).map_err(io)?;
+        }
+        let gz = enc.finish().map_err(io)?;
+        assert!(gz.len() < 1 << 20);
+        let dir = tempfile::tempdir().map_err(io)?;
+        let p = dir.path().join("bomb.gz");
+        std::fs::write(&p, gz).map_err(io)?;
+        let m = read(&p).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(m.contains("goes on after the 3-byte payload"), "{m}");
+        // A header that declares more than the stream holds is truncated, not allocated.
+        let p = dir.path().join("claims.gz");
+        std::fs::write(&p, gzip(&encode(&[60000, 28, 28], &[1, 2, 3]))?).map_err(io)?;
+        let m = read(&p).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(m.contains("need 47040000 bytes, found 3"), "{m}");
         Ok(())
     }
 

@@ -291,10 +291,13 @@ impl Loader {
             return EpochIter(Inner::Inline { source, next: 0 });
         }
         let (tx, rx) = sync_channel(self.cfg.prefetch);
+        // Traced with the thread that iterates (`--profiler detailed`).
+        let tracer = redline_core::trace::current();
         let spawned = std::thread::Builder::new()
             .name("redline-prefetch".into())
             .spawn(move || {
                 redline_core::trace::name_thread("loader/prefetch");
+                let _traced = tracer.as_ref().map(redline_core::trace::Tracer::attach);
                 for b in 0..source.batches {
                     let batch = {
                         let _span = redline_core::trace::span("loader", "assemble batch");

@@ -149,13 +149,50 @@ pub struct Prepared {
 
 /// Detects the format of `path`, with the folder or file that holds it.
 pub fn detect(path: &Path) -> Result<(Format, PathBuf)> {
-    if !path.exists() {
-        return Err(Error::Io {
+    const TAKES: &str = "--data takes an MNIST-format or CIFAR folder, a .csv/.tsv table, or an \
+                         .npz/.safetensors file or folder of .npy files";
+    // The real reason (a symlink loop, a folder on the way that cannot be
+    // entered), not a blanket "no such file".
+    let meta = std::fs::metadata(path).map_err(|source| {
+        let (source, hint) = match source.kind() {
+            std::io::ErrorKind::NotFound => (
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
+                TAKES.to_string(),
+            ),
+            std::io::ErrorKind::PermissionDenied => (
+                source,
+                "a folder on the way cannot be entered: check the permissions".into(),
+            ),
+            // ELOOP (Linux): the kind is not stable in std yet.
+            _ if source.raw_os_error() == Some(40) => (
+                source,
+                "the path is a loop of symbolic links: point --data at the real folder".into(),
+            ),
+            _ => (source, "check the path".into()),
+        };
+        Error::Io {
             path: path.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
-            hint: "--data takes an MNIST-format or CIFAR folder, a .csv/.tsv table, or an \
-                   .npz/.safetensors file or folder of .npy files"
-                .into(),
+            source,
+            hint,
+        }
+    })?;
+    if meta.is_dir() {
+        std::fs::read_dir(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+            hint: "the folder cannot be listed: check its permissions".into(),
+        })?;
+    } else if let Some(parent) = path.parent().filter(|p| {
+        !p.as_os_str().is_empty() && (mnist::is_idx_dir(p) || cifar::detect(p).is_some())
+    }) {
+        // One file of a data set folder: the folder is what is meant.
+        return Err(Error::Invalid {
+            path: path.to_path_buf(),
+            msg: format!(
+                "this is one file of a data set; --data takes the folder that holds it: \
+                 --data {}",
+                parent.display()
+            ),
         });
     }
     let ext = path
@@ -281,6 +318,19 @@ pub fn prepare(path: &Path, opts: &DataOptions) -> Result<Prepared> {
              turns it off)"
                 .into(),
         );
+    }
+    // Checked now, not after a whole epoch of training.
+    for (split, d) in [("validation", val.as_ref()), ("test", test.as_ref())] {
+        if let Some(d) = d.filter(|d| d.input_dims != train.input_dims) {
+            return Err(Error::Invalid {
+                path: d.source.clone(),
+                msg: format!(
+                    "the {split} samples are {:?} but the training samples are {:?}; both \
+                     splits must hold inputs of one shape",
+                    d.input_dims, train.input_dims
+                ),
+            });
+        }
     }
     Ok(Prepared {
         format,

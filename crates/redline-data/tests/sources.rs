@@ -400,3 +400,49 @@ fn an_image_folder_of_real_pngs_reads_back_the_idx_pixels() {
         vec![1, 14, 14]
     );
 }
+
+#[test]
+fn test_images_of_another_size_are_refused_before_training() {
+    use redline_data::idx::encode;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let write = |name: &str, dims: &[usize]| {
+        let n: usize = dims.iter().product();
+        std::fs::write(d.join(name), encode(dims, &vec![1u8; n])).unwrap();
+    };
+    write("train-images-idx3-ubyte", &[4, 28, 28]);
+    write("train-labels-idx1-ubyte", &[4]);
+    write("t10k-images-idx3-ubyte", &[2, 32, 32]);
+    write("t10k-labels-idx1-ubyte", &[2]);
+    let m = err(prepare(d, &DataOptions::default()));
+    assert!(
+        m.contains("t10k-images") || m.contains(&d.display().to_string()),
+        "{m}"
+    );
+    assert!(
+        m.contains("the test samples are [1, 32, 32] but the training samples are [1, 28, 28]"),
+        "{m}"
+    );
+}
+
+#[test]
+fn a_data_path_that_cannot_be_read_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // A loop of symbolic links.
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink(d.join("b"), d.join("a")).unwrap();
+        std::os::unix::fs::symlink(d.join("a"), d.join("b")).unwrap();
+        let m = err(prepare(&d.join("a"), &DataOptions::default()));
+        assert!(m.contains("loop of symbolic links"), "{m}");
+        assert!(!m.contains("no such file"), "{m}");
+    }
+    // One file of the shipped Fashion-MNIST folder: the folder is meant.
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fashion-mnist");
+    let m = err(prepare(
+        &data.join("train-images-idx3-ubyte.gz"),
+        &DataOptions::default(),
+    ));
+    assert!(m.contains("--data takes the folder that holds it"), "{m}");
+}

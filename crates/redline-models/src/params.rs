@@ -6,7 +6,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
-use candle_core::{Tensor, Var};
+use candle_core::{DType, Tensor, Var};
 use redline_kernels::grad::Param;
 
 use crate::error::{Error, Result};
@@ -164,6 +164,7 @@ impl Params {
                         var.as_tensor().dims()
                     ));
                 }
+                check_values(name, t, var.dtype(), path)?;
             }
         }
         if !(missing.is_empty() && unexpected.is_empty() && wrong.is_empty()) {
@@ -237,9 +238,50 @@ impl Params {
             .state()
             .map(|(n, v)| Ok((n.to_string(), v.as_tensor().contiguous()?)))
             .collect::<Result<_>>()?;
-        candle_core::safetensors::save(&map, &tmp)?;
+        // In memory, then a plain write: the file gets the mode the umask
+        // gives (as PyTorch's files do), not a temporary file's 0600.
+        let bytes = safetensors::serialize(&map, None).map_err(|e| Error::Weights {
+            path: path.to_path_buf(),
+            msg: format!("cannot be serialised: {e}"),
+            hint: "a parameter has a dtype safetensors cannot store".into(),
+        })?;
+        std::fs::write(&tmp, bytes).map_err(io)?;
         std::fs::rename(&tmp, path).map_err(io)
     }
+}
+
+/// Refuses weights that would load silently wrong: integers where the model
+/// holds floats (a converted file, or the wrong file), and NaN or infinite
+/// values (which would otherwise surface later as a "diverged" loss).
+fn check_values(name: &str, t: &Tensor, want: DType, path: &Path) -> Result<()> {
+    let bad = |msg: String, hint: &str| Error::Weights {
+        path: path.to_path_buf(),
+        msg,
+        hint: hint.into(),
+    };
+    if want.is_float() && !t.dtype().is_float() {
+        return Err(bad(
+            format!(
+                "{name} holds {:?} integers where the model has {want:?} weights",
+                t.dtype()
+            ),
+            "save the weights as floating point (e.g. `.float()` in PyTorch before save_file)",
+        ));
+    }
+    if t.dtype().is_float() {
+        let sum = t
+            .to_dtype(DType::F64)?
+            .abs()?
+            .sum_all()?
+            .to_scalar::<f64>()?;
+        if !sum.is_finite() {
+            return Err(bad(
+                format!("{name} holds NaN or infinite values"),
+                "the file comes from a run that diverged; start from a checkpoint saved before it",
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -275,6 +317,65 @@ mod tests {
             .map(|v| v.flatten_all().and_then(|t| t.to_vec1::<f32>()));
         assert_eq!(got.transpose()?, Some(vec![0., 1., 2., 3., 4., 5.]));
         assert!(!path.with_extension("safetensors.tmp").exists());
+        // The umask decides the mode, as for any file the user writes; a
+        // temporary file's 0600 would hide the weights from the group.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let probe = dir.path().join("probe");
+            std::fs::write(&probe, b"").map_err(|e| Error::Config(e.to_string()))?;
+            let mode = |p: &Path| std::fs::metadata(p).map(|m| m.permissions().mode() & 0o777);
+            let (want, got) = (mode(&probe), mode(&path));
+            assert_eq!(got.ok(), want.ok());
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn integer_or_non_finite_weights_are_refused_by_name() -> Result<()> {
+        let p = store()?;
+        let load = |w: Tensor| {
+            let mut m = HashMap::new();
+            m.insert("fc.weight".to_string(), w);
+            m.insert(
+                "fc.bias".to_string(),
+                Tensor::zeros(2, DType::F32, &Device::Cpu)?,
+            );
+            Ok::<_, Error>(
+                p.assign(&m, Path::new("w.st"))
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default(),
+            )
+        };
+        let ints = load(Tensor::ones((2, 3), DType::I64, &Device::Cpu)?)?;
+        assert!(ints.contains("fc.weight holds I64 integers"), "{ints}");
+        let nan = Tensor::new(&[[0f32, f32::NAN, 1.], [0., 0., 0.]], &Device::Cpu)?;
+        let msg = load(nan)?;
+        assert!(
+            msg.contains("fc.weight holds NaN or infinite values"),
+            "{msg}"
+        );
+        let inf = Tensor::new(&[[0f32, 1., 1.], [0., f32::INFINITY, 0.]], &Device::Cpu)?;
+        assert!(load(inf)?.contains("NaN or infinite"));
+        // Half-precision floats are converted, as before.
+        assert_eq!(load(Tensor::ones((2, 3), DType::F16, &Device::Cpu)?)?, "");
+        Ok(())
+    }
+
+    #[test]
+    fn a_safetensors_file_whose_header_length_lies_is_refused() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::Config(e.to_string()))?;
+        let path = dir.path().join("w.safetensors");
+        let mut bytes = u64::MAX.to_le_bytes().to_vec();
+        bytes.extend_from_slice(b"{}");
+        std::fs::write(&path, bytes).map_err(|e| Error::Config(e.to_string()))?;
+        let msg = store()?
+            .load_safetensors(&path)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(msg.contains("not a readable safetensors file"), "{msg}");
         Ok(())
     }
 

@@ -64,9 +64,14 @@ impl Sampler {
         let samples = Arc::new(Mutex::new(Vec::new()));
         let (stop_tx, stop_rx) = mpsc::channel();
         let store = Arc::clone(&samples);
+        // Traced with the thread that starts it (`--profiler detailed`).
+        let tracer = redline_core::trace::current();
         let spawned = std::thread::Builder::new()
             .name("redline-monitor".into())
-            .spawn(move || sample_loop(interval, &stop_rx, &store, callback));
+            .spawn(move || {
+                let _traced = tracer.as_ref().map(redline_core::trace::Tracer::attach);
+                sample_loop(interval, &stop_rx, &store, callback);
+            });
         let handle = match spawned {
             Ok(handle) => Some(handle),
             Err(e) => {

@@ -55,13 +55,22 @@ pub struct Profiler {
     device: String,
     clock: Option<Box<dyn DeviceClock>>,
     device_s: [f64; Action::ALL.len()],
+    /// `detailed`: the tracer this thread records into while the profiler lives.
+    tracing: Option<(trace::Tracer, trace::Attached)>,
 }
 
 impl Profiler {
-    /// Starts the clock. `detailed` switches on [`redline_core::trace`].
+    /// Starts the clock. `detailed` attaches this thread to a
+    /// [`redline_core::trace::Tracer`]: the one it is already attached to (so a
+    /// caller that started helper threads on it sees them in the trace), else
+    /// a new one. Nothing is switched on for other threads.
     pub fn new(mode: Mode, device: &str) -> Self {
-        trace::set_detailed(mode == Mode::Detailed);
         trace::name_thread("main loop");
+        let tracing = (mode == Mode::Detailed).then(|| {
+            let tracer = trace::current().unwrap_or_default();
+            let attached = tracer.attach();
+            (tracer, attached)
+        });
         Self {
             mode,
             start: Instant::now(),
@@ -79,6 +88,7 @@ impl Profiler {
             device: device.to_string(),
             clock: None,
             device_s: [0.0; Action::ALL.len()],
+            tracing,
         }
     }
 
@@ -202,9 +212,9 @@ impl Profiler {
             self.flush_bin();
         }
         let wall_s = self.elapsed_s();
-        let trace = (self.mode == Mode::Detailed).then(|| {
-            trace::set_detailed(false);
-            trace::take()
+        let trace = self.tracing.take().map(|(tracer, attached)| {
+            drop(attached);
+            tracer.take()
         });
         let pct = |s: f64| {
             if wall_s > 0.0 {
@@ -373,6 +383,36 @@ mod tests {
         assert_eq!(dev("waiting for data"), Some(0.008));
         assert!(prof.device_compute_percent.is_some());
         assert!(prof.table().contains("Device ms"));
+    }
+
+    #[test]
+    fn two_detailed_profilers_on_two_threads_keep_their_own_traces() {
+        // As two trainers in one process (or two parallel tests): each trace
+        // holds its own thread's kernels and none of the other's.
+        let run = |op: &'static str| {
+            std::thread::spawn(move || {
+                let mut p = Profiler::new(Mode::Detailed, "cpu");
+                for _ in 0..3 {
+                    p.switch(Action::TrainingStep);
+                    trace::count(op);
+                    p.end_step();
+                }
+                let t = p.finish().trace.expect("detailed keeps a trace");
+                assert!(!trace::detailed(), "finish detaches the thread");
+                t
+            })
+        };
+        let (a, b) = (run("op.a"), run("op.b"));
+        let (a, b) = (a.join().unwrap(), b.join().unwrap());
+        assert_eq!(a.counts.iter().collect::<Vec<_>>(), [(&"op.a", &3)]);
+        assert_eq!(b.counts.iter().collect::<Vec<_>>(), [(&"op.b", &3)]);
+        let steps = |t: &trace::Trace| {
+            t.spans
+                .iter()
+                .filter(|s| &*s.name == "training_step")
+                .count()
+        };
+        assert_eq!((steps(&a), steps(&b)), (3, 3));
     }
 
     #[test]

@@ -9,7 +9,6 @@ mod advice;
 mod charts;
 mod error;
 mod html;
-mod records;
 mod run;
 mod runs;
 mod sections;
@@ -18,7 +17,9 @@ mod timing;
 pub use advice::{advice, Advice, Level};
 pub use error::{Error, Result};
 pub use html::{render_html, write_report};
-pub use records::{
+/// The record types this crate reads, written by `redline-run`.
+pub use redline_run::records;
+pub use redline_run::records::{
     EpochRecord, GpuProcess, GpuSample, HostProcess, HostSample, RunStatus, StepRecord, Summary,
     SystemRecord,
 };

@@ -12,7 +12,9 @@ use crate::timing::Breakdown;
 pub struct RunRow {
     /// Folder name.
     pub name: String,
-    /// `finished`, `failed`, or `unreadable` when `summary.json` does not parse.
+    /// `finished`, `failed`, `interrupted`; `running` or `killed` for a folder
+    /// without `summary.json` (by whether the process its `pid` file names is
+    /// alive); `unreadable` when `summary.json` does not parse.
     pub status: String,
     /// Model name.
     pub model: String,
@@ -73,19 +75,64 @@ fn row(dir: &Path, name: String) -> RunRow {
     }
 }
 
-/// One row per subfolder of `root` that holds a `summary.json`, oldest first
-/// (by start time, then by name). A run whose files do not parse is listed as
-/// `unreadable` with the reason, so one bad folder does not hide the rest.
+/// Whether process `pid` is alive (Linux: it has a `/proc` entry).
+fn alive(pid: u32) -> bool {
+    cfg!(target_os = "linux") && Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// A run folder without `summary.json`: still running (its `pid` file names a
+/// live process), else killed before it could write one.
+fn unfinished(dir: &Path, name: String) -> RunRow {
+    let pid = std::fs::read_to_string(dir.join("pid"))
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok());
+    let running = pid.is_some_and(alive);
+    let config = std::fs::read_to_string(dir.join("config.toml")).unwrap_or_default();
+    let model = config
+        .lines()
+        .find_map(|l| l.strip_prefix("model = "))
+        .map(|v| v.trim().trim_matches('"').to_string())
+        .unwrap_or_default();
+    // The record files are created when the run starts.
+    let started_unix = std::fs::metadata(dir.join("metrics.jsonl"))
+        .and_then(|m| m.created().or_else(|_| m.modified()))
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_secs_f64());
+    RunRow {
+        name,
+        status: if running { "running" } else { "killed" }.into(),
+        model,
+        started_unix,
+        problem: (!running).then(|| {
+            "no summary.json: the process ended without writing one (killed with SIGKILL, out \
+             of memory, or the machine stopped); metrics.jsonl holds what it logged, and \
+             `redline report` renders it"
+                .to_string()
+        }),
+        ..Default::default()
+    }
+}
+
+/// One row per run folder under `root` (a subfolder with `summary.json` or
+/// `metrics.jsonl`), oldest first (by start time, then by name). A run whose
+/// files do not parse is listed as `unreadable` with the reason, and one that
+/// ended without a summary as `killed`, so no folder is hidden.
 pub fn list_runs(root: &Path) -> Result<Vec<RunRow>> {
     let entries = std::fs::read_dir(root).map_err(Error::io(root))?;
     let mut rows = Vec::new();
     for entry in entries {
         let entry = entry.map_err(Error::io(root))?;
         let dir = entry.path();
-        if !dir.is_dir() || !dir.join("summary.json").is_file() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !dir.is_dir() {
             continue;
         }
-        rows.push(row(&dir, entry.file_name().to_string_lossy().into_owned()));
+        if dir.join("summary.json").is_file() {
+            rows.push(row(&dir, name));
+        } else if dir.join("metrics.jsonl").is_file() {
+            rows.push(unfinished(&dir, name));
+        }
     }
     rows.sort_by(|a, b| {
         let key = |r: &RunRow| r.started_unix.unwrap_or(f64::INFINITY);
@@ -107,8 +154,8 @@ fn opt(x: Option<f64>, decimals: usize) -> String {
 /// The rows as an aligned text table, with any unreadable files listed below it.
 pub fn format_runs(rows: &[RunRow]) -> String {
     if rows.is_empty() {
-        return "no runs (a run is a folder with summary.json; `redline train` writes one \
-                under runs/)\n"
+        return "no runs (a run is a folder with summary.json or metrics.jsonl; `redline train` \
+                writes one under runs/)\n"
             .into();
     }
     let header = [
@@ -234,6 +281,34 @@ mod tests {
         assert_eq!(rows[0].status, "unreadable");
         let text = format_runs(&rows);
         assert!(text.contains("summary.json:1:"), "{text}");
+    }
+
+    #[test]
+    fn a_folder_without_a_summary_is_running_or_killed() {
+        let root = tempfile::tempdir().unwrap();
+        let folder = |name: &str, pid: Option<u32>| {
+            let dir = root.path().join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("metrics.jsonl"), "").unwrap();
+            std::fs::write(dir.join("config.toml"), "epochs = 5\nmodel = \"cnn\"\n").unwrap();
+            if let Some(p) = pid {
+                std::fs::write(dir.join("pid"), p.to_string()).unwrap();
+            }
+        };
+        folder("a-killed", None);
+        // This test's own process is alive; pid 0 never has a /proc entry.
+        folder("b-live", Some(std::process::id()));
+        folder("c-dead", Some(0));
+        let mut rows = list_runs(root.path()).unwrap();
+        rows.sort_by(|a, b| a.name.cmp(&b.name));
+        let status: Vec<&str> = rows.iter().map(|r| r.status.as_str()).collect();
+        assert_eq!(status, ["killed", "running", "killed"]);
+        assert!(rows
+            .iter()
+            .all(|r| r.model == "cnn" && r.started_unix.is_some()));
+        let text = format_runs(&rows);
+        assert!(text.contains("a-killed: no summary.json"), "{text}");
+        assert!(!text.contains("b-live: "), "{text}");
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! by Redline's trainer without rewriting it: only a `Model` impl that calls the
 //! module and registers the `VarMap`'s variables under their names.
 //!
-//! The model is a small CNN on Fashion-MNIST, built exactly as a candle-nn user
-//! builds it. Its gradients come through candle's `GradStore`, which
+//! The model is a small CNN, built exactly as a candle-nn user builds it, on
+//! any image data Redline reads (`redline_data::prepare` detects the format):
+//! Fashion-MNIST by default, or a CIFAR-10 binary folder (the test makes a
+//! small one), with the input channels, size and classes taken from the data. Its gradients come through candle's `GradStore`, which
 //! `Params::backward` moves into each parameter's gradient buffer. Clipping,
 //! accumulation and the gradient norm therefore see them as they see the zoo's.
 //!
@@ -13,10 +15,11 @@
 
 use std::path::{Path, PathBuf};
 
+use anyhow::Context;
 use candle_core::{DType, Module, Tensor};
 use candle_nn::{conv2d, linear, Conv2d, Conv2dConfig, Linear, VarBuilder, VarMap};
 use redline_core::Device;
-use redline_data::{Loader, LoaderConfig, Normalize, Split, SplitKind};
+use redline_data::{prepare, DataOptions, Loader, LoaderConfig, Split};
 use redline_models::{Model, Params};
 use redline_train::{Classifier, GradClip, TrainConfig, Trainer};
 
@@ -28,23 +31,30 @@ pub struct Net {
 }
 
 impl Net {
-    /// Builds the layers through a `VarBuilder` (names `conv1.weight`, ...).
-    pub fn new(vb: VarBuilder) -> candle_core::Result<Self> {
+    /// Builds the layers through a `VarBuilder` (names `conv1.weight`, ...)
+    /// for `channels` x `side` x `side` images and `classes` outputs.
+    pub fn new(
+        vb: VarBuilder,
+        channels: usize,
+        side: usize,
+        classes: usize,
+    ) -> candle_core::Result<Self> {
         let pad = Conv2dConfig {
             padding: 1,
             ..Default::default()
         };
+        let pooled = side / 4;
         Ok(Self {
-            conv1: conv2d(1, 8, 3, pad, vb.pp("conv1"))?,
+            conv1: conv2d(channels, 8, 3, pad, vb.pp("conv1"))?,
             conv2: conv2d(8, 16, 3, pad, vb.pp("conv2"))?,
-            fc: linear(16 * 7 * 7, 10, vb.pp("fc"))?,
+            fc: linear(16 * pooled * pooled, classes, vb.pp("fc"))?,
         })
     }
 }
 
 impl Module for Net {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        // (B, 1, 28, 28) -> (B, 8, 14, 14) -> (B, 16, 7, 7) -> (B, 10)
+        // (B, C, S, S) -> (B, 8, S/2, S/2) -> (B, 16, S/4, S/4) -> (B, classes)
         let h = self.conv1.forward(x)?.relu()?.max_pool2d(2)?;
         let h = self.conv2.forward(&h)?.relu()?.max_pool2d(2)?;
         self.fc.forward(&h.flatten_from(1)?)
@@ -88,15 +98,28 @@ impl<M: Module + Send + Sync> Model for CandleNn<M> {
 }
 
 /// Trains the candle-nn CNN for `epochs` on the first `samples` training
-/// images and returns the test accuracy.
+/// images of `data` (any image format Redline detects) and returns the test
+/// accuracy.
 pub fn run(data: &Path, epochs: usize, samples: usize) -> anyhow::Result<f64> {
     let dev = Device::cpu();
+    let found = prepare(data, &DataOptions::default())?;
+    let [channels, side, width] = found.train.input_dims[..] else {
+        anyhow::bail!("{}: not images (C x H x W)", data.display());
+    };
+    anyhow::ensure!(side == width, "square images expected, got {side}x{width}");
+    let classes = found.train.target.classes().unwrap_or(0);
+    let test = found.test.as_ref().context("the data has no test split")?;
+    println!(
+        "{}: {} {channels}x{side}x{side}, {classes} classes",
+        data.display(),
+        found.format
+    );
+
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, dev.candle());
-    let model = CandleNn::new(Net::new(vb)?, &varmap)?;
+    let model = CandleNn::new(Net::new(vb, channels, side, classes)?, &varmap)?;
 
-    let load = |kind| Split::load(data, kind, 10, Normalize::default(), dev.candle());
-    let train = load(SplitKind::Train)?;
+    let train = Split::from_host(&found.train, dev.candle())?;
     let n = samples.min(train.len());
     let train = Split {
         x: train.x.narrow(0, 0, n)?,
@@ -109,7 +132,7 @@ pub fn run(data: &Path, epochs: usize, samples: usize) -> anyhow::Result<f64> {
         batch_size: 1000,
         ..Default::default()
     };
-    let test = Loader::new(load(SplitKind::Test)?, test_cfg)?;
+    let test = Loader::new(Split::from_host(test, dev.candle())?, test_cfg)?;
     let mut trainer = Trainer::builder()
         .config(TrainConfig {
             epochs,

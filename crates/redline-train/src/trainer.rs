@@ -87,9 +87,19 @@ pub struct TrainerBuilder {
     model_name: String,
     profiler: Mode,
     stop: Option<Arc<AtomicBool>>,
+    threads: Option<usize>,
 }
 
 impl TrainerBuilder {
+    /// Compute threads for this trainer's fused kernels, on the thread that
+    /// calls `fit`/`validate`/`test` and only while they run (default: the
+    /// process's setting, `redline_core::threads::configure`). Two trainers in
+    /// one process can so run with different counts.
+    pub fn threads(mut self, n: usize) -> Self {
+        self.threads = Some(n);
+        self
+    }
+
     /// A flag the loop polls after every step (and validation batch): once
     /// set, the fit ends with [`Error::Interrupted`] (the CLI sets it from
     /// SIGINT/SIGTERM).
@@ -176,6 +186,9 @@ impl TrainerBuilder {
         if self.cfg.accumulate == 0 {
             return Err(Error::Config("--accumulate must be at least 1".into()));
         }
+        if self.threads == Some(0) {
+            return Err(Error::Config("--threads must be at least 1".into()));
+        }
         if let Some(c) = &self.cfg.clip {
             c.check()?;
         }
@@ -198,6 +211,7 @@ impl TrainerBuilder {
             profiler: None,
             reads: HostReads::new(),
             stop: self.stop,
+            threads: self.threads,
         })
     }
 }
@@ -218,6 +232,8 @@ pub struct Trainer {
     reads: HostReads,
     /// Set from outside to stop the fit after the current step.
     stop: Option<Arc<AtomicBool>>,
+    /// This trainer's compute threads, if it has its own count.
+    threads: Option<usize>,
 }
 
 impl Trainer {
@@ -235,6 +251,7 @@ impl Trainer {
             model_name: "model".into(),
             profiler: Mode::Off,
             stop: None,
+            threads: None,
         }
     }
 
@@ -262,6 +279,7 @@ impl Trainer {
 
     /// Trains on `train`, validating on `val` after each epoch when given.
     pub fn fit(&mut self, train: &Loader, val: Option<&Loader>) -> Result<FitSummary> {
+        let _threads = self.threads.map(redline_core::threads::scoped);
         let mut prof = Profiler::new(self.profile_mode, &self.device.to_string());
         // Events at every switch cost a few microseconds each: only when a
         // profile was asked for (the breakdown itself is host-timed).
@@ -280,6 +298,11 @@ impl Trainer {
         let summary = result?;
         trimmed?;
         Ok(summary)
+    }
+
+    /// The device the trainer runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// The device's memory now (allocated, peak, pool); `None` on the CPU.
@@ -585,6 +608,7 @@ impl Trainer {
     /// One validation pass over `loader`: the step's mean loss and metrics
     /// (model in eval mode, nothing trained).
     pub fn validate(&self, loader: &Loader) -> Result<EvalResult> {
+        let _threads = self.threads.map(redline_core::threads::scoped);
         self.evaluate_inner(loader)
             .map_err(|e| e.with_oom_context(&self.device.to_string(), loader.config().batch_size))
     }

@@ -6,37 +6,21 @@
 // Tests may panic on unexpected values: that is how they fail.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use candle_core::{Device as CDevice, Tensor};
+use candle_core::Device as CDevice;
+use common::{
+    check_losses, check_series, flat, golden, load, max_rel, rel_l2, root, trace, Losses,
+};
 use redline_core::{Device, Precision};
 use redline_data::{Loader, LoaderConfig, Normalize, Placement, Split, SplitKind};
 use redline_models::{Model, ModelConfig};
 use redline_train::{
-    loss::cross_entropy, Callback, Classifier, Event, GradClip, OptimizerConfig, TrainConfig,
-    Trainer,
+    loss::cross_entropy, Classifier, GradClip, OptimizerConfig, TrainConfig, Trainer,
 };
-
-fn root() -> PathBuf {
-    // A test binary carried to another machine (bench/gpu.sh) is told where the repository is.
-    std::env::var_os("REDLINE_REPO_ROOT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."))
-}
-
-fn golden(name: &str) -> PathBuf {
-    root().join("testdata/golden").join(name)
-}
-
-fn load(name: &str) -> HashMap<String, Tensor> {
-    candle_core::safetensors::load(golden(name), &CDevice::Cpu).unwrap()
-}
-
-fn trace(name: &str) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(golden(name)).unwrap()).unwrap()
-}
 
 /// The device the golden checks run on: the CPU, or (CUDA build, `cuda_*`
 /// tests) the first GPU.
@@ -83,52 +67,6 @@ fn train_loader(batch: usize, dev: &Device, placement: Placement) -> Loader {
         drop_last: false,
     };
     Loader::placed(split, dev.candle(), placement, cfg).unwrap()
-}
-
-fn flat(t: &Tensor) -> Vec<f32> {
-    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
-}
-
-/// max |a-b| / max(|b|_inf, tiny)
-fn max_rel(a: &Tensor, b: &Tensor) -> f64 {
-    let (a, b) = (flat(a), flat(b));
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-12);
-    a.iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max) as f64
-        / scale as f64
-}
-
-/// ||a-b||_2 / ||b||_2
-fn rel_l2(a: &Tensor, b: &Tensor) -> f64 {
-    let (a, b) = (flat(a), flat(b));
-    let num: f64 = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| ((x - y) as f64).powi(2))
-        .sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den.max(1e-30)).sqrt()
-}
-
-/// Collects every logged loss, and every logged gradient norm into the second list.
-struct Losses(Arc<Mutex<Vec<f64>>>, Arc<Mutex<Vec<f64>>>);
-
-impl Callback for Losses {
-    fn name(&self) -> &str {
-        "losses"
-    }
-    fn on_event(&mut self, e: &Event<'_>) -> Result<(), String> {
-        if let Event::Log(s) = e {
-            self.0.lock().unwrap().push(s.loss);
-            if let Some(g) = s.grad_norm {
-                self.1.lock().unwrap().push(g);
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Runs the reference's training: `steps` steps, file order, batch 64, no validation.
@@ -199,28 +137,6 @@ fn run_logged(
         .unwrap();
     let norms = norms.lock().unwrap().clone();
     (out, got, norms)
-}
-
-fn check_losses(got: &[f64], trace: &serde_json::Value, rel_tol: f64) {
-    check_series(got, trace, "losses", rel_tol);
-}
-
-fn check_series(got: &[f64], trace: &serde_json::Value, key: &str, rel_tol: f64) {
-    let want: Vec<f64> = trace[key]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
-    assert_eq!(got.len(), want.len());
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        let rel = (g - w).abs() / w.abs();
-        assert!(
-            rel < rel_tol,
-            "{key} at step {}: ours {g}, PyTorch {w}, rel {rel:e}",
-            i + 1
-        );
-    }
 }
 
 fn first_batch_check(kind: &str, logits_tol: f64, grad_tol: f64) {

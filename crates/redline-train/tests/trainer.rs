@@ -374,3 +374,64 @@ fn a_set_stop_flag_ends_the_fit_after_a_whole_step() -> R {
     );
     Ok(())
 }
+
+#[test]
+fn each_trainer_keeps_its_own_thread_count() -> R {
+    use redline_train::{StepOutput, TrainStep};
+    // A classifier that notes the fused kernels' thread count at every step.
+    struct Spy(
+        Classifier<Box<dyn redline_models::Model>>,
+        Arc<Mutex<Vec<usize>>>,
+    );
+    impl TrainStep for Spy {
+        fn params(&self) -> &redline_models::Params {
+            self.0.params()
+        }
+        fn training_step(&self, b: &redline_data::Batch) -> redline_train::Result<StepOutput> {
+            let n = redline_core::threads::compute_threads();
+            self.1
+                .lock()
+                .map_err(|_| redline_train::Error::Config("poisoned".into()))?
+                .push(n);
+            self.0.training_step(b)
+        }
+        fn validation_step(&self, b: &redline_data::Batch) -> redline_train::Result<StepOutput> {
+            self.training_step(b)
+        }
+    }
+    let fit = |threads: usize| -> anyhow::Result<Vec<usize>> {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let spy = Spy(Classifier::new(mlp(2)?), Arc::clone(&seen));
+        let mut t = Trainer::builder()
+            .config(cfg(1, None))
+            .threads(threads)
+            .build(spy, Device::cpu())?;
+        let data = loader(classes(12)?, 4)?;
+        t.fit(&data, Some(&data))?;
+        t.test(&data)?;
+        let seen = seen
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .clone();
+        Ok(seen)
+    };
+    let before = redline_core::threads::compute_threads();
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| fit(3));
+        let b = s.spawn(|| fit(7));
+        (a.join(), b.join())
+    });
+    let a = a.map_err(|_| anyhow::anyhow!("fit panicked"))??;
+    let b = b.map_err(|_| anyhow::anyhow!("fit panicked"))??;
+    // 3 training steps, 3 validation and 3 test batches each.
+    assert_eq!(a, vec![3; 9]);
+    assert_eq!(b, vec![7; 9]);
+    assert_eq!(redline_core::threads::compute_threads(), before);
+    let zero = Trainer::builder()
+        .threads(0)
+        .build(Classifier::new(mlp(2)?), Device::cpu())
+        .err()
+        .map(|e| e.to_string());
+    assert!(zero.is_some_and(|e| e.contains("--threads must be at least 1")));
+    Ok(())
+}

@@ -2,10 +2,8 @@
 //! the only place that turns errors into output and exit codes.
 
 mod cli;
-mod csv_log;
 mod data_flags;
 mod progress;
-mod run_dir;
 mod step_kind;
 mod summary;
 mod train;

@@ -11,20 +11,16 @@ use redline_data::{
     place, Augmented, DataOnDevice, Dataset, HostData, Loader, LoaderConfig, Placement,
 };
 use redline_models::ModelConfig;
-use redline_monitor::Sampler;
-use redline_profile::{Mode, Profile};
-use redline_train::metrics::{num, prefixed};
-use redline_train::{
-    EvalResult, FitSummary, GradClip, JsonlMetrics, OptimizerConfig, TrainConfig, Trainer,
-};
+use redline_profile::Mode;
+use redline_train::{GradClip, JsonlMetrics, OptimizerConfig, TrainConfig, Trainer};
 use serde_json::json;
 
 use crate::cli::TrainArgs;
 use crate::data_flags::{augment, data_options, hidden};
 use crate::progress::Progress;
-use crate::run_dir::{self, RunLog};
 use crate::step_kind::StepKind;
 use crate::summary;
+use redline_run::{Ending, Finished, Run};
 
 /// The shipped Fashion-MNIST: `./data/fashion-mnist` from the repository root,
 /// else the copy beside the sources this binary was built from.
@@ -165,8 +161,17 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         prepared.val.as_ref().map_or(0, |v| v.len()),
         prepared.test.as_ref().map_or(0, |t| t.len()),
     );
+    // A stated clamp: a batch larger than the data is the whole data.
+    let batch_size = args.batch_size.min(train_n.max(1));
+    if batch_size < args.batch_size {
+        println!(
+            "  --batch-size {} is more than the {train_n} training samples: each step uses all \
+             {train_n} (batch {batch_size})",
+            args.batch_size
+        );
+    }
     let train_cfg = LoaderConfig {
-        batch_size: args.batch_size,
+        batch_size,
         shuffle: !args.no_shuffle,
         seed: args.seed,
         prefetch: args.prefetch,
@@ -211,7 +216,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         device,
         threads,
         args.optimizer,
-        args.batch_size,
+        batch_size,
         args.lr,
         step_kind
     );
@@ -250,13 +255,13 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         println!(
             "  accumulating {} micro-batches of {} per optimizer step (effective batch {})",
             args.accumulate,
-            args.batch_size,
-            args.accumulate * args.batch_size
+            batch_size,
+            args.accumulate * batch_size
         );
     }
 
-    let started = run_dir::unix_now();
-    let dir = run_dir::create(args.run_dir.as_deref(), model_cfg.name(), started)?;
+    let mut run = Run::create(args.run_dir.as_deref(), model_cfg.name())?;
+    let dir = run.dir().to_path_buf();
     // A model file is copied into the run folder, and the config names the
     // copy: the run re-runs from its folder even after the file changes.
     let mut recorded = args.clone();
@@ -272,30 +277,48 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         recorded.model = copy.display().to_string();
     }
     let config = toml::to_string(&recorded).context("serialising the config")?;
-    run_dir::write_atomic(
-        &dir.join("config.toml"),
+    run.write_file(
+        "config.toml",
         &format!(
             "# redline train --config {} runs this again (same seed, data and flags)\n{config}",
             dir.join("config.toml").display()
         ),
     )?;
-    let log = RunLog::create(&dir)?;
-    let sampler = (args.monitor_interval > 0.0)
-        .then(|| Sampler::start_with(monitor_every, log.system_callback()));
+    // `detailed`: this thread and the monitor's record into one trace, which
+    // the trainer's profiler joins and writes.
+    let tracer = (mode == Mode::Detailed).then(redline_core::trace::Tracer::new);
+    let _traced = tracer.as_ref().map(redline_core::trace::Tracer::attach);
+    if args.monitor_interval > 0.0 {
+        run.monitor(monitor_every);
+    }
     let free_cores = redline_core::threads::last_free_cores()
         .unwrap_or_else(|| redline_core::threads::measure_free_cores(Duration::from_millis(100)));
-    let mut head = json!({
-        "model": model_cfg.name(), "device": device.to_string(),
-        "started": run_dir::utc_stamp(started).1, "started_unix": started,
-        "batch_size": args.batch_size, "accumulate": args.accumulate, "threads": threads, "free_cores": free_cores,
-        "logical_cores": redline_core::threads::usable_cores(), "prefetch": args.prefetch,
-        "data_placement": train_loader.placement().to_string(),
-        "profiler": mode.to_string(), "run_dir": dir.display().to_string(),
-    });
+    for (k, v) in [
+        ("device", json!(device.to_string())),
+        ("batch_size", json!(batch_size)),
+        ("accumulate", json!(args.accumulate)),
+        ("threads", json!(threads)),
+        ("free_cores", json!(free_cores)),
+        (
+            "logical_cores",
+            json!(redline_core::threads::usable_cores()),
+        ),
+        ("prefetch", json!(args.prefetch)),
+        (
+            "data_placement",
+            json!(train_loader.placement().to_string()),
+        ),
+        ("profiler", json!(mode.to_string())),
+    ] {
+        run.set(k, v);
+    }
+    run.report(Box::new(|d| {
+        redline_report::write_report(d).map_err(|e| e.to_string())
+    }));
 
     let mut builder = Trainer::builder()
         .profiler(mode)
-        .callback(Box::new(log))
+        .callback(run.callback())
         .config(TrainConfig {
             epochs: args.epochs,
             max_steps: args.max_steps,
@@ -330,9 +353,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         (Ok(_), Some(path)) => Some(trainer.save_weights(path).context("--save").map(|()| path)),
         _ => None,
     };
-    let samples = sampler.map(Sampler::stop).map_or(0, |s| s.len());
     // After fit the pool was trimmed: peak is the run's high-water mark.
-    if let (Ok(Some(mem)), serde_json::Value::Object(m)) = (trainer.memory(), &mut head) {
+    if let Ok(Some(mem)) = trainer.memory() {
         println!(
             "device memory: peak allocated {:.1} MiB, pool {:.1} MiB after trim, {:.1} of {:.1} GiB free",
             mem.peak_allocated as f64 / 1048576.0,
@@ -340,9 +362,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             mem.device_free as f64 / 1073741824.0,
             mem.device_total as f64 / 1073741824.0
         );
-        m.insert("device_memory".into(), mem.to_json());
     }
-    let profile = trainer.finish_profile();
     let outcome = match (fit, saved) {
         (Err(redline_train::Error::Interrupted { step, epoch }), _) => {
             Err(anyhow::Error::new(Stopped {
@@ -356,98 +376,53 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         (Ok(f), _) => Ok(f),
     };
     if let Ok((fit, test)) = &outcome {
-        summary::print(fit, test.as_ref(), args.batch_size)?;
+        summary::print(fit, test.as_ref(), batch_size)?;
         if let Some(path) = &args.save {
             println!("saved weights to {}", path.display());
         }
     }
-    finish(
-        &dir,
-        head,
-        outcome.as_ref().ok().map(|(f, t)| (f, t.as_ref())),
-        profile.as_ref(),
-        samples,
-        &outcome,
-    )?;
+    let message = outcome.as_ref().err().map(|e| format!("{e:#}"));
+    let ending = match (&outcome, &message) {
+        (Ok((fit, test)), _) => Ending::Finished {
+            fit,
+            test: test.as_ref(),
+        },
+        (Err(e), Some(m)) if e.downcast_ref::<Stopped>().is_some() => Ending::Interrupted(m),
+        (Err(_), m) => Ending::Failed(m.as_deref().unwrap_or_default()),
+    };
+    let done = run.finish(&mut trainer, ending)?;
+    report(&done);
     outcome.map(|_| ())
 }
 
-/// Writes what the run leaves behind (breakdown, profile, summary, report),
-/// on failure too, and prints the breakdown line, the profile table and where
-/// the files are.
-fn finish<T>(
-    dir: &Path,
-    head: serde_json::Value,
-    fit: Option<(&FitSummary, Option<&EvalResult>)>,
-    profile: Option<&Profile>,
-    samples: usize,
-    outcome: &anyhow::Result<T>,
-) -> anyhow::Result<()> {
-    if let Some(p) = profile {
-        p.write(dir)?;
+/// Prints what the run left behind: the profile table and breakdown line,
+/// the trace, and where the folder and report are.
+fn report(done: &Finished) {
+    if let Some(p) = &done.profile {
         if p.mode != Mode::Off {
             print!("{}", p.table());
         }
         if let Some(t) = &p.trace {
             println!(
                 "trace: {} ({} spans; open in https://ui.perfetto.dev or chrome://tracing)",
-                dir.join("trace.json").display(),
+                done.dir.join("trace.json").display(),
                 t.spans.len()
             );
         }
         println!("{}", p.breakdown.line());
     }
-    let mut summary = head;
-    if let serde_json::Value::Object(m) = &mut summary {
-        let (status, error) = match outcome {
-            Ok(_) => ("finished", serde_json::Value::Null),
-            Err(e) if e.downcast_ref::<Stopped>().is_some() => {
-                ("interrupted", json!(format!("{e:#}")))
-            }
-            Err(e) => ("failed", json!(format!("{e:#}"))),
-        };
-        m.insert("status".into(), json!(status));
-        m.insert("error".into(), error);
-        m.insert("system_samples".into(), json!(samples));
-        if let Some((f, test)) = fit {
-            let evals = f
-                .val
-                .iter()
-                .flat_map(|v| prefixed("val_", v.loss, &v.metrics));
-            let tests = test
-                .into_iter()
-                .flat_map(|t| prefixed("test_", t.loss, &t.metrics));
-            m.extend(evals.chain(tests).map(|(k, v)| (k, num(v))));
-            for (k, v) in [
-                ("epochs", json!(f.epochs)),
-                ("steps", json!(f.steps)),
-                ("samples", json!(f.samples)),
-                ("wall_s", json!(f.wall_s)),
-                ("train_s", json!(f.train_s)),
-                ("eval_s", json!(f.eval_s)),
-                ("samples_per_s", num(f.samples_per_s)),
-                ("host_syncs_per_step", json!(f.host_syncs_per_step)),
-            ] {
-                m.insert(k.into(), v);
-            }
-        }
-    }
-    run_dir::write_atomic(
-        &dir.join("summary.json"),
-        &serde_json::to_string_pretty(&summary)?,
-    )?;
-    match redline_report::write_report(dir) {
-        Ok(page) => println!(
+    match &done.report {
+        Some(Ok(page)) => println!(
             "run folder: {}  (report: {})",
-            dir.display(),
+            done.dir.display(),
             page.display()
         ),
-        Err(e) => {
-            println!("run folder: {}", dir.display());
+        Some(Err(e)) => {
+            println!("run folder: {}", done.dir.display());
             eprintln!("warning: report not written: {e}");
         }
+        None => println!("run folder: {}", done.dir.display()),
     }
-    Ok(())
 }
 
 /// `--clip-grad-norm` / `--clip-grad-value` (clap refuses both at once).

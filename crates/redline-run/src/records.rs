@@ -1,4 +1,6 @@
-//! `summary.json` and the records of `metrics.jsonl` as typed structs (docs/run-dir.md).
+//! `summary.json` and the records of `metrics.jsonl` as typed structs
+//! (docs/run-dir.md): what the writer ([`crate::Run`], [`crate::RunLog`])
+//! writes and what `redline-report` reads.
 //!
 //! Every struct is tolerant: unknown fields are ignored, and a missing or `null`
 //! field reads as `None` (or an empty string/list), because a failed run, an
@@ -6,10 +8,10 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Reads `null` as the type's default, so `"model": null` is `""`, not an error.
-pub(crate) fn nullable<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
+pub fn nullable<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
 where
     D: Deserializer<'de>,
     T: Deserialize<'de> + Default,
@@ -25,6 +27,8 @@ pub enum RunStatus {
     Finished,
     /// The run stopped on an error (`Summary::error` holds it).
     Failed,
+    /// The run was stopped by a signal after a whole step (`Summary::error` says which).
+    Interrupted,
     /// A status this version does not know, kept verbatim.
     Other(String),
     /// No status was written.
@@ -37,9 +41,16 @@ impl From<String> for RunStatus {
         match s.as_str() {
             "finished" => Self::Finished,
             "failed" => Self::Failed,
+            "interrupted" => Self::Interrupted,
             "" => Self::Unknown,
             _ => Self::Other(s),
         }
+    }
+}
+
+impl Serialize for RunStatus {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 
@@ -48,6 +59,7 @@ impl std::fmt::Display for RunStatus {
         f.write_str(match self {
             Self::Finished => "finished",
             Self::Failed => "failed",
+            Self::Interrupted => "interrupted",
             Self::Other(s) => s,
             Self::Unknown => "unknown",
         })
@@ -55,7 +67,7 @@ impl std::fmt::Display for RunStatus {
 }
 
 /// `summary.json`: the run's headline numbers.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Summary {
     /// Model name (`mlp`, `cnn`, ...).
@@ -68,46 +80,66 @@ pub struct Summary {
     #[serde(deserialize_with = "nullable")]
     pub started: String,
     /// Start time as Unix seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub started_unix: Option<f64>,
     /// Finished or failed.
     pub status: RunStatus,
     /// The error message of a failed run.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// Epochs run.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub epochs: Option<u64>,
     /// Optimizer steps run.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub steps: Option<u64>,
     /// Training samples seen.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub samples: Option<u64>,
     /// Samples per step.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub batch_size: Option<u64>,
     /// Seconds from start to end.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub wall_s: Option<f64>,
     /// Seconds in training epochs.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub train_s: Option<f64>,
     /// Seconds in evaluation.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_s: Option<f64>,
     /// Training throughput.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub samples_per_s: Option<f64>,
     /// Loss of the test pass after training (older runs: the last validation).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub test_loss: Option<f64>,
     /// Accuracy of the test pass, 0..1 (classification only).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub test_accuracy: Option<f64>,
     /// Loss of the last validation pass.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub val_loss: Option<f64>,
     /// Accuracy of the last validation pass, 0..1.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub val_accuracy: Option<f64>,
     /// Device-to-host reads per optimizer step.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub host_syncs_per_step: Option<f64>,
     /// Compute threads the run used.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub threads: Option<u64>,
     /// Cores that were free when the run started.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub free_cores: Option<f64>,
     /// Logical cores of the machine.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub logical_cores: Option<u64>,
     /// Batches prefetched ahead of the step.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub prefetch: Option<u64>,
     /// Profiler mode (`off`, `simple`, `detailed`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub profiler: Option<String>,
     /// Every other key: the step's other metrics (`test_mae`, `val_mae`, ...)
     /// and fields this reader does not type.
@@ -131,7 +163,7 @@ impl Summary {
 }
 
 /// A `{"kind":"step"}` record of `metrics.jsonl`, written at each log point.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct StepRecord {
     /// Optimizer step (1-based, counted across epochs).
@@ -146,10 +178,13 @@ pub struct StepRecord {
     pub samples_per_s: Option<f64>,
     /// Seconds since training started.
     pub elapsed_s: Option<f64>,
+    /// Gradient norm before clipping (with `--log-grad-norm` or norm clipping).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grad_norm: Option<f64>,
 }
 
 /// A `{"kind":"epoch"}` record of `metrics.jsonl`, written at each epoch end.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct EpochRecord {
     /// Epoch (1-based).
@@ -205,7 +240,7 @@ impl EpochRecord {
 }
 
 /// Host numbers of a system record.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct HostSample {
     /// Busy percent of each logical core.
@@ -227,7 +262,7 @@ pub struct HostSample {
 }
 
 /// A redline process of a host sample.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct HostProcess {
     /// Process id.
@@ -242,7 +277,7 @@ pub struct HostProcess {
 }
 
 /// One GPU of a system record.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct GpuSample {
     /// NVML index.
@@ -274,7 +309,7 @@ pub struct GpuSample {
 }
 
 /// A process of a GPU sample.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct GpuProcess {
     /// Process id (in the driver's pid namespace).
@@ -287,7 +322,7 @@ pub struct GpuProcess {
 }
 
 /// A `{"kind":"system"}` record of `metrics.jsonl`: one monitor sample.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SystemRecord {
     /// Seconds since the sampler started.
@@ -304,12 +339,16 @@ pub struct SystemRecord {
 }
 
 /// One line of `metrics.jsonl`, told apart by `kind`; unknown kinds are skipped.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
-pub(crate) enum Record {
+pub enum Record {
+    /// A log point.
     Step(StepRecord),
+    /// An epoch end.
     Epoch(EpochRecord),
+    /// A system sample.
     System(SystemRecord),
+    /// A kind this version does not read (`test`, or a newer writer's).
     #[serde(other)]
     Other,
 }

@@ -1,5 +1,5 @@
-//! The run folder one `redline train` leaves behind (format: docs/run-dir.md):
-//! config, metrics as JSON lines, CSV and TensorBoard scalars, system samples.
+//! The records a run writes as it goes (format: docs/run-dir.md): metrics as
+//! JSON lines, CSV and TensorBoard scalars, and system samples.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -7,59 +7,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use anyhow::{bail, Context};
 use redline_monitor::{Sample, SampleCallback};
 use redline_tensorboard::EventWriter;
 use redline_train::{epoch_record, prefixed, step_record, test_record, Callback, Event};
-
-use crate::csv_log::CsvLog;
 use serde_json::{json, Value};
 
-pub use redline_core::time::unix_now;
-
-/// `(YYYYmmdd-HHMMSS, YYYY-mm-dd HH:MM:SS UTC)` of a Unix time.
-pub fn utc_stamp(unix: f64) -> (String, String) {
-    let t = redline_core::time::Utc::from_unix(unix);
-    (t.stamp(), t.to_string())
-}
-
-/// Picks and creates the run folder: `DIR` when given (refused if it already
-/// holds a run, so nothing is overwritten), else `runs/<stamp>-<model>`.
-pub fn create(explicit: Option<&Path>, model: &str, started_unix: f64) -> anyhow::Result<PathBuf> {
-    let dir = match explicit {
-        Some(d) => {
-            if d.join("summary.json").exists() || d.join("metrics.jsonl").exists() {
-                bail!(
-                    "--run-dir {}: this folder already holds a run\nHINT: pick a new folder, or \
-                     leave out --run-dir for runs/<date-time>-<model>",
-                    d.display()
-                );
-            }
-            d.to_path_buf()
-        }
-        None => {
-            let stamp = utc_stamp(started_unix).0;
-            let base = PathBuf::from("runs").join(format!("{stamp}-{model}"));
-            let mut dir = base.clone();
-            let mut n = 1;
-            while dir.exists() {
-                n += 1;
-                dir = PathBuf::from(format!("{}-{n}", base.display()));
-            }
-            dir
-        }
-    };
-    std::fs::create_dir_all(&dir)
-        .with_context(|| format!("creating the run folder {}", dir.display()))?;
-    Ok(dir)
-}
-
-/// Writes `text` to `path` through a temporary file and a rename.
-pub fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
-}
+use crate::csv::CsvLog;
+use crate::error::{Error, Result};
+use crate::folder::unix_now;
 
 /// The first columns of `metrics.csv`; the step's metrics add theirs.
 const CSV_HEADER: [&str; 10] = [
@@ -85,7 +40,7 @@ struct Writers {
 impl Writers {
     /// Writes `v` to `metrics.jsonl` and, with `csv`, to `metrics.csv`
     /// (with `step` set on records that lack it).
-    fn line(&mut self, v: &Value, csv: Option<usize>) -> Result<(), String> {
+    fn line(&mut self, v: &Value, csv: Option<usize>) -> std::result::Result<(), String> {
         let err = |e: std::io::Error| format!("{}: {e}", self.dir.display());
         writeln!(self.jsonl, "{v}").map_err(err)?;
         self.jsonl.flush().map_err(err)?;
@@ -102,6 +57,7 @@ impl Writers {
 
 /// Writes the run's metrics as they happen; the training loop's observer and
 /// the system sampler share it.
+#[derive(Clone)]
 pub struct RunLog {
     writers: Arc<Mutex<Writers>>,
     /// The latest global step, so system samples land on the step axis too.
@@ -110,17 +66,17 @@ pub struct RunLog {
 
 impl RunLog {
     /// Creates `metrics.jsonl`, `metrics.csv` and the TensorBoard event file in `dir`.
-    pub fn create(dir: &Path) -> anyhow::Result<Self> {
+    pub fn create(dir: &Path) -> Result<Self> {
         let open = |name: &str| {
             let p = dir.join(name);
             File::create(&p)
                 .map(BufWriter::new)
-                .with_context(|| format!("creating {}", p.display()))
+                .map_err(Error::io("creating", p))
         };
         let csv_path = dir.join("metrics.csv");
-        let csv = CsvLog::create(&csv_path, &CSV_HEADER)
-            .with_context(|| format!("creating {}", csv_path.display()))?;
-        let tb = EventWriter::create(dir).context("creating the TensorBoard event file")?;
+        let csv =
+            CsvLog::create(&csv_path, &CSV_HEADER).map_err(Error::io("creating", &csv_path))?;
+        let tb = EventWriter::create(dir)?;
         Ok(Self {
             writers: Arc::new(Mutex::new(Writers {
                 dir: dir.to_path_buf(),
@@ -132,7 +88,10 @@ impl RunLog {
         })
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut Writers) -> Result<T, String>) -> Result<T, String> {
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Writers) -> std::result::Result<T, String>,
+    ) -> std::result::Result<T, String> {
         let mut w = self
             .writers
             .lock()
@@ -152,7 +111,7 @@ impl RunLog {
     }
 }
 
-fn write_system(w: &mut Writers, s: &Sample, step: usize) -> Result<(), String> {
+fn write_system(w: &mut Writers, s: &Sample, step: usize) -> std::result::Result<(), String> {
     let mut v = serde_json::to_value(s).map_err(|e| e.to_string())?;
     if let Value::Object(m) = &mut v {
         m.insert("kind".into(), json!("system"));
@@ -186,7 +145,7 @@ impl Callback for RunLog {
         "run folder"
     }
 
-    fn on_event(&mut self, event: &Event<'_>) -> Result<(), String> {
+    fn on_event(&mut self, event: &Event<'_>) -> std::result::Result<(), String> {
         match event {
             Event::StepEnd { step, .. } => {
                 self.step.store(*step, Ordering::Relaxed);
@@ -228,7 +187,11 @@ impl Callback for RunLog {
 }
 
 /// Writes finite `scalars` to TensorBoard at `step` and flushes.
-fn add_scalars(w: &mut Writers, step: usize, scalars: &[(String, f64)]) -> Result<(), String> {
+fn add_scalars(
+    w: &mut Writers,
+    step: usize,
+    scalars: &[(String, f64)],
+) -> std::result::Result<(), String> {
     let refs: Vec<(&str, f64)> = scalars
         .iter()
         .filter(|(_, v)| v.is_finite())
@@ -237,20 +200,4 @@ fn add_scalars(w: &mut Writers, step: usize, scalars: &[(String, f64)]) -> Resul
     w.tb.add_scalars(step as i64, &refs, unix_now())
         .and_then(|()| w.tb.flush())
         .map_err(|e| e.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn explicit_folder_holding_a_run_is_refused() -> anyhow::Result<()> {
-        let t = tempfile::tempdir()?;
-        let dir = t.path().join("r");
-        assert_eq!(create(Some(&dir), "mlp", 0.0)?, dir);
-        std::fs::write(dir.join("summary.json"), "{}")?;
-        let err = create(Some(&dir), "mlp", 0.0).err().map(|e| e.to_string());
-        assert!(err.is_some_and(|e| e.contains("already holds a run")));
-        Ok(())
-    }
 }

@@ -1,0 +1,50 @@
+//! The run folder's one error type.
+
+use std::path::PathBuf;
+
+/// What went wrong writing a run folder.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file or folder could not be created or written.
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        /// What was being done (`creating`, `writing`).
+        what: &'static str,
+        /// The file or folder.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The folder asked for already holds a run.
+    #[error(
+        "--run-dir {}: this folder already holds a run\nHINT: pick a new folder, or leave out \
+         --run-dir for runs/<date-time>-<model>",
+        .0.display()
+    )]
+    Exists(PathBuf),
+    /// A record could not be serialised.
+    #[error("serialising {what}: {source}")]
+    Json {
+        /// Which record.
+        what: &'static str,
+        /// The cause.
+        source: serde_json::Error,
+    },
+    /// The TensorBoard event file could not be written.
+    #[error("the TensorBoard event file: {0}")]
+    Tensorboard(#[from] redline_tensorboard::Error),
+    /// The profile or breakdown could not be written.
+    #[error(transparent)]
+    Profile(#[from] redline_profile::Error),
+}
+
+impl Error {
+    /// An I/O error on `path`.
+    pub fn io(what: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| Self::Io { what, path, source }
+    }
+}
+
+/// The run folder's result type.
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,211 @@
+//! [`Run`]: the run folder for a training run, as `redline train` leaves it,
+//! for a program that uses the trainer as a library.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use redline_monitor::Sampler;
+use redline_profile::Profile;
+use redline_train::metrics::{num, prefixed};
+use redline_train::{Callback, EvalResult, FitSummary, Trainer};
+use serde_json::{json, Map, Value};
+
+use crate::error::{Error, Result};
+use crate::folder::{self, unix_now, utc_stamp, write_atomic};
+use crate::log::RunLog;
+use crate::records::{RunStatus, Summary};
+
+/// Renders the report page of a finished run folder (`redline_report::write_report`).
+pub type ReportFn = Box<dyn FnOnce(&Path) -> std::result::Result<PathBuf, String>>;
+
+/// How a run ended, for `summary.json`.
+#[derive(Debug, Clone, Copy)]
+pub enum Ending<'a> {
+    /// The fit completed; `test` is the test pass after it, if there was one.
+    Finished {
+        /// What the fit returned.
+        fit: &'a FitSummary,
+        /// The test pass.
+        test: Option<&'a EvalResult>,
+    },
+    /// Stopped by a signal after a whole step; the message says which.
+    Interrupted(&'a str),
+    /// Stopped by an error; the message says what.
+    Failed(&'a str),
+}
+
+/// What [`Run::finish`] wrote.
+pub struct Finished {
+    /// The run folder.
+    pub dir: PathBuf,
+    /// `summary.json`, as written.
+    pub summary: Summary,
+    /// The trainer's profile (also written as `breakdown.json`, `profile.json`
+    /// and, detailed, `trace.json`), if the trainer had run a fit.
+    pub profile: Option<Profile>,
+    /// `report.html`, or why it was not written; `None` without a report hook.
+    pub report: Option<std::result::Result<PathBuf, String>>,
+}
+
+/// A run folder being filled: create it before the trainer, hand the
+/// trainer [`Run::callback`], and call [`Run::finish`] after the fit.
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let (step, train, val, device): (redline_train::Classifier<Box<dyn redline_models::Model>>, redline_data::Loader, redline_data::Loader, redline_core::Device) = todo!();
+/// use redline_run::{Ending, Run};
+/// let mut run = Run::create(None, "mlp")?;          // runs/<date-time>-mlp
+/// run.monitor(std::time::Duration::from_secs(1)); // system samples
+/// let mut trainer = redline_train::Trainer::builder()
+///     .callback(run.callback())
+///     .build(step, device)?;
+/// let fit = trainer.fit(&train, Some(&val))?;
+/// let done = run.finish(&mut trainer, Ending::Finished { fit: &fit, test: None })?;
+/// println!("{}", done.dir.display());
+/// # Ok(()) }
+/// ```
+pub struct Run {
+    dir: PathBuf,
+    log: RunLog,
+    sampler: Option<Sampler>,
+    header: Map<String, Value>,
+    report: Option<ReportFn>,
+}
+
+impl Run {
+    /// Creates the folder (`dir`, refused if it holds a run; else
+    /// `runs/<date-time>-<model>`) and its record files, and notes the model,
+    /// the start time and the folder for `summary.json`.
+    pub fn create(dir: Option<&Path>, model: &str) -> Result<Self> {
+        Self::create_in(dir, Path::new("runs"), model)
+    }
+
+    /// [`Run::create`] with the automatic folder under `base` instead of `runs`.
+    pub fn create_in(dir: Option<&Path>, base: &Path, model: &str) -> Result<Self> {
+        let started = unix_now();
+        let dir = folder::create(dir, base, model, started)?;
+        let log = RunLog::create(&dir)?;
+        // Until `finish`: `redline runs` tells a live run from a killed one by it.
+        write_atomic(&dir.join("pid"), &std::process::id().to_string())?;
+        let mut header = Map::new();
+        header.insert("model".into(), json!(model));
+        header.insert("started".into(), json!(utc_stamp(started).1));
+        header.insert("started_unix".into(), json!(started));
+        header.insert("run_dir".into(), json!(dir.display().to_string()));
+        Ok(Self {
+            dir,
+            log,
+            sampler: None,
+            header,
+            report: None,
+        })
+    }
+
+    /// The run folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The trainer's observer that writes `metrics.jsonl`, `metrics.csv` and
+    /// the TensorBoard scalars (one per trainer; they share the files).
+    pub fn callback(&self) -> Box<dyn Callback> {
+        Box::new(self.log.clone())
+    }
+
+    /// Samples the host and GPUs every `every` into the same records (the
+    /// report's system charts) until [`Run::finish`].
+    pub fn monitor(&mut self, every: Duration) {
+        self.sampler = Some(Sampler::start_with(every, self.log.system_callback()));
+    }
+
+    /// Sets a `summary.json` field (`device`, `batch_size`, `threads`, or any
+    /// key of your own).
+    pub fn set(&mut self, key: &str, value: Value) {
+        self.header.insert(key.to_string(), value);
+    }
+
+    /// Renders the report page with `render` at the end of [`Run::finish`]:
+    /// `run.report(Box::new(|d| redline_report::write_report(d).map_err(|e| e.to_string())))`.
+    pub fn report(&mut self, render: ReportFn) {
+        self.report = Some(render);
+    }
+
+    /// Writes a file of the caller's into the folder whole (`config.toml`, ...).
+    pub fn write_file(&self, name: &str, text: &str) -> Result<PathBuf> {
+        let path = self.dir.join(name);
+        write_atomic(&path, text)?;
+        Ok(path)
+    }
+
+    /// Ends the run: stops the monitor, writes the trainer's profile and
+    /// breakdown, `summary.json` (status, error, the fit's numbers, the last
+    /// validation's and the test pass's metrics) and the report. Call it on
+    /// failure too: a failed run's folder says why.
+    pub fn finish(mut self, trainer: &mut Trainer, ending: Ending<'_>) -> Result<Finished> {
+        let samples = self.sampler.take().map_or(0, |s| s.stop().len());
+        if let Ok(Some(mem)) = trainer.memory() {
+            self.header.insert("device_memory".into(), mem.to_json());
+        }
+        self.header
+            .entry("device")
+            .or_insert_with(|| json!(trainer.device().to_string()));
+        let profile = trainer.finish_profile();
+        if let Some(p) = &profile {
+            p.write(&self.dir)?;
+        }
+        let summary = summarize(self.header, ending, samples)?;
+        let text = serde_json::to_string_pretty(&summary).map_err(|source| Error::Json {
+            what: "summary.json",
+            source,
+        })?;
+        write_atomic(&self.dir.join("summary.json"), &text)?;
+        let report = self.report.take().map(|render| render(&self.dir));
+        let pid = self.dir.join("pid");
+        std::fs::remove_file(&pid).map_err(Error::io("removing", pid))?;
+        Ok(Finished {
+            dir: self.dir,
+            summary,
+            profile,
+            report,
+        })
+    }
+}
+
+/// `summary.json` from the header fields and how the run ended, typed as the
+/// report reads it.
+pub fn summarize(mut m: Map<String, Value>, ending: Ending<'_>, samples: usize) -> Result<Summary> {
+    let (status, error) = match ending {
+        Ending::Finished { .. } => (RunStatus::Finished, Value::Null),
+        Ending::Interrupted(e) => (RunStatus::Interrupted, json!(e)),
+        Ending::Failed(e) => (RunStatus::Failed, json!(e)),
+    };
+    m.insert("status".into(), json!(status.to_string()));
+    m.insert("error".into(), error);
+    m.insert("system_samples".into(), json!(samples));
+    if let Ending::Finished { fit: f, test } = ending {
+        let evals = f
+            .val
+            .iter()
+            .flat_map(|v| prefixed("val_", v.loss, &v.metrics));
+        let tests = test
+            .into_iter()
+            .flat_map(|t| prefixed("test_", t.loss, &t.metrics));
+        m.extend(evals.chain(tests).map(|(k, v)| (k, num(v))));
+        for (k, v) in [
+            ("epochs", json!(f.epochs)),
+            ("steps", json!(f.steps)),
+            ("samples", json!(f.samples)),
+            ("wall_s", num(f.wall_s)),
+            ("train_s", num(f.train_s)),
+            ("eval_s", num(f.eval_s)),
+            ("samples_per_s", num(f.samples_per_s)),
+            ("host_syncs_per_step", num(f.host_syncs_per_step)),
+        ] {
+            m.insert(k.into(), v);
+        }
+    }
+    serde_json::from_value(Value::Object(m)).map_err(|source| Error::Json {
+        what: "summary.json",
+        source,
+    })
+}

@@ -1,0 +1,164 @@
+//! A program that uses the trainer as a library gets the same run folder as
+//! `redline train`: records, summary, breakdown and report, from `Run`.
+
+use std::path::PathBuf;
+
+use candle_core::Tensor;
+use redline_core::{Device, Precision};
+use redline_data::{Loader, LoaderConfig, Split, TargetKind};
+use redline_models::{MlpConfig, ModelConfig};
+use redline_run::records::{Record, RunStatus, Summary};
+use redline_run::{Ending, Run};
+use redline_train::{Classifier, Trainer};
+
+type R = anyhow::Result<()>;
+
+/// 24 samples of 4 features: class 1 where the first feature is positive.
+fn loader() -> anyhow::Result<Loader> {
+    let n = 24;
+    let x: Vec<f32> = (0..n * 4)
+        .map(|i| ((i * 7919) % 13) as f32 / 6.0 - 1.0)
+        .collect();
+    let y: Vec<u32> = (0..n).map(|i| u32::from(x[i * 4] > 0.0)).collect();
+    let split = Split {
+        x: Tensor::from_vec(x, (n, 4), &candle_core::Device::Cpu)?,
+        y: Tensor::from_vec(y, n, &candle_core::Device::Cpu)?,
+        target: TargetKind::Classes(2),
+        source: PathBuf::from("synthetic"),
+    };
+    let cfg = LoaderConfig {
+        batch_size: 8,
+        shuffle: false,
+        prefetch: 0,
+        ..LoaderConfig::default()
+    };
+    Ok(Loader::new(split, cfg)?)
+}
+
+fn trainer(run: &Run) -> anyhow::Result<Trainer> {
+    let model = ModelConfig::Mlp(MlpConfig {
+        in_features: 4,
+        hidden: vec![8],
+        classes: 2,
+    })
+    .build(&Device::cpu(), Precision::Fp32, 0)?;
+    Ok(Trainer::builder()
+        .epochs(2)
+        .log_every(1)
+        .callback(run.callback())
+        .build(Classifier::new(model), Device::cpu())?)
+}
+
+fn records(dir: &std::path::Path) -> anyhow::Result<Vec<Record>> {
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl"))?;
+    Ok(text
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?)
+}
+
+#[test]
+fn a_library_fit_leaves_the_cli_run_folder_and_report() -> R {
+    let tmp = tempfile::tempdir()?;
+    let mut run = Run::create_in(None, tmp.path(), "mlp")?;
+    run.set("batch_size", serde_json::json!(8));
+    run.monitor(std::time::Duration::from_millis(20));
+    run.report(Box::new(|d| {
+        redline_report::write_report(d).map_err(|e| e.to_string())
+    }));
+    let mut t = trainer(&run)?;
+    let data = loader()?;
+    let fit = t.fit(&data, Some(&data))?;
+    let test = t.test(&data)?;
+    let done = run.finish(
+        &mut t,
+        Ending::Finished {
+            fit: &fit,
+            test: Some(&test),
+        },
+    )?;
+
+    assert!(done.dir.starts_with(tmp.path()));
+    for f in [
+        "metrics.jsonl",
+        "metrics.csv",
+        "summary.json",
+        "breakdown.json",
+        "report.html",
+    ] {
+        assert!(done.dir.join(f).is_file(), "{f} missing");
+    }
+    assert!(matches!(&done.report, Some(Ok(p)) if p.ends_with("report.html")));
+    // Every record reads back as the type the report reads.
+    let recs = records(&done.dir)?;
+    let steps = recs.iter().filter(|r| matches!(r, Record::Step(_))).count();
+    let epochs: Vec<_> = recs
+        .iter()
+        .filter_map(|r| match r {
+            Record::Epoch(e) => Some(e),
+            _ => None,
+        })
+        .collect();
+    assert_eq!((steps, epochs.len()), (6, 2), "3 steps an epoch, 2 epochs");
+    assert!(epochs[1].val_accuracy.is_some() && epochs[1].train_loss.is_some());
+    let summary: Summary =
+        serde_json::from_str(&std::fs::read_to_string(done.dir.join("summary.json"))?)?;
+    assert_eq!(summary.status, RunStatus::Finished);
+    assert_eq!(summary.model, "mlp");
+    assert_eq!(summary.device, "cpu");
+    assert_eq!(
+        (summary.epochs, summary.steps, summary.batch_size),
+        (Some(2), Some(6), Some(8))
+    );
+    assert_eq!(
+        summary.test_accuracy,
+        Some(test.metrics.get("accuracy").unwrap_or(-1.0))
+    );
+    assert_eq!(summary.test_loss, Some(test.loss));
+    assert!(summary.error.is_none());
+    assert_eq!(
+        summary.headline().map(|h| h.0),
+        Some("test accuracy".into())
+    );
+    assert_eq!(done.summary.steps, summary.steps);
+    Ok(())
+}
+
+#[test]
+fn a_failed_or_interrupted_run_says_so_in_its_summary() -> R {
+    let tmp = tempfile::tempdir()?;
+    for (ending, status) in [
+        (Ending::Failed("loss is NaN at step 3"), RunStatus::Failed),
+        (
+            Ending::Interrupted("interrupted by SIGINT after step 2"),
+            RunStatus::Interrupted,
+        ),
+    ] {
+        let run = Run::create_in(None, tmp.path(), "mlp")?;
+        let mut t = trainer(&run)?;
+        let done = run.finish(&mut t, ending)?;
+        let text = std::fs::read_to_string(done.dir.join("summary.json"))?;
+        let summary: Summary = serde_json::from_str(&text)?;
+        assert_eq!(summary.status, status, "{text}");
+        let error = summary.error.unwrap_or_default();
+        assert!(error.contains("step"), "{error}");
+        assert_eq!(summary.steps, None, "no fit numbers without a finished fit");
+        assert!(done.report.is_none(), "no report hook, no report");
+    }
+    // Two runs in the same second get two folders.
+    assert_eq!(std::fs::read_dir(tmp.path())?.count(), 2);
+    Ok(())
+}
+
+#[test]
+fn a_folder_holding_a_run_is_refused_and_left_alone() -> R {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("mine");
+    let run = Run::create(Some(&dir), "mlp")?;
+    drop(run);
+    let before = std::fs::read_to_string(dir.join("metrics.jsonl"))?;
+    let err = Run::create(Some(&dir), "cnn").err().map(|e| e.to_string());
+    assert!(err.is_some_and(|e| e.contains("already holds a run")));
+    assert_eq!(std::fs::read_to_string(dir.join("metrics.jsonl"))?, before);
+    Ok(())
+}

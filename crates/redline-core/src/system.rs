@@ -50,6 +50,13 @@ pub fn devices() -> Vec<DeviceInfo> {
     vec![cpu]
 }
 
+/// Host memory available now, in bytes (`None` where it cannot be read).
+pub fn host_memory_free() -> Option<u64> {
+    let mut sys = System::new().ok()?;
+    sys.refresh_memory();
+    Some(sys.available_memory()).filter(|&m| m > 0)
+}
+
 /// Whether this build can drive NVIDIA GPUs.
 pub fn cuda_compiled() -> bool {
     false

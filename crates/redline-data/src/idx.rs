@@ -80,6 +80,15 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<IdxArray> {
     parse_stream(path, bytes, Some(bytes.len() as u64), Stream::Raw)
 }
 
+/// Parses IDX bytes held in memory, raw or gzipped, with the bounds of [`read`].
+pub fn decode(path: &Path, bytes: &[u8]) -> Result<IdxArray> {
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        parse_stream(path, MultiGzDecoder::new(bytes), None, Stream::Gzip)
+    } else {
+        parse(path, bytes)
+    }
+}
+
 /// Reads and parses an IDX file, raw or gzipped (one or several gzip members,
 /// as `cat a.gz b.gz` makes). It streams: the header is read first and
 /// checked, a raw file's size is checked against it before anything is

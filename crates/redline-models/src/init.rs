@@ -17,6 +17,8 @@ pub struct Initializer {
     rng: ChaCha8Rng,
     device: candle_core::Device,
     dtype: candle_core::DType,
+    /// Bytes parameters may still take (host memory free when it was made).
+    left: Option<u64>,
 }
 
 impl Initializer {
@@ -26,16 +28,56 @@ impl Initializer {
         device: &redline_core::Device,
         precision: redline_core::Precision,
     ) -> Self {
+        // Drawn on the host, then placed: the host's free memory bounds the model
+        // (and the device's, where the allocator says).
+        let device_free = redline_core::memory::stats(device)
+            .ok()
+            .flatten()
+            .map(|m| m.device_free);
+        let left = match (redline_core::system::host_memory_free(), device_free) {
+            (Some(h), Some(d)) => Some(h.min(d)),
+            (h, d) => h.or(d),
+        };
         Self {
             rng: ChaCha8Rng::seed_from_u64(seed),
             device: device.candle().clone(),
             dtype: precision.param_dtype(),
+            left,
+        }
+    }
+
+    /// Elements of `shape`, refused (before anything is allocated) when
+    /// training it would not fit the memory left: a width or class count
+    /// typed with too many digits gets an error, not an abort.
+    fn reserve(&mut self, shape: &[usize]) -> Result<usize> {
+        // Training holds each parameter four times in f32: the weight, its
+        // gradient and Adam's two moments.
+        const BYTES: u64 = 16;
+        let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let bytes = n.and_then(|n| (n as u64).checked_mul(BYTES));
+        match (n, bytes, self.left) {
+            (Some(n), Some(b), Some(left)) if b <= left => {
+                self.left = Some(left - b);
+                Ok(n)
+            }
+            (Some(n), Some(_), None) => Ok(n),
+            (_, b, left) => {
+                let gib = |b: u64| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64);
+                Err(Error::Config(format!(
+                    "a parameter of shape {shape:?} needs {} to train (weight, gradient and \
+                     Adam's two moments); {} of memory is free\n\
+                     HINT: smaller --hidden widths, fewer --classes, or smaller widths in the \
+                     model file",
+                    b.map_or("more than 2^64 bytes".into(), gib),
+                    gib(left.unwrap_or(0))
+                )))
+            }
         }
     }
 
     /// A parameter of `shape` drawn from U(-bound, bound).
     pub fn uniform(&mut self, shape: &[usize], bound: f32) -> Result<Var> {
-        let n: usize = shape.iter().product();
+        let n = self.reserve(shape)?;
         let dist = Uniform::new(-bound, bound).map_err(|e| Error::Config(format!("init: {e}")))?;
         let v: Vec<f32> = (0..n).map(|_| dist.sample(&mut self.rng)).collect();
         let t = Tensor::from_vec(v, shape, &self.device)?.to_dtype(self.dtype)?;
@@ -49,6 +91,7 @@ impl Initializer {
 
     /// A parameter of `shape` filled with `value` (LayerNorm's ones and zeros).
     pub fn constant(&mut self, shape: &[usize], value: f32) -> Result<Var> {
+        self.reserve(shape)?;
         let t = Tensor::full(value, shape, &self.device)?.to_dtype(self.dtype)?;
         Ok(Var::from_tensor(&t)?)
     }
@@ -56,7 +99,7 @@ impl Initializer {
     /// A parameter of `shape` drawn from N(0, 1) (`nn.Embedding`'s default),
     /// by the Box-Muller transform of two uniform draws.
     pub fn normal(&mut self, shape: &[usize]) -> Result<Var> {
-        let n: usize = shape.iter().product();
+        let n = self.reserve(shape)?;
         let unit =
             Uniform::new(f64::EPSILON, 1.0).map_err(|e| Error::Config(format!("init: {e}")))?;
         let v: Vec<f32> = (0..n)
@@ -110,6 +153,35 @@ mod tests {
         // Uniform on [-b, b]: variance b^2/3.
         let var = va.iter().map(|x| x * x).sum::<f32>() / va.len() as f32;
         assert!((var - bound * bound / 3.0).abs() < 0.02 * bound * bound);
+        Ok(())
+    }
+
+    #[test]
+    fn a_parameter_larger_than_free_memory_is_refused_before_allocation() -> Result<()> {
+        let mut init = Initializer::new(0, &Device::cpu(), Precision::Fp32);
+        assert!(
+            init.left.is_some(),
+            "this machine's free memory is readable"
+        );
+        // 10^11 weights: 400 GB (the `--hidden 100000000000` of a hostile user).
+        let msg = init
+            .uniform(&[100_000_000_000, 1], 0.1)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            msg.contains("needs 1490.1 GiB to train") && msg.contains("--hidden"),
+            "{msg}"
+        );
+        // A shape whose element count overflows.
+        let msg = init
+            .constant(&[usize::MAX, 2], 0.0)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(msg.contains("more than 2^64 bytes"), "{msg}");
+        // Small ones still fit.
+        assert_eq!(init.normal(&[4, 4])?.as_tensor().dims(), &[4, 4]);
         Ok(())
     }
 }

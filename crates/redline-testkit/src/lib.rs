@@ -5,6 +5,8 @@
 //!   missing (skips with a note, or fails under `REDLINE_REQUIRE_TOOLS=1`);
 //! - [`tensorboard`]: reads a log directory with TensorBoard's own
 //!   `EventAccumulator`, so event files are checked against the real consumer;
+//! - [`fuzz`]: a mutation fuzzer over a corpus of seed files, run for a time
+//!   budget inside `cargo test`;
 //! - [`chromium`]: opens a page in headless Chromium, reads what its on-load
 //!   script reported, collects console output and takes a screenshot.
 //!
@@ -16,6 +18,7 @@
 #![allow(clippy::panic)]
 
 pub mod chromium;
+pub mod fuzz;
 pub mod tensorboard;
 pub mod tools;
 

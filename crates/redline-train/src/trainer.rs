@@ -186,8 +186,10 @@ impl TrainerBuilder {
         if self.cfg.accumulate == 0 {
             return Err(Error::Config("--accumulate must be at least 1".into()));
         }
-        if self.threads == Some(0) {
-            return Err(Error::Config("--threads must be at least 1".into()));
+        if let Some(n) = self.threads.filter(|n| !(1..=1024).contains(n)) {
+            return Err(Error::Config(format!(
+                "--threads {n}: give 1 to 1024 compute threads"
+            )));
         }
         if let Some(c) = &self.cfg.clip {
             c.check()?;
@@ -344,7 +346,7 @@ impl Trainer {
         let reads_before = self.reads.count();
         let batches_per_epoch = train.batches_per_epoch();
         let steps_per_epoch = batches_per_epoch.div_ceil(self.cfg.accumulate);
-        let planned = steps_per_epoch * self.cfg.epochs;
+        let planned = steps_per_epoch.saturating_mul(self.cfg.epochs);
         let total_steps = self.cfg.max_steps.map_or(planned, |m| {
             if self.cfg.epochs == 0 {
                 m

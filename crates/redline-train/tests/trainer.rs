@@ -432,6 +432,6 @@ fn each_trainer_keeps_its_own_thread_count() -> R {
         .build(Classifier::new(mlp(2)?), Device::cpu())
         .err()
         .map(|e| e.to_string());
-    assert!(zero.is_some_and(|e| e.contains("--threads must be at least 1")));
+    assert!(zero.is_some_and(|e| e.contains("--threads 0: give 1 to 1024")));
     Ok(())
 }

@@ -8,6 +8,9 @@ mod step_kind;
 mod summary;
 mod train;
 
+#[cfg(test)]
+mod hostile_tests;
+
 use std::process::ExitCode;
 
 use clap::Parser;

@@ -97,8 +97,19 @@ fn optimizer(args: &TrainArgs) -> anyhow::Result<OptimizerConfig> {
 
 /// Runs `redline train`.
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
-    if args.threads == Some(0) {
-        bail!("--threads must be at least 1");
+    match args.threads {
+        Some(0) => bail!("--threads must be at least 1"),
+        Some(n) if n > MAX_THREADS => bail!(
+            "--threads {n}: at most {MAX_THREADS} (each is an OS thread of the compute pool)\n\
+             HINT: leave it out to use the free cores"
+        ),
+        _ => {}
+    }
+    if let Some(s) = args
+        .image_size
+        .filter(|s| !(1..=MAX_IMAGE_SIZE).contains(s))
+    {
+        bail!("--image-size {s}: give a side from 1 to {MAX_IMAGE_SIZE} pixels");
     }
     let threads = redline_core::threads::configure(args.threads);
     let spec: DeviceSpec = args.device.parse()?;
@@ -256,7 +267,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             "  accumulating {} micro-batches of {} per optimizer step (effective batch {})",
             args.accumulate,
             batch_size,
-            args.accumulate * batch_size
+            args.accumulate.saturating_mul(batch_size)
         );
     }
 
@@ -433,6 +444,12 @@ fn grad_clip(args: &TrainArgs) -> Option<GradClip> {
         (None, None) => None,
     }
 }
+
+/// The most compute threads `--threads` may ask for.
+const MAX_THREADS: usize = 1024;
+
+/// The largest side `--image-size` resizes to.
+const MAX_IMAGE_SIZE: u32 = 4096;
 
 /// The most batches `--prefetch` may keep ahead.
 const MAX_PREFETCH: usize = 64;

@@ -65,11 +65,31 @@ pub(crate) fn timeline(b: &Breakdown) -> Result<Option<Chart>> {
         Some(t) if !t.rows.is_empty() => &t.rows,
         _ => return Ok(None),
     };
-    let x0 = rows.iter().map(|r| r.first_step).min().unwrap_or(0) as f64;
-    let x1 = rows.iter().map(|r| r.last_step + 1).max().unwrap_or(1) as f64;
+    // Records are read as written, hostile or not: a bin's edges in order,
+    // ms finite and bounded, so every point lies inside the axes.
+    let edges = |r: &crate::timing::TimelineRow| {
+        let (l, rt) = (r.first_step as f64, r.last_step.saturating_add(1) as f64);
+        (l.min(rt), l.max(rt))
+    };
+    let ms = |r: &crate::timing::TimelineRow, k: usize| {
+        let v = r.values_ms()[k];
+        if v.is_finite() {
+            v.clamp(0.0, 1e300)
+        } else {
+            0.0
+        }
+    };
+    let x0 = rows
+        .iter()
+        .map(|r| edges(r).0)
+        .fold(f64::INFINITY, f64::min);
+    let x1 = rows
+        .iter()
+        .map(|r| edges(r).1)
+        .fold(f64::NEG_INFINITY, f64::max);
     let top = rows
         .iter()
-        .map(|r| r.values_ms().iter().map(|v| v.max(0.0)).sum::<f64>())
+        .map(|r| (0..5).map(|k| ms(r, k)).sum::<f64>())
         .fold(0.0, f64::max);
     let y1 = if top > 0.0 { top * 1.08 } else { 1.0 };
     let mut svg = String::new();
@@ -87,16 +107,10 @@ pub(crate) fn timeline(b: &Breakdown) -> Result<Option<Chart>> {
         // Bands instead of a rectangle per bin keep the SVG small and seamless.
         let mut below: Vec<f64> = vec![0.0; rows.len()];
         for (k, color) in CATEGORY_COLORS[..5].iter().enumerate() {
-            let above: Vec<f64> = rows
-                .iter()
-                .zip(&below)
-                .map(|(r, b)| b + r.values_ms()[k].max(0.0))
-                .collect();
+            let above: Vec<f64> = rows.iter().zip(&below).map(|(r, b)| b + ms(r, k)).collect();
             if above.iter().zip(&below).all(|(a, b)| a <= b) {
                 continue;
             }
-            let edges =
-                |r: &crate::timing::TimelineRow| (r.first_step as f64, (r.last_step + 1) as f64);
             let mut band = Vec::with_capacity(4 * rows.len());
             for (r, &y) in rows.iter().zip(&above) {
                 let (l, rt) = edges(r);

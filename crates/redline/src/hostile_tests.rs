@@ -1,0 +1,192 @@
+//! `redline train` against what a hostile user types: every numeric flag
+//! with values from proptest (NaN, infinities, signed zeros, 1e±300,
+//! `u64::MAX`, random bits), and `--config` files from the fuzz corpus
+//! mutated (`redline_testkit::fuzz`). No input panics; a value outside a
+//! flag's bounds is refused with an error naming the flag (or, for sizes that
+//! would not fit in memory, saying how much they would need).
+//!
+//! Each case is a real run on `data/tables/wine.csv` (2 steps), in process.
+
+use std::path::Path;
+
+use clap::Parser;
+use proptest::prelude::*;
+use proptest::test_runner::Config;
+
+use crate::cli::{Cli, Command};
+
+/// `redline train` on the wine table with `extra` flags: Ok, or the error text.
+fn train(extra: &[String]) -> Result<(), String> {
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let wine = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables/wine.csv");
+    let run = tmp.path().join("run");
+    let mut argv: Vec<String> = [
+        "redline",
+        "train",
+        "--device",
+        "cpu",
+        "--epochs",
+        "1",
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "16",
+        "--monitor-interval",
+        "0",
+        "--threads",
+        "1",
+    ]
+    .map(String::from)
+    .to_vec();
+    argv.extend([
+        "--data".into(),
+        wine.display().to_string(),
+        "--run-dir".into(),
+        run.display().to_string(),
+    ]);
+    argv.extend(extra.iter().cloned());
+    let cli = Cli::try_parse_from(&argv).map_err(|e| e.to_string())?;
+    let Command::Train(args) = cli.command else {
+        panic!("not train");
+    };
+    crate::train::run(&args).map_err(|e| format!("{e:#}"))
+}
+
+fn hostile_f64() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        prop::sample::select(vec![
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            0.0,
+            -0.0,
+            1e308,
+            -1e308,
+            5e-324,
+            1.0,
+            -1.0,
+            0.5,
+            0.999_999_999,
+        ]),
+        (-300i32..300).prop_map(|e| 10f64.powi(e)),
+        (-300i32..300).prop_map(|e| -(10f64.powi(e))),
+        any::<f64>(),
+    ]
+}
+
+fn hostile_u64() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        prop::sample::select(vec![
+            0u64,
+            1,
+            2,
+            3,
+            64,
+            65,
+            1024,
+            1025,
+            1 << 32,
+            1 << 40,
+            u64::MAX
+        ]),
+        0u64..100,
+        any::<u64>(),
+    ]
+}
+
+/// Runs the flag with `value`; `bound` says whether the value is in bounds;
+/// out of bounds, the error must contain `names`' text.
+fn check(flag: &str, value: String, extra: &[&str], in_bounds: bool, names: &str) {
+    let mut flags: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    flags.push(format!("--{flag}={value}"));
+    let got = train(&flags);
+    if !in_bounds {
+        let err = got.err().unwrap_or_default();
+        assert!(
+            err.contains(names),
+            "--{flag}={value} is out of bounds: expected an error naming {names:?}, got {err:?}"
+        );
+    }
+}
+
+fn config() -> Config {
+    Config {
+        cases: 24,
+        failure_persistence: None,
+        ..Config::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn float_flags_are_bounded(v in hostile_f64()) {
+        let finite = v.is_finite();
+        check("lr", v.to_string(), &[], finite && v >= 0.0, "--lr");
+        check("weight-decay", v.to_string(), &[], finite && v >= 0.0, "--weight-decay");
+        check("beta1", v.to_string(), &[], (0.0..1.0).contains(&v), "beta");
+        check("beta2", v.to_string(), &[], (0.0..1.0).contains(&v), "beta");
+        check("eps", v.to_string(), &[], finite && v >= 0.0, "--eps");
+        check("momentum", v.to_string(), &["--optimizer", "sgd"], finite && v >= 0.0, "--momentum");
+        check("clip-grad-norm", v.to_string(), &[], finite && v > 0.0, "--clip-grad-norm");
+        check("clip-grad-value", v.to_string(), &[], finite && v > 0.0, "--clip-grad-value");
+        check(
+            "divergence-threshold",
+            v.to_string(),
+            &[],
+            v == 0.0 || (finite && v > 1.0),
+            "--divergence-threshold",
+        );
+        check(
+            "monitor-interval",
+            v.to_string(),
+            &[],
+            (0.0..=86_400.0).contains(&v),
+            "--monitor-interval",
+        );
+        check("val-split", v.to_string(), &[], (0.0..1.0).contains(&v), "--val-split");
+        // Tables ignore the pixel normalisation: any value, no panic.
+        check("mean", v.to_string(), &[], true, "");
+        check("std", v.to_string(), &[], true, "");
+    }
+
+    #[test]
+    fn integer_flags_are_bounded(v in hostile_u64()) {
+        check("epochs", v.to_string(), &[], true, "");
+        check("max-steps", v.to_string(), &[], v >= 1, "--max-steps");
+        check("batch-size", v.to_string(), &[], v >= 1, "--batch-size");
+        check("eval-batch-size", v.to_string(), &[], v >= 1, "--batch-size");
+        check("accumulate", v.to_string(), &[], v >= 1, "--accumulate");
+        check("prefetch", v.to_string(), &[], v <= 64, "--prefetch");
+        check("log-every", v.to_string(), &[], v >= 1, "--log-every");
+        check("threads", v.to_string(), &[], (1..=1024).contains(&v), "--threads");
+        check("seed", v.to_string(), &[], true, "");
+        check("image-size", v.to_string(), &[], (1..=4096).contains(&v), "--image-size");
+        // Wine has 3 classes. A class count or width that makes the model
+        // larger than any memory says how large (between 2^20 and 2^34 it
+        // depends on the machine's free memory: either is right).
+        check("classes", v.to_string(), &[], (3..=1 << 34).contains(&v), if v < 3 { "--classes" } else { "GiB" });
+        check("hidden", v.to_string(), &[], (1..=1 << 34).contains(&v), if v == 0 { "--hidden" } else { "GiB" });
+    }
+}
+
+#[test]
+fn fuzz_config_files() {
+    // A mutated run config is read, expanded and parsed, or refused: no panic.
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = tmp.path().join("config.toml");
+    redline_testkit::fuzz::fuzz("config", |bytes| {
+        std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("{e}"));
+        let argv = ["redline", "train", "--config"]
+            .map(std::ffi::OsString::from)
+            .into_iter()
+            .chain([path.clone().into_os_string()])
+            .collect();
+        if let Ok((argv, flags)) = crate::cli::expand_config(argv) {
+            if let Err(e) = Cli::try_parse_from(argv) {
+                let _ = crate::cli::config_key_of(&e, &flags);
+            }
+        }
+    });
+}

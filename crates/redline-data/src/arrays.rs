@@ -107,51 +107,79 @@ fn check_npy(path: &Path) -> Result<()> {
     f.read_exact(&mut text)
         .map_err(|_| invalid(path, "truncated .npy header"))?;
     let text = String::from_utf8_lossy(&text);
-    let elem = |key: &str| {
-        let at = text.find(key)?;
-        Some(
-            text[at + key.len()..]
-                .trim_start_matches([' ', ':', '\'', '"'])
-                .to_owned(),
-        )
-    };
-    let descr = elem("descr").unwrap_or_default();
-    let width: u64 = descr
-        .get(2..)
-        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|d| d.parse().ok())
-        .unwrap_or(1);
-    let shape = elem("shape").unwrap_or_default();
-    let dims = shape
-        .trim_start_matches('(')
-        .split(')')
-        .next()
-        .unwrap_or_default()
-        .split(',')
-        .filter(|d| !d.trim().is_empty())
-        .map(|d| d.trim().parse::<u64>())
-        .collect::<std::result::Result<Vec<u64>, _>>()
-        .map_err(|_| {
-            invalid(
-                path,
-                format!("unreadable shape in the .npy header: {shape:?}"),
-            )
-        })?;
+    // Read exactly as candle's reader will (its parser, last key wins), so the
+    // size checked here is the size it allocates.
+    let (width, dims) = npy_header(&text)
+        .ok_or_else(|| invalid(path, format!("unreadable .npy header: {text:?}")))?;
     let need = dims
         .iter()
         .try_fold(width, |a, &d| a.checked_mul(d))
         .ok_or_else(|| invalid(path, format!("shape {dims:?} overflows")))?;
-    if skip + len + need > size {
+    let data = size.saturating_sub(skip + len);
+    if need > data {
         return Err(invalid(
             path,
             format!(
-                "the header declares shape {dims:?} ({need} bytes) but the file holds {} bytes \
-                 of data (truncated?)",
-                size - skip - len
+                "the header declares shape {dims:?} ({need} bytes) but the file holds {data} bytes \
+                 of data (truncated?)"
             ),
         ));
     }
     Ok(())
+}
+
+/// The element width and shape an `.npy` header declares, parsed as candle
+/// parses it: the dict split at top-level commas, each part exactly
+/// `key: value`, quotes and blanks trimmed, the last of a repeated key wins.
+/// `None` where candle would refuse the header.
+fn npy_header(text: &str) -> Option<(u64, Vec<u64>)> {
+    let body = text.trim_matches(|c: char| c == '{' || c == '}' || c == ',' || c.is_whitespace());
+    let mut parts = Vec::new();
+    let (mut start, mut depth) = (0usize, 0i64);
+    for (i, c) in body.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&body[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&body[start..]);
+    let mut map = HashMap::new();
+    for part in parts.iter().map(|p| p.trim()).filter(|p| !p.is_empty()) {
+        let [key, value] = part.split(':').collect::<Vec<_>>()[..] else {
+            return None;
+        };
+        let trim = |s: &str| {
+            s.trim_matches(|c: char| c == '\'' || c.is_whitespace())
+                .to_string()
+        };
+        map.insert(trim(key), trim(value));
+    }
+    let descr = map.get("descr")?;
+    let width = match descr.trim_matches(|c: char| c == '=' || c == '<' || c == '|') {
+        "B" | "u1" | "?" | "b1" => 1,
+        "e" | "f2" | "h" | "i2" => 2,
+        "f" | "f4" | "i" | "i4" | "I" | "u4" => 4,
+        "d" | "f8" | "q" | "i8" => 8,
+        _ => return None,
+    };
+    let shape = map
+        .get("shape")?
+        .trim_matches(|c: char| c == '(' || c == ')' || c == ',')
+        .to_string();
+    let dims = if shape.is_empty() {
+        Vec::new()
+    } else {
+        shape
+            .split(',')
+            .map(|v| v.trim().parse::<u64>().ok())
+            .collect::<Option<Vec<u64>>>()?
+    };
+    Some((width, dims))
 }
 
 /// Inputs as f32: bytes are pixels (normalised), others are converted as they are.

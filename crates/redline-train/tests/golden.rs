@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::Device as CDevice;
 use common::{
-    check_losses, check_series, flat, golden, load, max_rel, rel_l2, root, trace, Losses,
+    check_losses, check_series, flat, golden, load, max_rel, rel_l2, root, steps_config, trace,
+    Losses,
 };
 use redline_core::{Device, Precision};
 use redline_data::{Loader, LoaderConfig, Normalize, Placement, Split, SplitKind};
@@ -82,13 +83,7 @@ fn run_on(
     dev: &Device,
     placement: Placement,
 ) -> (Box<dyn Model>, Vec<f64>) {
-    let cfg = TrainConfig {
-        epochs: 1,
-        max_steps: Some(steps),
-        log_every: 1,
-        validate: false,
-        ..TrainConfig::default()
-    };
+    let cfg = steps_config(steps);
     run_with(kind, init, opt, cfg, 64, dev, placement)
 }
 

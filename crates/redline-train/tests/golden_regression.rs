@@ -11,11 +11,13 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use common::{check_losses, flat, golden, load, max_rel, rel_l2, root, trace, Losses};
+use common::{
+    check_losses, flat, golden, load, max_rel, rel_l2, root, steps_config, trace, Losses,
+};
 use redline_core::{Device, Precision};
 use redline_data::{prepare, DataOptions, Loader, LoaderConfig, Split, Task};
 use redline_models::{Model, ModelConfig};
-use redline_train::{loss::mse, OptimizerConfig, RegressionLoss, Regressor, TrainConfig, Trainer};
+use redline_train::{loss::mse, OptimizerConfig, RegressionLoss, Regressor, Trainer};
 
 const BATCH: usize = 32;
 
@@ -93,13 +95,7 @@ fn regression_adam_matches_pytorch() {
     let steps = trace["steps"].as_u64().unwrap() as usize;
     let lr = trace["lr"].as_f64().unwrap();
     let losses = Arc::new(Mutex::new(Vec::new()));
-    let cfg = TrainConfig {
-        epochs: 1,
-        max_steps: Some(steps),
-        log_every: 1,
-        validate: false,
-        ..TrainConfig::default()
-    };
+    let cfg = steps_config(steps);
     let mut trainer = Trainer::builder()
         .config(cfg)
         .optimizer(OptimizerConfig::by_name("adam", lr).unwrap())

@@ -187,3 +187,38 @@ fn sigterm_finishes_the_step_writes_everything_and_exits_143() {
     let listing = common::ok(&["runs", dir.path().join("runs").to_str().unwrap()]);
     assert!(listing.contains("interrupted"), "{listing}");
 }
+
+#[test]
+fn sizes_beyond_the_data_or_the_machine_are_clamped_or_refused_with_the_numbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let wine = common::root().join("data/tables/wine.csv");
+    let run = dir.path().join("run");
+    // A batch larger than the data is the whole data, and says so.
+    let out = common::ok(&[
+        "train",
+        "--device",
+        "cpu",
+        "--data",
+        wine.to_str().unwrap(),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "100000",
+        "--monitor-interval",
+        "0",
+        "--run-dir",
+        run.to_str().unwrap(),
+    ]);
+    assert!(
+        out.contains("--batch-size 100000 is more than the 160 training samples"),
+        "{out}"
+    );
+    let summary = common::json(&run.join("summary.json"));
+    assert_eq!(summary["batch_size"], 160, "{summary}");
+    // A width that would not fit any memory is refused before allocating.
+    let m = refused(&["--data", wine.to_str().unwrap(), "--hidden", "100000000000"]);
+    assert!(m.contains("GiB to train") && m.contains("--hidden"), "{m}");
+    assert!(!m.contains("panicked"), "{m}");
+    let m = refused(&["--threads", "100000000"]);
+    assert!(m.contains("--threads 100000000: at most 1024"), "{m}");
+}

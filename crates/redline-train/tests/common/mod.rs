@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use candle_core::{Device as CDevice, Tensor};
-use redline_train::{Callback, Event};
+use redline_train::{Callback, Event, TrainConfig};
 
 pub fn root() -> PathBuf {
     // A test binary carried to another machine (bench/gpu.sh) is told where the repository is.
@@ -94,5 +94,17 @@ impl Callback for Losses {
             }
         }
         Ok(())
+    }
+}
+
+/// The references' loop: `steps` optimizer steps in one pass, a log point
+/// each, no validation.
+pub fn steps_config(steps: usize) -> TrainConfig {
+    TrainConfig {
+        epochs: 1,
+        max_steps: Some(steps),
+        log_every: 1,
+        validate: false,
+        ..TrainConfig::default()
     }
 }

@@ -70,6 +70,8 @@ pub struct Run {
     sampler: Option<Sampler>,
     header: Map<String, Value>,
     report: Option<ReportFn>,
+    /// Set by [`Run::finish`]; a run dropped without it is recorded as failed.
+    done: bool,
 }
 
 impl Run {
@@ -98,6 +100,7 @@ impl Run {
             sampler: None,
             header,
             report: None,
+            done: false,
         })
     }
 
@@ -142,33 +145,60 @@ impl Run {
     /// validation's and the test pass's metrics) and the report. Call it on
     /// failure too: a failed run's folder says why.
     pub fn finish(mut self, trainer: &mut Trainer, ending: Ending<'_>) -> Result<Finished> {
+        self.done = true;
         let samples = self.sampler.take().map_or(0, |s| s.stop().len());
+        let mut header = std::mem::take(&mut self.header);
         if let Ok(Some(mem)) = trainer.memory() {
-            self.header.insert("device_memory".into(), mem.to_json());
+            header.insert("device_memory".into(), mem.to_json());
         }
-        self.header
+        header
             .entry("device")
             .or_insert_with(|| json!(trainer.device().to_string()));
         let profile = trainer.finish_profile();
         if let Some(p) = &profile {
             p.write(&self.dir)?;
         }
-        let summary = summarize(self.header, ending, samples)?;
-        let text = serde_json::to_string_pretty(&summary).map_err(|source| Error::Json {
-            what: "summary.json",
-            source,
-        })?;
-        write_atomic(&self.dir.join("summary.json"), &text)?;
+        let summary = summarize(header, ending, samples)?;
+        write_summary(&self.dir, &summary)?;
         let report = self.report.take().map(|render| render(&self.dir));
         let pid = self.dir.join("pid");
         std::fs::remove_file(&pid).map_err(Error::io("removing", pid))?;
         Ok(Finished {
-            dir: self.dir,
+            dir: self.dir.clone(),
             summary,
             profile,
             report,
         })
     }
+}
+
+impl Drop for Run {
+    /// A run dropped before [`Run::finish`] (an early `?` or a panic in the
+    /// program) still says so: `summary.json` with status `failed`.
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let samples = self.sampler.take().map_or(0, |s| s.stop().len());
+        let ending = Ending::Failed(
+            "the program ended the run before it finished (an error before or after the fit, \
+             or a panic); its own output says which",
+        );
+        let written = summarize(std::mem::take(&mut self.header), ending, samples)
+            .and_then(|s| write_summary(&self.dir, &s));
+        if let Err(e) = written {
+            tracing::warn!("{}: summary.json not written: {e}", self.dir.display());
+        }
+        let _ = std::fs::remove_file(self.dir.join("pid"));
+    }
+}
+
+fn write_summary(dir: &Path, summary: &Summary) -> Result<()> {
+    let text = serde_json::to_string_pretty(summary).map_err(|source| Error::Json {
+        what: "summary.json",
+        source,
+    })?;
+    write_atomic(&dir.join("summary.json"), &text)
 }
 
 /// `summary.json` from the header fields and how the run ended, typed as the

@@ -155,7 +155,16 @@ fn a_folder_holding_a_run_is_refused_and_left_alone() -> R {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("mine");
     let run = Run::create(Some(&dir), "mlp")?;
+    assert!(dir.join("pid").is_file(), "a live run names its process");
+    // Dropped before `finish` (an early `?` in the program): recorded as failed.
     drop(run);
+    let summary: Summary =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json"))?)?;
+    assert_eq!(summary.status, RunStatus::Failed);
+    assert!(summary
+        .error
+        .is_some_and(|e| e.contains("before it finished")));
+    assert!(!dir.join("pid").exists());
     let before = std::fs::read_to_string(dir.join("metrics.jsonl"))?;
     let err = Run::create(Some(&dir), "cnn").err().map(|e| e.to_string());
     assert!(err.is_some_and(|e| e.contains("already holds a run")));

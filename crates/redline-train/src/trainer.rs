@@ -79,6 +79,39 @@ fn default_divergence() -> Option<f64> {
     Some(1e3)
 }
 
+impl TrainConfig {
+    /// Refuses settings the loop cannot run (zero counts, a bad clip or
+    /// divergence factor), naming the flag; [`TrainerBuilder::build`] calls
+    /// it, and a caller can call it before doing any work.
+    pub fn check(&self) -> Result<()> {
+        if self.log_every == 0 {
+            return Err(Error::Config("--log-every must be at least 1".into()));
+        }
+        if self.epochs == 0 && self.max_steps.is_none() {
+            return Err(Error::Config(
+                "--epochs must be at least 1 (or give --max-steps)".into(),
+            ));
+        }
+        if self.max_steps == Some(0) {
+            return Err(Error::Config("--max-steps must be at least 1".into()));
+        }
+        if self.accumulate == 0 {
+            return Err(Error::Config("--accumulate must be at least 1".into()));
+        }
+        if let Some(c) = &self.clip {
+            c.check()?;
+        }
+        if let Some(f) = self.divergence_threshold {
+            if !(f.is_finite() && f > 1.0) {
+                return Err(Error::Config(format!(
+                    "--divergence-threshold {f}: must be a finite factor > 1 (0 turns the check off)"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Assembles a [`Trainer`].
 pub struct TrainerBuilder {
     cfg: TrainConfig,
@@ -172,34 +205,11 @@ impl TrainerBuilder {
     /// [`TrainStep`]: a [`crate::Classifier`] or [`crate::Regressor`] around a
     /// model, or the user's own) on `device`.
     pub fn build<S: TrainStep + 'static>(self, module: S, device: Device) -> Result<Trainer> {
-        if self.cfg.log_every == 0 {
-            return Err(Error::Config("--log-every must be at least 1".into()));
-        }
-        if self.cfg.epochs == 0 && self.cfg.max_steps.is_none() {
-            return Err(Error::Config(
-                "--epochs must be at least 1 (or give --max-steps)".into(),
-            ));
-        }
-        if self.cfg.max_steps == Some(0) {
-            return Err(Error::Config("--max-steps must be at least 1".into()));
-        }
-        if self.cfg.accumulate == 0 {
-            return Err(Error::Config("--accumulate must be at least 1".into()));
-        }
+        self.cfg.check()?;
         if let Some(n) = self.threads.filter(|n| !(1..=1024).contains(n)) {
             return Err(Error::Config(format!(
                 "--threads {n}: give 1 to 1024 compute threads"
             )));
-        }
-        if let Some(c) = &self.cfg.clip {
-            c.check()?;
-        }
-        if let Some(f) = self.cfg.divergence_threshold {
-            if !(f.is_finite() && f > 1.0) {
-                return Err(Error::Config(format!(
-                    "--divergence-threshold {f}: must be a finite factor > 1 (0 turns the check off)"
-                )));
-            }
         }
         let optimizer = self.optimizer.build(module.params().to_vec())?;
         Ok(Trainer {

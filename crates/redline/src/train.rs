@@ -271,6 +271,21 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         );
     }
 
+    // The loop's settings, checked before the run folder exists.
+    let loop_cfg = TrainConfig {
+        epochs: args.epochs,
+        max_steps: args.max_steps,
+        log_every: args.log_every,
+        accumulate: args.accumulate,
+        clip: grad_clip(args),
+        log_grad_norm: args.log_grad_norm,
+        divergence_threshold: (args.divergence_threshold != 0.0)
+            .then_some(args.divergence_threshold),
+        validate: !args.no_validate,
+        empty_cache: args.empty_cache,
+    };
+    loop_cfg.check()?;
+
     let mut run = Run::create(args.run_dir.as_deref(), model_cfg.name())?;
     let dir = run.dir().to_path_buf();
     // A model file is copied into the run folder, and the config names the
@@ -330,18 +345,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let mut builder = Trainer::builder()
         .profiler(mode)
         .callback(run.callback())
-        .config(TrainConfig {
-            epochs: args.epochs,
-            max_steps: args.max_steps,
-            log_every: args.log_every,
-            accumulate: args.accumulate,
-            clip: grad_clip(args),
-            log_grad_norm: args.log_grad_norm,
-            divergence_threshold: (args.divergence_threshold != 0.0)
-                .then_some(args.divergence_threshold),
-            validate: !args.no_validate,
-            empty_cache: args.empty_cache,
-        })
+        .config(loop_cfg)
         .optimizer(opt_cfg)
         .model_name(model_cfg.name())
         .callback(Box::new(Progress::new()));

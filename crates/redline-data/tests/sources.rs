@@ -446,3 +446,22 @@ fn a_data_path_that_cannot_be_read_says_why() {
     ));
     assert!(m.contains("--data takes the folder that holds it"), "{m}");
 }
+
+#[test]
+fn classes_given_on_the_command_line_shape_the_targets() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fashion-mnist");
+    let opts = DataOptions {
+        classes: Some(20),
+        ..DataOptions::default()
+    };
+    let p = prepare(&data, &opts).unwrap();
+    assert_eq!(p.train.target, TargetKind::Classes(20));
+    assert_eq!(p.test.unwrap().target, TargetKind::Classes(20));
+    // Fewer classes than the labels hold is refused with the label named.
+    let opts = DataOptions {
+        classes: Some(5),
+        ..DataOptions::default()
+    };
+    let m = err(prepare(&data, &opts));
+    assert!(m.contains("label") || m.contains("class"), "{m}");
+}

@@ -22,8 +22,8 @@ pub enum Error {
         .0.display()
     )]
     Exists(PathBuf),
-    /// A record could not be serialised.
-    #[error("serialising {what}: {source}")]
+    /// A record could not be written or a field does not fit its record.
+    #[error("{what}: {source}")]
     Json {
         /// Which record.
         what: &'static str,

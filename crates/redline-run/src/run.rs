@@ -122,9 +122,18 @@ impl Run {
     }
 
     /// Sets a `summary.json` field (`device`, `batch_size`, `threads`, or any
-    /// key of your own).
-    pub fn set(&mut self, key: &str, value: Value) {
+    /// key of your own). A value of the wrong type for a field the records
+    /// type (`"threads": "four"`) is refused here, not when the summary is
+    /// written at the end.
+    pub fn set(&mut self, key: &str, value: Value) -> Result<()> {
+        let mut one = Map::new();
+        one.insert(key.to_string(), value.clone());
+        serde_json::from_value::<Summary>(Value::Object(one)).map_err(|source| Error::Json {
+            what: "a summary.json field",
+            source,
+        })?;
         self.header.insert(key.to_string(), value);
+        Ok(())
     }
 
     /// Renders the report page with `render` at the end of [`Run::finish`]:
@@ -195,7 +204,7 @@ impl Drop for Run {
 
 fn write_summary(dir: &Path, summary: &Summary) -> Result<()> {
     let text = serde_json::to_string_pretty(summary).map_err(|source| Error::Json {
-        what: "summary.json",
+        what: "writing summary.json",
         source,
     })?;
     write_atomic(&dir.join("summary.json"), &text)
@@ -235,7 +244,7 @@ pub fn summarize(mut m: Map<String, Value>, ending: Ending<'_>, samples: usize) 
         }
     }
     serde_json::from_value(Value::Object(m)).map_err(|source| Error::Json {
-        what: "summary.json",
+        what: "writing summary.json",
         source,
     })
 }

@@ -61,7 +61,14 @@ fn records(dir: &std::path::Path) -> anyhow::Result<Vec<Record>> {
 fn a_library_fit_leaves_the_cli_run_folder_and_report() -> R {
     let tmp = tempfile::tempdir()?;
     let mut run = Run::create_in(None, tmp.path(), "mlp")?;
-    run.set("batch_size", serde_json::json!(8));
+    run.set("batch_size", serde_json::json!(8))?;
+    run.set("my_note", serde_json::json!({"any": "value"}))?;
+    // A typed field of the wrong type is refused when set, not lost at the end.
+    let err = run
+        .set("threads", serde_json::json!("four"))
+        .err()
+        .map(|e| e.to_string());
+    assert!(err.is_some_and(|e| e.contains("summary.json field")));
     run.monitor(std::time::Duration::from_millis(20));
     run.report(Box::new(|d| {
         redline_report::write_report(d).map_err(|e| e.to_string())
@@ -121,6 +128,8 @@ fn a_library_fit_leaves_the_cli_run_folder_and_report() -> R {
         Some("test accuracy".into())
     );
     assert_eq!(done.summary.steps, summary.steps);
+    assert_eq!(summary.threads, None);
+    assert_eq!(summary.other["my_note"]["any"], "value");
     Ok(())
 }
 

@@ -336,7 +336,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         ),
         ("profiler", json!(mode.to_string())),
     ] {
-        run.set(k, v);
+        run.set(k, v)?;
     }
     run.report(Box::new(|d| {
         redline_report::write_report(d).map_err(|e| e.to_string())

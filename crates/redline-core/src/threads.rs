@@ -10,6 +10,23 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+/// The most compute threads a setting may ask for (each is an OS thread).
+pub const MAX_THREADS: usize = 1024;
+
+/// Refuses a thread count outside 1..=[`MAX_THREADS`], naming `--threads`.
+pub fn check(n: usize) -> Result<(), String> {
+    let what = match n {
+        0 => format!("give 1 to {MAX_THREADS} compute threads"),
+        n if n > MAX_THREADS => {
+            format!("at most {MAX_THREADS} (each is an OS thread of the compute pool)")
+        }
+        _ => return Ok(()),
+    };
+    Err(format!(
+        "--threads {n}: {what}\nHINT: leave it out to use the free cores"
+    ))
+}
+
 /// Cores this process may run on.
 pub fn usable_cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -152,6 +169,13 @@ mod tests {
         }
         assert_eq!(compute_threads(), process);
         assert_eq!(other.join().unwrap(), 5);
+    }
+
+    #[test]
+    fn thread_counts_are_bounded() {
+        assert!(check(1).is_ok() && check(MAX_THREADS).is_ok());
+        assert!(check(0).is_err_and(|e| e.contains("--threads 0: give 1 to 1024")));
+        assert!(check(MAX_THREADS + 1).is_err_and(|e| e.contains("at most 1024")));
     }
 
     #[test]

@@ -96,7 +96,9 @@ impl TrainConfig {
             return Err(Error::Config("--max-steps must be at least 1".into()));
         }
         if self.accumulate == 0 {
-            return Err(Error::Config("--accumulate must be at least 1".into()));
+            return Err(Error::Config(
+                "--accumulate 0: must be at least 1 (1: no accumulation)".into(),
+            ));
         }
         if let Some(c) = &self.clip {
             c.check()?;
@@ -104,7 +106,7 @@ impl TrainConfig {
         if let Some(f) = self.divergence_threshold {
             if !(f.is_finite() && f > 1.0) {
                 return Err(Error::Config(format!(
-                    "--divergence-threshold {f}: must be a finite factor > 1 (0 turns the check off)"
+                    "--divergence-threshold {f}: give a factor > 1, or 0 to turn the check off"
                 )));
             }
         }
@@ -206,10 +208,8 @@ impl TrainerBuilder {
     /// model, or the user's own) on `device`.
     pub fn build<S: TrainStep + 'static>(self, module: S, device: Device) -> Result<Trainer> {
         self.cfg.check()?;
-        if let Some(n) = self.threads.filter(|n| !(1..=1024).contains(n)) {
-            return Err(Error::Config(format!(
-                "--threads {n}: give 1 to 1024 compute threads"
-            )));
+        if let Some(n) = self.threads {
+            redline_core::threads::check(n).map_err(Error::Config)?;
         }
         let optimizer = self.optimizer.build(module.params().to_vec())?;
         Ok(Trainer {

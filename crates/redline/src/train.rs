@@ -97,13 +97,8 @@ fn optimizer(args: &TrainArgs) -> anyhow::Result<OptimizerConfig> {
 
 /// Runs `redline train`.
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
-    match args.threads {
-        Some(0) => bail!("--threads must be at least 1"),
-        Some(n) if n > MAX_THREADS => bail!(
-            "--threads {n}: at most {MAX_THREADS} (each is an OS thread of the compute pool)\n\
-             HINT: leave it out to use the free cores"
-        ),
-        _ => {}
+    if let Some(n) = args.threads {
+        redline_core::threads::check(n).map_err(anyhow::Error::msg)?;
     }
     if let Some(s) = args
         .image_size
@@ -251,27 +246,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         println!("  {note}");
     }
 
-    // Checked before the run folder exists, so that a bad value leaves nothing behind.
-    if args.accumulate == 0 {
-        bail!("--accumulate 0: must be at least 1 (1: no accumulation)");
-    }
-    if let Some(clip) = grad_clip(args) {
-        clip.check()?;
-    }
-    let f = args.divergence_threshold;
-    if f != 0.0 && !(f.is_finite() && f > 1.0) {
-        bail!("--divergence-threshold {f}: give a factor > 1, or 0 to turn the check off");
-    }
-    if args.accumulate > 1 {
-        println!(
-            "  accumulating {} micro-batches of {} per optimizer step (effective batch {})",
-            args.accumulate,
-            batch_size,
-            args.accumulate.saturating_mul(batch_size)
-        );
-    }
-
-    // The loop's settings, checked before the run folder exists.
+    // The loop's settings, checked before the run folder exists, so that a bad
+    // value leaves nothing behind.
     let loop_cfg = TrainConfig {
         epochs: args.epochs,
         max_steps: args.max_steps,
@@ -285,6 +261,14 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         empty_cache: args.empty_cache,
     };
     loop_cfg.check()?;
+    if args.accumulate > 1 {
+        println!(
+            "  accumulating {} micro-batches of {} per optimizer step (effective batch {})",
+            args.accumulate,
+            batch_size,
+            args.accumulate.saturating_mul(batch_size)
+        );
+    }
 
     let mut run = Run::create(args.run_dir.as_deref(), model_cfg.name())?;
     let dir = run.dir().to_path_buf();
@@ -448,9 +432,6 @@ fn grad_clip(args: &TrainArgs) -> Option<GradClip> {
         (None, None) => None,
     }
 }
-
-/// The most compute threads `--threads` may ask for.
-const MAX_THREADS: usize = 1024;
 
 /// The largest side `--image-size` resizes to.
 const MAX_IMAGE_SIZE: u32 = 4096;

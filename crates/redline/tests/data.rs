@@ -5,26 +5,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-use common::{fails, json, ok};
+use common::{fails, json};
 
 /// Trains on `data` with `extra` flags into a temporary run folder; returns
 /// stdout and the summary.
 fn train(data: &str, extra: &[&str]) -> (String, serde_json::Value, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let mut args = vec![
-        "train",
-        "--data",
-        data,
-        "--device",
-        "cpu",
-        "--monitor-interval",
-        "0",
-        "--run-dir",
-        run.to_str().unwrap(),
-    ];
+    let mut args = vec!["--data", data];
     args.extend_from_slice(extra);
-    let stdout = ok(&args);
+    let stdout = common::train_in(&run, &args);
     let summary = json(&run.join("summary.json"));
     (stdout, summary, dir)
 }

@@ -194,21 +194,17 @@ fn sizes_beyond_the_data_or_the_machine_are_clamped_or_refused_with_the_numbers(
     let wine = common::root().join("data/tables/wine.csv");
     let run = dir.path().join("run");
     // A batch larger than the data is the whole data, and says so.
-    let out = common::ok(&[
-        "train",
-        "--device",
-        "cpu",
-        "--data",
-        wine.to_str().unwrap(),
-        "--epochs",
-        "1",
-        "--batch-size",
-        "100000",
-        "--monitor-interval",
-        "0",
-        "--run-dir",
-        run.to_str().unwrap(),
-    ]);
+    let out = common::train_in(
+        &run,
+        &[
+            "--data",
+            wine.to_str().unwrap(),
+            "--epochs",
+            "1",
+            "--batch-size",
+            "100000",
+        ],
+    );
     assert!(
         out.contains("--batch-size 100000 is more than the 160 training samples"),
         "{out}"

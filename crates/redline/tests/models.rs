@@ -5,20 +5,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-use common::{fails, json, ok, root};
+use common::{fails, json, root};
 
 fn train(extra: &[&str], run: &std::path::Path) -> String {
-    let mut args = vec![
-        "train",
-        "--device",
-        "cpu",
-        "--monitor-interval",
-        "0",
-        "--run-dir",
-        run.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    ok(&args)
+    common::train_in(run, extra)
 }
 
 #[test]

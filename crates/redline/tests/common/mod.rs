@@ -40,6 +40,22 @@ pub fn ok(args: &[&str]) -> String {
     so.into_owned()
 }
 
+/// `redline train` on the CPU, without system sampling, into the run folder
+/// `run`, with `extra` flags; returns stdout and fails the test on an error.
+pub fn train_in(run: &Path, extra: &[&str]) -> String {
+    let mut args = vec![
+        "train",
+        "--device",
+        "cpu",
+        "--monitor-interval",
+        "0",
+        "--run-dir",
+        run.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    ok(&args)
+}
+
 /// Runs it and returns stderr; fails the test on success or a panic.
 pub fn fails(args: &[&str]) -> String {
     let out = redline(args);

@@ -18,6 +18,10 @@ Rows (see bench/README.md):
   (e) MLP batch 512: redline vs PyTorch (c)-style (--with-b512, on by default)
 Every PyTorch workload runs once per --threads value (default 1 and 2) and the best median
 is reported; the detail table shows all of them.
+
+--before BIN adds a second Redline binary (say, built from an older commit): each Redline
+workload then runs BIN and the current binary alternately, --rounds times each, and a
+"Before / after" table gives both medians (over all epochs of all rounds) and their ratio.
 """
 
 from __future__ import annotations
@@ -94,6 +98,8 @@ class Job:
     epochs: int
     workload: str = ""  # pytorch: tutorial | tensor
     threads: int = 0  # pytorch only
+    variant: str = ""  # redline only: "before" for the --before binary, "" for the current one
+    round: int = 0  # redline only: 0-based repetition (--rounds)
     result: dict = field(default_factory=dict)
     error: str = ""
     busy_note: str = ""  # other heavy processes seen right before this run
@@ -101,7 +107,9 @@ class Job:
     @property
     def name(self) -> str:
         if self.impl == "redline":
-            return f"redline {self.model} b{self.batch_size}"
+            who = "redline-before" if self.variant == "before" else "redline"
+            again = f" #{self.round + 1}" if self.round else ""
+            return f"{who} {self.model} b{self.batch_size}{again}"
         return f"pytorch-{self.workload} {self.model} b{self.batch_size} t{self.threads}"
 
 
@@ -164,8 +172,13 @@ def run_torch(job: Job, args: argparse.Namespace, tv_root: Path) -> None:
 
 
 def parse_redline_metrics(path: Path) -> dict:
-    """Median training epoch_s and final test accuracy from a `redline train --metrics` file."""
+    """Median training epoch_s and final test accuracy from a `redline train --metrics` file.
+
+    Test accuracy: the `{"kind":"test"}` record when the run wrote one (since the step contract),
+    else the last epoch's `val_accuracy` (or `test_accuracy`, as older builds named it); on
+    Fashion-MNIST validation is the test split, so all three are the same number."""
     epochs = []
+    test = None
     with open(path) as f:
         for ln in f:
             ln = ln.strip()
@@ -174,11 +187,17 @@ def parse_redline_metrics(path: Path) -> dict:
             rec = json.loads(ln)
             if rec.get("kind") == "epoch":
                 epochs.append(rec)
+            elif rec.get("kind") == "test":
+                test = rec
     if not epochs:
         raise ValueError(f"no {{\"kind\":\"epoch\"}} lines in {path}")
     epochs.sort(key=lambda r: r.get("epoch", 0))
     epoch_s = [float(r["epoch_s"]) for r in epochs]
-    acc = float(epochs[-1]["test_accuracy"])
+    if test is not None and "test_accuracy" in test:
+        acc = float(test["test_accuracy"])
+    else:
+        last = epochs[-1]
+        acc = float(last["val_accuracy"] if "val_accuracy" in last else last["test_accuracy"])
     if acc > 1.0:  # tolerate a percentage, the contract says a fraction
         acc /= 100.0
     med = statistics.median(epoch_s)
@@ -196,11 +215,13 @@ def parse_redline_metrics(path: Path) -> dict:
 
 
 def run_redline(job: Job, args: argparse.Namespace, workdir: Path) -> None:
-    metrics = workdir / f"metrics-{job.model}-b{job.batch_size}.jsonl"
-    logf = workdir / f"redline-{job.model}-b{job.batch_size}.log"
+    stem = f"{job.variant or 'current'}-{job.model}-b{job.batch_size}-r{job.round}"
+    metrics = workdir / f"metrics-{stem}.jsonl"
+    logf = workdir / f"redline-{stem}.log"
     metrics.unlink(missing_ok=True)
+    binary = args.before if job.variant == "before" else args.redline_bin
     cmd = [
-        args.redline_bin, "train",
+        binary, "train",
         "--model", job.model,
         "--epochs", str(job.epochs),
         "--batch-size", str(job.batch_size),
@@ -232,7 +253,7 @@ def run_redline(job: Job, args: argparse.Namespace, workdir: Path) -> None:
         log(f"warning: {job.name}: expected {job.epochs} epoch lines, found {res['epochs_seen']}")
     res.update(model=job.model, batch_size=job.batch_size, epochs=job.epochs, process_wall_s=round(wall, 3))
     job.result = res
-    log(f"[redline {job.model} b{job.batch_size}] epochs {res['epoch_s']} s, acc {res['test_accuracy']:.4f}")
+    log(f"[{job.name}] epochs {res['epoch_s']} s, acc {res['test_accuracy']:.4f}")
 
 
 # ----------------------------------------------------------------------------- report
@@ -247,6 +268,63 @@ def best_of(jobs: list[Job]) -> Job | None:
     return min(ok, key=lambda j: j.result["median_epoch_s"]) if ok else None
 
 
+def pooled(jobs: list[Job]) -> dict | None:
+    """One Redline result from all rounds of a workload: the median over every epoch of every
+    round (not the best round, which would favour whichever binary got the luckier run)."""
+    ok = [j for j in jobs if j.result]
+    if not ok:
+        return None
+    epoch_s = [s for j in ok for s in j.result["epoch_s"]]
+    med = statistics.median(epoch_s)
+    return {
+        **ok[-1].result,
+        "epoch_s": epoch_s,
+        "median_epoch_s": med,
+        "samples_per_s": FULL_TRAIN / med,
+        "round_medians": [j.result["median_epoch_s"] for j in ok],
+        "accuracies": sorted({round(j.result["test_accuracy"], 6) for j in ok}),
+    }
+
+
+def before_after(groups: dict[str, list[Job]]) -> list[str]:
+    """The "Before / after" section (only with --before)."""
+    out = [
+        "",
+        "## Before / after (Redline)",
+        "",
+        "Each Redline workload ran the --before binary and the current one alternately. Median = over",
+        "every training epoch of every round; ratio = current / before (< 1: the current build is",
+        "faster). The round columns give each round's own median, to show the spread.",
+        "",
+        "| workload | before median s | current median s | current / before | before, each round | current, each round | test acc before | test acc current |",
+        "| --- | ---: | ---: | ---: | --- | --- | --- | --- |",
+    ]
+    for gj in groups.values():
+        mine = [j for j in gj if j.impl == "redline"]
+        if not mine:
+            continue
+        old = pooled([j for j in mine if j.variant == "before"])
+        new = pooled([j for j in mine if j.variant != "before"])
+        desc = f"{mine[0].model.upper()} b{mine[0].batch_size}"
+        if old is None or new is None:
+            out.append(f"| {desc} | {'FAILED' if old is None else fmt_s(old['median_epoch_s'])} | "
+                       f"{'FAILED' if new is None else fmt_s(new['median_epoch_s'])} | n/a | | | | |")
+            continue
+        ratio = new["median_epoch_s"] / old["median_epoch_s"]
+
+        def each(r: dict) -> str:
+            return " ".join(f"{m:.4f}" for m in r["round_medians"])
+
+        def accs(r: dict) -> str:
+            return " ".join(f"{a * 100:.2f}%" for a in r["accuracies"])
+
+        out.append(
+            f"| {desc} | {old['median_epoch_s']:.4f} | {new['median_epoch_s']:.4f} | {ratio:.3f} | "
+            f"{each(old)} | {each(new)} | {accs(old)} | {accs(new)} |"
+        )
+    return out
+
+
 def header(args: argparse.Namespace, torch_ver: str, start: dict) -> list[str]:
     commit = sh(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=REPO) or "(no commit yet)"
     dirty = sh(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO)
@@ -257,6 +335,7 @@ def header(args: argparse.Namespace, torch_ver: str, start: dict) -> list[str]:
         if ln.startswith("Model name:"):
             cpu = ln.split(":", 1)[1].strip()
     redline_ver = sh([args.redline_bin, "--version"]) if not args.skip_redline else "(skipped)"
+    before = [f"before binary:   {args.before}  {sh([args.before, '--version'])}"] if args.before else []
     la = start["load"]
     builds = start["builds"]
     out = [
@@ -269,6 +348,7 @@ def header(args: argparse.Namespace, torch_ver: str, start: dict) -> list[str]:
         f"host:            {socket.gethostname()}  ({platform.platform()})",
         f"redline commit:  {commit}",
         f"redline binary:  {args.redline_bin}  {redline_ver}",
+        *before,
         f"torch:           {torch_ver}",
         f"python:          {args.python}",
         f"cargo/rustc/redline running at start: {'; '.join(builds) if builds else 'none'}",
@@ -303,8 +383,8 @@ def report(args: argparse.Namespace, jobs: list[Job], torch_ver: str, start: dic
         "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for key, gj in groups.items():
-        red = next((j for j in gj if j.impl == "redline"), None)
-        red_med = red.result.get("median_epoch_s") if red and red.result else None
+        red = pooled([j for j in gj if j.impl == "redline" and j.variant != "before"])
+        red_med = red["median_epoch_s"] if red else None
         # one row per (label, workload): redline, then each pytorch workload's best thread count
         seen: list[tuple[str, str, str]] = []
         for j in gj:
@@ -313,7 +393,12 @@ def report(args: argparse.Namespace, jobs: list[Job], torch_ver: str, start: dic
                 seen.append(t)
         for label, impl, workload in seen:
             cands = [j for j in gj if (j.label, j.impl, j.workload) == (label, impl, workload)]
-            b = best_of(cands)
+            if impl == "redline":
+                cands = [j for j in cands if j.variant != "before"]
+                mine = pooled(cands)
+                b = Job(**{**cands[0].__dict__, "result": mine}) if mine else None
+            else:
+                b = best_of(cands)
             if impl == "redline":
                 what = f"`redline train --model {cands[0].model}`"
                 threads = "default"
@@ -359,6 +444,9 @@ def report(args: argparse.Namespace, jobs: list[Job], torch_ver: str, start: dic
             f"{fmt_s(r['median_epoch_s'])} | {r['samples_per_s']:,.0f} | {r['test_accuracy'] * 100:.2f}% | {last_loss} |"
         )
 
+    if args.before:
+        out += before_after(groups)
+
     noisy = [j for j in jobs if j.busy_note]
     if noisy:
         out += ["", "## Busy machine", "", "Other heavy processes were seen right before these runs:", ""]
@@ -400,6 +488,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--python", default=sys.executable, help="python with torch+torchvision")
     p.add_argument("--redline-bin", default=str(REPO / "target" / "release" / "redline"))
     p.add_argument("--redline-args", default="", help="extra flags appended to every `redline train`")
+    p.add_argument("--before", default="",
+                   help="a second redline binary (an older build) to run alternately with --redline-bin")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="runs of each Redline workload (each binary with --before), alternating")
     p.add_argument("--skip-redline", action="store_true", help="PyTorch rows only (smoke tests)")
     p.add_argument("--limit", type=int, default=0,
                    help="SMOKE TESTS ONLY: PyTorch trains on the first N samples")
@@ -423,8 +515,12 @@ def plan(args: argparse.Namespace) -> list[Job]:
     jobs: list[Job] = []
 
     def red(key: str, label: str, model: str, bs: int, ep: int) -> None:
-        if not args.skip_redline:
-            jobs.append(Job(key, label, "redline", model, bs, ep))
+        if args.skip_redline:
+            return
+        for r in range(max(args.rounds, 1)):
+            if args.before:
+                jobs.append(Job(key, label, "redline", model, bs, ep, variant="before", round=r))
+            jobs.append(Job(key, label, "redline", model, bs, ep, round=r))
 
     def pt(key: str, label: str, workload: str, model: str, bs: int, ep: int) -> None:
         for t in args.thread_list:
@@ -451,6 +547,9 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     if not args.skip_redline and not os.access(args.redline_bin, os.X_OK):
         log(f"no executable redline binary at {args.redline_bin} (cargo build --release, or --skip-redline)")
+        return 2
+    if args.before and not os.access(args.before, os.X_OK):
+        log(f"--before {args.before}: not an executable file")
         return 2
     torch_ver = sh([args.python, "-c", "import torch, torchvision; print('torch', torch.__version__, "
                     "'| torchvision', torchvision.__version__, '| default threads', torch.get_num_threads())"])

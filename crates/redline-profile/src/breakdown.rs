@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::action::Category;
+use crate::nullable::nullable;
 
 /// The attribution rule, written into every `breakdown.json`.
 pub const RULE: &str = "Each instant of the fit's wall time counts once, in the category of what \
@@ -14,42 +15,73 @@ checkpoints, loop bookkeeping) or idle (inside the fit but in none of these). Wo
 threads overlaps the loop and counts only through the loop's wait for it. On the CPU kernels run \
 synchronously, so compute is host time spent in them.";
 
+// The types below are both what the profiler writes and what `redline-report` reads back.
+// Reading is tolerant: a missing or `null` field is its default, unknown fields are ignored.
+
 /// One category's share.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct CategoryShare {
     /// `compute`, `data_wait`, `transfer`, `host_sync`, `overhead` or `idle`.
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
     /// Seconds.
+    #[serde(deserialize_with = "nullable")]
     pub seconds: f64,
     /// Percent of wall time.
+    #[serde(deserialize_with = "nullable")]
     pub percent: f64,
 }
 
 /// Mean milliseconds per step of the steps `first_step..=last_step`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct TimelineRow {
     /// First step of the bin (1-based).
+    #[serde(deserialize_with = "nullable")]
     pub first_step: usize,
     /// Last step of the bin.
+    #[serde(deserialize_with = "nullable")]
     pub last_step: usize,
     /// Compute.
+    #[serde(deserialize_with = "nullable")]
     pub compute_ms: f64,
     /// Data wait.
+    #[serde(deserialize_with = "nullable")]
     pub data_wait_ms: f64,
     /// Transfer.
+    #[serde(deserialize_with = "nullable")]
     pub transfer_ms: f64,
     /// Host sync.
+    #[serde(deserialize_with = "nullable")]
     pub host_sync_ms: f64,
     /// Overhead.
+    #[serde(deserialize_with = "nullable")]
     pub overhead_ms: f64,
 }
 
+impl TimelineRow {
+    /// The five per-step values in [`Category::ALL`] order (idle is not per step).
+    pub fn values_ms(&self) -> [f64; 5] {
+        [
+            self.compute_ms,
+            self.data_wait_ms,
+            self.transfer_ms,
+            self.host_sync_ms,
+            self.overhead_ms,
+        ]
+    }
+}
+
 /// Steps grouped into bins of `bin_steps`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Timeline {
     /// Steps per bin (the last bin may hold fewer).
+    #[serde(deserialize_with = "nullable")]
     pub bin_steps: usize,
     /// The bins in step order.
+    #[serde(deserialize_with = "nullable")]
     pub rows: Vec<TimelineRow>,
 }
 
@@ -79,19 +111,26 @@ impl Timeline {
 }
 
 /// The whole breakdown of one fit (the `breakdown.json` of a run).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Breakdown {
     /// Wall time covered.
+    #[serde(deserialize_with = "nullable")]
     pub wall_s: f64,
-    /// Optimizer steps in it.
+    /// Optimizer steps in it (0 when a file does not say).
+    #[serde(deserialize_with = "nullable")]
     pub steps: usize,
     /// The device the run used.
+    #[serde(deserialize_with = "nullable")]
     pub device: String,
     /// How time was attributed ([`RULE`]).
+    #[serde(deserialize_with = "nullable")]
     pub rule: String,
     /// The six categories in [`Category::ALL`] order.
+    #[serde(deserialize_with = "nullable")]
     pub categories: Vec<CategoryShare>,
-    /// Per-step timeline.
+    /// Per-step timeline (no rows when a file has none).
+    #[serde(deserialize_with = "nullable")]
     pub timeline: Timeline,
 }
 
@@ -139,8 +178,14 @@ impl Breakdown {
         self.share(cat).map_or(0.0, |c| c.percent)
     }
 
-    fn share(&self, cat: Category) -> Option<&CategoryShare> {
+    /// The share of `cat`, if the breakdown lists it.
+    pub fn share(&self, cat: Category) -> Option<&CategoryShare> {
         self.categories.iter().find(|c| c.name == cat.key())
+    }
+
+    /// Percent of wall time in `cat`, if listed and finite (for a breakdown read from a file).
+    pub fn listed_percent(&self, cat: Category) -> Option<f64> {
+        self.share(cat).map(|c| c.percent).filter(|p| p.is_finite())
     }
 
     /// The one line printed at the end of every run.
@@ -182,5 +227,20 @@ mod tests {
         let json = serde_json::to_string(&b).unwrap_or_default();
         let back: Breakdown = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(back, b);
+    }
+
+    #[test]
+    fn reads_partial_and_null_files() {
+        let b: Breakdown = serde_json::from_str(
+            r#"{"wall_s":null,"categories":[{"name":"compute","percent":40.5},{"name":"idle","percent":null}],"timeline":null,"extra":1}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(b.wall_s, 0.0);
+        assert_eq!(b.steps, 0);
+        assert!(b.timeline.rows.is_empty());
+        assert_eq!(b.listed_percent(Category::Compute), Some(40.5));
+        assert_eq!(b.listed_percent(Category::Idle), Some(0.0));
+        assert_eq!(b.listed_percent(Category::Transfer), None);
+        assert!(serde_json::from_str::<Breakdown>(r#"{"steps":-1}"#).is_err());
     }
 }

@@ -10,6 +10,7 @@ mod action;
 mod breakdown;
 mod chrome;
 mod error;
+mod nullable;
 mod profiler;
 mod report;
 
@@ -17,5 +18,6 @@ pub use action::{Action, Category, Mode};
 pub use breakdown::{Breakdown, CategoryShare, Timeline, TimelineRow, RULE};
 pub use chrome::to_chrome_json;
 pub use error::{Error, Result};
+pub use nullable::nullable;
 pub use profiler::{DeviceClock, Profiler};
-pub use report::{ActionRow, Profile, SpanRow};
+pub use report::{ActionRow, Profile, ProfileFile, SpanRow};

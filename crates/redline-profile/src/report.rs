@@ -12,19 +12,26 @@ use crate::action::Mode;
 use crate::breakdown::Breakdown;
 use crate::chrome;
 use crate::error::{Error, Result};
+use crate::nullable::nullable;
 
 /// One row of the action table.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ActionRow {
     /// What the loop did.
+    #[serde(deserialize_with = "nullable")]
     pub action: String,
     /// Times it did it.
+    #[serde(deserialize_with = "nullable")]
     pub calls: u64,
     /// Mean milliseconds per call.
+    #[serde(deserialize_with = "nullable")]
     pub mean_ms: f64,
     /// Total seconds.
+    #[serde(deserialize_with = "nullable")]
     pub total_s: f64,
     /// Percent of wall time.
+    #[serde(deserialize_with = "nullable")]
     pub percent: f64,
     /// Device-queue seconds of the work queued during this action (GPU event
     /// timing); absent where there is no device clock (the CPU).
@@ -33,15 +40,20 @@ pub struct ActionRow {
 }
 
 /// Inclusive time of one named span (a layer's forward or backward).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct SpanRow {
     /// Span name, e.g. `fc1.forward`.
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
     /// Times it ran.
+    #[serde(deserialize_with = "nullable")]
     pub calls: u64,
     /// Mean milliseconds.
+    #[serde(deserialize_with = "nullable")]
     pub mean_ms: f64,
     /// Total seconds.
+    #[serde(deserialize_with = "nullable")]
     pub total_s: f64,
 }
 
@@ -65,16 +77,32 @@ pub struct Profile {
     pub device_compute_percent: Option<f64>,
 }
 
-#[derive(Serialize)]
-struct ProfileJson<'a> {
-    wall_s: f64,
-    mode: String,
-    steps: usize,
-    rows: &'a [ActionRow],
+/// `profile.json`: what [`Profile::write`] writes and `redline-report` reads back
+/// (tolerantly: a missing or `null` field is its default).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ProfileFile {
+    /// Wall time the rows sum to.
+    #[serde(deserialize_with = "nullable")]
+    pub wall_s: f64,
+    /// `simple` or `detailed`.
+    #[serde(deserialize_with = "nullable")]
+    pub mode: String,
+    /// Optimizer steps.
+    #[serde(deserialize_with = "nullable")]
+    pub steps: usize,
+    /// The action table; `other` last.
+    #[serde(deserialize_with = "nullable")]
+    pub rows: Vec<ActionRow>,
+    /// See [`Profile::device_compute_percent`].
     #[serde(skip_serializing_if = "Option::is_none")]
-    device_compute_percent: Option<f64>,
-    layers: Vec<SpanRow>,
-    op_counts_per_step: BTreeMap<&'static str, f64>,
+    pub device_compute_percent: Option<f64>,
+    /// Per-layer spans (detailed only).
+    #[serde(deserialize_with = "nullable")]
+    pub layers: Vec<SpanRow>,
+    /// Kernel calls per step (detailed only).
+    #[serde(deserialize_with = "nullable")]
+    pub op_counts_per_step: BTreeMap<String, f64>,
 }
 
 impl Profile {
@@ -196,6 +224,23 @@ impl Profile {
         s
     }
 
+    /// What `profile.json` holds.
+    pub fn file(&self) -> ProfileFile {
+        ProfileFile {
+            wall_s: self.wall_s,
+            mode: self.mode.to_string(),
+            steps: self.steps,
+            rows: self.rows.clone(),
+            device_compute_percent: self.device_compute_percent,
+            layers: self.layer_rows(),
+            op_counts_per_step: self
+                .op_counts_per_step()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+        }
+    }
+
     /// Writes `breakdown.json` always, `profile.txt` and `profile.json` unless
     /// the mode is off, and `trace.json` when detailed. Returns the files written.
     pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>> {
@@ -206,18 +251,9 @@ impl Profile {
         )?);
         if self.mode != Mode::Off {
             written.push(write_file(&dir.join("profile.txt"), &self.table())?);
-            let pj = ProfileJson {
-                wall_s: self.wall_s,
-                mode: self.mode.to_string(),
-                steps: self.steps,
-                rows: &self.rows,
-                device_compute_percent: self.device_compute_percent,
-                layers: self.layer_rows(),
-                op_counts_per_step: self.op_counts_per_step(),
-            };
             written.push(write_file(
                 &dir.join("profile.json"),
-                &to_json("profile", &pj)?,
+                &to_json("profile", &self.file())?,
             )?);
         }
         if let Some(trace) = &self.trace {

@@ -3,8 +3,8 @@
 //! Each rule fires only on a measured number and cites it, so a reader can
 //! check the claim against the charts. Thresholds are plain constants below.
 
+use crate::records::{Breakdown, Category};
 use crate::run::RunData;
-use crate::timing::Breakdown;
 
 /// How a piece of advice should be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -75,16 +75,18 @@ fn short(x: f64) -> String {
     }
 }
 
-/// `"(1.10 s of 3.52 s)"` for the category `name`.
-fn seconds_of(b: &Breakdown, name: &str) -> String {
-    match b.category(name) {
+/// `"(1.10 s of 3.52 s)"` for the category `cat`.
+fn seconds_of(b: &Breakdown, cat: Category) -> String {
+    match b.share(cat) {
         Some(c) => format!("{:.2} s of {:.2} s", c.seconds, b.wall_s),
         None => String::new(),
     }
 }
 
 fn data_wait(run: &RunData, b: &Breakdown) -> Option<Advice> {
-    let p = b.percent("data_wait").filter(|&p| p >= DATA_WAIT_WARN)?;
+    let p = b
+        .listed_percent(Category::DataWait)
+        .filter(|&p| p >= DATA_WAIT_WARN)?;
     let now = run
         .summary
         .as_ref()
@@ -96,7 +98,7 @@ fn data_wait(run: &RunData, b: &Breakdown) -> Option<Advice> {
         format!(
             "data wait is {p:.0}% of step time: raise --prefetch or keep the dataset on the \
              device ({}{now})",
-            seconds_of(b, "data_wait")
+            seconds_of(b, Category::DataWait)
         ),
     ))
 }
@@ -137,19 +139,26 @@ fn host_syncs(run: &RunData) -> Option<Advice> {
     })
 }
 
-/// A warning when category `name` takes at least `limit` percent of wall time.
-fn category_warn(b: &Breakdown, name: &str, limit: f64, what: &str, fix: &str) -> Option<Advice> {
-    let p = b.percent(name).filter(|&p| p >= limit)?;
+/// A warning when category `cat` takes at least `limit` percent of wall time.
+fn category_warn(
+    b: &Breakdown,
+    cat: Category,
+    limit: f64,
+    what: &str,
+    fix: &str,
+) -> Option<Advice> {
+    let p = b.listed_percent(cat).filter(|&p| p >= limit)?;
     Some(Advice::new(
         Level::Warn,
         format!(
             "{what} is {p:.0}% of wall time ({}): {fix}",
-            seconds_of(b, name)
+            seconds_of(b, cat)
         ),
     ))
 }
 
-fn gpu_utilization(run: &RunData) -> Option<Advice> {
+/// Mean NVML GPU utilization of a GPU run and the number of samples.
+fn nvml_utilization(run: &RunData) -> Option<(f64, usize)> {
     if run.is_cpu() {
         return None;
     }
@@ -160,25 +169,33 @@ fn gpu_utilization(run: &RunData) -> Option<Advice> {
         .filter_map(|g| g.utilization_gpu_percent)
         .filter(|u| u.is_finite())
         .collect();
-    if util.is_empty() {
+    (!util.is_empty()).then(|| (util.iter().sum::<f64>() / util.len() as f64, util.len()))
+}
+
+fn gpu_utilization(run: &RunData) -> Option<Advice> {
+    let (mean, samples) = nvml_utilization(run)?;
+    if mean >= GPU_UTIL_WARN {
         return None;
     }
-    let mean = util.iter().sum::<f64>() / util.len() as f64;
-    if mean >= GPU_UTIL_WARN {
+    // A host busy issuing compute while the GPU idles is launch-bound:
+    // [`compute`] says so, with the cause, instead.
+    let compute = run
+        .breakdown
+        .as_ref()
+        .and_then(|b| b.listed_percent(Category::Compute));
+    if compute.is_some_and(|p| p >= COMPUTE_GOOD) {
         return None;
     }
     let idle = 100.0 - mean;
     let text = match run.summary.as_ref().and_then(|s| s.batch_size) {
         Some(b) => format!(
             "batch {b} leaves the GPU {idle:.0}% idle: try a larger --batch-size such as {} \
-             (mean utilization {mean:.0}% over {} samples)",
-            b * 4,
-            util.len()
+             (mean utilization {mean:.0}% over {samples} samples)",
+            b * 4
         ),
         None => format!(
-            "the GPU is {idle:.0}% idle (mean utilization {mean:.0}% over {} samples): try a \
-             larger --batch-size",
-            util.len()
+            "the GPU is {idle:.0}% idle (mean utilization {mean:.0}% over {samples} samples): \
+             try a larger --batch-size"
         ),
     };
     Some(Advice::new(Level::Warn, text))
@@ -234,7 +251,7 @@ fn oversubscribed(run: &RunData) -> Option<Advice> {
 fn small_batch(run: &RunData, b: &Breakdown) -> Option<Advice> {
     let batch = run.summary.as_ref()?.batch_size?;
     let steps = run.step_count()?;
-    let compute = b.category("compute")?.seconds;
+    let compute = b.share(Category::Compute)?.seconds;
     let ms = 1000.0 * compute / steps as f64;
     (batch <= SMALL_BATCH && ms.is_finite() && ms < SHORT_STEP_MS).then(|| {
         Advice::new(
@@ -248,12 +265,64 @@ fn small_batch(run: &RunData, b: &Breakdown) -> Option<Advice> {
     })
 }
 
-fn compute_good(b: &Breakdown) -> Option<Advice> {
-    let p = b.percent("compute").filter(|&p| p >= COMPUTE_GOOD)?;
-    Some(Advice::new(
-        Level::Good,
-        format!("compute is {p:.0}% of wall time: the device is kept busy"),
-    ))
+/// A high compute share. On the CPU kernels run on the loop's thread, so it
+/// means the CPU is kept busy. On a GPU it is host time spent issuing the
+/// step's work; whether the GPU was busy is a separate measurement (NVML), and
+/// the advice says which it has.
+fn compute(run: &RunData, b: &Breakdown) -> Option<Advice> {
+    let p = b
+        .listed_percent(Category::Compute)
+        .filter(|&p| p >= COMPUTE_GOOD)?;
+    if run.is_cpu() {
+        return Some(Advice::new(
+            Level::Good,
+            format!("compute is {p:.0}% of wall time: the device is kept busy"),
+        ));
+    }
+    let per_step = run
+        .step_count()
+        .and_then(|n| {
+            b.share(Category::Compute)
+                .map(|c| 1e3 * c.seconds / n as f64)
+        })
+        .filter(|ms| ms.is_finite())
+        .map(|ms| format!(", {ms:.2} ms of it per step"))
+        .unwrap_or_default();
+    let Some((util, samples)) = nvml_utilization(run) else {
+        return Some(Advice::new(
+            Level::Info,
+            format!(
+                "the host spent {p:.0}% of wall time issuing compute{per_step}; GPU \
+                 utilization was not sampled (no NVML), so this does not show that the GPU \
+                 was busy"
+            ),
+        ));
+    };
+    let measured = format!("mean NVML utilization {util:.0}% over {samples} samples");
+    Some(if util < GPU_UTIL_WARN {
+        Advice::new(
+            Level::Warn,
+            format!(
+                "launch-bound: the host spent {p:.0}% of wall time issuing compute{per_step}, \
+                 but the GPU was busy only {util:.0}% ({measured}): the GPU waits while the \
+                 host launches many small kernels one at a time; a larger --batch-size gives \
+                 each launch more work"
+            ),
+        )
+    } else if util >= COMPUTE_GOOD {
+        Advice::new(
+            Level::Good,
+            format!(
+                "the GPU was busy {util:.0}% of the time ({measured}); compute is {p:.0}% of \
+                 wall time"
+            ),
+        )
+    } else {
+        Advice::new(
+            Level::Info,
+            format!("compute is {p:.0}% of wall time and the GPU was busy {util:.0}% ({measured})"),
+        )
+    })
 }
 
 /// Runs every rule on `run`; warnings first, then info, then good news.
@@ -263,27 +332,27 @@ pub fn advice(run: &RunData) -> Vec<Advice> {
         out.extend(data_wait(run, b));
         out.extend(category_warn(
             b,
-            "host_sync",
+            Category::HostSync,
             HOST_SYNC_WARN,
             "host sync",
             "the host blocks on device results; read values back less often",
         ));
         out.extend(category_warn(
             b,
-            "overhead",
+            Category::Overhead,
             OVERHEAD_WARN,
             "framework overhead",
             "a fixed cost per step; a larger --batch-size spreads it over more samples",
         ));
         out.extend(category_warn(
             b,
-            "idle",
+            Category::Idle,
             IDLE_WARN,
             "idle",
             "time outside training steps (start-up, evaluation, logging, checkpoints)",
         ));
         out.extend(small_batch(run, b));
-        out.extend(compute_good(b));
+        out.extend(compute(run, b));
     }
     out.extend(host_syncs(run));
     out.extend(gpu_utilization(run));

@@ -12,7 +12,6 @@ mod html;
 mod run;
 mod runs;
 mod sections;
-mod timing;
 
 pub use advice::{advice, Advice, Level};
 pub use error::{Error, Result};
@@ -20,9 +19,8 @@ pub use html::{render_html, write_report};
 /// The record types this crate reads, written by `redline-run`.
 pub use redline_run::records;
 pub use redline_run::records::{
-    EpochRecord, GpuProcess, GpuSample, HostProcess, HostSample, RunStatus, StepRecord, Summary,
-    SystemRecord,
+    ActionRow, Breakdown, Category, CategoryShare, EpochRecord, GpuProcess, GpuSample, HostProcess,
+    HostSample, ProfileFile, RunStatus, StepRecord, Summary, SystemRecord, Timeline, TimelineRow,
 };
 pub use run::RunData;
 pub use runs::{format_runs, list_runs, RunRow};
-pub use timing::{Breakdown, Category, Profile, ProfileRow, Timeline, TimelineRow, CATEGORIES};

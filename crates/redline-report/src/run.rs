@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
+use crate::records::{Breakdown, ProfileFile};
 use crate::records::{EpochRecord, Record, StepRecord, Summary, SystemRecord};
-use crate::timing::{Breakdown, Profile};
 
 /// The files of a run directory (docs/run-dir.md), each `None`/empty when absent.
 #[derive(Debug, Clone, Default)]
@@ -28,7 +28,7 @@ pub struct RunData {
     /// `breakdown.json`.
     pub breakdown: Option<Breakdown>,
     /// `profile.json`.
-    pub profile: Option<Profile>,
+    pub profile: Option<ProfileFile>,
     /// What the loader tolerated (an incomplete last line), shown in the report.
     pub notes: Vec<String>,
 }
@@ -127,7 +127,7 @@ impl RunData {
             None => Metrics::default(),
         };
         let breakdown = load_json::<Breakdown>(&dir.join("breakdown.json"))?;
-        let profile = load_json::<Profile>(&dir.join("profile.json"))?;
+        let profile = load_json::<ProfileFile>(&dir.join("profile.json"))?;
         if summary.is_none() && config.is_none() && metrics_text.is_none() && breakdown.is_none() {
             return Err(Error::NotARunDir {
                 dir: dir.to_path_buf(),
@@ -166,7 +166,8 @@ impl RunData {
     pub fn step_count(&self) -> Option<u64> {
         self.breakdown
             .as_ref()
-            .and_then(|b| b.steps)
+            .map(|b| b.steps as u64)
+            .filter(|&n| n > 0)
             .or_else(|| self.summary.as_ref().and_then(|s| s.steps))
             .or_else(|| self.steps.last().map(|s| s.step))
             .filter(|&n| n > 0)

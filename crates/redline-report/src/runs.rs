@@ -4,8 +4,8 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::records::Summary;
+use crate::records::{Breakdown, Category};
 use crate::run::load_json;
-use crate::timing::Breakdown;
 
 /// One run of the listing. Numbers are `None` where the run did not record them.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -53,7 +53,7 @@ fn row(dir: &Path, name: String) -> RunRow {
         }
     };
     let (compute_pct, problem) = match load_json::<Breakdown>(&dir.join("breakdown.json")) {
-        Ok(b) => (b.and_then(|b| b.percent("compute")), None),
+        Ok(b) => (b.and_then(|b| b.listed_percent(Category::Compute)), None),
         Err(e) => (None, Some(e.to_string())),
     };
     RunRow {

@@ -6,8 +6,8 @@ use crate::advice::advice as run_advice;
 use crate::charts::{self, category_color};
 use crate::error::Result;
 use crate::html::{esc, figure, missing, swatch};
+use crate::records::Category;
 use crate::run::RunData;
-use crate::timing::CATEGORIES;
 
 fn section(id: &str, title: &str, body: &str) -> String {
     format!(r#"<section id="{id}"><h2>{title}</h2>{body}</section>"#)
@@ -85,14 +85,15 @@ pub(crate) fn breakdown(run: &RunData) -> Result<String> {
     let mut legend = String::from(
         r#"<table class="legend-table"><tr><th>category</th><th class="n">% of wall</th><th class="n">seconds</th></tr>"#,
     );
-    for cat in CATEGORIES {
+    for cat in Category::ALL {
         let (p, s) = b
-            .category(cat)
+            .share(cat)
             .map_or((f64::NAN, f64::NAN), |c| (c.percent, c.seconds));
         let _ = write!(
             legend,
-            r#"<tr><td>{}{cat}</td><td class="n">{p:.1}%</td><td class="n">{s:.3}</td></tr>"#,
-            swatch(category_color(cat))
+            r#"<tr><td>{}{}</td><td class="n">{p:.1}%</td><td class="n">{s:.3}</td></tr>"#,
+            swatch(category_color(cat)),
+            cat.key()
         );
     }
     let _ = write!(
@@ -164,12 +165,16 @@ pub(crate) fn profile(run: &RunData) -> String {
     let max = p
         .rows
         .iter()
-        .filter_map(|r| r.percent)
+        .map(|r| r.percent)
+        .filter(|v| v.is_finite())
         .fold(0.0_f64, f64::max)
         .max(1e-9);
-    let fmt = |x: Option<f64>, d: usize| {
-        x.filter(|v| v.is_finite())
-            .map_or("—".into(), |v| format!("{v:.d$}"))
+    let fmt = |x: f64, d: usize| {
+        if x.is_finite() {
+            format!("{x:.d$}")
+        } else {
+            "—".into()
+        }
     };
     let mut body = format!(
         r#"<p class="note">mode {} · wall {} s</p><table><tr><th>action</th><th class="n">calls</th><th class="n">mean ms</th><th class="n">total s</th><th class="n">%</th><th></th></tr>"#,
@@ -177,12 +182,16 @@ pub(crate) fn profile(run: &RunData) -> String {
         fmt(p.wall_s, 3)
     );
     for r in &p.rows {
-        let w = r.percent.filter(|v| v.is_finite()).unwrap_or(0.0) / max * 100.0;
+        let w = if r.percent.is_finite() {
+            r.percent.clamp(0.0, max) / max * 100.0
+        } else {
+            0.0
+        };
         let _ = write!(
             body,
             r#"<tr><td>{}</td><td class="n">{}</td><td class="n">{}</td><td class="n">{}</td><td class="n">{}</td><td class="barcell"><div class="bar" style="width:{w:.1}%"></div></td></tr>"#,
             esc(&r.action),
-            r.calls.map_or("—".into(), |c| c.to_string()),
+            r.calls,
             fmt(r.mean_ms, 3),
             fmt(r.total_s, 3),
             fmt(r.percent, 1),

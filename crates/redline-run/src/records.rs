@@ -1,4 +1,5 @@
-//! `summary.json` and the records of `metrics.jsonl` as typed structs
+//! `summary.json`, the records of `metrics.jsonl`, and (from `redline-profile`)
+//! `breakdown.json` and `profile.json`, as typed structs
 //! (docs/run-dir.md): what the writer ([`crate::Run`], [`crate::RunLog`])
 //! writes and what `redline-report` reads.
 //!
@@ -8,16 +9,13 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
 
-/// Reads `null` as the type's default, so `"model": null` is `""`, not an error.
-pub fn nullable<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de> + Default,
-{
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
-}
+pub use redline_profile::nullable;
+/// `breakdown.json` and `profile.json`, as the profiler writes them and the report reads them.
+pub use redline_profile::{
+    ActionRow, Breakdown, Category, CategoryShare, ProfileFile, SpanRow, Timeline, TimelineRow,
+};
 
 /// How the run ended (`summary.json` `status`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]

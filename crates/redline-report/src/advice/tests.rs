@@ -3,16 +3,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use super::*;
+use crate::records::{Category, CategoryShare};
 use crate::records::{GpuSample, HostSample, Summary, SystemRecord};
-use crate::timing::{Category, CATEGORIES};
 
-/// A run whose breakdown has `percents` (in [`CATEGORIES`] order) of a 10 s wall.
+/// A run whose breakdown has `percents` (in [`Category::ALL`] order) of a 10 s wall.
 fn run_with(percents: [f64; 6]) -> RunData {
-    let categories = CATEGORIES
+    let categories = Category::ALL
         .iter()
         .zip(percents)
-        .map(|(name, p)| Category {
-            name: (*name).into(),
+        .map(|(cat, p)| CategoryShare {
+            name: cat.key().into(),
             seconds: p / 10.0,
             percent: p,
         })
@@ -25,7 +25,7 @@ fn run_with(percents: [f64; 6]) -> RunData {
         }),
         breakdown: Some(Breakdown {
             wall_s: 10.0,
-            steps: Some(1000),
+            steps: 1000,
             device: "cpu".into(),
             categories,
             ..Default::default()
@@ -215,7 +215,7 @@ fn short_steps_at_a_small_batch_suggest_a_larger_one() {
     summary(&mut run).batch_size = Some(64);
     assert!(find(&run, "ms per step").is_none());
     // 0.5 ms per step at batch 64: short.
-    run.breakdown.as_mut().unwrap().steps = Some(14_000);
+    run.breakdown.as_mut().unwrap().steps = 14_000;
     let a = find(&run, "ms per step").unwrap();
     assert_eq!(a.level, Level::Info);
     assert!(
@@ -238,6 +238,50 @@ fn high_compute_share_is_good_news() {
         "of wall time: the device"
     )
     .is_none());
+}
+
+/// The H100 run of issue 12: compute 96% of the host's wall time, NVML 32%.
+#[test]
+fn a_starved_gpu_is_never_called_busy() {
+    let mut run = gpu_run(&[30.0, 34.0]);
+    run.breakdown = run_with([96.0, 0.5, 0.5, 1.0, 1.0, 1.0]).breakdown;
+    let all = advice(&run);
+    assert!(all.iter().all(|a| !a.text.contains("kept busy")), "{all:?}");
+    let a = find(&run, "launch-bound").unwrap();
+    assert_eq!(a.level, Level::Warn);
+    assert!(
+        a.text
+            .contains("96% of wall time issuing compute, 9.60 ms of it per step")
+            && a.text.contains("busy only 32%")
+            && a.text.contains("over 2 samples"),
+        "{}",
+        a.text
+    );
+    // One finding for one cause: the batch-size warning does not repeat it.
+    assert!(find(&run, "leaves the GPU").is_none(), "{all:?}");
+}
+
+#[test]
+fn a_gpu_run_is_called_busy_only_on_nvml_evidence() {
+    let mut busy = gpu_run(&[91.0, 95.0]);
+    busy.breakdown = run_with([90.0, 1.0, 1.0, 1.0, 4.0, 3.0]).breakdown;
+    let a = find(&busy, "the GPU was busy 93%").unwrap();
+    assert_eq!(a.level, Level::Good);
+    // No NVML samples: the host's share is stated as what it is.
+    let mut blind = gpu_run(&[]);
+    blind.breakdown = busy.breakdown.clone();
+    let a = find(&blind, "issuing compute").unwrap();
+    assert_eq!(a.level, Level::Info);
+    assert!(
+        a.text.contains("does not show that the GPU was busy"),
+        "{}",
+        a.text
+    );
+    assert!(advice(&blind).iter().all(|a| a.level != Level::Good));
+    // In between: a plain statement of both numbers.
+    let mut mid = gpu_run(&[70.0]);
+    mid.breakdown = busy.breakdown.clone();
+    assert_eq!(find(&mid, "GPU was busy 70%").unwrap().level, Level::Info);
 }
 
 #[test]

@@ -5,7 +5,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::{frame, tick, Chart, Swatch, XTicks, CATEGORY_COLORS, FONT, LABEL, WIDE};
 use crate::error::{Error, Result};
-use crate::timing::{Breakdown, CATEGORIES};
+use crate::records::{Breakdown, Category, TimelineRow};
 
 /// Size of the donut's square.
 const PIE: (u32, u32) = (300, 300);
@@ -16,8 +16,8 @@ pub(crate) fn pie(b: &Breakdown) -> Result<Option<Chart>> {
     let name = "breakdown";
     let err = Error::chart(name);
     let (mut sizes, mut colors) = (Vec::new(), Vec::new());
-    for (cat, color) in CATEGORIES.iter().zip(CATEGORY_COLORS) {
-        let s = b.category(cat).map_or(0.0, |c| c.seconds);
+    for (cat, color) in Category::ALL.into_iter().zip(CATEGORY_COLORS) {
+        let s = b.share(cat).map_or(0.0, |c| c.seconds);
         // Plotters draws every slice; a zero or negative one would be a stray sliver.
         if s.is_finite() && s > 0.0 {
             sizes.push(s);
@@ -61,17 +61,17 @@ pub(crate) fn pie(b: &Breakdown) -> Result<Option<Chart>> {
 pub(crate) fn timeline(b: &Breakdown) -> Result<Option<Chart>> {
     let name = "timeline";
     let err = Error::chart(name);
-    let rows = match &b.timeline {
-        Some(t) if !t.rows.is_empty() => &t.rows,
-        _ => return Ok(None),
-    };
+    let rows = &b.timeline.rows;
+    if rows.is_empty() {
+        return Ok(None);
+    }
     // Records are read as written, hostile or not: a bin's edges in order,
     // ms finite and bounded, so every point lies inside the axes.
-    let edges = |r: &crate::timing::TimelineRow| {
+    let edges = |r: &TimelineRow| {
         let (l, rt) = (r.first_step as f64, r.last_step.saturating_add(1) as f64);
         (l.min(rt), l.max(rt))
     };
-    let ms = |r: &crate::timing::TimelineRow, k: usize| {
+    let ms = |r: &TimelineRow, k: usize| {
         let v = r.values_ms()[k];
         if v.is_finite() {
             v.clamp(0.0, 1e300)
@@ -127,12 +127,12 @@ pub(crate) fn timeline(b: &Breakdown) -> Result<Option<Chart>> {
         }
         root.present().map_err(&err)?;
     }
-    let legend = CATEGORIES[..5]
+    let legend = Category::ALL[..5]
         .iter()
         .zip(CATEGORY_COLORS)
-        .map(|(c, color)| (c.to_string(), color, Swatch::Fill))
+        .map(|(c, color)| (c.key().to_string(), color, Swatch::Fill))
         .collect();
-    let bin = b.timeline.as_ref().map_or(0, |t| t.bin_steps);
+    let bin = b.timeline.bin_steps;
     Ok(Some(Chart {
         name,
         title: format!("Per-step time ({bin} steps per bar; idle is between steps)"),

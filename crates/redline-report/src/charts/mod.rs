@@ -17,6 +17,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::records::Category;
 
 /// A drawn chart plus what the page shows around it.
 #[derive(Debug, Clone)]
@@ -42,7 +43,7 @@ pub(crate) enum Swatch {
     Dashed,
 }
 
-/// Colour of each time-breakdown category, in [`crate::timing::CATEGORIES`] order.
+/// Colour of each time-breakdown category, in [`Category::ALL`] order.
 pub(crate) const CATEGORY_COLORS: [RGBColor; 6] = [
     RGBColor(0x25, 0x63, 0xeb), // compute: blue
     RGBColor(0xf5, 0x9e, 0x0b), // data_wait: amber
@@ -52,12 +53,9 @@ pub(crate) const CATEGORY_COLORS: [RGBColor; 6] = [
     RGBColor(0xcb, 0xd5, 0xe1), // idle: light grey
 ];
 
-/// Colour of a breakdown category by name (grey for an unknown one).
-pub(crate) fn category_color(name: &str) -> RGBColor {
-    crate::timing::CATEGORIES
-        .iter()
-        .position(|c| *c == name)
-        .map_or(RGBColor(0x9c, 0xa3, 0xaf), |i| CATEGORY_COLORS[i])
+/// Colour of a breakdown category.
+pub(crate) fn category_color(cat: Category) -> RGBColor {
+    CATEGORY_COLORS[cat.index()]
 }
 
 /// Training series.

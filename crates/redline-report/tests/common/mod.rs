@@ -178,10 +178,10 @@ pub fn write_run(dir: &Path, f: &Fixture) {
 
 fn breakdown(wall: f64, steps: u64, device: &str) -> serde_json::Value {
     let shares = [0.784, 0.045, 0.0, 0.008, 0.068, 0.095];
-    let categories: Vec<_> = redline_report::CATEGORIES
+    let categories: Vec<_> = redline_report::Category::ALL
         .iter()
         .zip(shares)
-        .map(|(n, s)| json!({"name": n, "seconds": wall * s, "percent": 100.0 * s}))
+        .map(|(c, s)| json!({"name": c.key(), "seconds": wall * s, "percent": 100.0 * s}))
         .collect();
     let bin = steps.div_ceil(400);
     let mut rows = Vec::new();

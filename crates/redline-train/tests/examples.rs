@@ -1,10 +1,14 @@
-//! The examples run on small data: a user's own step, metric and callback.
+//! The examples run on small data: a step, metric and callback of one's own; a
+//! candle-nn model; a model, dataset and loss of one's own.
 
 #[path = "../examples/custom_step.rs"]
 mod custom_step;
 
 #[path = "../examples/candle_nn.rs"]
 mod candle_nn;
+
+#[path = "../examples/own_model_data_loss.rs"]
+mod own_model_data_loss;
 
 use std::path::Path;
 
@@ -105,5 +109,40 @@ fn a_candle_nn_cnn_trains_on_cifar10_format_data() -> anyhow::Result<()> {
         acc > 0.5 && acc <= 1.0,
         "8 epochs on 640 images beat chance (0.1) fivefold: {acc}"
     );
+    Ok(())
+}
+
+#[test]
+fn own_model_data_and_loss_train_together() -> anyhow::Result<()> {
+    let (before, after) = own_model_data_loss::run(8, 4000)?;
+    assert!(before > 0.2, "untrained error {before}");
+    assert!(after < before / 3.0, "error {before} -> {after}");
+    Ok(())
+}
+
+#[test]
+fn huber_loss_matches_pytorch() -> anyhow::Result<()> {
+    // torch.nn.functional.huber_loss(torch.tensor([0., 0.05, 1., -0.3]),
+    //     torch.tensor([0., 0., 0., 0.2]), delta=0.1) == 0.03531249985098839
+    struct Fixed(redline_models::Params);
+    impl redline_models::Model for Fixed {
+        fn forward_t(&self, x: &Tensor, _: bool) -> redline_models::Result<Tensor> {
+            Ok(x.clone())
+        }
+        fn params(&self) -> &redline_models::Params {
+            &self.0
+        }
+    }
+    let step = own_model_data_loss::Huber::new(Fixed(Default::default()), 0.1);
+    let batch = Batch {
+        x: Tensor::new(&[[0f32], [0.05], [1.0], [-0.3]], &Device::Cpu)?,
+        y: Tensor::new(&[0f32, 0.0, 0.0, 0.2], &Device::Cpu)?,
+        index: 0,
+    };
+    let out = step.validation_step(&batch)?;
+    let loss = out.loss.to_scalar::<f32>()?;
+    assert!((loss - 0.035_312_5).abs() < 1e-7, "{loss}");
+    let mae = out.metrics[0].sum.to_scalar::<f32>()? / 4.0;
+    assert!((mae - 0.3875).abs() < 1e-6, "{mae}");
     Ok(())
 }

@@ -16,6 +16,7 @@ pub mod grad;
 mod linear;
 mod loss;
 pub mod optim;
+mod optim_generic;
 pub mod optim_math;
 pub mod pool;
 mod slices;

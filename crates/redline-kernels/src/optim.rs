@@ -24,6 +24,7 @@ use pulp::{Simd, WithSimd};
 
 use crate::error::Result;
 use crate::grad::GradRef;
+pub use crate::optim_generic::{adam_tensors, sgd_tensors, DeviceHyper, TensorState};
 use crate::optim_math::{self, AdamConsts, SgdConsts};
 use crate::slices::{f32s, f32s_mut, fused_cpu};
 use redline_core::trace;
@@ -266,35 +267,6 @@ impl WithSimd for SgdLoop<'_> {
             buf[i] = bi.unwrap_or(0.0);
         }
     }
-}
-
-/// The generic (tensor-op) path's state of one parameter.
-#[derive(Debug, Clone, Default)]
-pub struct TensorState {
-    /// First moment (Adam) or momentum buffer (SGD).
-    pub a: Option<Tensor>,
-    /// Second moment (Adam).
-    pub b: Option<Tensor>,
-}
-
-/// One Adam/AdamW update from candle tensor ops, for devices and dtypes the
-/// fused kernel does not cover: the same arithmetic ([`optim_math::adam`]).
-/// Returns the new parameter; `p` and `g` must be detached.
-pub fn adam_tensors(p: &Tensor, g: &Tensor, st: &mut TensorState, hp: AdamStep) -> Result<Tensor> {
-    let zeros = || p.zeros_like();
-    let m = st.a.take().map_or_else(zeros, Ok)?;
-    let v = st.b.take().map_or_else(zeros, Ok)?;
-    let [p, m, v] = optim_math::adam(p, g, &m, &v, &AdamConsts::new(hp))?;
-    st.a = Some(m);
-    st.b = Some(v);
-    Ok(p)
-}
-
-/// One SGD update from candle tensor ops ([`optim_math::sgd`]).
-pub fn sgd_tensors(p: &Tensor, g: &Tensor, st: &mut TensorState, hp: SgdStep) -> Result<Tensor> {
-    let (p, buf) = optim_math::sgd(p, g, st.a.as_ref(), &SgdConsts::new(hp))?;
-    st.a = buf;
-    Ok(p)
 }
 
 #[cfg(test)]

@@ -16,6 +16,11 @@ use crate::optim::{AdamStep, SgdStep};
 pub trait Arith: Sized {
     /// `Infallible` for numbers; candle's error for tensors.
     type Error;
+    /// A value that changes from step to step (the step size, bias
+    /// correction, learning rate): a number for elements, a 0-d tensor on the
+    /// parameter's device for tensors, so that a captured step reads it from
+    /// device memory instead of baking it in.
+    type Scalar;
     /// `self + o`.
     fn add(&self, o: &Self) -> Result<Self, Self::Error>;
     /// `self - o`.
@@ -34,10 +39,15 @@ pub trait Arith: Sized {
     fn sqrt(&self) -> Result<Self, Self::Error>;
     /// Zero where the value is subnormal, else the value.
     fn flush(&self) -> Result<Self, Self::Error>;
+    /// `self * s` for a per-step value.
+    fn mul_s(&self, s: &Self::Scalar) -> Result<Self, Self::Error>;
+    /// `self / s` for a per-step value.
+    fn div_s(&self, s: &Self::Scalar) -> Result<Self, Self::Error>;
 }
 
 impl Arith for f32 {
     type Error = Infallible;
+    type Scalar = f32;
     #[inline(always)]
     fn add(&self, o: &Self) -> Result<Self, Infallible> {
         Ok(self + o)
@@ -78,6 +88,14 @@ impl Arith for f32 {
             *self
         })
     }
+    #[inline(always)]
+    fn mul_s(&self, s: &f32) -> Result<Self, Infallible> {
+        Ok(self * s)
+    }
+    #[inline(always)]
+    fn div_s(&self, s: &f32) -> Result<Self, Infallible> {
+        Ok(self / s)
+    }
 }
 
 /// A scalar `s` as a 0-d tensor shaped to broadcast against `t`.
@@ -87,6 +105,7 @@ fn scalar_like(t: &Tensor, s: f32) -> candle_core::Result<Tensor> {
 
 impl Arith for Tensor {
     type Error = candle_core::Error;
+    type Scalar = Tensor;
     fn add(&self, o: &Self) -> candle_core::Result<Self> {
         self + o
     }
@@ -122,32 +141,98 @@ impl Arith for Tensor {
         let keep = self.abs()?.ge(tiny)?;
         keep.where_cond(self, &self.zeros_like()?)
     }
+    fn mul_s(&self, s: &Tensor) -> candle_core::Result<Self> {
+        self.broadcast_mul(s)
+    }
+    fn div_s(&self, s: &Tensor) -> candle_core::Result<Self> {
+        self.broadcast_div(s)
+    }
 }
 
-/// Adam's per-step constants, from the hyperparameters (in f64, as PyTorch
-/// computes them on the host, then rounded once to f32).
+/// Adam's constants for one step (in f64, as PyTorch computes them on the
+/// host, then rounded once to the parameter's precision). `S` holds the ones
+/// that change from step to step: `f32` for the fused loop, a 0-d tensor on
+/// the device for the generic path ([`crate::optim::DeviceHyper`]).
 #[derive(Debug, Clone, Copy)]
-pub struct AdamConsts {
-    step_size: f32,
-    bc2_sqrt: f32,
-    w1: f32,
-    b2: f32,
-    w2: f32,
-    eps: f32,
+pub struct AdamConsts<S = f32> {
+    /// `lr / (1 - beta1^t)`.
+    pub(crate) step_size: S,
+    /// `sqrt(1 - beta2^t)`.
+    pub(crate) bc2_sqrt: S,
+    /// AdamW's decoupled factor `1 - lr * wd`; `None` where it is the identity.
+    pub(crate) decay: Option<S>,
+    pub(crate) w1: f32,
+    pub(crate) b2: f32,
+    pub(crate) w2: f32,
+    pub(crate) eps: f32,
     /// Adam's L2 term (0 for AdamW or no decay).
-    l2: f32,
-    /// AdamW's decoupled factor `1 - lr * wd` (1 for Adam).
-    decay: f32,
+    pub(crate) l2: f32,
 }
 
-impl AdamConsts {
+impl AdamConsts<f32> {
     /// The constants of step `hp.step`.
     pub fn new(hp: AdamStep) -> Self {
         let t = hp.step.min(i32::MAX as u64) as i32;
+        let (b1, _) = hp.betas;
+        let decay = (1.0 - hp.lr * hp.weight_decay) as f32;
+        AdamConsts::from_parts(
+            hp,
+            (hp.lr / (1.0 - b1.powi(t))) as f32,
+            (1.0 - hp.betas.1.powi(t)).sqrt() as f32,
+            (hp.decoupled && decay != 1.0).then_some(decay),
+        )
+    }
+}
+
+impl AdamConsts<f32> {
+    /// The same constants with the per-step values as 0-d tensors of `dtype`
+    /// on `device`, uploaded from the host (what the generic path used before
+    /// [`crate::optim::DeviceHyper`]; kept as its reference in tests).
+    pub fn to_tensors(
+        &self,
+        device: &candle_core::Device,
+        dtype: DType,
+    ) -> candle_core::Result<AdamConsts<Tensor>> {
+        let up = |x: f32| Tensor::new(x, device)?.to_dtype(dtype);
+        Ok(AdamConsts {
+            step_size: up(self.step_size)?,
+            bc2_sqrt: up(self.bc2_sqrt)?,
+            decay: self.decay.map(up).transpose()?,
+            w1: self.w1,
+            b2: self.b2,
+            w2: self.w2,
+            eps: self.eps,
+            l2: self.l2,
+        })
+    }
+}
+
+impl SgdConsts<f32> {
+    /// The same constants with the learning rate as a 0-d tensor (see
+    /// [`AdamConsts::to_tensors`]).
+    pub fn to_tensors(
+        &self,
+        device: &candle_core::Device,
+        dtype: DType,
+    ) -> candle_core::Result<SgdConsts<Tensor>> {
+        Ok(SgdConsts {
+            lr: Tensor::new(self.lr, device)?.to_dtype(dtype)?,
+            wd: self.wd,
+            mom: self.mom,
+            damp: self.damp,
+            nesterov: self.nesterov,
+        })
+    }
+}
+
+impl<S> AdamConsts<S> {
+    /// The per-step values as given, the fixed ones from `hp`.
+    pub(crate) fn from_parts(hp: AdamStep, step_size: S, bc2_sqrt: S, decay: Option<S>) -> Self {
         let (b1, b2) = hp.betas;
-        Self {
-            step_size: (hp.lr / (1.0 - b1.powi(t))) as f32,
-            bc2_sqrt: (1.0 - b2.powi(t)).sqrt() as f32,
+        AdamConsts {
+            step_size,
+            bc2_sqrt,
+            decay,
             w1: (1.0 - b1) as f32,
             b2: b2 as f32,
             w2: (1.0 - b2) as f32,
@@ -156,11 +241,6 @@ impl AdamConsts {
                 0.0
             } else {
                 hp.weight_decay as f32
-            },
-            decay: if hp.decoupled {
-                (1.0 - hp.lr * hp.weight_decay) as f32
-            } else {
-                1.0
             },
         }
     }
@@ -174,7 +254,13 @@ impl AdamConsts {
 /// `p -= step_size * (m / (sqrt(v) / sqrt(bc2) + eps))`. The decay terms are
 /// skipped when they are the identity (`g + 0 * p` and `p * 1` are exact).
 #[inline(always)]
-pub fn adam<T: Arith>(p: &T, g: &T, m: &T, v: &T, c: &AdamConsts) -> Result<[T; 3], T::Error> {
+pub fn adam<T: Arith>(
+    p: &T,
+    g: &T,
+    m: &T,
+    v: &T,
+    c: &AdamConsts<T::Scalar>,
+) -> Result<[T; 3], T::Error> {
     let decayed_g;
     let g = if c.l2 != 0.0 {
         decayed_g = g.add(&p.scale(c.l2)?)?;
@@ -183,34 +269,43 @@ pub fn adam<T: Arith>(p: &T, g: &T, m: &T, v: &T, c: &AdamConsts) -> Result<[T; 
         g
     };
     let decayed_p;
-    let p = if c.decay != 1.0 {
-        decayed_p = p.scale(c.decay)?;
-        &decayed_p
-    } else {
-        p
+    let p = match &c.decay {
+        Some(d) => {
+            decayed_p = p.mul_s(d)?;
+            &decayed_p
+        }
+        None => p,
     };
     let m = m.add(&g.sub(m)?.scale(c.w1)?)?.flush()?;
     let v = v.scale(c.b2)?.add(&g.scale(c.w2)?.mul(g)?)?.flush()?;
-    let denom = v.sqrt()?.div_by(c.bc2_sqrt)?.offset(c.eps)?;
-    let p = p.sub(&m.div(&denom)?.scale(c.step_size)?)?;
+    let denom = v.sqrt()?.div_s(&c.bc2_sqrt)?.offset(c.eps)?;
+    let p = p.sub(&m.div(&denom)?.mul_s(&c.step_size)?)?;
     Ok([p, m, v])
 }
 
-/// SGD's constants, rounded to f32 once.
+/// SGD's constants, rounded to f32 once; the learning rate as `S` (see
+/// [`AdamConsts`]).
 #[derive(Debug, Clone, Copy)]
-pub struct SgdConsts {
-    lr: f32,
-    wd: f32,
-    mom: f32,
-    damp: f32,
-    nesterov: bool,
+pub struct SgdConsts<S = f32> {
+    pub(crate) lr: S,
+    pub(crate) wd: f32,
+    pub(crate) mom: f32,
+    pub(crate) damp: f32,
+    pub(crate) nesterov: bool,
 }
 
-impl SgdConsts {
+impl SgdConsts<f32> {
     /// The constants of `hp`.
     pub fn new(hp: SgdStep) -> Self {
+        Self::with_lr(hp, hp.lr as f32)
+    }
+}
+
+impl<S> SgdConsts<S> {
+    /// The constants of `hp` with the learning rate `lr`.
+    pub(crate) fn with_lr(hp: SgdStep, lr: S) -> Self {
         Self {
-            lr: hp.lr as f32,
+            lr,
             wd: hp.weight_decay as f32,
             mom: hp.momentum as f32,
             damp: (1.0 - hp.dampening) as f32,
@@ -232,7 +327,7 @@ pub fn sgd<T: Arith + Clone>(
     p: &T,
     g: &T,
     buf: Option<&T>,
-    c: &SgdConsts,
+    c: &SgdConsts<T::Scalar>,
 ) -> Result<(T, Option<T>), T::Error> {
     let decayed_g;
     let g = if c.wd != 0.0 {
@@ -242,7 +337,7 @@ pub fn sgd<T: Arith + Clone>(
         g
     };
     if c.mom == 0.0 {
-        return Ok((p.sub(&g.scale(c.lr)?)?, None));
+        return Ok((p.sub(&g.mul_s(&c.lr)?)?, None));
     }
     let b = match buf {
         None => g.clone(),
@@ -254,7 +349,7 @@ pub fn sgd<T: Arith + Clone>(
     } else {
         b.clone()
     };
-    Ok((p.sub(&d.scale(c.lr)?)?, Some(b)))
+    Ok((p.sub(&d.mul_s(&c.lr)?)?, Some(b)))
 }
 
 #[cfg(test)]
@@ -284,7 +379,8 @@ mod tests {
         let t = |x: &[f32]| Tensor::new(x, &dev);
         for (decoupled, step) in [(false, 1), (true, 7)] {
             let c = AdamConsts::new(hp(decoupled, step));
-            let [tp, tm, tv] = adam(&t(&p)?, &t(&g)?, &t(&m)?, &t(&v)?, &c)?;
+            let ct = c.to_tensors(&dev, DType::F32)?;
+            let [tp, tm, tv] = adam(&t(&p)?, &t(&g)?, &t(&m)?, &t(&v)?, &ct)?;
             for i in 0..p.len() {
                 let Ok([ep, em, ev]) = adam(&p[i], &g[i], &m[i], &v[i], &c);
                 assert_eq!(tp.get(i)?.to_scalar::<f32>()?.to_bits(), ep.to_bits());
@@ -300,7 +396,12 @@ mod tests {
             weight_decay: 1e-3,
         };
         let c = SgdConsts::new(sgd_hp);
-        let (tp, tb) = sgd(&t(&p)?, &t(&g)?, Some(&t(&m)?), &c)?;
+        let (tp, tb) = sgd(
+            &t(&p)?,
+            &t(&g)?,
+            Some(&t(&m)?),
+            &c.to_tensors(&dev, DType::F32)?,
+        )?;
         let Some(tb) = tb else {
             panic!("momentum keeps a buffer")
         };

@@ -2,15 +2,19 @@
 //! `torch.optim.Adam`, `AdamW` and `SGD`), over candle variables.
 //!
 //! State (moments, momentum buffers) lives on the parameters' device and is
-//! created lazily at the first step, as PyTorch does.
+//! created lazily at the first step, as PyTorch does. On the generic path the
+//! state is updated in place and the step count and learning rate live on
+//! the device ([`DeviceHyper`]), so a step can be captured once and replayed.
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
 use redline_kernels::grad::{GradRef, Param};
 use redline_kernels::optim::{
-    adam_step, adam_tensors, sgd_step, sgd_tensors, AdamStep, SgdStep, SlotState, TensorState,
+    adam_step, adam_tensors, sgd_step, sgd_tensors, AdamStep, DeviceHyper, SgdStep, SlotState,
+    TensorState,
 };
+use redline_kernels::optim_math::{AdamConsts, SgdConsts};
 
 use crate::error::{Error, Result};
 
@@ -106,6 +110,7 @@ impl OptimizerConfig {
                 })
                 .collect(),
             step: 0,
+            hyper: None,
         })
     }
 
@@ -168,12 +173,37 @@ pub struct Optimizer {
     cfg: OptimizerConfig,
     state: Vec<Slot>,
     step: u64,
+    /// The generic path's step count and learning rate on the device, made
+    /// at the first step that takes that path.
+    hyper: Option<DeviceHyper>,
+}
+
+/// One step's constants for the generic path, per parameter dtype.
+enum Generic {
+    Adam(AdamConsts<Tensor>),
+    Sgd(SgdConsts<Tensor>),
 }
 
 impl Optimizer {
     /// Current learning rate.
     pub fn lr(&self) -> f64 {
         self.cfg.lr()
+    }
+
+    /// Sets the learning rate of the next steps (what a schedule calls). On
+    /// the generic path it is written to device memory at the next step.
+    pub fn set_lr(&mut self, lr: f64) -> Result<()> {
+        if !(lr.is_finite() && lr >= 0.0) {
+            return Err(Error::Config(format!(
+                "learning rate {lr} is not a finite number >= 0"
+            )));
+        }
+        match &mut self.cfg {
+            OptimizerConfig::Adam { lr: l, .. }
+            | OptimizerConfig::AdamW { lr: l, .. }
+            | OptimizerConfig::Sgd { lr: l, .. } => *l = lr,
+        }
+        Ok(())
     }
 
     /// Steps taken so far.
@@ -195,6 +225,12 @@ impl Optimizer {
     pub fn step(&mut self) -> Result<()> {
         self.step += 1;
         let hp = self.step_params();
+        let lr = self.cfg.lr();
+        if let Some(h) = &mut self.hyper {
+            h.set_lr(lr)?;
+            h.advance()?;
+        }
+        let mut consts: Vec<(DType, Generic)> = Vec::new();
         for slot in &mut self.state {
             let p = slot.param.as_tensor().clone();
             let fused = &mut slot.fused;
@@ -215,9 +251,23 @@ impl Optimizer {
             });
             if let Some(g) = declined.transpose()?.flatten() {
                 let (p, g, st) = (p.detach(), g.detach(), &mut slot.generic);
-                let new_p = match hp {
-                    StepParams::Adam(hp) => adam_tensors(&p, &g, st, hp)?,
-                    StepParams::Sgd(hp) => sgd_tensors(&p, &g, st, hp)?,
+                let hyper = match &mut self.hyper {
+                    Some(h) => h,
+                    // Made now, at this step's count (already advanced).
+                    h => h.insert(DeviceHyper::new(p.device(), lr, self.step)?),
+                };
+                let dtype = p.dtype();
+                if !consts.iter().any(|(d, _)| *d == dtype) {
+                    let c = match hp {
+                        StepParams::Adam(hp) => Generic::Adam(hyper.adam(hp, dtype)?),
+                        StepParams::Sgd(hp) => Generic::Sgd(hyper.sgd(hp, dtype)?),
+                    };
+                    consts.push((dtype, c));
+                }
+                let new_p = match consts.iter().find(|(d, _)| *d == dtype) {
+                    Some((_, Generic::Adam(c))) => adam_tensors(&p, &g, st, c)?,
+                    Some((_, Generic::Sgd(c))) => sgd_tensors(&p, &g, st, c)?,
+                    None => continue,
                 };
                 slot.param.var().set(&new_p)?;
             }
@@ -329,10 +379,13 @@ mod tests {
     }
 
     #[test]
-    fn generic_path_state_holds_no_graph() -> Result<()> {
+    fn generic_path_state_holds_no_graph_and_stays_in_place() -> Result<()> {
         // f64 parameters take the generic (tensor-op) path. The gradient of `w`
         // flows through an activation, so candle hands it over still attached
         // to the forward graph; the optimizer state must not keep that graph.
+        // The state buffers are the same from step to step (updated in place,
+        // as a captured graph needs): a clone taken after the first step sees
+        // the later values.
         for name in ["adam", "adamw", "sgd"] {
             let w = Param::new(Var::new(&[0.5f64, -1.5, 2.0], &Device::Cpu)?);
             let mut cfg = OptimizerConfig::by_name(name, 0.1)?;
@@ -340,16 +393,37 @@ mod tests {
                 *momentum = 0.9;
             }
             let mut opt = cfg.build(vec![w.clone()])?;
-            for _ in 0..3 {
+            let mut first = None;
+            let mut after_first = Vec::new();
+            for i in 0..3 {
                 let act = w.as_tensor().affine(2.0, 0.0)?.tanh()?;
                 backward(&(act * w.as_tensor())?.sum_all()?, &[&w])?;
                 opt.step()?;
+                if i == 0 {
+                    let a = opt.state[0].generic.a.clone();
+                    after_first = match &a {
+                        Some(a) => a.as_tensor().to_vec1::<f64>()?,
+                        None => panic!("{name}: no state after a step"),
+                    };
+                    first = a;
+                }
             }
+            let (Some(first), Some(now)) = (&first, &opt.state[0].generic.a) else {
+                panic!("{name}: state missing");
+            };
+            let now = now.as_tensor().to_vec1::<f64>()?;
+            assert_eq!(
+                first.as_tensor().to_vec1::<f64>()?,
+                now,
+                "{name}: not in place"
+            );
+            assert_ne!(after_first, now, "{name}: state did not change");
             for slot in &opt.state {
                 for t in [&slot.generic.a, &slot.generic.b].into_iter().flatten() {
+                    // A variable of its own: no backprop op links it to the forward graph.
                     assert!(
-                        !t.track_op(),
-                        "{name}: optimizer state keeps a backprop graph"
+                        t.as_tensor().is_variable(),
+                        "{name}: state is not its own buffer"
                     );
                 }
                 assert!(

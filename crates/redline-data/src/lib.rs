@@ -14,6 +14,7 @@ pub mod augment;
 pub mod cifar;
 #[cfg(feature = "cuda")]
 mod cuda_stage;
+pub mod cursor;
 pub mod dataset;
 mod error;
 pub mod idx;
@@ -27,6 +28,7 @@ pub mod stage;
 pub mod table;
 
 pub use augment::{Augment, Augmented};
+pub use cursor::DeviceCursor;
 pub use dataset::{Dataset, HostData, TargetKind, Targets, TargetsMut};
 pub use error::{Error, Result};
 pub use loader::{Batch, Loader, LoaderConfig};

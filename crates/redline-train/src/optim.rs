@@ -500,6 +500,42 @@ mod tests {
         Ok(())
     }
 
+    /// A learning-rate change reaches both paths at the next step: the fused
+    /// f32 loop and the generic f64 path (its rate held on the device) land on
+    /// the same weights, and both differ from a run without the change.
+    #[test]
+    fn set_lr_reaches_both_paths() -> Result<()> {
+        let run = |dtype: DType, change: bool| -> Result<Vec<f64>> {
+            let w = Param::new(Var::from_tensor(
+                &Tensor::new(&[0.5f64, -1.5, 2.0], &Device::Cpu)?.to_dtype(dtype)?,
+            )?);
+            let mut opt = OptimizerConfig::by_name("adamw", 0.1)?.build(vec![w.clone()])?;
+            for i in 0..6 {
+                if change && i == 3 {
+                    opt.set_lr(0.01)?;
+                }
+                let loss = w.as_tensor().sqr()?.sum_all()?;
+                backward(&loss, &[&w])?;
+                opt.step()?;
+            }
+            assert_eq!(opt.hyper.is_some(), dtype == DType::F64, "{dtype:?}");
+            Ok(w.as_tensor().to_dtype(DType::F64)?.to_vec1::<f64>()?)
+        };
+        let (fused, generic) = (run(DType::F32, true)?, run(DType::F64, true)?);
+        let unchanged = run(DType::F64, false)?;
+        for ((f, g), u) in fused.iter().zip(&generic).zip(&unchanged) {
+            assert!((f - g).abs() < 1e-6, "{fused:?} vs {generic:?}");
+            assert!(
+                (g - u).abs() > 1e-3,
+                "the change had no effect: {generic:?}"
+            );
+        }
+        let mut opt = OptimizerConfig::by_name("sgd", 0.1)?.build(Vec::new())?;
+        assert!(opt.set_lr(f64::NAN).is_err() && opt.set_lr(-1.0).is_err());
+        assert_eq!(opt.lr(), 0.1);
+        Ok(())
+    }
+
     #[test]
     fn bad_settings_are_refused() {
         assert!(OptimizerConfig::by_name("lion", 0.1).is_err());

@@ -35,6 +35,10 @@ run() { # name, then redline train flags
 run mlp-resident --data-on-device on
 run mlp-streaming --data-on-device off
 run mlp-b512-resident --data-on-device on --batch-size 512
+# Issue 12: the step captured as one CUDA graph (docs/cuda-graphs.md).
+run mlp-graph --data-on-device on --cuda-graph on
+run mlp-b512-graph --data-on-device on --batch-size 512 --cuda-graph on
+run cnn-graph --model cnn --data-on-device on --cuda-graph on
 run cnn-resident --model cnn --data-on-device on
 run cnn-streaming --model cnn --data-on-device off
 for w in tutorial tensor; do

@@ -116,6 +116,22 @@ impl DeviceCursor {
         ))
     }
 
+    /// The epoch's last, shorter batch (the samples after the full batches),
+    /// or `None` when the batches divide the split. Its rows are a slice of
+    /// the permutation at an offset the host knows: an ordinary step, never
+    /// a captured one.
+    pub fn rest(&self, split: &Split) -> Result<Option<(Tensor, Tensor)>> {
+        let start = self.full_batches() * self.batch;
+        if start == self.len {
+            return Ok(None);
+        }
+        let rows = self.perm.as_tensor().narrow(0, start, self.len - start)?;
+        Ok(Some((
+            split.x.index_select(&rows, 0)?,
+            split.y.index_select(&rows, 0)?,
+        )))
+    }
+
     /// Counts one batch drawn, on the device.
     pub fn advance(&self) -> Result<()> {
         self.counter
@@ -174,6 +190,11 @@ mod tests {
                 cursor.advance()?;
             }
             assert_eq!(cursor.position()?, 10);
+            let Some((x, y)) = cursor.rest(&data)? else {
+                panic!("103 samples leave a batch of 3")
+            };
+            assert_eq!(x.to_vec2::<f32>()?, batches[10].x.to_vec2::<f32>()?);
+            assert_eq!(y.to_vec1::<u32>()?, batches[10].y.to_vec1::<u32>()?);
         }
         Ok(())
     }
@@ -190,6 +211,10 @@ mod tests {
         assert!(msg.is_some_and(|m| m.contains("sample 9")));
         let msg = c.gather(&split(5)?).err().map(|e| e.to_string());
         assert!(msg.is_some_and(|m| m.contains("5 samples for a cursor over 4")));
+        assert!(
+            c.rest(&split(4)?)?.is_none(),
+            "2 batches of 2 leave nothing"
+        );
         Ok(())
     }
 }

@@ -174,6 +174,14 @@ impl Loader {
         }
     }
 
+    /// The split kept on the device, when this loader is resident.
+    pub fn resident(&self) -> Option<&Split> {
+        match &self.feed {
+            Feed::Resident(s) => Some(s),
+            Feed::Streaming { .. } => None,
+        }
+    }
+
     /// How this loader feeds the device.
     pub fn placement(&self) -> Placement {
         match self.feed {

@@ -112,4 +112,9 @@ impl Model for Cnn {
     fn params(&self) -> &Params {
         &self.params
     }
+
+    fn capture_safe(&self) -> std::result::Result<(), String> {
+        // Fused (or generic) device ops only; nothing random, nothing read back.
+        Ok(())
+    }
 }

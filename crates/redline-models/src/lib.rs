@@ -38,11 +38,22 @@ pub trait Model: Send + Sync {
     }
     /// The trainable parameters, in PyTorch `state_dict()` order.
     fn params(&self) -> &Params;
+    /// Whether a training step through this model can be captured once as a
+    /// CUDA graph and replayed with the same result: its forward pass uses
+    /// device ops only, with no host-drawn random numbers, no value read
+    /// back, and state kept in place. `Err` says why not. A model of your own
+    /// is not assumed safe: return `Ok(())` to opt in.
+    fn capture_safe(&self) -> std::result::Result<(), String> {
+        Err("a model of your own: implement Model::capture_safe to declare it capturable".into())
+    }
 }
 
 impl<M: Model + ?Sized> Model for Box<M> {
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         (**self).forward_t(x, train)
+    }
+    fn capture_safe(&self) -> std::result::Result<(), String> {
+        (**self).capture_safe()
     }
     fn params(&self) -> &Params {
         (**self).params()

@@ -90,4 +90,9 @@ impl Model for Mlp {
     fn params(&self) -> &Params {
         &self.params
     }
+
+    fn capture_safe(&self) -> std::result::Result<(), String> {
+        // Fused (or generic) device ops only; nothing random, nothing read back.
+        Ok(())
+    }
 }

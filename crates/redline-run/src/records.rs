@@ -124,6 +124,9 @@ pub struct Summary {
     /// Device-to-host reads per optimizer step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_syncs_per_step: Option<f64>,
+    /// Whether the step ran as a replayed CUDA graph, or why not (`--cuda-graph`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_graph: Option<String>,
     /// Compute threads the run used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub threads: Option<u64>,

@@ -239,6 +239,7 @@ pub fn summarize(mut m: Map<String, Value>, ending: Ending<'_>, samples: usize) 
             ("eval_s", num(f.eval_s)),
             ("samples_per_s", num(f.samples_per_s)),
             ("host_syncs_per_step", num(f.host_syncs_per_step)),
+            ("cuda_graph", json!(f.cuda_graph.to_string())),
         ] {
             m.insert(k.into(), v);
         }

@@ -98,6 +98,8 @@ pub struct FitSummary {
     pub host_syncs_per_step: f64,
     /// Per-epoch logs.
     pub epochs_log: Vec<EpochLog>,
+    /// Whether the step ran as a replayed CUDA graph, and why not.
+    pub cuda_graph: crate::graph::GraphStatus,
 }
 
 /// An event of the training loop.

@@ -211,6 +211,36 @@ impl Optimizer {
         self.step
     }
 
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the CUDA graph driver
+    /// Before a replay of a captured step: counts the step on the host (the
+    /// replay counts it on the device) and writes a changed learning rate to
+    /// the device, where the replayed update reads it.
+    pub(crate) fn before_replay(&mut self) -> Result<()> {
+        self.step += 1;
+        if let Some(h) = &mut self.hyper {
+            h.set_lr(self.cfg.lr())?;
+        }
+        Ok(())
+    }
+
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the CUDA graph driver
+    /// Writes a changed learning rate to the device now, so that a step
+    /// captured next records no write of it (a replay would repeat the write).
+    pub(crate) fn sync_lr(&mut self) -> Result<()> {
+        if let Some(h) = &mut self.hyper {
+            h.set_lr(self.cfg.lr())?;
+        }
+        Ok(())
+    }
+
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the CUDA graph driver
+    /// Sets the host step count back to `steps`, after a step whose device
+    /// work never ran (a failed capture), and drops its gradients.
+    pub(crate) fn rewind(&mut self, steps: u64) {
+        self.step = steps;
+        self.zero_grad();
+    }
+
     /// The parameters it updates, in order.
     pub fn params(&self) -> impl Iterator<Item = &Param> {
         self.state.iter().map(|s| &s.param)

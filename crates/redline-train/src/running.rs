@@ -3,10 +3,15 @@
 //! Each step adds into tensors; nothing is read back until a log point or the
 //! end of an epoch, where every sum comes back in one host sync, so the hot
 //! loop never waits for the device.
+//!
+//! [`Running::with`] `in_place` sums for a step captured as a CUDA graph: each sum is
+//! a buffer updated in place (its address never changes, so a replay adds into
+//! it), [`Running::reset`] zeroes the same buffers, and the host-side counts a
+//! replay cannot update are added with [`Running::recount`].
 
 use std::borrow::Cow;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
 use redline_core::host::HostReads;
 
 use crate::error::{Error, Result};
@@ -29,6 +34,58 @@ struct Sum {
     count: f64,
 }
 
+/// Host counters of a [`Running`]: samples, then each metric's count (the
+/// step's, then the extras). The difference of two is what one step added.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // made by the CUDA graph driver
+pub(crate) struct Tally {
+    samples: usize,
+    counts: Vec<f64>,
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by the CUDA graph driver
+impl Tally {
+    /// What was added between `before` and `self` (same metrics in both).
+    pub fn since(&self, before: &Tally) -> Result<Tally> {
+        if before.counts.len() != self.counts.len() {
+            return Err(Error::Config(format!(
+                "metrics changed while a step was measured ({} then {})",
+                before.counts.len(),
+                self.counts.len()
+            )));
+        }
+        Ok(Tally {
+            samples: self.samples.saturating_sub(before.samples),
+            counts: self
+                .counts
+                .iter()
+                .zip(&before.counts)
+                .map(|(a, b)| a - b)
+                .collect(),
+        })
+    }
+}
+
+/// `slot += x`: a new tensor, or written into `slot`'s own buffer.
+fn accumulate(slot: &mut Tensor, x: &Tensor, in_place: bool) -> Result<()> {
+    let next = (&*slot + x)?;
+    if in_place {
+        Var::from_tensor(slot)?.set(&next)?;
+    } else {
+        *slot = next;
+    }
+    Ok(())
+}
+
+/// A zero sum; a buffer of its own (a variable) when updated in place.
+fn zero(device: &Device, in_place: bool) -> Result<Tensor> {
+    Ok(if in_place {
+        Var::zeros((), DType::F32, device)?.as_tensor().clone()
+    } else {
+        Tensor::zeros((), DType::F32, device)?
+    })
+}
+
 /// Sums over a window of steps, kept on the device.
 pub(crate) struct Running {
     /// Sum of per-sample losses (`mean_loss * batch`).
@@ -40,6 +97,8 @@ pub(crate) struct Running {
     extras: Vec<Sum>,
     /// Samples added (a host counter: no read needed).
     pub samples: usize,
+    /// Sums are buffers updated in place (see the module docs).
+    in_place: bool,
 }
 
 /// What a [`Running`] reads back: the mean loss and each metric's value.
@@ -50,27 +109,124 @@ pub(crate) struct Means {
 
 impl Running {
     pub fn new(device: &Device) -> Result<Self> {
+        Self::with(device, false)
+    }
+
+    /// Sums updated in place or not (see the module docs).
+    pub fn with(device: &Device, in_place: bool) -> Result<Self> {
         Ok(Self {
-            loss_sum: Tensor::zeros((), DType::F32, device)?,
+            loss_sum: zero(device, in_place)?,
             metrics: Vec::new(),
             extras: Vec::new(),
             samples: 0,
+            in_place,
         })
+    }
+
+    /// Zeroes every sum and count, keeping the metrics' names (and, in place,
+    /// the same buffers).
+    pub fn reset(&mut self) -> Result<()> {
+        let in_place = self.in_place;
+        for slot in std::iter::once(&mut self.loss_sum).chain(
+            self.metrics
+                .iter_mut()
+                .chain(self.extras.iter_mut())
+                .map(|s| &mut s.sum),
+        ) {
+            if in_place {
+                Var::from_tensor(slot)?.set(&slot.zeros_like()?)?;
+            } else {
+                *slot = slot.zeros_like()?;
+            }
+        }
+        for s in self.metrics.iter_mut().chain(self.extras.iter_mut()) {
+            s.count = 0.0;
+        }
+        self.samples = 0;
+        Ok(())
+    }
+
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the CUDA graph driver
+    /// The host counters now.
+    pub fn tally(&self) -> Tally {
+        Tally {
+            samples: self.samples,
+            counts: self
+                .metrics
+                .iter()
+                .chain(&self.extras)
+                .map(|s| s.count)
+                .collect(),
+        }
+    }
+
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the CUDA graph driver
+    /// Sets the host counters back to `to` (a [`Running::tally`] of these
+    /// sums): a step whose device work never ran (a failed capture) is
+    /// uncounted.
+    pub fn restore(&mut self, to: &Tally) -> Result<()> {
+        let n = self.metrics.len() + self.extras.len();
+        if to.counts.len() > n {
+            return Err(Error::Config(format!(
+                "a tally of {} metrics for sums of {n}",
+                to.counts.len()
+            )));
+        }
+        self.samples = to.samples;
+        // Metrics first named by the undone step go back to zero counts.
+        let counts = to.counts.iter().copied().chain(std::iter::repeat(0.0));
+        for (s, c) in self
+            .metrics
+            .iter_mut()
+            .chain(self.extras.iter_mut())
+            .zip(counts)
+        {
+            s.count = c;
+        }
+        Ok(())
+    }
+
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the CUDA graph driver
+    /// Adds `step` (one step's [`Tally::since`]) to the host counters: what a
+    /// replayed step added on the device without running [`Running::add`].
+    pub fn recount(&mut self, step: &Tally) -> Result<()> {
+        let n = self.metrics.len() + self.extras.len();
+        if step.counts.len() != n {
+            return Err(Error::Config(format!(
+                "a step tally of {} metrics for sums of {n}",
+                step.counts.len()
+            )));
+        }
+        self.samples += step.samples;
+        for (s, c) in self
+            .metrics
+            .iter_mut()
+            .chain(self.extras.iter_mut())
+            .zip(&step.counts)
+        {
+            s.count += c;
+        }
+        Ok(())
     }
 
     /// Adds a metric the loop computes (not the step), by name.
     pub fn add_extra(&mut self, m: &Metric) -> Result<()> {
         let sum = m.sum.detach().to_dtype(DType::F32)?;
+        let in_place = self.in_place;
         match self.extras.iter_mut().find(|s| s.name == m.name) {
             Some(s) => {
-                s.sum = (&s.sum + sum)?;
+                accumulate(&mut s.sum, &sum, in_place)?;
                 s.count += m.count;
             }
-            None => self.extras.push(Sum {
-                name: m.name.clone(),
-                sum,
-                count: m.count,
-            }),
+            None => {
+                let mut zero = zero(sum.device(), in_place)?;
+                accumulate(&mut zero, &sum, in_place)?;
+                self.extras.push(Sum {
+                    name: m.name.clone(),
+                    sum: zero,
+                    count: m.count,
+                });
+            }
         }
         Ok(())
     }
@@ -84,7 +240,7 @@ impl Running {
             self.metrics = metrics
                 .iter()
                 .map(|m| {
-                    let zero = Tensor::zeros((), DType::F32, m.sum.device())?;
+                    let zero = zero(m.sum.device(), self.in_place)?;
                     Ok(Sum {
                         name: m.name.clone(),
                         sum: zero,
@@ -108,7 +264,11 @@ impl Running {
             )));
         }
         for (s, m) in self.metrics.iter_mut().zip(metrics) {
-            s.sum = (&s.sum + m.sum.detach().to_dtype(DType::F32)?)?;
+            accumulate(
+                &mut s.sum,
+                &m.sum.detach().to_dtype(DType::F32)?,
+                self.in_place,
+            )?;
             s.count += m.count;
         }
         Ok(())
@@ -116,7 +276,7 @@ impl Running {
 
     /// Adds only a batch's summed loss (for windows that track no metrics).
     pub fn add_loss(&mut self, loss_sum: &Tensor, samples: usize) -> Result<()> {
-        self.loss_sum = (&self.loss_sum + loss_sum)?;
+        accumulate(&mut self.loss_sum, loss_sum, self.in_place)?;
         self.samples += samples;
         Ok(())
     }
@@ -207,6 +367,70 @@ mod tests {
         let names: Vec<&str> = all.iter().map(|(n, _)| n).collect();
         assert_eq!(names, ["accuracy", "mae", "grad_norm"]);
         assert_eq!(reads.count(), 4);
+        Ok(())
+    }
+
+    /// In-place sums give the plain sums' values in the same buffers; a
+    /// reset zeroes those buffers; recount adds a measured step's counts.
+    #[test]
+    fn in_place_sums_keep_their_buffers() -> Result<()> {
+        let reads = HostReads::new();
+        let m = |v: f32| -> Result<Vec<Metric>> { Ok(vec![Metric::mean("acc", scalar(v)?, 2.0)]) };
+        let mut plain = Running::new(&Device::Cpu)?;
+        let mut kept = Running::with(&Device::Cpu, true)?;
+        for r in [&mut plain, &mut kept] {
+            r.add(&scalar(3.0)?, 2, &m(1.0)?)?;
+            r.add_extra(&Metric::mean("grad_norm", scalar(2.0)?, 1.0))?;
+        }
+        // Handles taken now see every later write: the buffers never change.
+        let (loss_buf, acc_buf) = (kept.loss_sum.clone(), kept.metrics[0].sum.clone());
+        let before = kept.tally();
+        for r in [&mut plain, &mut kept] {
+            r.add(&scalar(5.0)?, 2, &m(2.0)?)?;
+            r.add_extra(&Metric::mean("grad_norm", scalar(4.0)?, 1.0))?;
+        }
+        let step = kept.tally().since(&before)?;
+        let (a, b) = (plain.read(&reads)?, kept.read(&reads)?);
+        assert_eq!((a.loss, a.metrics.0.clone()), (b.loss, b.metrics.0.clone()));
+        assert_eq!(b.loss, 2.0);
+        assert_eq!(loss_buf.to_scalar::<f32>()?, 8.0);
+        assert_eq!(acc_buf.to_scalar::<f32>()?, 3.0);
+        assert!(!plain.loss_sum.is_variable() && kept.loss_sum.is_variable());
+
+        // A replay adds on the device only; recount adds its host counts.
+        kept.recount(&step)?;
+        assert_eq!(kept.samples, 6);
+        assert_eq!(kept.tally().counts, vec![6.0, 3.0]);
+
+        kept.reset()?;
+        assert_eq!(
+            loss_buf.to_scalar::<f32>()?,
+            0.0,
+            "reset writes the same buffer"
+        );
+        assert_eq!(acc_buf.to_scalar::<f32>()?, 0.0);
+        assert_eq!(
+            kept.tally(),
+            Tally {
+                samples: 0,
+                counts: vec![0.0, 0.0]
+            }
+        );
+        assert!(kept.read(&reads)?.loss.is_nan());
+        plain.reset()?;
+        assert_eq!(plain.tally(), kept.tally());
+        kept.recount(&step)?;
+        kept.restore(&Tally {
+            samples: 0,
+            counts: vec![0.0, 0.0],
+        })?;
+        assert_eq!(kept.tally(), plain.tally());
+        assert!(kept
+            .recount(&Tally {
+                samples: 1,
+                counts: vec![1.0]
+            })
+            .is_err());
         Ok(())
     }
 

@@ -71,6 +71,18 @@ pub trait TrainStep: Send + Sync {
     fn training_step(&self, batch: &Batch) -> Result<StepOutput>;
     /// Loss and metrics of a validation or test batch (model in eval mode).
     fn validation_step(&self, batch: &Batch) -> Result<StepOutput>;
+    /// Whether [`TrainStep::training_step`] can be captured once as a CUDA
+    /// graph and replayed with the same result (device ops only: no host
+    /// randomness, no read-back); `Err` says why not. A step of your own is
+    /// not assumed safe: return `Ok(())` (or your model's
+    /// [`Model::capture_safe`]) to opt in.
+    fn capture_safe(&self) -> std::result::Result<(), String> {
+        Err(
+            "a training step of your own: implement TrainStep::capture_safe to declare it \
+             capturable"
+                .into(),
+        )
+    }
 }
 
 impl<S: TrainStep + ?Sized> TrainStep for Box<S> {
@@ -82,6 +94,9 @@ impl<S: TrainStep + ?Sized> TrainStep for Box<S> {
     }
     fn validation_step(&self, batch: &Batch) -> Result<StepOutput> {
         (**self).validation_step(batch)
+    }
+    fn capture_safe(&self) -> std::result::Result<(), String> {
+        (**self).capture_safe()
     }
 }
 
@@ -140,6 +155,10 @@ impl<M: Model> Classifier<M> {
 impl<M: Model> TrainStep for Classifier<M> {
     fn params(&self) -> &Params {
         self.model.params()
+    }
+
+    fn capture_safe(&self) -> std::result::Result<(), String> {
+        self.model.capture_safe()
     }
 
     fn training_step(&self, batch: &Batch) -> Result<StepOutput> {
@@ -228,6 +247,10 @@ impl<M: Model> Regressor<M> {
 impl<M: Model> TrainStep for Regressor<M> {
     fn params(&self) -> &Params {
         self.model.params()
+    }
+
+    fn capture_safe(&self) -> std::result::Result<(), String> {
+        self.model.capture_safe()
     }
 
     fn training_step(&self, batch: &Batch) -> Result<StepOutput> {

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use redline_core::host::HostReads;
 use redline_core::Device;
-use redline_data::Loader;
+use redline_data::{Batch, Loader};
 use redline_models::Params;
 use redline_profile::{Action, Mode, Profile, Profiler};
 use serde::{Deserialize, Serialize};
@@ -15,9 +15,13 @@ use serde::{Deserialize, Serialize};
 use crate::clip::{self, GradClip};
 use crate::error::{Error, Result};
 use crate::events::{Callback, EpochLog, EvalResult, Event, FitSummary, StepLog};
+use crate::graph::{GraphMode, GraphStatus};
 use crate::optim::{Optimizer, OptimizerConfig};
 use crate::running::{batch_loss_sum, Running};
 use crate::step::{StepOutput, TrainStep};
+
+#[cfg(feature = "cuda")]
+mod graph_run;
 
 /// Loop settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -51,6 +55,10 @@ pub struct TrainConfig {
     /// training pass (`--empty-cache`); the pool is always trimmed after fit.
     #[serde(default)]
     pub empty_cache: bool,
+    /// Capture the training step as one CUDA graph and replay it
+    /// (`--cuda-graph`; docs/cuda-graphs.md).
+    #[serde(default)]
+    pub cuda_graph: GraphMode,
 }
 
 impl Default for TrainConfig {
@@ -65,6 +73,7 @@ impl Default for TrainConfig {
             divergence_threshold: default_divergence(),
             validate: true,
             empty_cache: false,
+            cuda_graph: GraphMode::default(),
         }
     }
 }
@@ -194,6 +203,12 @@ impl TrainerBuilder {
     /// Adds an observer.
     pub fn callback(mut self, cb: Box<dyn Callback>) -> Self {
         self.callbacks.push(cb);
+        self
+    }
+
+    /// CUDA graph mode (default `auto`: capture where the step can be captured).
+    pub fn cuda_graph(mut self, mode: GraphMode) -> Self {
+        self.cfg.cuda_graph = mode;
         self
     }
 
@@ -381,91 +396,81 @@ impl Trainer {
             total_steps,
         });
 
-        let mut step = 0usize;
-        // The first step's loss (read at the first log point): divergence is
-        // measured against it, as a first window's mean may already have blown up.
-        let mut start_loss: Option<f64> = None;
-        let mut first_loss: Option<candle_core::Tensor> = None;
+        // Graph mode is decided once, before any step: `--cuda-graph on` that
+        // cannot capture stops here, `auto` runs eagerly and says why.
+        let plan = crate::graph::decide(
+            self.cfg.cuda_graph,
+            &self.device,
+            train,
+            &self.cfg,
+            self.module.as_ref(),
+        )?;
+        let mut graph_status = match &plan {
+            Err(why) => GraphStatus::Off(why.clone()),
+            Ok(()) => GraphStatus::Unknown,
+        };
+        #[cfg(feature = "cuda")]
+        let mut engine = match plan {
+            Ok(()) => Some(graph_run::Engine::new(train, &self.device)?),
+            Err(_) => None,
+        };
+        // A captured step adds into the same buffers at every replay.
+        let in_place = plan.is_ok();
+        let candle_dev = self.device.candle().clone();
+        let mut st = LoopState {
+            step: 0,
+            total_steps,
+            start_loss: None,
+            first_loss: None,
+            window: Running::with(&candle_dev, in_place)?,
+            window_start: Instant::now(),
+            fit_start,
+        };
+        let mut epoch_sums = Running::with(&candle_dev, in_place)?;
         let mut logs = Vec::new();
         let (mut train_s, mut eval_s_total, mut samples) = (0.0, 0.0, 0usize);
-        let candle_dev = self.device.candle().clone();
         for epoch in 1..=epochs {
-            if step >= total_steps {
+            if st.step >= total_steps {
                 break;
             }
             prof.switch(Action::Logging);
             self.emit(&Event::EpochStart { epoch });
             prof.switch(Action::Other);
             let epoch_start = Instant::now();
-            let mut epoch_sums = Running::new(&candle_dev)?;
-            let mut window = Running::new(&candle_dev)?;
-            let mut window_start = Instant::now();
-            let mut epoch_steps = 0;
-            let mut batches = train.epoch(epoch - 1);
-            // Micro-batches this epoch, and since the last optimizer step.
-            let (mut seen, mut pending) = (0usize, 0usize);
-            loop {
-                // The step: batch, forward, loss, backward (N times when
-                // accumulating), update. Each switch tells the profiler what
-                // the loop does from here on.
-                prof.switch(Action::DataWait);
-                let Some(batch) = batches.next() else { break };
-                let batch = batch?;
-                seen += 1;
-                prof.switch(Action::TrainingStep);
-                let out = checked(self.module.training_step(&batch)?)?;
-                if first_loss.is_none() {
-                    first_loss = Some(out.loss.detach());
+            epoch_sums.reset()?;
+            st.window.reset()?;
+            st.window_start = Instant::now();
+            let first_step = st.step;
+            #[cfg(feature = "cuda")]
+            let graphed = match engine.as_mut() {
+                Some(engine) => {
+                    self.graph_epoch(engine, train, epoch, &mut st, &mut epoch_sums, prof)?;
+                    true
                 }
-                prof.switch(Action::Backward);
-                self.backward(&out.loss)?;
-                pending += 1;
-                prof.switch(Action::Metrics);
-                let loss_sum = batch_loss_sum(&out.loss, out.samples)?;
-                epoch_sums.add(&loss_sum, out.samples, &out.metrics)?;
-                window.add_loss(&loss_sum, out.samples)?;
-                if pending < self.cfg.accumulate && seen < batches_per_epoch {
-                    continue;
-                }
-                pending = 0;
-                prof.switch(Action::OptimizerStep);
-                let norm = self.update()?;
-                if let Some(norm) = norm {
-                    prof.switch(Action::Metrics);
-                    let m = crate::step::Metric::mean("grad_norm", norm, 1.0);
-                    epoch_sums.add_extra(&m)?;
-                    window.add_extra(&m)?;
-                }
-
-                prof.switch(Action::Logging);
-                step += 1;
-                epoch_steps += 1;
-                self.emit(&Event::StepEnd { step, epoch });
-                if step.is_multiple_of(self.cfg.log_every) || step == total_steps {
-                    prof.switch(Action::HostSync);
-                    let log = self.log_point(&window, step, epoch, window_start, fit_start)?;
-                    self.check_divergence(log.loss, &first_loss, &mut start_loss, step, epoch)?;
-                    prof.sync_device_clock();
-                    prof.switch(Action::Logging);
-                    self.emit(&Event::Log(&log));
-                    prof.switch(Action::Other);
-                    window = Running::new(&candle_dev)?;
-                    window_start = Instant::now();
-                }
-                prof.end_step();
-                self.check_stop(step, epoch)?;
-                if step >= total_steps {
-                    break;
-                }
+                None => false,
+            };
+            #[cfg(not(feature = "cuda"))]
+            let graphed = false;
+            if !graphed {
+                self.eager_epoch(
+                    train,
+                    batches_per_epoch,
+                    epoch,
+                    &mut st,
+                    &mut epoch_sums,
+                    prof,
+                )?;
             }
+            let epoch_steps = st.step - first_step;
             // A loader that ended early leaves gradients no step took: drop
             // them rather than carry them into the next epoch.
             self.optimizer.zero_grad();
             prof.switch(Action::HostSync);
             let train = epoch_sums.read(&self.reads)?;
             let epoch_s = epoch_start.elapsed().as_secs_f64();
+            let step = st.step;
             check_finite(train.loss, step, epoch, self.optimizer.lr())?;
-            self.check_divergence(train.loss, &first_loss, &mut start_loss, step, epoch)?;
+            self.check_divergence(train.loss, &st.first_loss, &mut st.start_loss, step, epoch)?;
             train_s += epoch_s;
             samples += epoch_sums.samples;
             if self.cfg.empty_cache {
@@ -496,6 +501,14 @@ impl Trainer {
             self.emit(&Event::EpochEnd(&log));
             logs.push(log);
         }
+        #[cfg(feature = "cuda")]
+        if let Some(engine) = &engine {
+            graph_status = engine.status();
+        }
+        if graph_status == GraphStatus::Unknown {
+            graph_status = GraphStatus::Off("no step ran".into());
+        }
+        let step = st.step;
         let summary = FitSummary {
             epochs: logs.len(),
             steps: step,
@@ -511,10 +524,114 @@ impl Trainer {
             val: logs.last().and_then(|l| l.val.clone()),
             host_syncs_per_step: (self.reads.count() - reads_before) as f64 / step.max(1) as f64,
             epochs_log: logs,
+            cuda_graph: graph_status,
         };
         prof.switch(Action::Logging);
         self.emit(&Event::FitEnd(&summary));
         Ok(summary)
+    }
+
+    /// One epoch of eagerly launched steps over the loader's batches
+    /// (accumulating micro-batches when configured).
+    fn eager_epoch(
+        &mut self,
+        train: &Loader,
+        batches_per_epoch: usize,
+        epoch: usize,
+        st: &mut LoopState,
+        epoch_sums: &mut Running,
+        prof: &mut Profiler,
+    ) -> Result<()> {
+        let mut batches = train.epoch(epoch - 1);
+        // Micro-batches this epoch, and since the last optimizer step.
+        let (mut seen, mut pending) = (0usize, 0usize);
+        loop {
+            // The step: batch, forward, loss, backward (N times when
+            // accumulating), update. Each switch tells the profiler what
+            // the loop does from here on.
+            prof.switch(Action::DataWait);
+            let Some(batch) = batches.next() else { break };
+            let batch = batch?;
+            seen += 1;
+            self.micro_step(&batch, st, epoch_sums, prof)?;
+            pending += 1;
+            if pending < self.cfg.accumulate && seen < batches_per_epoch {
+                continue;
+            }
+            pending = 0;
+            self.optimizer_step(st, epoch_sums, prof)?;
+            if self.after_step(st, epoch, prof)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Forward, loss and backward of one (micro-)batch, and its sums.
+    fn micro_step(
+        &mut self,
+        batch: &Batch,
+        st: &mut LoopState,
+        epoch_sums: &mut Running,
+        prof: &mut Profiler,
+    ) -> Result<()> {
+        prof.switch(Action::TrainingStep);
+        let out = checked(self.module.training_step(batch)?)?;
+        if st.first_loss.is_none() {
+            st.first_loss = Some(out.loss.detach());
+        }
+        prof.switch(Action::Backward);
+        self.backward(&out.loss)?;
+        prof.switch(Action::Metrics);
+        let loss_sum = batch_loss_sum(&out.loss, out.samples)?;
+        epoch_sums.add(&loss_sum, out.samples, &out.metrics)?;
+        st.window.add_loss(&loss_sum, out.samples)?;
+        Ok(())
+    }
+
+    /// Clipping and the optimizer update; the gradient norm into the sums.
+    fn optimizer_step(
+        &mut self,
+        st: &mut LoopState,
+        epoch_sums: &mut Running,
+        prof: &mut Profiler,
+    ) -> Result<()> {
+        prof.switch(Action::OptimizerStep);
+        if let Some(norm) = self.update()? {
+            prof.switch(Action::Metrics);
+            let m = crate::step::Metric::mean("grad_norm", norm, 1.0);
+            epoch_sums.add_extra(&m)?;
+            st.window.add_extra(&m)?;
+        }
+        Ok(())
+    }
+
+    /// After an optimizer step: counts it, tells the callbacks, reads the
+    /// window back at log points. `Ok(true)` once the fit has run its steps.
+    fn after_step(
+        &mut self,
+        st: &mut LoopState,
+        epoch: usize,
+        prof: &mut Profiler,
+    ) -> Result<bool> {
+        prof.switch(Action::Logging);
+        st.step += 1;
+        let step = st.step;
+        self.emit(&Event::StepEnd { step, epoch });
+        if step.is_multiple_of(self.cfg.log_every) || step == st.total_steps {
+            prof.switch(Action::HostSync);
+            let log = self.log_point(&st.window, step, epoch, st.window_start, st.fit_start)?;
+            self.check_divergence(log.loss, &st.first_loss, &mut st.start_loss, step, epoch)?;
+            prof.sync_device_clock();
+            prof.switch(Action::Logging);
+            self.emit(&Event::Log(&log));
+            prof.switch(Action::Other);
+            st.window.reset()?;
+            st.window_start = Instant::now();
+        }
+        prof.end_step();
+        self.check_stop(step, epoch)?;
+        Ok(step >= st.total_steps)
     }
 
     /// [`Error::Interrupted`] once the stop flag is set.
@@ -651,6 +768,24 @@ impl Trainer {
             seconds: start.elapsed().as_secs_f64(),
         })
     }
+}
+
+/// What the loop carries from step to step across epochs.
+struct LoopState {
+    /// Optimizer steps taken.
+    step: usize,
+    /// Steps the fit will run.
+    total_steps: usize,
+    /// The first step's loss, read at the first log point (divergence).
+    start_loss: Option<f64>,
+    /// The first step's loss tensor, until it is read.
+    first_loss: Option<candle_core::Tensor>,
+    /// Sums since the last log point.
+    window: Running,
+    /// When the window started.
+    window_start: Instant,
+    /// When the fit started.
+    fit_start: Instant,
 }
 
 /// Refuses a step output the loop cannot use (host-side shape checks only).

@@ -454,4 +454,48 @@ mod cuda {
     fn cuda_cnn_adam_matches_pytorch() {
         check_cnn_adam(&on(true));
     }
+
+    /// The MLP's 20 Adam steps with the step captured as a CUDA graph (2
+    /// eager warm-up steps, the capture, 17 replays): PyTorch's losses and
+    /// weights, as eagerly.
+    #[test]
+    fn cuda_mlp_adam_matches_pytorch_as_a_cuda_graph() {
+        let dev = on(true);
+        let losses = Arc::new(Mutex::new(Vec::new()));
+        let norms = Arc::new(Mutex::new(Vec::new()));
+        let cfg = TrainConfig {
+            cuda_graph: redline_train::GraphMode::On,
+            ..steps_config(20)
+        };
+        let mut trainer = Trainer::builder()
+            .config(cfg)
+            .optimizer(OptimizerConfig::by_name("adam", 1e-3).unwrap())
+            .callback(Box::new(Losses(losses.clone(), norms)))
+            .build(
+                Classifier::new(model("mlp", "mlp_init.safetensors", &dev)),
+                dev.clone(),
+            )
+            .unwrap();
+        let fit = trainer
+            .fit(&train_loader(64, &dev, Placement::Resident), None)
+            .unwrap();
+        assert!(
+            matches!(
+                fit.cuda_graph,
+                redline_train::GraphStatus::Replayed {
+                    captured_at: 3,
+                    replays: 18
+                }
+            ),
+            "{}",
+            fit.cuda_graph
+        );
+        check_losses(&losses.lock().unwrap(), &trace("mlp_trace.json"), 1e-5);
+        let want = load("mlp_final.safetensors");
+        for (name, var) in trainer.params().iter() {
+            let got = var.as_tensor().to_device(&CDevice::Cpu).unwrap();
+            let r = max_rel(&got, &want[name]);
+            assert!(r < 1e-4, "graph: {name}: rel {r:e}");
+        }
+    }
 }

@@ -435,3 +435,40 @@ fn each_trainer_keeps_its_own_thread_count() -> R {
     assert!(zero.is_some_and(|e| e.contains("--threads 0: give 1 to 1024")));
     Ok(())
 }
+
+/// Graph mode on the CPU: `auto` trains eagerly and the summary says why;
+/// `on` refuses before the first step, leaving the weights untouched.
+#[test]
+fn cuda_graph_mode_on_the_cpu_says_why_it_is_off() -> R {
+    let train = loader(classes(64)?, 16)?;
+    let mut trainer = Trainer::builder()
+        .config(cfg(1, None))
+        .build(Classifier::new(mlp(2)?), Device::cpu())?;
+    let fit = trainer.fit(&train, None)?;
+    assert_eq!(fit.steps, 4);
+    assert_eq!(
+        fit.cuda_graph.to_string(),
+        "off (the device is the CPU; CUDA graphs need a CUDA device)"
+    );
+
+    let model = mlp(2)?;
+    let before = model.params().to_map();
+    let mut trainer = Trainer::builder()
+        .config(cfg(1, None))
+        .cuda_graph(redline_train::GraphMode::On)
+        .build(Classifier::new(model), Device::cpu())?;
+    let err = trainer.fit(&train, None).err().map(|e| e.to_string());
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.contains("--cuda-graph on: the training step cannot be captured")),
+        "{err:?}"
+    );
+    for (name, w) in trainer.params().to_map() {
+        let diff = (&w - &before[&name])?
+            .abs()?
+            .max_all()?
+            .to_scalar::<f32>()?;
+        assert_eq!(diff, 0.0, "{name} moved");
+    }
+    Ok(())
+}

@@ -259,6 +259,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             .then_some(args.divergence_threshold),
         validate: !args.no_validate,
         empty_cache: args.empty_cache,
+        cuda_graph: args.cuda_graph.parse()?,
     };
     loop_cfg.check()?;
     if args.accumulate > 1 {
@@ -376,6 +377,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     };
     if let Ok((fit, test)) = &outcome {
         summary::print(fit, test.as_ref(), batch_size)?;
+        if !trainer.device().is_cpu() {
+            println!("cuda graph: {}", fit.cuda_graph);
+        }
         if let Some(path) = &args.save {
             println!("saved weights to {}", path.display());
         }

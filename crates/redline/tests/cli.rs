@@ -7,7 +7,7 @@
 use std::path::Path;
 
 mod common;
-use common::{fails, json, jsonl, ok, root};
+use common::{fails, json, jsonl, ok, root, train_in};
 
 fn step_losses(rows: &[serde_json::Value]) -> Vec<f64> {
     rows.iter()
@@ -295,6 +295,34 @@ fn devices_lists_the_cpu() {
     let v: serde_json::Value = serde_json::from_str(&ok(&["devices", "--json"])).unwrap();
     assert_eq!(v[0]["id"], "cpu");
     assert_eq!(v[0]["usable"], true);
+}
+
+#[test]
+fn cuda_graph_flag_is_checked_and_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    train_in(
+        &run,
+        &["--max-steps", "3", "--no-validate", "--cuda-graph", "off"],
+    );
+    let summary = json(&run.join("summary.json"));
+    assert_eq!(summary["cuda_graph"], "off (--cuda-graph off)");
+    let err = fails(&[
+        "train",
+        "--device",
+        "cpu",
+        "--max-steps",
+        "1",
+        "--cuda-graph",
+        "on",
+    ]);
+    assert!(
+        err.contains("--cuda-graph on: the training step cannot be captured")
+            && err.contains("the device is the CPU"),
+        "{err}"
+    );
+    let err = fails(&["train", "--device", "cpu", "--cuda-graph", "sometimes"]);
+    assert!(err.contains("choose auto, on or off"), "{err}");
 }
 
 #[test]

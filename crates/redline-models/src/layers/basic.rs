@@ -139,6 +139,17 @@ impl Dropout {
 }
 
 impl Layer for Dropout {
+    fn capture_safe(&self) -> std::result::Result<(), String> {
+        if self.p == 0.0 {
+            return Ok(());
+        }
+        // A replay would repeat the captured mask.
+        Err(format!(
+            "dropout (p = {}) draws its mask on the host at every step",
+            self.p
+        ))
+    }
+
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         if !train || self.p == 0.0 {
             return Ok(x.clone());

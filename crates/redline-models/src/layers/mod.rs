@@ -44,6 +44,12 @@ use crate::Model;
 pub trait Layer: Send + Sync {
     /// The output for a batch; `train` selects training behaviour (dropout).
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor>;
+    /// Whether a training step through this layer can be captured once as a
+    /// CUDA graph and replayed with the same result (see
+    /// [`Model::capture_safe`]); `Err` says why not.
+    fn capture_safe(&self) -> std::result::Result<(), String> {
+        Ok(())
+    }
 }
 
 fn default_eps() -> f64 {
@@ -501,6 +507,10 @@ pub struct Sequential {
 impl Model for Sequential {
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         norm::run_chain(&self.body, x, train)
+    }
+
+    fn capture_safe(&self) -> std::result::Result<(), String> {
+        norm::chain_capture_safe(&self.body)
     }
 
     fn params(&self) -> &Params {

@@ -112,6 +112,16 @@ impl Layer for Embedding {
 /// Named layers applied in order.
 pub(super) type Chain = Vec<(String, Box<dyn Layer>)>;
 
+/// The first layer of `chain` that cannot be captured, named.
+pub(super) fn chain_capture_safe(chain: &Chain) -> std::result::Result<(), String> {
+    for (name, layer) in chain {
+        layer
+            .capture_safe()
+            .map_err(|why| format!("layer {name}: {why}"))?;
+    }
+    Ok(())
+}
+
 /// The chain's output for `x`.
 pub(super) fn run_chain(chain: &Chain, x: &Tensor, train: bool) -> Result<Tensor> {
     let mut h = x.clone();
@@ -131,6 +141,11 @@ pub(super) struct Residual {
 }
 
 impl Layer for Residual {
+    fn capture_safe(&self) -> std::result::Result<(), String> {
+        chain_capture_safe(&self.body)?;
+        chain_capture_safe(&self.shortcut)
+    }
+
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         let h = run_chain(&self.body, x, train)?;
         let s = run_chain(&self.shortcut, x, train)?;

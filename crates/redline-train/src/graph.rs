@@ -1,0 +1,315 @@
+//! CUDA graph mode: whether a fit captures its training step once as a CUDA
+//! graph and replays it (`--cuda-graph`; docs/cuda-graphs.md), and why not.
+
+use std::fmt;
+use std::str::FromStr;
+
+use redline_core::Device;
+use redline_data::{Loader, Placement};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::step::TrainStep;
+use crate::trainer::TrainConfig;
+
+/// Whether `--cuda-graph auto` captures. Off until the graph driver has
+/// passed the golden tests and `bench/gpu.sh` on a GPU (docs/cuda-graphs.md):
+/// it was written and compiled on a machine without one. `--cuda-graph on`
+/// captures now.
+pub const AUTO_CAPTURES: bool = false;
+
+/// Eager steps before the capture: the first runs every lazy allocation (the
+/// optimizer's state, the metric sums) and fills the host-to-device cache, the
+/// second proves the step repeats without either.
+pub const WARMUP_STEPS: usize = 2;
+
+/// `--cuda-graph`: capture the training step as one CUDA graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GraphMode {
+    /// Capture where the step can be captured, else run eagerly and say why.
+    #[default]
+    Auto,
+    /// Capture, or refuse to start and say why not.
+    On,
+    /// Never capture.
+    Off,
+}
+
+impl FromStr for GraphMode {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "on" => Ok(Self::On),
+            "off" => Ok(Self::Off),
+            other => Err(Error::Config(format!(
+                "--cuda-graph {other:?}: choose auto, on or off"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for GraphMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::On => "on",
+            Self::Off => "off",
+        })
+    }
+}
+
+/// What a fit did about CUDA graphs, for the summary.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum GraphStatus {
+    /// Not captured; the reason.
+    Off(String),
+    /// Captured at `captured_at` (an optimizer step, 1-based) and replayed
+    /// `replays` times.
+    Replayed {
+        /// Step whose launches were captured.
+        captured_at: usize,
+        /// Steps run by replaying the graph (the captured one included).
+        replays: usize,
+    },
+    /// The capture was tried and failed; the fit went on eagerly.
+    Failed(String),
+    /// Not decided (no fit has run).
+    #[default]
+    Unknown,
+}
+
+/// Written as its sentence (`summary.json`'s `cuda_graph`).
+impl Serialize for GraphStatus {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl fmt::Display for GraphStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Off(why) => write!(f, "off ({why})"),
+            Self::Replayed {
+                captured_at,
+                replays,
+            } => write!(
+                f,
+                "on (the step captured at step {captured_at}, replayed for {replays} steps)"
+            ),
+            Self::Failed(why) => write!(f, "failed, ran eagerly ({why})"),
+            Self::Unknown => f.write_str("not run"),
+        }
+    }
+}
+
+/// Why this fit's step cannot be captured, or `Ok` when it can. Checked in
+/// order: the mode, the device and the build, the data, the loop's settings,
+/// then the step itself.
+pub fn eligibility(
+    mode: GraphMode,
+    device: &Device,
+    train: &Loader,
+    cfg: &TrainConfig,
+    step: &dyn TrainStep,
+) -> std::result::Result<(), String> {
+    if mode == GraphMode::Off {
+        return Err("--cuda-graph off".into());
+    }
+    if device.is_cpu() {
+        return Err("the device is the CPU; CUDA graphs need a CUDA device".into());
+    }
+    if !cfg!(feature = "cuda") {
+        return Err("this build has no CUDA support".into());
+    }
+    loop_eligibility(train, cfg, step)?;
+    if mode == GraphMode::Auto && !AUTO_CAPTURES {
+        return Err(
+            "capture is not yet verified on a GPU, so auto does not capture; --cuda-graph on \
+             tries it"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// The checks after the device's: the data's placement, the loop's settings,
+/// the epoch's length, then the step's own declaration.
+pub(crate) fn loop_eligibility(
+    train: &Loader,
+    cfg: &TrainConfig,
+    step: &dyn TrainStep,
+) -> std::result::Result<(), String> {
+    if train.placement() != Placement::Resident {
+        return Err(
+            "the training split streams from the host; a captured step draws its batch from \
+             data kept on the GPU (--data-on-device on)"
+                .into(),
+        );
+    }
+    if cfg.accumulate > 1 {
+        return Err(format!(
+            "--accumulate {}: accumulated steps are not captured yet",
+            cfg.accumulate
+        ));
+    }
+    let full = train.len() / train.config().batch_size.max(1);
+    if full <= WARMUP_STEPS {
+        return Err(format!(
+            "an epoch has {full} full batches; a capture needs more than {WARMUP_STEPS}"
+        ));
+    }
+    step.capture_safe()
+}
+
+/// The decision at the start of a fit: `Ok(Err(reason))` runs eagerly;
+/// `--cuda-graph on` with a reason is an error, before any step runs.
+pub fn decide(
+    mode: GraphMode,
+    device: &Device,
+    train: &Loader,
+    cfg: &TrainConfig,
+    step: &dyn TrainStep,
+) -> Result<std::result::Result<(), String>> {
+    match eligibility(mode, device, train, cfg, step) {
+        Err(why) if mode == GraphMode::On => Err(Error::Config(format!(
+            "--cuda-graph on: the training step cannot be captured: {why}\nHINT: --cuda-graph \
+             auto runs such a fit eagerly"
+        ))),
+        other => Ok(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::step::Classifier;
+    use candle_core::Tensor;
+    use redline_data::{LoaderConfig, Split, TargetKind};
+    use redline_models::{Model, ModelConfig, Params};
+
+    fn split(n: usize) -> Result<Split> {
+        let cpu = candle_core::Device::Cpu;
+        Ok(Split {
+            x: Tensor::zeros((n, 1, 28, 28), candle_core::DType::F32, &cpu)?,
+            y: Tensor::zeros(n, candle_core::DType::U32, &cpu)?,
+            target: TargetKind::Classes(10),
+            source: "graph-test".into(),
+        })
+    }
+
+    fn loader(n: usize, batch: usize) -> Result<Loader> {
+        let cfg = LoaderConfig {
+            batch_size: batch,
+            ..LoaderConfig::default()
+        };
+        Ok(Loader::new(split(n)?, cfg)?)
+    }
+
+    #[test]
+    fn modes_parse_and_print() -> Result<()> {
+        for m in ["auto", "on", "off"] {
+            assert_eq!(m.parse::<GraphMode>()?.to_string(), m);
+        }
+        assert_eq!(" ON ".parse::<GraphMode>()?, GraphMode::On);
+        let e = "yes".parse::<GraphMode>().err().map(|e| e.to_string());
+        assert!(e.is_some_and(|e| e.contains("choose auto, on or off")));
+        assert_eq!(GraphMode::default(), GraphMode::Auto);
+        Ok(())
+    }
+
+    /// On the CPU, auto runs eagerly with the reason; on refuses to start.
+    #[test]
+    fn the_cpu_runs_eagerly_and_says_why() -> Result<()> {
+        let dev = Device::cpu();
+        let model = ModelConfig::by_name("mlp")?.build(&dev, redline_core::Precision::Fp32, 0)?;
+        let step = Classifier::new(model);
+        let cfg = TrainConfig::default();
+        let train = loader(640, 64)?;
+        let auto = decide(GraphMode::Auto, &dev, &train, &cfg, &step)?;
+        assert!(auto.is_err_and(|why| why.contains("the device is the CPU")));
+        let off = decide(GraphMode::Off, &dev, &train, &cfg, &step)?;
+        assert_eq!(off, Err("--cuda-graph off".into()));
+        let on = decide(GraphMode::On, &dev, &train, &cfg, &step).err();
+        assert!(on.is_some_and(|e| {
+            let e = e.to_string();
+            e.contains("--cuda-graph on: the training step cannot be captured")
+                && e.contains("the device is the CPU")
+        }));
+        Ok(())
+    }
+
+    /// What a step and a model declare: the zoo's models and steps are
+    /// capturable, dropout is not, a model or step of one's own must opt in.
+    #[test]
+    fn steps_and_models_declare_themselves() -> Result<()> {
+        let dev = Device::cpu();
+        let zoo = ModelConfig::by_name("cnn")?.build(&dev, redline_core::Precision::Fp32, 0)?;
+        assert_eq!(Classifier::new(zoo).capture_safe(), Ok(()));
+
+        struct Own(Params);
+        impl Model for Own {
+            fn forward_t(&self, x: &Tensor, _: bool) -> redline_models::Result<Tensor> {
+                Ok(x.clone())
+            }
+            fn params(&self) -> &Params {
+                &self.0
+            }
+        }
+        let why = Classifier::new(Own(Params::new())).capture_safe();
+        assert!(why.is_err_and(|w| w.contains("Model::capture_safe")));
+
+        let file = r#"
+            [model]
+            name = "dropper"
+            layers = [
+              { type = "linear", out = 8 },
+              { type = "residual", layers = [{ type = "dropout", p = 0.25 }] },
+              { type = "linear" },
+            ]
+        "#;
+        let cfg = redline_models::SequentialConfig::from_toml(file, "dropper", &[4], 2)?;
+        let model = ModelConfig::Sequential(cfg).build(&dev, redline_core::Precision::Fp32, 0)?;
+        let why = Classifier::new(model).capture_safe();
+        assert!(
+            why.as_ref()
+                .is_err_and(|w| w.contains("dropout (p = 0.25) draws its mask on the host")),
+            "{why:?}"
+        );
+        Ok(())
+    }
+
+    /// The data and loop reasons, each on its own (the device check before
+    /// them cannot pass on the CPU).
+    #[test]
+    fn streaming_data_accumulation_and_short_epochs_are_not_captured() -> Result<()> {
+        let dev = Device::cpu();
+        let model = ModelConfig::by_name("mlp")?.build(&dev, redline_core::Precision::Fp32, 0)?;
+        let step = Classifier::new(model);
+        let cfg = TrainConfig::default();
+        assert_eq!(loop_eligibility(&loader(640, 64)?, &cfg, &step), Ok(()));
+
+        let streaming = Loader::placed_host(
+            split(640)?.to_host()?,
+            &candle_core::Device::Cpu,
+            Placement::Streaming,
+            LoaderConfig::default(),
+        )?;
+        let why = loop_eligibility(&streaming, &cfg, &step);
+        assert!(why.is_err_and(|w| w.contains("streams from the host")));
+
+        let acc = TrainConfig {
+            accumulate: 4,
+            ..TrainConfig::default()
+        };
+        let why = loop_eligibility(&loader(640, 64)?, &acc, &step);
+        assert!(why.is_err_and(|w| w.contains("--accumulate 4")));
+
+        // 130 samples in batches of 64: 2 full batches, both warm-up steps.
+        let why = loop_eligibility(&loader(130, 64)?, &cfg, &step);
+        assert!(why.is_err_and(|w| w.contains("an epoch has 2 full batches")));
+        Ok(())
+    }
+}

@@ -1,0 +1,217 @@
+//! The graph-mode epoch (CUDA builds): the training step drawn by a
+//! [`DeviceCursor`], run eagerly for [`WARMUP_STEPS`] steps, captured once
+//! as a CUDA graph, then replayed. docs/cuda-graphs.md has the rules a
+//! captured step follows; `crate::graph::eligibility` checked them before
+//! the fit started.
+
+use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
+use candle_core::cuda_backend::CudaDevice;
+use redline_core::Device;
+use redline_data::{Batch, DeviceCursor, Loader, Split};
+use redline_profile::{Action, Profiler};
+
+use super::{LoopState, Trainer};
+use crate::error::{Error, Result};
+use crate::graph::{GraphStatus, WARMUP_STEPS};
+use crate::running::{Running, Tally};
+
+/// A fit's graph: the cursor over the resident split, and once captured,
+/// the graph and what one replay adds to the host-side counts.
+pub(super) struct Engine {
+    cursor: DeviceCursor,
+    split: Split,
+    cuda: CudaDevice,
+    graph: Option<Captured>,
+    /// Eager steps run so far.
+    warm: usize,
+    /// Why the capture failed; the fit then stays eager.
+    failed: Option<String>,
+}
+
+struct Captured {
+    graph: CudaGraph,
+    /// One step's counts in the epoch sums and in the window.
+    tally: (Tally, Tally),
+    captured_at: usize,
+    replays: usize,
+}
+
+impl Engine {
+    /// The cursor over `train`'s resident split on `device`.
+    pub(super) fn new(train: &Loader, device: &Device) -> Result<Self> {
+        let split = train
+            .resident()
+            .ok_or_else(|| {
+                Error::Config("graph mode needs a device-resident training split".into())
+            })?
+            .clone();
+        let candle_core::Device::Cuda(cuda) = device.candle() else {
+            return Err(Error::Config(format!(
+                "graph mode needs a CUDA device, not {device}"
+            )));
+        };
+        let batch = train.config().batch_size;
+        Ok(Self {
+            cursor: DeviceCursor::new(split.len(), batch, device.candle())?,
+            split,
+            cuda: cuda.clone(),
+            graph: None,
+            warm: 0,
+            failed: None,
+        })
+    }
+
+    /// What happened, for the summary.
+    pub(super) fn status(&self) -> GraphStatus {
+        match (&self.graph, &self.failed) {
+            (Some(c), _) => GraphStatus::Replayed {
+                captured_at: c.captured_at,
+                replays: c.replays,
+            },
+            (None, Some(why)) => GraphStatus::Failed(why.clone()),
+            (None, None) => GraphStatus::Off(format!(
+                "the fit ended within the {WARMUP_STEPS} eager warm-up steps"
+            )),
+        }
+    }
+}
+
+impl Trainer {
+    /// One epoch in graph mode: the full batches through the cursor (eager
+    /// warm-up, one capture, replays), then the shorter last batch eagerly.
+    pub(super) fn graph_epoch(
+        &mut self,
+        engine: &mut Engine,
+        train: &Loader,
+        epoch: usize,
+        st: &mut LoopState,
+        epoch_sums: &mut Running,
+        prof: &mut Profiler,
+    ) -> Result<()> {
+        engine.cursor.start_epoch(&train.order(epoch - 1))?;
+        for index in 0..engine.cursor.full_batches() {
+            if let Some(c) = &mut engine.graph {
+                prof.switch(Action::TrainingStep);
+                self.optimizer.before_replay()?;
+                c.graph
+                    .launch()
+                    .map_err(|e| Error::Config(format!("CUDA graph replay: {e}")))?;
+                epoch_sums.recount(&c.tally.0)?;
+                st.window.recount(&c.tally.1)?;
+                c.replays += 1;
+            } else if engine.failed.is_some() || engine.warm < WARMUP_STEPS {
+                // Warm-up fills candle's host-to-device cache for the capture.
+                let _cache = engine
+                    .failed
+                    .is_none()
+                    .then(|| engine.cuda.enable_cuda_graph_htod_cache());
+                self.cursor_step(&engine.cursor, &engine.split, index, st, epoch_sums, prof)?;
+                engine.warm += 1;
+            } else {
+                prof.switch(Action::TrainingStep);
+                self.capture(engine, index, st, epoch_sums, prof)?;
+            }
+            if self.after_step(st, epoch, prof)? {
+                return Ok(());
+            }
+        }
+        if let Some((x, y)) = engine.cursor.rest(&engine.split)? {
+            let batch = Batch {
+                x,
+                y,
+                index: engine.cursor.full_batches(),
+            };
+            self.micro_step(&batch, st, epoch_sums, prof)?;
+            self.optimizer_step(st, epoch_sums, prof)?;
+            self.after_step(st, epoch, prof)?;
+        }
+        Ok(())
+    }
+
+    /// The step drawn by the cursor: gather, forward, backward, sums, update,
+    /// and the cursor's advance, all device work with nothing read back.
+    fn cursor_step(
+        &mut self,
+        cursor: &DeviceCursor,
+        split: &Split,
+        index: usize,
+        st: &mut LoopState,
+        epoch_sums: &mut Running,
+        prof: &mut Profiler,
+    ) -> Result<()> {
+        prof.switch(Action::DataWait);
+        let (x, y) = cursor.gather(split)?;
+        let batch = Batch { x, y, index };
+        self.micro_step(&batch, st, epoch_sums, prof)?;
+        self.optimizer_step(st, epoch_sums, prof)?;
+        cursor.advance()?;
+        Ok(())
+    }
+
+    /// Captures one step and runs it by launching the graph; on failure,
+    /// undoes the host-side counts of the step that never ran, runs it
+    /// eagerly, and stays eager.
+    fn capture(
+        &mut self,
+        engine: &mut Engine,
+        index: usize,
+        st: &mut LoopState,
+        epoch_sums: &mut Running,
+        prof: &mut Profiler,
+    ) -> Result<()> {
+        self.optimizer.sync_lr()?;
+        let before = (epoch_sums.tally(), st.window.tally());
+        let host_steps = self.optimizer.steps();
+        let stream = engine.cuda.cuda_stream();
+        let captured = {
+            let _cache = engine.cuda.enable_cuda_graph_htod_cache();
+            // No profiler switch inside: its device clock records events.
+            let mut quiet = Profiler::new(redline_profile::Mode::Off, "capture");
+            match stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) {
+                Err(e) => Err(format!("begin capture: {e}")),
+                Ok(()) => {
+                    let stepped = self.cursor_step(
+                        &engine.cursor,
+                        &engine.split,
+                        index,
+                        st,
+                        epoch_sums,
+                        &mut quiet,
+                    );
+                    let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+                    match (stepped, ended) {
+                        (Ok(()), Ok(Some(graph))) => Ok(graph),
+                        (Err(e), _) => Err(e.to_string()),
+                        (_, Err(e)) => Err(format!("end capture: {e}")),
+                        (Ok(()), Ok(None)) => Err("the capture recorded nothing".into()),
+                    }
+                }
+            }
+        };
+        match captured {
+            Ok(graph) => {
+                let after = (epoch_sums.tally(), st.window.tally());
+                let tally = (after.0.since(&before.0)?, after.1.since(&before.1)?);
+                // Capturing records the step; launching runs it.
+                graph
+                    .launch()
+                    .map_err(|e| Error::Config(format!("CUDA graph launch: {e}")))?;
+                engine.graph = Some(Captured {
+                    graph,
+                    tally,
+                    captured_at: st.step + 1,
+                    replays: 1,
+                });
+            }
+            Err(why) => {
+                tracing::warn!("CUDA graph capture failed, running eagerly: {why}");
+                epoch_sums.restore(&before.0)?;
+                st.window.restore(&before.1)?;
+                self.optimizer.rewind(host_steps);
+                engine.failed = Some(why);
+                self.cursor_step(&engine.cursor, &engine.split, index, st, epoch_sums, prof)?;
+            }
+        }
+        Ok(())
+    }
+}

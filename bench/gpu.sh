@@ -29,7 +29,7 @@ $rl devices
 "$bin/golden" cuda_ --test-threads 1
 run() { # name, then redline train flags
     local name="$1"; shift
-    $rl train --run-dir "$out/run-$name" --monitor-interval 0.1 --profiler simple "$@"
+    $rl train --device cuda:0 --run-dir "$out/run-$name" --monitor-interval 0.1 --profiler simple "$@"
     cp "$out/run-$name/summary.json" "$out/$name.summary.json" 2>/dev/null
 }
 run mlp-resident --data-on-device on
@@ -41,6 +41,9 @@ run mlp-b512-graph --data-on-device on --batch-size 512 --cuda-graph on
 run cnn-graph --model cnn --data-on-device on --cuda-graph on
 run cnn-resident --model cnn --data-on-device on
 run cnn-streaming --model cnn --data-on-device off
+# Issue 12: which device `--device auto` picks for the default job, with its timings.
+$rl train --run-dir "$out/run-auto" --monitor-interval 0 --epochs 1
+cp "$out/run-auto/summary.json" "$out/auto.summary.json" 2>/dev/null
 for w in tutorial tensor; do
     for m in mlp cnn; do
         "$py" bench/torch_mnist.py --device cuda --workload "$w" --model "$m" --epochs 5 --threads 4 \

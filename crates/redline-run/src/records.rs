@@ -124,6 +124,10 @@ pub struct Summary {
     /// Device-to-host reads per optimizer step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_syncs_per_step: Option<f64>,
+    /// How `--device auto` chose between the CPU and a GPU, with the step
+    /// times it measured (absent when there was no choice to make).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_choice: Option<String>,
     /// Whether the step ran as a replayed CUDA graph, or why not (`--cuda-graph`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cuda_graph: Option<String>,

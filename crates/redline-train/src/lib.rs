@@ -17,6 +17,7 @@ pub mod graph;
 pub mod loss;
 pub mod metrics;
 pub mod optim;
+pub mod probe;
 mod running;
 pub mod step;
 mod trainer;

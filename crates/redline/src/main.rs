@@ -1,6 +1,7 @@
 //! `redline`: the command-line entry point. Parse, resolve, dispatch; this is
 //! the only place that turns errors into output and exit codes.
 
+mod auto_device;
 mod cli;
 mod data_flags;
 mod progress;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use redline_core::{Device, DeviceSpec, Precision};
+use redline_core::{DeviceSpec, Precision};
 use redline_data::{
     place, Augmented, DataOnDevice, Dataset, HostData, Loader, LoaderConfig, Placement,
 };
@@ -108,7 +108,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     }
     let threads = redline_core::threads::configure(args.threads);
     let spec: DeviceSpec = args.device.parse()?;
-    let device = Device::resolve(spec)?;
+    // An unusable device is refused now, before any data is read; `auto`
+    // with a GPU present is settled by timing the job on both, below.
+    let selected = redline_core::select(spec, &redline_core::GpuAvailability::probe())?;
     let opt_cfg = optimizer(args)?;
     let data_dir = match &args.data {
         Some(d) => d.clone(),
@@ -145,6 +147,18 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         hidden(args)?.as_deref(),
     )?;
     let step_kind = StepKind::resolve(&args.loss, target)?;
+    let job = crate::auto_device::Job {
+        train: &prepared.train,
+        model: &model_cfg,
+        step: step_kind,
+        optimizer: &opt_cfg,
+        batch_size: args.batch_size,
+        seed: args.seed,
+    };
+    let (device, device_choice) = crate::auto_device::choose(spec, selected, &job)?;
+    if let Some(line) = &device_choice {
+        println!("{line}");
+    }
     let policy: DataOnDevice = args.data_on_device.parse()?;
     // Read on the host, then placed: uploaded once, or streamed per batch.
     let mut device_free = redline_core::memory::stats(&device)?.map(|m| m.device_free);
@@ -320,6 +334,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             json!(train_loader.placement().to_string()),
         ),
         ("profiler", json!(mode.to_string())),
+        ("device_choice", json!(device_choice)),
     ] {
         run.set(k, v)?;
     }

@@ -27,7 +27,8 @@ pub const WARMUP_STEPS: usize = 2;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GraphMode {
-    /// Capture where the step can be captured, else run eagerly and say why.
+    /// Capture where the step can be captured (once [`AUTO_CAPTURES`] is
+    /// set), else run eagerly and say why.
     #[default]
     Auto,
     /// Capture, or refuse to start and say why not.

@@ -206,7 +206,8 @@ impl TrainerBuilder {
         self
     }
 
-    /// CUDA graph mode (default `auto`: capture where the step can be captured).
+    /// CUDA graph mode (default `auto`, which captures only once
+    /// [`crate::graph::AUTO_CAPTURES`] is set; `on` captures now).
     pub fn cuda_graph(mut self, mode: GraphMode) -> Self {
         self.cfg.cuda_graph = mode;
         self

@@ -191,8 +191,9 @@ pub struct TrainArgs {
     /// pool is always trimmed after training).
     #[arg(long)]
     pub empty_cache: bool,
-    /// Capture the training step as one CUDA graph and replay it: auto, on
-    /// (refuse to start when the step cannot be captured) or off.
+    /// Capture the training step as one CUDA graph and replay it: auto (not
+    /// yet: the driver awaits a GPU check), on (refuse to start when the step
+    /// cannot be captured) or off.
     #[arg(long, default_value = "auto", value_name = "MODE")]
     pub cuda_graph: String,
     /// Normalisation mean, after scaling pixels to [0, 1].

@@ -175,7 +175,16 @@ fn header(run: &RunData) -> String {
         );
     }
     h.push_str("</div>");
-    for n in &run.notes {
+    // How the device was chosen and whether the step ran as a CUDA graph
+    // (the latter only on a GPU, where it is a question).
+    let device_notes = [
+        s.device_choice.clone(),
+        s.cuda_graph
+            .as_ref()
+            .filter(|_| !run.is_cpu())
+            .map(|g| format!("cuda graph: {g}")),
+    ];
+    for n in device_notes.iter().flatten().chain(&run.notes) {
         let _ = write!(h, r#"<p class="note">{}</p>"#, esc(n));
     }
     h.push_str("</header>");

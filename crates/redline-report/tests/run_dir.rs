@@ -169,3 +169,26 @@ fn not_a_run_directory() {
         .to_string();
     assert!(msg.contains("nope"), "{msg}");
 }
+
+#[test]
+fn a_gpu_run_says_how_its_device_was_chosen_and_whether_it_replayed_a_graph() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_run(
+        tmp.path(),
+        &Fixture {
+            device: "cuda:0",
+            ..Fixture::default()
+        },
+    );
+    let html = render_html(&RunData::load(tmp.path()).unwrap()).unwrap();
+    assert!(
+        html.contains("device auto: cuda:0, 0.210 ms per step against 0.360 ms on cpu"),
+        "no device choice"
+    );
+    assert!(html.contains("cuda graph: on (the step captured at step 3"));
+    // On the CPU the graph's absence is no news, and there was no choice.
+    let cpu = tempfile::tempdir().unwrap();
+    write_run(cpu.path(), &Fixture::default());
+    let html = render_html(&RunData::load(cpu.path()).unwrap()).unwrap();
+    assert!(!html.contains("cuda graph:") && !html.contains("device auto:"));
+}

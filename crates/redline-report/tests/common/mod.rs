@@ -130,7 +130,15 @@ pub fn write_run(dir: &Path, f: &Fixture) {
             "eval_s": f.epochs as f64 * 0.05, "samples_per_s": 84_500.0,
             "test_loss": 0.375, "test_accuracy": 0.962, "host_syncs_per_step": 0.021,
             "threads": 2, "free_cores": 1.9, "logical_cores": 2, "prefetch": 2,
-            "profiler": if f.profile { "simple" } else { "off" }})
+            "profiler": if f.profile { "simple" } else { "off" },
+            "device_choice": (f.device != "cpu").then_some(
+                "device auto: cuda:0, 0.210 ms per step against 0.360 ms on cpu (this model and \
+                 batch, 30 steps each after 5 warm-up steps)"),
+            "cuda_graph": if f.device == "cpu" {
+                "off (the device is the CPU; CUDA graphs need a CUDA device)"
+            } else {
+                "on (the step captured at step 3, replayed for 9378 steps)"
+            }})
         .to_string(),
     );
     write(

@@ -209,6 +209,13 @@ mod tests {
         Ok(Loader::new(split(n)?, cfg)?)
     }
 
+    /// The zoo's MLP as a classifier on the CPU.
+    fn mlp_step() -> Result<Classifier<Box<dyn Model>>> {
+        let model =
+            ModelConfig::by_name("mlp")?.build(&Device::cpu(), redline_core::Precision::Fp32, 0)?;
+        Ok(Classifier::new(model))
+    }
+
     #[test]
     fn modes_parse_and_print() -> Result<()> {
         for m in ["auto", "on", "off"] {
@@ -224,9 +231,7 @@ mod tests {
     /// On the CPU, auto runs eagerly with the reason; on refuses to start.
     #[test]
     fn the_cpu_runs_eagerly_and_says_why() -> Result<()> {
-        let dev = Device::cpu();
-        let model = ModelConfig::by_name("mlp")?.build(&dev, redline_core::Precision::Fp32, 0)?;
-        let step = Classifier::new(model);
+        let (dev, step) = (Device::cpu(), mlp_step()?);
         let cfg = TrainConfig::default();
         let train = loader(640, 64)?;
         let auto = decide(GraphMode::Auto, &dev, &train, &cfg, &step)?;
@@ -286,9 +291,7 @@ mod tests {
     /// them cannot pass on the CPU).
     #[test]
     fn streaming_data_accumulation_and_short_epochs_are_not_captured() -> Result<()> {
-        let dev = Device::cpu();
-        let model = ModelConfig::by_name("mlp")?.build(&dev, redline_core::Precision::Fp32, 0)?;
-        let step = Classifier::new(model);
+        let step = mlp_step()?;
         let cfg = TrainConfig::default();
         assert_eq!(loop_eligibility(&loader(640, 64)?, &cfg, &step), Ok(()));
 

@@ -217,10 +217,7 @@ impl Optimizer {
     /// the device, where the replayed update reads it.
     pub(crate) fn before_replay(&mut self) -> Result<()> {
         self.step += 1;
-        if let Some(h) = &mut self.hyper {
-            h.set_lr(self.cfg.lr())?;
-        }
-        Ok(())
+        self.sync_lr()
     }
 
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the CUDA graph driver

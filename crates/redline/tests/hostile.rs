@@ -64,22 +64,17 @@ fn a_save_target_that_cannot_be_written_is_refused_before_training() {
 fn a_config_with_negative_values_reruns_from_another_folder() {
     let dir = tempfile::tempdir().unwrap();
     let (run, rerun) = (dir.path().join("run"), dir.path().join("rerun"));
-    let args = [
-        "train",
-        "--data",
-        "data/tables/wine.csv",
-        "--mean",
-        "-0.5",
-        "--epochs",
-        "2",
-        "--device",
-        "cpu",
-        "--monitor-interval",
-        "0",
-        "--run-dir",
-        run.to_str().unwrap(),
-    ];
-    common::ok(&args);
+    common::train_in(
+        &run,
+        &[
+            "--data",
+            "data/tables/wine.csv",
+            "--mean",
+            "-0.5",
+            "--epochs",
+            "2",
+        ],
+    );
     let config = run.join("config.toml");
     let text = std::fs::read_to_string(&config).unwrap();
     assert!(text.contains("mean = -0.5"), "{text}");

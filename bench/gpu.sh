@@ -33,6 +33,8 @@ run() { # name, then redline train flags
     cp "$out/run-$name/summary.json" "$out/$name.summary.json" 2>/dev/null
 }
 run mlp-resident --data-on-device on
+# Issue 12: the kernel trace's own cost (GPU busy is then not measured).
+run mlp-resident-notrace --data-on-device on --kernel-trace off
 run mlp-streaming --data-on-device off
 run mlp-b512-resident --data-on-device on --batch-size 512
 # Issue 12: the step captured as one CUDA graph (docs/cuda-graphs.md).

@@ -4,9 +4,10 @@
     python3 bench/gpu_table.py OUT_DIR
 
 For each Redline run (OUT_DIR/run-<name>/): median epoch seconds and samples/s from the epoch
-records of metrics.jsonl, test accuracy from summary.json, GPU busy % as the median NVML
+records of metrics.jsonl, test accuracy from summary.json, GPU util % as the median NVML
 utilisation of the system samples taken while training (sampled every 100 ms by
---monitor-interval 0.1), and the CUDA-event share of wall time spent on compute
+--monitor-interval 0.1), GPU busy as kernel time over wall time with kernels per step
+(summary.json gpu_busy, from CUPTI), and the CUDA-event share of wall time spent on compute
 (profile.json, device_compute_percent). For each PyTorch run (OUT_DIR/torch-*.json): median
 epoch seconds and samples/s. Ratios are PyTorch epoch time over Redline's, same model and batch.
 """
@@ -52,6 +53,8 @@ def redline_row(run: Path) -> dict:
         "accuracy": summary.get("test_accuracy"),
         "gpu_busy": statistics.median(util) if util else None,
         "event_compute": prof.get("device_compute_percent"),
+        "kernel_busy": (summary.get("gpu_busy") or {}).get("percent"),
+        "kernels_per_step": (summary.get("gpu_busy") or {}).get("kernels_per_step"),
         "status": summary.get("status", "missing"),
     }
 
@@ -79,16 +82,22 @@ def main(out: Path) -> int:
                     "accuracy": t.get("test_accuracy"),
                     "gpu_busy": None,
                     "event_compute": None,
+                    "kernel_busy": None,
+                    "kernels_per_step": None,
                     "status": "finished",
                 },
             )
         )
-    print("| run | median epoch s | samples/s | test acc | GPU busy % (NVML) | compute % (events) | status |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    print(
+        "| run | median epoch s | samples/s | test acc | GPU busy % (kernel time) | kernels/step "
+        "| GPU util % (NVML) | compute % (events) | status |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for name, r in rows:
         print(
             f"| {name} | {fmt(r['epoch_s'], '.3f')} | {fmt(r['samples_per_s'], ',.0f')} | "
-            f"{fmt(r['accuracy'], '.4f')} | {fmt(r['gpu_busy'], '.0f')} | "
+            f"{fmt(r['accuracy'], '.4f')} | {fmt(r['kernel_busy'], '.1f')} | "
+            f"{fmt(r['kernels_per_step'], '.1f')} | {fmt(r['gpu_busy'], '.0f')} | "
             f"{fmt(r['event_compute'], '.1f')} | {r['status']} |"
         )
     by = dict(rows)

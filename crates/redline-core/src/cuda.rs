@@ -1,5 +1,6 @@
 //! The CUDA side of the core (built with the `cuda` feature): GPU count, the
-//! driver's memory pool (stats, caching, trim) and event timing.
+//! driver's memory pool (stats, caching, trim), loading the kernels, and
+//! event timing.
 
 use std::sync::Arc;
 
@@ -39,6 +40,35 @@ fn pool_attr(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute) -> Result<
     unsafe { result::mem_pool::get_attribute(pool, attr, (&mut v as *mut u64).cast()) }
         .map_err(|e| driver("memory pool attribute", e))?;
     Ok(v)
+}
+
+/// candle's kernel modules that training uses, each named by one of its
+/// functions. Quantized and sort kernels are left to load on first use.
+const STEP_MODULES: [(&str, &candle_core::cuda_backend::kernels::Module); 9] = {
+    use candle_core::cuda_backend::kernels as k;
+    [
+        ("affine_f32", &k::AFFINE),
+        ("badd_f32", &k::BINARY),
+        ("cast_f32_f64", &k::CAST),
+        ("conv2d_f32", &k::CONV),
+        ("fill_f32", &k::FILL),
+        ("is_u32_f32", &k::INDEXING),
+        ("fast_sum_f32", &k::REDUCE),
+        ("where_u8_f32", &k::TERNARY),
+        ("ucopy_f32", &k::UNARY),
+    ]
+};
+
+/// Loads the modules of [`STEP_MODULES`] into `dev` (candle keeps them per
+/// device). candle ships PTX: on a machine whose driver has not compiled it
+/// before, this is where it does (about 23 s on an H100 for these modules),
+/// instead of inside the first training step; the driver caches the result.
+pub fn load_kernels(dev: &CudaDevice) -> Result<()> {
+    for (func, module) in STEP_MODULES {
+        dev.get_or_load_func(func, module)
+            .map_err(|e| driver(&format!("loading kernel module of {func}"), e))?;
+    }
+    Ok(())
 }
 
 /// Keeps freed blocks in the pool instead of returning them to the driver at

@@ -139,6 +139,8 @@ pub fn select(spec: DeviceSpec, gpus: &GpuAvailability) -> Result<DeviceSpec> {
 pub struct Device {
     spec: DeviceSpec,
     inner: candle_core::Device,
+    /// Seconds spent loading the GPU kernels when the device was opened.
+    kernels_s: Option<f64>,
 }
 
 impl Device {
@@ -147,6 +149,7 @@ impl Device {
         Self {
             spec: DeviceSpec::Cpu,
             inner: candle_core::Device::Cpu,
+            kernels_s: None,
         }
     }
 
@@ -167,13 +170,26 @@ impl Device {
             reason: format!("opening the GPU failed: {e}"),
             hint: "check `nvidia-smi`; another process may hold the GPU in exclusive mode".into(),
         })?;
+        let mut kernels_s = None;
         if let candle_core::Device::Cuda(d) = &inner {
             crate::cuda::enable_pool_caching(d)?;
+            let start = std::time::Instant::now();
+            crate::cuda::load_kernels(d)?;
+            kernels_s = Some(start.elapsed().as_secs_f64());
         }
         Ok(Self {
             spec: DeviceSpec::Cuda(n),
             inner,
+            kernels_s,
         })
+    }
+
+    /// On a GPU, the seconds its opening spent loading candle's kernel
+    /// modules: on the first run on a machine the driver compiles them for
+    /// the GPU here (tens of seconds), not inside the first timed step; later
+    /// runs load the driver's cached code. `None` on the CPU.
+    pub fn kernels_load_s(&self) -> Option<f64> {
+        self.kernels_s
     }
 
     /// Which spec this device satisfies (`cpu`, `cuda:0`, ...).

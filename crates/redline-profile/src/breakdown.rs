@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::action::Category;
+use crate::kernels::GpuBusy;
 use crate::nullable::nullable;
 
 /// The attribution rule, written into every `breakdown.json`.
@@ -132,6 +133,10 @@ pub struct Breakdown {
     /// Per-step timeline (no rows when a file has none).
     #[serde(deserialize_with = "nullable")]
     pub timeline: Timeline,
+    /// On a GPU: how long kernels actually ran, which splits compute into
+    /// the GPU computing and the GPU waiting while the host launches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuBusy>,
 }
 
 impl Breakdown {
@@ -165,6 +170,7 @@ impl Breakdown {
             rule: RULE.to_string(),
             categories,
             timeline,
+            gpu: None,
         }
     }
 
@@ -199,11 +205,28 @@ impl Breakdown {
         } else {
             String::new()
         };
+        let gpu = self.gpu_split().map_or(String::new(), |(busy, waiting)| {
+            format!(
+                "\n      GPU: kernels ran {busy:.1}% of wall; the host issued compute while the GPU \
+                 had none for at least {waiting:.1}%"
+            )
+        });
         format!(
-            "time: {} (of {:.2} s{per_step})",
+            "time: {} (of {:.2} s{per_step}){gpu}",
             parts.join(" | "),
             self.wall_s
         )
+    }
+
+    /// On a GPU with a kernel trace: the percent of wall time in which
+    /// kernels ran, and a lower bound on the percent in which the host was
+    /// issuing compute while the GPU ran nothing (compute minus kernel time:
+    /// kernels that ran while the host waited on something else only make
+    /// the true figure larger).
+    pub fn gpu_split(&self) -> Option<(f64, f64)> {
+        let g = self.gpu.as_ref()?;
+        let compute = self.percent(Category::Compute);
+        Some((g.percent, (compute - g.percent).max(0.0)))
     }
 }
 
@@ -224,6 +247,32 @@ mod tests {
         assert!(line.contains("compute 50.0%"), "{line}");
         assert!(line.contains("data wait 25.0%"), "{line}");
         assert!(line.contains("500.000 ms/step"), "{line}");
+        let json = serde_json::to_string(&b).unwrap_or_default();
+        assert!(!json.contains("gpu"), "no GPU section on the CPU: {json}");
+        let back: Breakdown = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, b);
+        assert_eq!(b.gpu_split(), None);
+    }
+
+    #[test]
+    fn a_kernel_trace_splits_compute() {
+        // The issue's H100 run: compute 95.8% of wall, kernels 32%.
+        let t = Timeline::default();
+        let mut b = Breakdown::new(10.0, 100, "cuda:0", [9.58, 0.0, 0.0, 0.1, 0.3, 0.02], t);
+        let mut tally = crate::KernelTally::new(0);
+        let k = tally.name_id("k");
+        tally.add(&mut [crate::KernelSpan {
+            start_ns: 0,
+            end_ns: 3_200_000_000,
+            name: k,
+        }]);
+        b.gpu = Some(tally.finish(10_000_000_000, 100, "cupti"));
+        let (busy, waiting) = b.gpu_split().unwrap_or_default();
+        assert!((busy - 32.0).abs() < 1e-9);
+        assert!((waiting - 63.8).abs() < 1e-9);
+        let line = b.line();
+        assert!(line.contains("GPU: kernels ran 32.0% of wall"), "{line}");
+        assert!(line.contains("GPU had none for at least 63.8%"), "{line}");
         let json = serde_json::to_string(&b).unwrap_or_default();
         let back: Breakdown = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(back, b);

@@ -12,6 +12,7 @@ use crate::action::Mode;
 use crate::breakdown::Breakdown;
 use crate::chrome;
 use crate::error::{Error, Result};
+use crate::kernels::GpuBusy;
 use crate::nullable::nullable;
 
 /// One row of the action table.
@@ -221,6 +222,9 @@ impl Profile {
                 let _ = writeln!(s, "{k:<34} {v:>9.2}");
             }
         }
+        if let Some(g) = &self.breakdown.gpu {
+            gpu_kernels(&mut s, g);
+        }
         s
     }
 
@@ -271,6 +275,39 @@ impl Profile {
     }
 }
 
+/// Kernel names longer than this are cut in the table (`profile.json` and
+/// `breakdown.json` keep them whole).
+const KERNEL_NAME_CHARS: usize = 58;
+
+/// The GPU's busy time and its longest-running kernels.
+fn gpu_kernels(s: &mut String, g: &GpuBusy) {
+    let _ = writeln!(s, "\n{}", g.line());
+    if g.top.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "{:<60} {:>9} {:>10} {:>9} {:>7}",
+        "Kernel (longest total first)", "Calls", "Total ms", "Mean µs", "% kern"
+    );
+    for r in &g.top {
+        let name: String = if r.name.chars().count() > KERNEL_NAME_CHARS {
+            r.name
+                .chars()
+                .take(KERNEL_NAME_CHARS - 1)
+                .chain(['…'])
+                .collect()
+        } else {
+            r.name.clone()
+        };
+        let _ = writeln!(
+            s,
+            "{name:<60} {:>9} {:>10.3} {:>9.2} {:>7.1}",
+            r.calls, r.total_ms, r.mean_us, r.percent
+        );
+    }
+}
+
 fn to_json<T: Serialize>(what: &'static str, v: &T) -> Result<String> {
     serde_json::to_string_pretty(v).map_err(|source| Error::Json { what, source })
 }
@@ -285,4 +322,45 @@ fn write_file(path: &Path, text: &str) -> Result<PathBuf> {
     std::fs::write(&tmp, text).map_err(err)?;
     std::fs::rename(&tmp, path).map_err(err)?;
     Ok(path.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{KernelSpan, KernelTally, Profiler};
+
+    #[test]
+    fn the_table_lists_the_gpu_kernels_when_traced() {
+        let mut p = Profiler::new(Mode::Simple, "cuda:0").finish();
+        assert!(!p.table().contains("GPU busy"), "no trace, no GPU lines");
+        let mut t = KernelTally::new(0);
+        let long = "k".repeat(100);
+        let (a, b) = (t.name_id("affine_f32"), t.name_id(&long));
+        t.add(&mut [
+            KernelSpan {
+                start_ns: 0,
+                end_ns: 1_000,
+                name: a,
+            },
+            KernelSpan {
+                start_ns: 2_000,
+                end_ns: 5_000,
+                name: b,
+            },
+        ]);
+        p.breakdown.gpu = Some(t.finish(10_000, 1, "cupti"));
+        let table = p.table();
+        assert!(table.contains("GPU busy 40.0% of wall"), "{table}");
+        let rows: Vec<&str> = table
+            .lines()
+            .skip_while(|l| !l.starts_with("Kernel (longest"))
+            .skip(1)
+            .collect();
+        assert_eq!(rows.len(), 2, "{table}");
+        assert!(
+            rows[0].starts_with(&format!("{}…", "k".repeat(57))),
+            "{table}"
+        );
+        assert!(rows[1].starts_with("affine_f32"), "{table}");
+    }
 }

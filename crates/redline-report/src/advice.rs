@@ -56,7 +56,7 @@ const OVERHEAD_WARN: f64 = 15.0;
 /// Idle at or above this percent of wall time.
 const IDLE_WARN: f64 = 20.0;
 /// Mean GPU utilization below this percent.
-const GPU_UTIL_WARN: f64 = 60.0;
+pub(super) const GPU_UTIL_WARN: f64 = 60.0;
 /// Compute threads busy below this fraction of `threads * 100` process CPU.
 const THREADS_BUSY_WARN: f64 = 0.6;
 /// Batches up to this size, with compute per step below [`SHORT_STEP_MS`], are small.
@@ -64,7 +64,7 @@ const SMALL_BATCH: u64 = 64;
 /// Compute per step below this many milliseconds is short.
 const SHORT_STEP_MS: f64 = 1.0;
 /// Compute at or above this percent of wall time means the device is kept busy.
-const COMPUTE_GOOD: f64 = 80.0;
+pub(super) const COMPUTE_GOOD: f64 = 80.0;
 
 /// Formats a number without a trailing `.0` (`2`, `1.9`).
 fn short(x: f64) -> String {
@@ -157,50 +157,6 @@ fn category_warn(
     ))
 }
 
-/// Mean NVML GPU utilization of a GPU run and the number of samples.
-fn nvml_utilization(run: &RunData) -> Option<(f64, usize)> {
-    if run.is_cpu() {
-        return None;
-    }
-    let util: Vec<f64> = run
-        .system
-        .iter()
-        .flat_map(|r| r.gpus.iter())
-        .filter_map(|g| g.utilization_gpu_percent)
-        .filter(|u| u.is_finite())
-        .collect();
-    (!util.is_empty()).then(|| (util.iter().sum::<f64>() / util.len() as f64, util.len()))
-}
-
-fn gpu_utilization(run: &RunData) -> Option<Advice> {
-    let (mean, samples) = nvml_utilization(run)?;
-    if mean >= GPU_UTIL_WARN {
-        return None;
-    }
-    // A host busy issuing compute while the GPU idles is launch-bound:
-    // [`compute`] says so, with the cause, instead.
-    let compute = run
-        .breakdown
-        .as_ref()
-        .and_then(|b| b.listed_percent(Category::Compute));
-    if compute.is_some_and(|p| p >= COMPUTE_GOOD) {
-        return None;
-    }
-    let idle = 100.0 - mean;
-    let text = match run.summary.as_ref().and_then(|s| s.batch_size) {
-        Some(b) => format!(
-            "batch {b} leaves the GPU {idle:.0}% idle: try a larger --batch-size such as {} \
-             (mean utilization {mean:.0}% over {samples} samples)",
-            b * 4
-        ),
-        None => format!(
-            "the GPU is {idle:.0}% idle (mean utilization {mean:.0}% over {samples} samples): \
-             try a larger --batch-size"
-        ),
-    };
-    Some(Advice::new(Level::Warn, text))
-}
-
 fn threads_busy(run: &RunData) -> Option<Advice> {
     if !run.is_cpu() {
         return None;
@@ -267,8 +223,8 @@ fn small_batch(run: &RunData, b: &Breakdown) -> Option<Advice> {
 
 /// A high compute share. On the CPU kernels run on the loop's thread, so it
 /// means the CPU is kept busy. On a GPU it is host time spent issuing the
-/// step's work; whether the GPU was busy is a separate measurement (NVML), and
-/// the advice says which it has.
+/// step's work; whether the GPU was busy is a separate measurement (the
+/// kernel trace, else NVML), and the advice says which it has.
 fn compute(run: &RunData, b: &Breakdown) -> Option<Advice> {
     let p = b
         .listed_percent(Category::Compute)
@@ -279,55 +235,13 @@ fn compute(run: &RunData, b: &Breakdown) -> Option<Advice> {
             format!("compute is {p:.0}% of wall time: the device is kept busy"),
         ));
     }
-    let per_step = run
-        .step_count()
-        .and_then(|n| {
-            b.share(Category::Compute)
-                .map(|c| 1e3 * c.seconds / n as f64)
-        })
-        .filter(|ms| ms.is_finite())
-        .map(|ms| format!(", {ms:.2} ms of it per step"))
-        .unwrap_or_default();
-    let Some((util, samples)) = nvml_utilization(run) else {
-        return Some(Advice::new(
-            Level::Info,
-            format!(
-                "the host spent {p:.0}% of wall time issuing compute{per_step}; GPU \
-                 utilization was not sampled (no NVML), so this does not show that the GPU \
-                 was busy"
-            ),
-        ));
-    };
-    let measured = format!("mean NVML utilization {util:.0}% over {samples} samples");
-    Some(if util < GPU_UTIL_WARN {
-        Advice::new(
-            Level::Warn,
-            format!(
-                "launch-bound: the host spent {p:.0}% of wall time issuing compute{per_step}, \
-                 but the GPU was busy only {util:.0}% ({measured}): the GPU waits while the \
-                 host launches many small kernels one at a time; a larger --batch-size gives \
-                 each launch more work"
-            ),
-        )
-    } else if util >= COMPUTE_GOOD {
-        Advice::new(
-            Level::Good,
-            format!(
-                "the GPU was busy {util:.0}% of the time ({measured}); compute is {p:.0}% of \
-                 wall time"
-            ),
-        )
-    } else {
-        Advice::new(
-            Level::Info,
-            format!("compute is {p:.0}% of wall time and the GPU was busy {util:.0}% ({measured})"),
-        )
-    })
+    Some(gpu::nvml_compute(run, b, p))
 }
 
 /// Runs every rule on `run`; warnings first, then info, then good news.
 pub fn advice(run: &RunData) -> Vec<Advice> {
     let mut out = Vec::new();
+    let traced = run.gpu_busy();
     if let Some(b) = &run.breakdown {
         out.extend(data_wait(run, b));
         out.extend(category_warn(
@@ -352,15 +266,23 @@ pub fn advice(run: &RunData) -> Vec<Advice> {
             "time outside training steps (start-up, evaluation, logging, checkpoints)",
         ));
         out.extend(small_batch(run, b));
-        out.extend(compute(run, b));
+        if traced.is_none() {
+            out.extend(compute(run, b));
+        }
+    }
+    // With the GPU's kernel time measured, one rule says how busy it was
+    // and names the cause; NVML's rules stand in without it.
+    match traced {
+        Some(g) => out.push(gpu::kernel_time(run, run.breakdown.as_ref(), g)),
+        None => out.extend(gpu::nvml_utilization_low(run)),
     }
     out.extend(host_syncs(run));
-    out.extend(gpu_utilization(run));
     out.extend(threads_busy(run));
     out.extend(oversubscribed(run));
     out.sort_by_key(|a| a.level);
     out
 }
 
+mod gpu;
 #[cfg(test)]
 mod tests;

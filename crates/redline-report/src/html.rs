@@ -153,7 +153,7 @@ fn header(run: &RunData) -> String {
     if let Some(e) = s.error.as_deref().filter(|e| !e.is_empty()) {
         let _ = write!(h, r#"<div class="error">{}</div>"#, esc(e));
     }
-    let cards = [
+    let mut cards = vec![
         match s.headline() {
             Some((k, v)) if k.ends_with("accuracy") => (k, format!("{:.2}%", 100.0 * v)),
             Some((k, v)) => (k, format!("{v:.4}")),
@@ -166,6 +166,12 @@ fn header(run: &RunData) -> String {
             num(s.host_syncs_per_step, |v| format!("{v:.3}")),
         ),
     ];
+    if !run.is_cpu() {
+        cards.push((
+            "GPU busy (kernel time)".into(),
+            num(run.gpu_busy().map(|g| g.percent), |v| format!("{v:.1}%")),
+        ));
+    }
     h.push_str(r#"<div class="cards">"#);
     for (k, v) in cards {
         let _ = write!(
@@ -179,6 +185,7 @@ fn header(run: &RunData) -> String {
     // (the latter only on a GPU, where it is a question).
     let device_notes = [
         s.device_choice.clone(),
+        gpu_busy_note(run),
         s.cuda_graph
             .as_ref()
             .filter(|_| !run.is_cpu())
@@ -189,6 +196,30 @@ fn header(run: &RunData) -> String {
     }
     h.push_str("</header>");
     h
+}
+
+/// On a GPU run: the kernel trace's busy figure beside NVML's mean
+/// utilization, or why it was not measured.
+fn gpu_busy_note(run: &RunData) -> Option<String> {
+    if run.is_cpu() {
+        return None;
+    }
+    let nvml = run.nvml_utilization().map_or_else(
+        || "NVML utilization not sampled".to_string(),
+        |(u, n)| format!("NVML mean utilization {u:.0}% over {n} samples"),
+    );
+    match (
+        run.gpu_busy(),
+        run.summary.as_ref()?.gpu_busy_note.as_deref(),
+    ) {
+        (Some(g), _) => Some(format!(
+            "GPU busy {:.1}% of wall time: kernels ran {:.3} s of {:.3} s ({}; {:.1} kernels \
+             per step, {:.1} µs each); {nvml}",
+            g.percent, g.kernel_s, g.wall_s, g.source, g.kernels_per_step, g.mean_kernel_us
+        )),
+        (None, Some(why)) => Some(format!("GPU busy: {why}; {nvml}")),
+        (None, None) => None,
+    }
 }
 
 /// The whole report page for `run`.

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
-use crate::records::{Breakdown, ProfileFile};
+use crate::records::{Breakdown, GpuBusy, ProfileFile};
 use crate::records::{EpochRecord, Record, StepRecord, Summary, SystemRecord};
 
 /// The files of a run directory (docs/run-dir.md), each `None`/empty when absent.
@@ -160,6 +160,33 @@ impl RunData {
     /// Whether the run computed on the CPU.
     pub fn is_cpu(&self) -> bool {
         self.device().starts_with("cpu")
+    }
+
+    /// On a GPU run, the kernel trace's busy figure: the breakdown's, else the summary's.
+    pub fn gpu_busy(&self) -> Option<&GpuBusy> {
+        if self.is_cpu() {
+            return None;
+        }
+        self.breakdown
+            .as_ref()
+            .and_then(|b| b.gpu.as_ref())
+            .or_else(|| self.summary.as_ref()?.gpu_busy.as_ref())
+            .filter(|g| g.percent.is_finite() && g.wall_s > 0.0)
+    }
+
+    /// On a GPU run, the mean of NVML's utilization samples and their number.
+    pub fn nvml_utilization(&self) -> Option<(f64, usize)> {
+        if self.is_cpu() {
+            return None;
+        }
+        let util: Vec<f64> = self
+            .system
+            .iter()
+            .flat_map(|r| r.gpus.iter())
+            .filter_map(|g| g.utilization_gpu_percent)
+            .filter(|u| u.is_finite())
+            .collect();
+        (!util.is_empty()).then(|| (util.iter().sum::<f64>() / util.len() as f64, util.len()))
     }
 
     /// Optimizer steps: from `breakdown.json`, else `summary.json`, else the last step record.

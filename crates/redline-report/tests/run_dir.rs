@@ -186,9 +186,24 @@ fn a_gpu_run_says_how_its_device_was_chosen_and_whether_it_replayed_a_graph() {
         "no device choice"
     );
     assert!(html.contains("cuda graph: on (the step captured at step 3"));
+    // The GPU's kernel time beside NVML's utilization, as a note and a card.
+    assert!(
+        html.contains("GPU busy 41.5% of wall time: kernels ran")
+            && html.contains("40.0 kernels per step, 3.1 µs each); NVML mean utilization"),
+        "no GPU busy note"
+    );
+    assert!(
+        html.contains(r#"<div class="v">41.5%</div><div class="k">GPU busy (kernel time)</div>"#)
+    );
+    // Without its breakdown the figure is missing, and the card says so.
+    std::fs::remove_file(tmp.path().join("breakdown.json")).unwrap();
+    let html = render_html(&RunData::load(tmp.path()).unwrap()).unwrap();
+    assert!(html.contains(r#"<div class="v">—</div><div class="k">GPU busy (kernel time)</div>"#));
+    assert!(!html.contains("GPU busy 41.5%"));
     // On the CPU the graph's absence is no news, and there was no choice.
     let cpu = tempfile::tempdir().unwrap();
     write_run(cpu.path(), &Fixture::default());
     let html = render_html(&RunData::load(cpu.path()).unwrap()).unwrap();
     assert!(!html.contains("cuda graph:") && !html.contains("device auto:"));
+    assert!(!html.contains("GPU busy"));
 }

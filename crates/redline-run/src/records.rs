@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize, Serializer};
 pub use redline_profile::nullable;
 /// `breakdown.json` and `profile.json`, as the profiler writes them and the report reads them.
 pub use redline_profile::{
-    ActionRow, Breakdown, Category, CategoryShare, ProfileFile, SpanRow, Timeline, TimelineRow,
+    ActionRow, Breakdown, Category, CategoryShare, GpuBusy, KernelRow, ProfileFile, SpanRow,
+    Timeline, TimelineRow,
 };
 
 /// How the run ended (`summary.json` `status`).
@@ -131,6 +132,17 @@ pub struct Summary {
     /// Whether the step ran as a replayed CUDA graph, or why not (`--cuda-graph`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cuda_graph: Option<String>,
+    /// On a GPU: the time kernels ran over the fit's wall time (CUPTI's
+    /// kernel records), with the kernels per step and the longest kernels.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_busy: Option<GpuBusy>,
+    /// On a GPU without [`Summary::gpu_busy`]: why it was not measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_busy_note: Option<String>,
+    /// On a GPU: seconds the device's opening spent loading (on a machine's
+    /// first run, compiling) candle's kernels, before training.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_kernels_load_s: Option<f64>,
     /// Compute threads the run used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub threads: Option<u64>,

@@ -243,6 +243,18 @@ pub fn summarize(mut m: Map<String, Value>, ending: Ending<'_>, samples: usize) 
         ] {
             m.insert(k.into(), v);
         }
+        match &f.gpu_busy {
+            Some(Ok(g)) => {
+                m.insert("gpu_busy".into(), json!(g));
+            }
+            Some(Err(why)) => {
+                m.insert(
+                    "gpu_busy_note".into(),
+                    json!(format!("not measured: {why}")),
+                );
+            }
+            None => {}
+        }
     }
     serde_json::from_value(Value::Object(m)).map_err(|source| Error::Json {
         what: "writing summary.json",

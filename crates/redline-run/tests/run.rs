@@ -180,3 +180,59 @@ fn a_folder_holding_a_run_is_refused_and_left_alone() -> R {
     assert_eq!(std::fs::read_to_string(dir.join("metrics.jsonl"))?, before);
     Ok(())
 }
+
+#[test]
+fn summary_json_carries_gpu_busy_or_why_it_is_missing() -> R {
+    let tmp = tempfile::tempdir()?;
+    let run = Run::create_in(None, tmp.path(), "mlp")?;
+    let mut t = trainer(&run)?;
+    let mut fit = t.fit(&loader()?, None)?;
+    drop(run);
+    assert!(fit.gpu_busy.is_none(), "the CPU has no GPU figure");
+    let cpu = redline_run::summarize(
+        Default::default(),
+        Ending::Finished {
+            fit: &fit,
+            test: None,
+        },
+        0,
+    )?;
+    assert!(cpu.gpu_busy.is_none() && cpu.gpu_busy_note.is_none());
+
+    let mut tally = redline_profile::KernelTally::new(0);
+    let k = tally.name_id("affine_f32");
+    tally.add(&mut [redline_profile::KernelSpan {
+        start_ns: 0,
+        end_ns: 250,
+        name: k,
+    }]);
+    let busy = tally.finish(1000, fit.steps, "cupti");
+    fit.gpu_busy = Some(Ok(busy.clone()));
+    let s = redline_run::summarize(
+        Default::default(),
+        Ending::Finished {
+            fit: &fit,
+            test: None,
+        },
+        0,
+    )?;
+    let back: Summary = serde_json::from_str(&serde_json::to_string(&s)?)?;
+    assert_eq!(back.gpu_busy.as_ref(), Some(&busy));
+    assert!((back.gpu_busy.map_or(0.0, |g| g.percent) - 25.0).abs() < 1e-9);
+
+    fit.gpu_busy = Some(Err("libcupti was not found".into()));
+    let s = redline_run::summarize(
+        Default::default(),
+        Ending::Finished {
+            fit: &fit,
+            test: None,
+        },
+        0,
+    )?;
+    assert_eq!(
+        s.gpu_busy_note.as_deref(),
+        Some("not measured: libcupti was not found")
+    );
+    assert!(s.gpu_busy.is_none());
+    Ok(())
+}

@@ -100,6 +100,9 @@ pub struct FitSummary {
     pub epochs_log: Vec<EpochLog>,
     /// Whether the step ran as a replayed CUDA graph, and why not.
     pub cuda_graph: crate::graph::GraphStatus,
+    /// On a GPU: how long kernels ran over the fit's wall time, or why that
+    /// was not measured; `None` on the CPU.
+    pub gpu_busy: crate::kernel_trace::GpuBusyResult,
 }
 
 /// An event of the training loop.

@@ -32,6 +32,7 @@ pub fn step_ms(
             validate: false,
             divergence_threshold: None,
             cuda_graph: GraphMode::Off,
+            kernel_trace: false,
             ..TrainConfig::default()
         };
         let mut trainer = Trainer::builder()

@@ -16,6 +16,7 @@ use crate::clip::{self, GradClip};
 use crate::error::{Error, Result};
 use crate::events::{Callback, EpochLog, EvalResult, Event, FitSummary, StepLog};
 use crate::graph::{GraphMode, GraphStatus};
+use crate::kernel_trace::KernelTrace;
 use crate::optim::{Optimizer, OptimizerConfig};
 use crate::running::{batch_loss_sum, Running};
 use crate::step::{StepOutput, TrainStep};
@@ -59,6 +60,10 @@ pub struct TrainConfig {
     /// (`--cuda-graph`; docs/cuda-graphs.md).
     #[serde(default)]
     pub cuda_graph: GraphMode,
+    /// On a GPU, record when every kernel ran (CUPTI) to report GPU busy %
+    /// (`--kernel-trace`); no effect on the CPU.
+    #[serde(default = "yes")]
+    pub kernel_trace: bool,
 }
 
 impl Default for TrainConfig {
@@ -74,12 +79,17 @@ impl Default for TrainConfig {
             validate: true,
             empty_cache: false,
             cuda_graph: GraphMode::default(),
+            kernel_trace: true,
         }
     }
 }
 
 fn one() -> usize {
     1
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A loss a thousand times its start has left any sane training curve; a
@@ -237,6 +247,7 @@ impl TrainerBuilder {
             model_name: self.model_name,
             profile_mode: self.profiler,
             profiler: None,
+            gpu_busy: None,
             reads: HostReads::new(),
             stop: self.stop,
             threads: self.threads,
@@ -256,6 +267,8 @@ pub struct Trainer {
     /// The last fit's profiler, kept running (paused) so that work after the fit,
     /// such as saving weights, is profiled too; see [`Trainer::finish_profile`].
     profiler: Option<Profiler>,
+    /// The last fit's GPU busy figure, for its breakdown.
+    gpu_busy: Option<redline_profile::GpuBusy>,
     /// This trainer's reads of tensors to the host (`host_syncs_per_step`).
     reads: HostReads,
     /// Set from outside to stop the fit after the current step.
@@ -308,6 +321,7 @@ impl Trainer {
     /// Trains on `train`, validating on `val` after each epoch when given.
     pub fn fit(&mut self, train: &Loader, val: Option<&Loader>) -> Result<FitSummary> {
         let _threads = self.threads.map(redline_core::threads::scoped);
+        self.gpu_busy = None;
         let mut prof = Profiler::new(self.profile_mode, &self.device.to_string());
         // Events at every switch cost a few microseconds each: only when a
         // profile was asked for (the breakdown itself is host-timed).
@@ -340,7 +354,9 @@ impl Trainer {
 
     /// Stops the last fit's profiler and returns its tables and breakdown.
     pub fn finish_profile(&mut self) -> Option<Profile> {
-        self.profiler.take().map(Profiler::finish)
+        let mut p = self.profiler.take().map(Profiler::finish)?;
+        p.breakdown.gpu = self.gpu_busy.take();
+        Some(p)
     }
 
     /// Saves the model's weights (safetensors, PyTorch names), profiled as checkpointing.
@@ -430,6 +446,8 @@ impl Trainer {
         let mut epoch_sums = Running::with(&candle_dev, in_place)?;
         let mut logs = Vec::new();
         let (mut train_s, mut eval_s_total, mut samples) = (0.0, 0.0, 0usize);
+        // Dropped unfinished on an error, which stops it.
+        let trace = KernelTrace::start(&self.device, self.cfg.kernel_trace);
         for epoch in 1..=epochs {
             if st.step >= total_steps {
                 break;
@@ -510,6 +528,13 @@ impl Trainer {
             graph_status = GraphStatus::Off("no step ran".into());
         }
         let step = st.step;
+        prof.switch(Action::HostSync);
+        let gpu_busy = trace.finish(&self.device, step);
+        match &gpu_busy {
+            Some(Ok(g)) => self.gpu_busy = Some(g.clone()),
+            Some(Err(why)) => tracing::info!("GPU busy not measured: {why}"),
+            None => {}
+        }
         let summary = FitSummary {
             epochs: logs.len(),
             steps: step,
@@ -526,6 +551,7 @@ impl Trainer {
             host_syncs_per_step: (self.reads.count() - reads_before) as f64 / step.max(1) as f64,
             epochs_log: logs,
             cuda_graph: graph_status,
+            gpu_busy,
         };
         prof.switch(Action::Logging);
         self.emit(&Event::FitEnd(&summary));

@@ -455,6 +455,52 @@ mod cuda {
         check_cnn_adam(&on(true));
     }
 
+    /// GPU busy from CUPTI's kernel records: present, within (0, 100], and
+    /// counting the dozens of kernels an eager MLP step launches.
+    #[test]
+    fn cuda_fit_reports_gpu_busy_from_the_kernel_trace() {
+        let dev = on(true);
+        let mut trainer = Trainer::builder()
+            .config(steps_config(30))
+            .optimizer(OptimizerConfig::by_name("adam", 1e-3).unwrap())
+            .build(
+                Classifier::new(model("mlp", "mlp_init.safetensors", &dev)),
+                dev.clone(),
+            )
+            .unwrap();
+        let fit = trainer
+            .fit(&train_loader(64, &dev, Placement::Resident), None)
+            .unwrap();
+        let busy = match &fit.gpu_busy {
+            Some(Ok(b)) => b.clone(),
+            other => panic!("no GPU busy figure: {other:?}"),
+        };
+        eprintln!("{}", busy.line());
+        for r in &busy.top {
+            eprintln!("  {:>6} {:>10.3} ms  {}", r.calls, r.total_ms, r.name);
+        }
+        assert_eq!(busy.steps, 30);
+        assert!(
+            busy.percent > 0.0 && busy.percent <= 100.0,
+            "{}",
+            busy.percent
+        );
+        assert!(busy.kernels_per_step >= 10.0, "{}", busy.kernels_per_step);
+        assert!(busy.mean_kernel_us > 0.0);
+        assert!(!busy.top.is_empty());
+        let profile = trainer.finish_profile().unwrap();
+        assert_eq!(profile.breakdown.gpu.as_ref(), Some(&busy));
+        // A second fit in the same process traces again.
+        let again = trainer
+            .fit(&train_loader(64, &dev, Placement::Resident), None)
+            .unwrap();
+        assert!(
+            matches!(again.gpu_busy, Some(Ok(_))),
+            "{:?}",
+            again.gpu_busy
+        );
+    }
+
     /// The MLP's 20 Adam steps with the step captured as a CUDA graph (2
     /// eager warm-up steps, the capture, 17 replays): PyTorch's losses and
     /// weights, as eagerly.

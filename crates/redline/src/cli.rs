@@ -196,6 +196,11 @@ pub struct TrainArgs {
     /// cannot be captured) or off.
     #[arg(long, default_value = "auto", value_name = "MODE")]
     pub cuda_graph: String,
+    /// On a GPU, record when every kernel ran (CUPTI, loaded at run time;
+    /// `REDLINE_CUPTI` names its path) and report GPU busy % = kernel time /
+    /// wall time: on or off.
+    #[arg(long, default_value = "on", value_name = "ON|OFF", value_parser = ["on", "off"])]
+    pub kernel_trace: String,
     /// Normalisation mean, after scaling pixels to [0, 1].
     #[arg(long, allow_negative_numbers = true, default_value_t = 0.5)]
     pub mean: f32,

@@ -159,6 +159,12 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if let Some(line) = &device_choice {
         println!("{line}");
     }
+    if let Some(s) = device.kernels_load_s().filter(|&s| s >= 1.0) {
+        println!(
+            "GPU kernels: compiled for this GPU in {s:.1} s before training (a first run on \
+             this machine; the driver caches them)"
+        );
+    }
     let policy: DataOnDevice = args.data_on_device.parse()?;
     // Read on the host, then placed: uploaded once, or streamed per batch.
     let mut device_free = redline_core::memory::stats(&device)?.map(|m| m.device_free);
@@ -274,6 +280,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         validate: !args.no_validate,
         empty_cache: args.empty_cache,
         cuda_graph: args.cuda_graph.parse()?,
+        kernel_trace: args.kernel_trace == "on",
     };
     loop_cfg.check()?;
     if args.accumulate > 1 {
@@ -335,6 +342,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         ),
         ("profiler", json!(mode.to_string())),
         ("device_choice", json!(device_choice)),
+        ("gpu_kernels_load_s", json!(device.kernels_load_s())),
     ] {
         run.set(k, v)?;
     }
@@ -394,6 +402,11 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         summary::print(fit, test.as_ref(), batch_size)?;
         if !trainer.device().is_cpu() {
             println!("cuda graph: {}", fit.cuda_graph);
+        }
+        match &fit.gpu_busy {
+            Some(Ok(g)) => println!("{}", g.line()),
+            Some(Err(why)) => println!("GPU busy: not measured: {why}"),
+            None => {}
         }
         if let Some(path) = &args.save {
             println!("saved weights to {}", path.display());

@@ -299,3 +299,86 @@ fn warnings_come_first() {
 fn empty_run_gets_no_advice() {
     assert!(advice(&RunData::default()).is_empty());
 }
+
+/// A GPU run whose breakdown has `percents` and whose kernel trace says the
+/// GPU ran kernels `busy` percent of the wall time.
+fn traced(percents: [f64; 6], busy: f64, nvml: &[f64]) -> RunData {
+    let mut run = gpu_run(nvml);
+    let mut b = run_with(percents).breakdown.unwrap();
+    b.device = "cuda:0".into();
+    b.gpu = Some(crate::records::GpuBusy {
+        source: "cupti".into(),
+        percent: busy,
+        kernel_s: busy / 10.0,
+        wall_s: 10.0,
+        kernels: 40_000,
+        steps: 1000,
+        kernels_per_step: 40.0,
+        mean_kernel_us: 2.5,
+        ..Default::default()
+    });
+    run.breakdown = Some(b);
+    run
+}
+
+#[test]
+fn kernel_time_names_a_launch_bound_gpu_with_its_kernels() {
+    // The H100 run: compute 96% of wall, kernels 32%, NVML 32%.
+    let run = traced([96.0, 0.0, 0.0, 1.0, 2.0, 1.0], 32.0, &[31.0, 33.0]);
+    let all = advice(&run);
+    let a = find(&run, "launch-bound").unwrap();
+    assert_eq!(a.level, Level::Warn);
+    for part in [
+        "the GPU ran kernels only 32% of wall time",
+        "kernel time 3.20 s of 10.00 s wall, from cupti",
+        "NVML mean utilization 32% over 2 samples",
+        "40 kernels per step, 2.5 µs each on average",
+        "for at least 64% of wall time the host was issuing compute",
+        "--cuda-graph on",
+    ] {
+        assert!(a.text.contains(part), "{part:?} not in {}", a.text);
+    }
+    // One finding: no NVML-based launch warning or batch-size warning beside it,
+    // and nothing calls this GPU busy.
+    assert_eq!(
+        all.iter().filter(|a| a.text.contains("GPU")).count(),
+        1,
+        "{all:?}"
+    );
+    assert!(all
+        .iter()
+        .all(|a| a.level != Level::Good || !a.text.contains("busy")));
+}
+
+#[test]
+fn kernel_time_names_data_and_sync_bound_gpus() {
+    let data = traced([30.0, 55.0, 0.0, 5.0, 5.0, 5.0], 25.0, &[]);
+    let a = find(&data, "data-bound").unwrap();
+    assert!(a.text.contains("waited for data 55%"), "{}", a.text);
+    let sync = traced([30.0, 5.0, 0.0, 55.0, 5.0, 5.0], 25.0, &[]);
+    let a = find(&sync, "sync-bound").unwrap();
+    assert!(a.text.contains("read-backs 55%"), "{}", a.text);
+    assert_eq!(a.level, Level::Warn);
+}
+
+#[test]
+fn kernel_time_calls_the_gpu_busy_only_when_it_was() {
+    let run = traced([96.0, 0.0, 0.0, 1.0, 2.0, 1.0], 93.0, &[]);
+    let a = find(&run, "ran kernels 93%").unwrap();
+    assert_eq!(a.level, Level::Good);
+    // A graph that already replays is not told to capture one.
+    let mut graphed = traced([96.0, 0.0, 0.0, 1.0, 2.0, 1.0], 40.0, &[]);
+    summary(&mut graphed).cuda_graph =
+        Some("on (the step captured at step 3, replayed for 935 steps)".into());
+    let a = find(&graphed, "launch-bound").unwrap();
+    assert!(!a.text.contains("--cuda-graph on"), "{}", a.text);
+    // The summary's figure serves when the breakdown has none.
+    let mut summary_only = traced([96.0, 0.0, 0.0, 1.0, 2.0, 1.0], 93.0, &[]);
+    let g = summary_only.breakdown.as_mut().unwrap().gpu.take();
+    summary(&mut summary_only).gpu_busy = g;
+    assert!(find(&summary_only, "ran kernels 93%").is_some());
+    // A CPU run's stray figure is ignored.
+    let mut cpu = traced([96.0, 0.0, 0.0, 1.0, 2.0, 1.0], 10.0, &[]);
+    summary(&mut cpu).device = "cpu".into();
+    assert!(find(&cpu, "kernels").is_none());
+}

@@ -207,7 +207,16 @@ fn breakdown(wall: f64, steps: u64, device: &str) -> serde_json::Value {
             "overhead_ms": 0.05 + 0.01 * jitter(x + 9.0)}));
         first = last + 1;
     }
-    json!({"wall_s": wall, "steps": steps, "device": device,
+    let mut b = json!({"wall_s": wall, "steps": steps, "device": device,
         "rule": "each step's time goes to the first category that was waiting; time outside steps is idle",
-        "categories": categories, "timeline": {"bin_steps": bin, "rows": rows}})
+        "categories": categories, "timeline": {"bin_steps": bin, "rows": rows}});
+    if device != "cpu" {
+        // A launch-bound GPU: kernels ran 41.5% of the wall time.
+        b["gpu"] = json!({"source": "cupti", "percent": 41.5, "kernel_s": 0.415 * wall,
+            "wall_s": wall, "kernels": 40 * steps, "steps": steps, "kernels_per_step": 40.0,
+            "mean_kernel_us": 3.1, "dropped": 0,
+            "top": [{"name": "gemm_f32", "calls": 2 * steps, "total_ms": 0.2 * wall * 1e3,
+                "mean_us": 9.0, "percent": 48.0}]});
+    }
+    b
 }

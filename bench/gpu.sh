@@ -26,7 +26,8 @@ set -x
 nvidia-smi
 uptime
 $rl devices
-"$bin/golden" cuda_ --test-threads 1
+"$bin/kernels" cuda_ --test-threads 1 --nocapture
+"$bin/golden" cuda_ --test-threads 1 --nocapture
 run() { # name, then redline train flags
     local name="$1"; shift
     $rl train --device cuda:0 --run-dir "$out/run-$name" --monitor-interval 0.1 --profiler simple "$@"
@@ -41,6 +42,11 @@ run mlp-b512-resident --data-on-device on --batch-size 512
 run mlp-graph --data-on-device on --cuda-graph on
 run mlp-b512-graph --data-on-device on --batch-size 512 --cuda-graph on
 run cnn-graph --model cnn --data-on-device on --cuda-graph on
+# Issue 13: the multi-tensor optimizer kernel, eagerly and in the graph.
+run mlp-fused --data-on-device on --fused-kernels on
+run mlp-graph-fused --data-on-device on --cuda-graph on --fused-kernels on
+run mlp-b512-graph-fused --data-on-device on --batch-size 512 --cuda-graph on --fused-kernels on
+run cnn-graph-fused --model cnn --data-on-device on --cuda-graph on --fused-kernels on
 run cnn-resident --model cnn --data-on-device on
 run cnn-streaming --model cnn --data-on-device off
 # Issue 12: which device `--device auto` picks for the default job, with its timings.

@@ -5,6 +5,7 @@
 # xz shrinks well), where bench/gpu.sh unpacks and runs them:
 #   redline   the CLI built with --features cuda
 #   golden    the golden tests against PyTorch (their cuda_* tests run on cuda:0)
+#   kernels   Redline's GPU kernels against the generic ops they replace
 # The CUDA libraries are not bundled: the GPU image's PyTorch ships the CUDA 13
 # ones (bench/gpu.sh finds them). Target folder: target/cuda (kept between runs).
 set -euo pipefail
@@ -13,18 +14,23 @@ cd "$repo"
 eval "$(scripts/cuda-toolchain.sh)"
 export CARGO_TARGET_DIR="$repo/target/cuda"
 cargo build --release -p redline --features cuda
-golden="$(cargo test --release -p redline-train --features cuda --test golden --no-run \
-    --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
+# The path of test binary $2 of package $1, built with the cuda feature.
+test_binary() {
+    cargo test --release -p "$1" --features cuda --test "$2" --no-run --message-format=json \
+        2>/dev/null | python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "golden" and m.get("executable"):
-        print(m["executable"])')"
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
+        print(m["executable"])' "$2"
+}
+golden="$(test_binary redline-train golden)"
+kernels="$(test_binary redline-kernels cuda_kernels)"
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
 cp "$CARGO_TARGET_DIR/release/redline" "$stage/redline"
 cp "$golden" "$stage/golden"
-strip "$stage/redline" "$stage/golden"
+cp "$kernels" "$stage/kernels"
+strip "$stage/redline" "$stage/golden" "$stage/kernels"
 mkdir -p .gpu
-tar -C "$stage" -cJf .gpu/bundle.tar.xz redline golden
+tar -C "$stage" -cJf .gpu/bundle.tar.xz redline golden kernels
 ls -l "$stage" .gpu >&2

@@ -7,6 +7,13 @@ pub enum Error {
     /// the op cannot run on); the message names the op and the operands.
     #[error("tensor operation failed: {0}")]
     Candle(#[from] candle_core::Error),
+    /// Tensors that a fused kernel cannot take (sizes, layouts, dtypes), said
+    /// with the numbers that do not fit.
+    #[error("{0}")]
+    Shape(String),
+    /// A GPU kernel of Redline's own could not be loaded or launched.
+    #[error("GPU kernel: {0}")]
+    Gpu(String),
 }
 
 /// Result alias for this crate.

@@ -10,11 +10,14 @@ pub mod conv;
 mod conv_backward;
 mod conv_block;
 mod conv_wide;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod error;
 pub mod gemm;
 pub mod grad;
 mod linear;
 mod loss;
+pub mod multi_tensor;
 pub mod optim;
 mod optim_generic;
 pub mod optim_math;

@@ -73,6 +73,13 @@ impl DeviceHyper {
         Ok(())
     }
 
+    /// The step count and learning rate as the device holds them (0-d f64),
+    /// for kernels that read them at every launch.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn values(&self) -> (&Tensor, &Tensor) {
+        (self.step.as_tensor(), self.lr.as_tensor())
+    }
+
     /// The step count, read back (a device sync; for tests and checkpoints).
     pub fn steps(&self) -> Result<u64> {
         Ok(self.step.as_tensor().to_scalar::<f64>()? as u64)

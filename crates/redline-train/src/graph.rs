@@ -18,6 +18,21 @@ use crate::trainer::TrainConfig;
 /// captures now.
 pub const AUTO_CAPTURES: bool = false;
 
+/// Whether `--fused-kernels auto` uses Redline's fused GPU kernels
+/// (`redline_kernels::cuda`). Off until their tests against the generic ops
+/// and the golden tests have passed on a GPU: they were written and compiled
+/// on a machine without one. `--fused-kernels on` uses them now.
+pub const AUTO_FUSES: bool = false;
+
+/// Whether `mode` (of `--fused-kernels`) turns the fused GPU kernels on.
+pub fn fused_kernels_on(mode: GraphMode) -> bool {
+    match mode {
+        GraphMode::On => true,
+        GraphMode::Off => false,
+        GraphMode::Auto => AUTO_FUSES,
+    }
+}
+
 /// Eager steps before the capture: the first runs every lazy allocation (the
 /// optimizer's state, the metric sums) and fills the host-to-device cache, the
 /// second proves the step repeats without either.
@@ -185,6 +200,13 @@ pub fn decide(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn fused_kernels_follow_their_switch() {
+        assert!(fused_kernels_on(GraphMode::On));
+        assert!(!fused_kernels_on(GraphMode::Off));
+        assert_eq!(fused_kernels_on(GraphMode::Auto), AUTO_FUSES);
+    }
+
     use super::*;
     use crate::step::Classifier;
     use candle_core::Tensor;

@@ -18,6 +18,8 @@ mod kernel_trace;
 pub mod loss;
 pub mod metrics;
 pub mod optim;
+#[cfg(feature = "cuda")]
+mod optim_gpu;
 pub mod probe;
 mod running;
 pub mod step;

@@ -111,6 +111,7 @@ impl OptimizerConfig {
                 .collect(),
             step: 0,
             hyper: None,
+            fused_gpu: false,
         })
     }
 
@@ -162,10 +163,10 @@ impl OptimizerConfig {
 
 /// One parameter and its state: host vectors for the fused CPU kernel, or
 /// tensors (Adam: m, v; SGD: momentum buffer) for the generic path.
-struct Slot {
-    param: Param,
+pub(crate) struct Slot {
+    pub(crate) param: Param,
     fused: SlotState,
-    generic: TensorState,
+    pub(crate) generic: TensorState,
 }
 
 /// A built optimizer.
@@ -176,6 +177,9 @@ pub struct Optimizer {
     /// The generic path's step count and learning rate on the device, made
     /// at the first step that takes that path.
     hyper: Option<DeviceHyper>,
+    /// Update f32 CUDA parameters with the multi-tensor kernel.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    fused_gpu: bool,
 }
 
 /// One step's constants for the generic path, per parameter dtype.
@@ -257,8 +261,9 @@ impl Optimizer {
             h.set_lr(lr)?;
             h.advance()?;
         }
-        let mut consts: Vec<(DType, Generic)> = Vec::new();
-        for slot in &mut self.state {
+        // Parameters the fused CPU kernel declined: (slot, parameter, gradient).
+        let mut pending: Vec<(usize, Tensor, Tensor)> = Vec::new();
+        for (i, slot) in self.state.iter_mut().enumerate() {
             let p = slot.param.as_tensor().clone();
             let fused = &mut slot.fused;
             // `None`: the kernel updated `p` in place; else the gradient for
@@ -277,29 +282,53 @@ impl Optimizer {
                 })
             });
             if let Some(g) = declined.transpose()?.flatten() {
-                let (p, g, st) = (p.detach(), g.detach(), &mut slot.generic);
-                let hyper = match &mut self.hyper {
-                    Some(h) => h,
-                    // Made now, at this step's count (already advanced).
-                    h => h.insert(DeviceHyper::new(p.device(), lr, self.step)?),
-                };
-                let dtype = p.dtype();
-                if !consts.iter().any(|(d, _)| *d == dtype) {
-                    let c = match hp {
-                        StepParams::Adam(hp) => Generic::Adam(hyper.adam(hp, dtype)?),
-                        StepParams::Sgd(hp) => Generic::Sgd(hyper.sgd(hp, dtype)?),
-                    };
-                    consts.push((dtype, c));
-                }
-                let new_p = match consts.iter().find(|(d, _)| *d == dtype) {
-                    Some((_, Generic::Adam(c))) => adam_tensors(&p, &g, st, c)?,
-                    Some((_, Generic::Sgd(c))) => sgd_tensors(&p, &g, st, c)?,
-                    None => continue,
-                };
-                slot.param.var().set(&new_p)?;
+                pending.push((i, p.detach(), g.detach()));
             }
         }
+        let Some((_, first, _)) = pending.first() else {
+            return Ok(());
+        };
+        let hyper = match &mut self.hyper {
+            Some(h) => h,
+            // Made now, at this step's count (already advanced).
+            h => h.insert(DeviceHyper::new(first.device(), lr, self.step)?),
+        };
+        #[cfg(feature = "cuda")]
+        if self.fused_gpu
+            && crate::optim_gpu::step(&mut self.state, &pending, hyper, hp, self.step)?
+        {
+            return Ok(());
+        }
+        let mut consts: Vec<(DType, Generic)> = Vec::new();
+        for (i, p, g) in pending {
+            let dtype = p.dtype();
+            if !consts.iter().any(|(d, _)| *d == dtype) {
+                let c = match hp {
+                    StepParams::Adam(hp) => Generic::Adam(hyper.adam(hp, dtype)?),
+                    StepParams::Sgd(hp) => Generic::Sgd(hyper.sgd(hp, dtype)?),
+                };
+                consts.push((dtype, c));
+            }
+            let Some(slot) = self.state.get_mut(i) else {
+                continue;
+            };
+            let st = &mut slot.generic;
+            let new_p = match consts.iter().find(|(d, _)| *d == dtype) {
+                Some((_, Generic::Adam(c))) => adam_tensors(&p, &g, st, c)?,
+                Some((_, Generic::Sgd(c))) => sgd_tensors(&p, &g, st, c)?,
+                None => continue,
+            };
+            slot.param.var().set(&new_p)?;
+        }
         Ok(())
+    }
+
+    /// On a CUDA device, update the parameters with Redline's multi-tensor
+    /// kernel (one launch for up to 32 parameters) instead of candle's
+    /// one-kernel-per-operation generic path. Same arithmetic and rounding;
+    /// no effect on the CPU or in a build without CUDA.
+    pub fn use_fused_gpu_kernel(&mut self, on: bool) {
+        self.fused_gpu = on;
     }
 
     /// Drops every parameter's accumulated gradient (PyTorch's `zero_grad`).
@@ -351,7 +380,7 @@ impl Optimizer {
 
 /// A step's hyperparameters.
 #[derive(Clone, Copy)]
-enum StepParams {
+pub(crate) enum StepParams {
     Adam(AdamStep),
     Sgd(SgdStep),
 }
@@ -560,6 +589,44 @@ mod tests {
         let mut opt = OptimizerConfig::by_name("sgd", 0.1)?.build(Vec::new())?;
         assert!(opt.set_lr(f64::NAN).is_err() && opt.set_lr(-1.0).is_err());
         assert_eq!(opt.lr(), 0.1);
+        Ok(())
+    }
+
+    /// The fused GPU kernel's switch changes nothing off a CUDA device: the
+    /// generic path (f64 here) and the fused CPU loop (f32) give the same
+    /// weights with it on or off, for every optimizer.
+    #[test]
+    fn the_gpu_kernel_switch_leaves_the_cpu_alone() -> Result<()> {
+        let run = |name: &str, dtype: DType, gpu: bool| -> Result<Vec<f64>> {
+            let dev = Device::Cpu;
+            let w = Param::new(Var::from_tensor(
+                &Tensor::new(&[0.5f64, -1.5, 2.0, 0.25], &dev)?.to_dtype(dtype)?,
+            )?);
+            let b = Param::new(Var::from_tensor(
+                &Tensor::new(&[0.1f64, -0.2], &dev)?.to_dtype(dtype)?,
+            )?);
+            let mut opt =
+                OptimizerConfig::by_name(name, 0.05)?.build(vec![w.clone(), b.clone()])?;
+            opt.use_fused_gpu_kernel(gpu);
+            for _ in 0..5 {
+                let loss = (w.as_tensor().sqr()?.sum_all()? + b.as_tensor().sum_all()?)?;
+                backward(&loss, &[&w, &b])?;
+                opt.step()?;
+            }
+            let mut out = w.as_tensor().to_dtype(DType::F64)?.to_vec1::<f64>()?;
+            out.extend(b.as_tensor().to_dtype(DType::F64)?.to_vec1::<f64>()?);
+            Ok(out)
+        };
+        for name in ["adam", "adamw", "sgd"] {
+            for dtype in [DType::F32, DType::F64] {
+                let (off, on) = (run(name, dtype, false)?, run(name, dtype, true)?);
+                assert_eq!(off, on, "{name} {dtype:?}");
+                assert!(off
+                    .iter()
+                    .zip([0.5, -1.5, 2.0, 0.25, 0.1, -0.2])
+                    .all(|(a, b)| a != &b));
+            }
+        }
         Ok(())
     }
 

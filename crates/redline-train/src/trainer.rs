@@ -64,6 +64,12 @@ pub struct TrainConfig {
     /// (`--kernel-trace`); no effect on the CPU.
     #[serde(default = "yes")]
     pub kernel_trace: bool,
+    /// On a CUDA device, run the steps Redline has fused GPU kernels for
+    /// with them (`--fused-kernels`; today the optimizer update, one launch
+    /// for up to 32 parameters). `auto` uses them once
+    /// [`crate::graph::AUTO_FUSES`] is set; the CPU always uses its own.
+    #[serde(default)]
+    pub fused_kernels: GraphMode,
 }
 
 impl Default for TrainConfig {
@@ -80,6 +86,7 @@ impl Default for TrainConfig {
             empty_cache: false,
             cuda_graph: GraphMode::default(),
             kernel_trace: true,
+            fused_kernels: GraphMode::default(),
         }
     }
 }
@@ -237,7 +244,10 @@ impl TrainerBuilder {
         if let Some(n) = self.threads {
             redline_core::threads::check(n).map_err(Error::Config)?;
         }
-        let optimizer = self.optimizer.build(module.params().to_vec())?;
+        let mut optimizer = self.optimizer.build(module.params().to_vec())?;
+        optimizer.use_fused_gpu_kernel(
+            !device.is_cpu() && crate::graph::fused_kernels_on(self.cfg.fused_kernels),
+        );
         Ok(Trainer {
             cfg: self.cfg,
             module: Box::new(module),

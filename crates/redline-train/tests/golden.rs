@@ -501,18 +501,12 @@ mod cuda {
         );
     }
 
-    /// The MLP's 20 Adam steps with the step captured as a CUDA graph (2
-    /// eager warm-up steps, the capture, 17 replays): PyTorch's losses and
-    /// weights, as eagerly.
-    #[test]
-    fn cuda_mlp_adam_matches_pytorch_as_a_cuda_graph() {
+    /// The MLP's 20 Adam steps on cuda:0 under `cfg`: PyTorch's losses and
+    /// final weights; returns how the step ran.
+    fn check_mlp_adam_config(cfg: TrainConfig) -> redline_train::GraphStatus {
         let dev = on(true);
         let losses = Arc::new(Mutex::new(Vec::new()));
         let norms = Arc::new(Mutex::new(Vec::new()));
-        let cfg = TrainConfig {
-            cuda_graph: redline_train::GraphMode::On,
-            ..steps_config(20)
-        };
         let mut trainer = Trainer::builder()
             .config(cfg)
             .optimizer(OptimizerConfig::by_name("adam", 1e-3).unwrap())
@@ -525,23 +519,52 @@ mod cuda {
         let fit = trainer
             .fit(&train_loader(64, &dev, Placement::Resident), None)
             .unwrap();
-        assert!(
-            matches!(
-                fit.cuda_graph,
-                redline_train::GraphStatus::Replayed {
-                    captured_at: 3,
-                    replays: 18
-                }
-            ),
-            "{}",
-            fit.cuda_graph
-        );
         check_losses(&losses.lock().unwrap(), &trace("mlp_trace.json"), 1e-5);
         let want = load("mlp_final.safetensors");
         for (name, var) in trainer.params().iter() {
             let got = var.as_tensor().to_device(&CDevice::Cpu).unwrap();
             let r = max_rel(&got, &want[name]);
-            assert!(r < 1e-4, "graph: {name}: rel {r:e}");
+            assert!(r < 1e-4, "{}: {name}: rel {r:e}", fit.cuda_graph);
+        }
+        fit.cuda_graph
+    }
+
+    /// The MLP's 20 Adam steps with the step captured as a CUDA graph (2
+    /// eager warm-up steps, the capture, 17 replays): PyTorch's losses and
+    /// weights, as eagerly.
+    #[test]
+    fn cuda_mlp_adam_matches_pytorch_as_a_cuda_graph() {
+        let status = check_mlp_adam_config(TrainConfig {
+            cuda_graph: redline_train::GraphMode::On,
+            ..steps_config(20)
+        });
+        assert!(
+            matches!(
+                status,
+                redline_train::GraphStatus::Replayed {
+                    captured_at: 3,
+                    replays: 18
+                }
+            ),
+            "{status}"
+        );
+    }
+
+    /// The same with the multi-tensor optimizer kernel (issue 13), eagerly
+    /// and captured in the graph.
+    #[test]
+    fn cuda_mlp_adam_matches_pytorch_with_the_fused_optimizer() {
+        for graph in [redline_train::GraphMode::Off, redline_train::GraphMode::On] {
+            let status = check_mlp_adam_config(TrainConfig {
+                cuda_graph: graph,
+                fused_kernels: redline_train::GraphMode::On,
+                ..steps_config(20)
+            });
+            assert_eq!(
+                matches!(status, redline_train::GraphStatus::Replayed { .. }),
+                graph == redline_train::GraphMode::On,
+                "{status}"
+            );
         }
     }
 }

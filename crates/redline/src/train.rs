@@ -281,6 +281,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         empty_cache: args.empty_cache,
         cuda_graph: args.cuda_graph.parse()?,
         kernel_trace: args.kernel_trace == "on",
+        fused_kernels: args.fused_kernels.parse()?,
     };
     loop_cfg.check()?;
     if args.accumulate > 1 {

@@ -1,0 +1,119 @@
+// Redline's multi-tensor optimizer kernels: one launch updates up to
+// MAX_TENSORS parameters (Adam/AdamW, SGD), one thread block per CHUNK
+// elements. The host side and the block lookup are in
+// src/multi_tensor.rs (tested on the CPU) and src/cuda/optim.rs.
+//
+// The arithmetic is src/optim_math.rs's, PyTorch's single-tensor order, one
+// IEEE rounding per operation: the __f*_rn intrinsics keep nvcc from fusing
+// a multiply and an add into one FMA, so an update rounds as candle's
+// one-op-per-kernel generic path does. The step count and learning rate are
+// read from device memory (DeviceHyper), so a captured CUDA graph replays
+// with the current values.
+
+#define MAX_TENSORS 32
+
+// Must match `TensorList` in src/cuda/optim.rs (1416 bytes).
+struct TensorList {
+    float *p[MAX_TENSORS];
+    const float *g[MAX_TENSORS];
+    float *a[MAX_TENSORS];  // Adam: first moment; SGD: momentum buffer
+    float *b[MAX_TENSORS];  // Adam: second moment; SGD: unused
+    unsigned long long n[MAX_TENSORS];
+    unsigned int chunk_start[MAX_TENSORS + 1];
+    int count;
+};
+
+// Must match `AdamHyper` in src/cuda/optim.rs.
+struct AdamHyper {
+    const double *step;
+    const double *lr;
+    double ln_b1;
+    double ln_b2;
+    double neg_wd;  // -weight_decay, for AdamW's decay factor
+    float w1;       // 1 - beta1
+    float b2;
+    float w2;       // 1 - beta2
+    float eps;
+    float l2;       // Adam's L2 term (0 for AdamW)
+    int decoupled;  // 1: AdamW's p *= 1 - lr * wd
+};
+
+// Must match `SgdHyper` in src/cuda/optim.rs.
+struct SgdHyper {
+    const double *step;
+    const double *lr;
+    float wd;
+    float mom;
+    float damp;  // 1 - dampening
+    int nesterov;
+};
+
+__device__ __forceinline__ float flush(float x) {
+    return fabsf(x) < 1.17549435e-38f ? 0.0f : x;
+}
+
+// The block's tensor slot and element range (multi_tensor::block_range).
+__device__ __forceinline__ int block_slot(const TensorList &l, unsigned long long chunk,
+                                          unsigned long long *first, unsigned long long *end) {
+    unsigned int b = blockIdx.x;
+    int s = 0;
+    while (s + 1 < l.count && l.chunk_start[s + 1] <= b) s++;
+    *first = (unsigned long long)(b - l.chunk_start[s]) * chunk;
+    unsigned long long e = *first + chunk;
+    *end = e < l.n[s] ? e : l.n[s];
+    return s;
+}
+
+extern "C" __global__ void redline_multi_adam_f32(const TensorList l, const AdamHyper h,
+                                                  unsigned long long chunk) {
+    unsigned long long first, end;
+    int s = block_slot(l, chunk, &first, &end);
+    // DeviceHyper::adam's constants: f64 as candle's ops compute them, then f32.
+    double t = *h.step;
+    double lr = *h.lr;
+    float step_size = (float)(lr / fma(exp(t * h.ln_b1), -1.0, 1.0));
+    float bc2 = (float)sqrt(fma(exp(t * h.ln_b2), -1.0, 1.0));
+    float decay = (float)fma(lr, h.neg_wd, 1.0);
+    float *p = l.p[s];
+    const float *g = l.g[s];
+    float *m = l.a[s];
+    float *v = l.b[s];
+    for (unsigned long long i = first + threadIdx.x; i < end; i += blockDim.x) {
+        float pi = p[i];
+        float gi = g[i];
+        if (h.l2 != 0.0f) gi = __fadd_rn(gi, __fmul_rn(pi, h.l2));
+        if (h.decoupled) pi = __fmul_rn(pi, decay);
+        float mi = flush(__fadd_rn(m[i], __fmul_rn(__fsub_rn(gi, m[i]), h.w1)));
+        float vi = flush(__fadd_rn(__fmul_rn(v[i], h.b2), __fmul_rn(__fmul_rn(gi, h.w2), gi)));
+        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2), h.eps);
+        p[i] = __fsub_rn(pi, __fmul_rn(__fdiv_rn(mi, denom), step_size));
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+extern "C" __global__ void redline_multi_sgd_f32(const TensorList l, const SgdHyper h,
+                                                 unsigned long long chunk) {
+    unsigned long long first, end;
+    int s = block_slot(l, chunk, &first, &end);
+    float lr = (float)(*h.lr);
+    // PyTorch starts the momentum buffer as a copy of the first gradient.
+    bool first_step = *h.step <= 1.0;
+    float *p = l.p[s];
+    const float *g = l.g[s];
+    float *buf = l.a[s];
+    for (unsigned long long i = first + threadIdx.x; i < end; i += blockDim.x) {
+        float pi = p[i];
+        float gi = g[i];
+        if (h.wd != 0.0f) gi = __fadd_rn(gi, __fmul_rn(pi, h.wd));
+        if (h.mom == 0.0f) {
+            p[i] = __fsub_rn(pi, __fmul_rn(gi, lr));
+            continue;
+        }
+        float bi = flush(first_step ? gi
+                                    : __fadd_rn(__fmul_rn(buf[i], h.mom), __fmul_rn(gi, h.damp)));
+        float d = h.nesterov ? __fadd_rn(gi, __fmul_rn(bi, h.mom)) : bi;
+        p[i] = __fsub_rn(pi, __fmul_rn(d, lr));
+        buf[i] = bi;
+    }
+}

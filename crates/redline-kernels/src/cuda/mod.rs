@@ -1,0 +1,103 @@
+//! Redline's own GPU kernels (the `cuda` feature): `cuda/*.cu`, compiled by
+//! nvcc at build time into one fatbin (machine code for `CUDA_COMPUTE_CAP`
+//! and its PTX), embedded here and loaded once per device, so no run
+//! compiles them.
+
+mod optim;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, CudaStream, DevicePtr};
+use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
+use candle_core::cuda_backend::{CudaDevice, DeviceId};
+use candle_core::{DType, Storage, Tensor};
+
+pub use optim::{multi_adam, multi_sgd, AdamItem, SgdItem};
+
+use crate::error::{Error, Result};
+
+static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/redline_kernels.fatbin"));
+
+/// The loaded fatbin of each device that used it.
+static MODULES: Mutex<Option<HashMap<DeviceId, Arc<CudaModule>>>> = Mutex::new(None);
+
+/// Kernel `name` of the fatbin, loaded on `dev` at first use.
+pub(crate) fn function(dev: &CudaDevice, name: &str) -> Result<CudaFunction> {
+    let module = {
+        let mut guard = MODULES.lock().unwrap_or_else(PoisonError::into_inner);
+        let map = guard.get_or_insert_with(HashMap::new);
+        match map.get(&dev.id()) {
+            Some(m) => m.clone(),
+            None => {
+                let m = dev
+                    .cuda_stream()
+                    .context()
+                    .load_module(Ptx::from_binary(FATBIN.to_vec()))
+                    .map_err(|e| Error::Gpu(format!("loading Redline's kernels: {e}")))?;
+                map.insert(dev.id(), m.clone());
+                m
+            }
+        }
+    };
+    module
+        .load_function(name)
+        .map_err(|e| Error::Gpu(format!("kernel {name}: {e}")))
+}
+
+/// Device addresses of tensors, valid while the value lives: it holds the
+/// tensors' storage locks.
+pub(crate) struct Addresses<'t> {
+    /// candle's storage read guards (their lock type is candle's own).
+    guards: Vec<(Guard<'t>, &'t candle_core::Layout)>,
+}
+
+type Guard<'t> = Box<dyn std::ops::Deref<Target = Storage> + 't>;
+
+impl<'t> Addresses<'t> {
+    /// Locks the storage of `tensors`, each contiguous, of `dtype` (f32 or
+    /// f64), on a CUDA device.
+    pub(crate) fn lock(tensors: &[&'t Tensor], dtype: DType, what: &str) -> Result<Self> {
+        let mut guards = Vec::with_capacity(tensors.len());
+        for (i, t) in tensors.iter().enumerate() {
+            if t.dtype() != dtype {
+                return Err(Error::Shape(format!(
+                    "{what}: tensor {i} is {:?}; the fused kernel takes {dtype:?}",
+                    t.dtype()
+                )));
+            }
+            let (storage, layout) = t.storage_and_layout();
+            if !layout.is_contiguous() {
+                return Err(Error::Shape(format!(
+                    "{what}: tensor {i} ({:?}) is not contiguous",
+                    t.dims()
+                )));
+            }
+            guards.push((Box::new(storage) as Guard<'t>, layout));
+        }
+        Ok(Self { guards })
+    }
+
+    /// The address of each tensor's first element, read in stream order on
+    /// `stream`.
+    pub(crate) fn pointers(&self, stream: &Arc<CudaStream>) -> Result<Vec<u64>> {
+        self.guards
+            .iter()
+            .map(|(storage, layout)| {
+                let Storage::Cuda(cs) = &***storage else {
+                    return Err(Error::Shape(
+                        "a fused GPU kernel got a tensor off the GPU".into(),
+                    ));
+                };
+                // The records cudarc keeps for other streams are not needed:
+                // the kernels run on the stream candle's ops use.
+                let (ptr, size) = match cs.dtype() {
+                    DType::F64 => (cs.as_cuda_slice::<f64>()?.device_ptr(stream).0, 8),
+                    _ => (cs.as_cuda_slice::<f32>()?.device_ptr(stream).0, 4),
+                };
+                Ok(ptr + (layout.start_offset() * size) as u64)
+            })
+            .collect()
+    }
+}

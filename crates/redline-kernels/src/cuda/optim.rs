@@ -1,0 +1,272 @@
+//! The multi-tensor optimizer kernels' host side: every parameter's update
+//! in one launch per [`MAX_TENSORS`] parameters (`cuda/optim.cu`), with the
+//! step count and learning rate read from [`DeviceHyper`]'s device memory.
+//! The arithmetic and rounding are [`crate::optim_math`]'s, as the generic
+//! path's one-op-per-kernel update.
+
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::{DType, Tensor};
+
+use super::{function, Addresses};
+use crate::error::{Error, Result};
+use crate::multi_tensor::{pack, Launch, BLOCK_THREADS, CHUNK, MAX_TENSORS};
+use crate::optim::{AdamStep, DeviceHyper, SgdStep};
+
+/// `struct TensorList` of `cuda/optim.cu`, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct TensorList {
+    p: [u64; MAX_TENSORS],
+    g: [u64; MAX_TENSORS],
+    a: [u64; MAX_TENSORS],
+    b: [u64; MAX_TENSORS],
+    n: [u64; MAX_TENSORS],
+    chunk_start: [u32; MAX_TENSORS + 1],
+    count: i32,
+}
+const _: () = assert!(std::mem::size_of::<TensorList>() == 1416);
+
+/// `struct AdamHyper` of `cuda/optim.cu`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct AdamHyper {
+    step: u64,
+    lr: u64,
+    ln_b1: f64,
+    ln_b2: f64,
+    neg_wd: f64,
+    w1: f32,
+    b2: f32,
+    w2: f32,
+    eps: f32,
+    l2: f32,
+    decoupled: i32,
+}
+const _: () = assert!(std::mem::size_of::<AdamHyper>() == 64);
+
+/// `struct SgdHyper` of `cuda/optim.cu`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SgdHyper {
+    step: u64,
+    lr: u64,
+    wd: f32,
+    mom: f32,
+    damp: f32,
+    nesterov: i32,
+}
+const _: () = assert!(std::mem::size_of::<SgdHyper>() == 32);
+
+// SAFETY: plain `repr(C)` data with the layout of the kernels' structs.
+unsafe impl DeviceRepr for TensorList {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for AdamHyper {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for SgdHyper {}
+
+/// One parameter's Adam update: the parameter, its gradient and moments,
+/// all contiguous f32 on one CUDA device; `m` and `v` zero before the first step.
+#[derive(Debug, Clone, Copy)]
+pub struct AdamItem<'a> {
+    /// Parameter, updated in place.
+    pub p: &'a Tensor,
+    /// Gradient.
+    pub g: &'a Tensor,
+    /// First moment, updated in place.
+    pub m: &'a Tensor,
+    /// Second moment, updated in place.
+    pub v: &'a Tensor,
+}
+
+/// One parameter's SGD update.
+#[derive(Debug, Clone, Copy)]
+pub struct SgdItem<'a> {
+    /// Parameter, updated in place.
+    pub p: &'a Tensor,
+    /// Gradient.
+    pub g: &'a Tensor,
+    /// Momentum buffer, updated in place; required with momentum, else unused.
+    pub buf: Option<&'a Tensor>,
+}
+
+/// Checks that each item's tensors have the parameter's element count.
+fn check_sizes(sizes: &[[usize; 4]], what: &str) -> Result<Vec<usize>> {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            if s.iter().all(|&n| n == s[0]) {
+                Ok(s[0])
+            } else {
+                Err(Error::Shape(format!(
+                    "{what}: parameter {i} has {} elements but its gradient/state has {:?}",
+                    s[0],
+                    &s[1..]
+                )))
+            }
+        })
+        .collect()
+}
+
+/// Fills one launch's argument struct from the items' addresses (`ptrs`
+/// holds `per_item` addresses per item: p, g, a, b).
+fn tensor_list(launch: &Launch, ptrs: &[u64], per_item: usize, sizes: &[usize]) -> TensorList {
+    let mut l = TensorList {
+        p: [0; MAX_TENSORS],
+        g: [0; MAX_TENSORS],
+        a: [0; MAX_TENSORS],
+        b: [0; MAX_TENSORS],
+        n: [0; MAX_TENSORS],
+        chunk_start: [0; MAX_TENSORS + 1],
+        count: launch.tensors.len() as i32,
+    };
+    for (slot, &i) in launch.tensors.iter().enumerate() {
+        let at = |k: usize| ptrs.get(i * per_item + k).copied().unwrap_or(0);
+        l.p[slot] = at(0);
+        l.g[slot] = at(1);
+        l.a[slot] = if per_item > 2 { at(2) } else { 0 };
+        l.b[slot] = if per_item > 3 { at(3) } else { 0 };
+        l.n[slot] = sizes[i] as u64;
+    }
+    l.chunk_start[..launch.chunk_start.len()].copy_from_slice(&launch.chunk_start);
+    l
+}
+
+/// Launches `kernel` once per packed group of items (`tensors` holds
+/// `per_item` tensors per item: p, g, then the state buffers).
+fn launch_all<H: DeviceRepr>(
+    dev: &candle_core::CudaDevice,
+    kernel: &str,
+    tensors: &[&Tensor],
+    per_item: usize,
+    sizes: &[usize],
+    hyper: H,
+) -> Result<()> {
+    let locked = Addresses::lock(tensors, DType::F32, kernel)?;
+    let stream = dev.cuda_stream();
+    let ptrs = locked.pointers(&stream)?;
+    let func = function(dev, kernel)?;
+    let chunk = CHUNK as u64;
+    for launch in pack(sizes, CHUNK, MAX_TENSORS)? {
+        let list = tensor_list(&launch, &ptrs, per_item, sizes);
+        let cfg = LaunchConfig {
+            grid_dim: (launch.blocks(), 1, 1),
+            block_dim: (BLOCK_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(&func);
+        b.arg(&list).arg(&hyper).arg(&chunk);
+        // SAFETY: the argument structs match the kernel's (size-checked
+        // above); every address is a live, contiguous f32 buffer of `n`
+        // elements, held locked by `locked` until after the launch.
+        unsafe { b.launch(cfg) }.map_err(|e| Error::Gpu(format!("{kernel}: {e}")))?;
+    }
+    drop(locked);
+    Ok(())
+}
+
+/// The addresses of the device-held step count and learning rate.
+fn hyper_addresses(hyper: &DeviceHyper, dev: &candle_core::CudaDevice) -> Result<(u64, u64)> {
+    let (step, lr) = hyper.values();
+    let locked = Addresses::lock(&[step, lr], DType::F64, "optimizer step count")?;
+    let p = locked.pointers(&dev.cuda_stream())?;
+    Ok((p[0], p[1]))
+}
+
+/// Adam/AdamW on every item in one launch per [`MAX_TENSORS`] items, at the
+/// step `hyper` holds (advanced before the call, as the generic path's).
+pub fn multi_adam(items: &[AdamItem<'_>], hyper: &DeviceHyper, hp: AdamStep) -> Result<()> {
+    let Some(first) = items.first() else {
+        return Ok(());
+    };
+    let candle_core::Device::Cuda(dev) = first.p.device() else {
+        return Err(Error::Shape("multi_adam runs on a CUDA device".into()));
+    };
+    let sizes = check_sizes(
+        &items
+            .iter()
+            .map(|i| {
+                [
+                    i.p.elem_count(),
+                    i.g.elem_count(),
+                    i.m.elem_count(),
+                    i.v.elem_count(),
+                ]
+            })
+            .collect::<Vec<_>>(),
+        "multi_adam",
+    )?;
+    let tensors: Vec<&Tensor> = items.iter().flat_map(|i| [i.p, i.g, i.m, i.v]).collect();
+    let (step, lr) = hyper_addresses(hyper, dev)?;
+    let (b1, b2) = hp.betas;
+    let decoupled = hp.decoupled && hp.weight_decay != 0.0;
+    let hyper = AdamHyper {
+        step,
+        lr,
+        ln_b1: b1.ln(),
+        ln_b2: b2.ln(),
+        neg_wd: -hp.weight_decay,
+        w1: (1.0 - b1) as f32,
+        b2: b2 as f32,
+        w2: (1.0 - b2) as f32,
+        eps: hp.eps as f32,
+        l2: if hp.decoupled {
+            0.0
+        } else {
+            hp.weight_decay as f32
+        },
+        decoupled: i32::from(decoupled),
+    };
+    launch_all(dev, "redline_multi_adam_f32", &tensors, 4, &sizes, hyper)
+}
+
+/// SGD (momentum, dampening, Nesterov, L2) on every item in one launch per
+/// [`MAX_TENSORS`] items.
+pub fn multi_sgd(items: &[SgdItem<'_>], hyper: &DeviceHyper, hp: SgdStep) -> Result<()> {
+    let Some(first) = items.first() else {
+        return Ok(());
+    };
+    let candle_core::Device::Cuda(dev) = first.p.device() else {
+        return Err(Error::Shape("multi_sgd runs on a CUDA device".into()));
+    };
+    let momentum = hp.momentum != 0.0;
+    if momentum && items.iter().any(|i| i.buf.is_none()) {
+        return Err(Error::Shape(
+            "multi_sgd: SGD with momentum needs every parameter's buffer".into(),
+        ));
+    }
+    let sizes = check_sizes(
+        &items
+            .iter()
+            .map(|i| {
+                let n = i.p.elem_count();
+                let buf = i.buf.filter(|_| momentum).map_or(n, Tensor::elem_count);
+                [n, i.g.elem_count(), buf, n]
+            })
+            .collect::<Vec<_>>(),
+        "multi_sgd",
+    )?;
+    let tensors: Vec<&Tensor> = items
+        .iter()
+        .flat_map(|i| [Some(i.p), Some(i.g), i.buf.filter(|_| momentum)])
+        .flatten()
+        .collect();
+    let (step, lr) = hyper_addresses(hyper, dev)?;
+    let hyper = SgdHyper {
+        step,
+        lr,
+        wd: hp.weight_decay as f32,
+        mom: hp.momentum as f32,
+        damp: (1.0 - hp.dampening) as f32,
+        nesterov: i32::from(hp.nesterov),
+    };
+    let per_item = if momentum { 3 } else { 2 };
+    launch_all(
+        dev,
+        "redline_multi_sgd_f32",
+        &tensors,
+        per_item,
+        &sizes,
+        hyper,
+    )
+}

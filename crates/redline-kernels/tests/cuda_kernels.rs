@@ -1,0 +1,258 @@
+//! Redline's GPU kernels against the generic candle ops they replace, on
+//! `cuda:0` (a build with `--features cuda` on a machine with a GPU; the
+//! bundle of `scripts/gpu-bundle.sh` runs them as `kernels cuda_`).
+//! Tolerance: the kernels round once per operation in the generic path's
+//! order, so the updates are expected bit for bit; the tests allow 1 ulp
+//! (relative 2.4e-7) and print how many elements differ at all.
+#![cfg(feature = "cuda")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use candle_core::{DType, Device, Tensor, Var};
+use redline_kernels::cuda::{multi_adam, multi_sgd, AdamItem, SgdItem};
+use redline_kernels::optim::{
+    adam_tensors, sgd_tensors, AdamStep, DeviceHyper, SgdStep, TensorState,
+};
+
+fn gpu() -> Device {
+    Device::new_cuda(0).expect("these tests need cuda:0")
+}
+
+/// Sizes of the MLP's parameters, a tensor of several chunks and a scalar,
+/// and (with `many`) enough tensors for two launches.
+fn sizes(many: bool) -> Vec<usize> {
+    let mut s = vec![100_352, 128, 1280, 10, 9_001, 1];
+    if many {
+        s.extend((0..40).map(|i| 17 + 301 * i));
+    }
+    s
+}
+
+fn values(n: usize, seed: f32, dev: &Device) -> Tensor {
+    Tensor::arange(0f32, n as f32, dev)
+        .unwrap()
+        .affine(0.013, f64::from(seed))
+        .unwrap()
+        .sin()
+        .unwrap()
+}
+
+/// Largest difference in ulps-ish (relative to the magnitude) and the count
+/// of elements that differ.
+fn compare(a: &Tensor, b: &Tensor) -> (f32, usize) {
+    let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let mut worst = 0f32;
+    let mut differ = 0;
+    for (x, y) in a.iter().zip(&b) {
+        if x.to_bits() != y.to_bits() {
+            differ += 1;
+            worst = worst.max((x - y).abs() / x.abs().max(y.abs()).max(1e-30));
+        }
+    }
+    (worst, differ)
+}
+
+fn adam_hp(step: u64, lr: f64, decoupled: bool) -> AdamStep {
+    AdamStep {
+        lr,
+        betas: (0.9, 0.999),
+        eps: 1e-8,
+        weight_decay: 0.05,
+        decoupled,
+        step,
+    }
+}
+
+#[test]
+fn cuda_multi_adam_matches_the_generic_path() {
+    let dev = gpu();
+    for (decoupled, many) in [(false, false), (true, true)] {
+        let sizes = sizes(many);
+        let p0: Vec<Tensor> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| values(n, i as f32, &dev))
+            .collect();
+        // The kernel's side: parameters and zeroed moments updated in place.
+        let fused_p: Vec<Var> = p0
+            .iter()
+            .map(|t| Var::from_tensor(&t.copy().unwrap()).unwrap())
+            .collect();
+        let m: Vec<Var> = p0
+            .iter()
+            .map(|t| Var::from_tensor(&t.zeros_like().unwrap()).unwrap())
+            .collect();
+        let v: Vec<Var> = p0
+            .iter()
+            .map(|t| Var::from_tensor(&t.zeros_like().unwrap()).unwrap())
+            .collect();
+        let mut generic_p: Vec<Tensor> = p0.clone();
+        let mut states = vec![TensorState::default(); sizes.len()];
+        let mut h_fused = DeviceHyper::new(&dev, 1e-2, 0).unwrap();
+        let mut h_generic = DeviceHyper::new(&dev, 1e-2, 0).unwrap();
+        for step in 1..=25u64 {
+            let lr = if step <= 12 { 1e-2 } else { 3e-3 };
+            let hp = adam_hp(step, lr, decoupled);
+            let grads: Vec<Tensor> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| values(n, (step * 7 + i as u64) as f32, &dev))
+                .collect();
+            for h in [&mut h_fused, &mut h_generic] {
+                h.set_lr(lr).unwrap();
+                h.advance().unwrap();
+            }
+            let items: Vec<AdamItem<'_>> = (0..sizes.len())
+                .map(|i| AdamItem {
+                    p: fused_p[i].as_tensor(),
+                    g: &grads[i],
+                    m: m[i].as_tensor(),
+                    v: v[i].as_tensor(),
+                })
+                .collect();
+            multi_adam(&items, &h_fused, hp).unwrap();
+            let c = h_generic.adam(hp, DType::F32).unwrap();
+            for i in 0..sizes.len() {
+                generic_p[i] = adam_tensors(&generic_p[i], &grads[i], &mut states[i], &c).unwrap();
+            }
+        }
+        let mut differ = 0;
+        for i in 0..sizes.len() {
+            let (worst, d) = compare(fused_p[i].as_tensor(), &generic_p[i]);
+            differ += d;
+            assert!(
+                worst <= 2.4e-7,
+                "decoupled {decoupled}, tensor {i}: relative {worst:e}"
+            );
+            let (worst, _) = compare(m[i].as_tensor(), states[i].a.as_ref().unwrap().as_tensor());
+            assert!(worst <= 2.4e-7, "first moment {i}: {worst:e}");
+            let (worst, _) = compare(v[i].as_tensor(), states[i].b.as_ref().unwrap().as_tensor());
+            assert!(worst <= 2.4e-7, "second moment {i}: {worst:e}");
+        }
+        eprintln!(
+            "adam decoupled={decoupled}: {differ} parameter elements differ from the generic path"
+        );
+    }
+}
+
+#[test]
+fn cuda_multi_sgd_matches_the_generic_path() {
+    let dev = gpu();
+    for (momentum, nesterov, wd) in [(0.0, false, 0.0), (0.9, false, 0.01), (0.9, true, 0.0)] {
+        let sizes = sizes(true);
+        let p0: Vec<Tensor> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| values(n, i as f32, &dev))
+            .collect();
+        let fused_p: Vec<Var> = p0
+            .iter()
+            .map(|t| Var::from_tensor(&t.copy().unwrap()).unwrap())
+            .collect();
+        let bufs: Vec<Var> = p0
+            .iter()
+            .map(|t| Var::from_tensor(&t.zeros_like().unwrap()).unwrap())
+            .collect();
+        let mut generic_p = p0.clone();
+        let mut states = vec![TensorState::default(); sizes.len()];
+        let hp = SgdStep {
+            lr: 0.05,
+            momentum,
+            dampening: 0.0,
+            nesterov,
+            weight_decay: wd,
+        };
+        let h_fused = DeviceHyper::new(&dev, 0.05, 0).unwrap();
+        let h_generic = DeviceHyper::new(&dev, 0.05, 0).unwrap();
+        for step in 1..=10u64 {
+            let grads: Vec<Tensor> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| values(n, (step * 3 + i as u64) as f32, &dev))
+                .collect();
+            h_fused.advance().unwrap();
+            h_generic.advance().unwrap();
+            let items: Vec<SgdItem<'_>> = (0..sizes.len())
+                .map(|i| SgdItem {
+                    p: fused_p[i].as_tensor(),
+                    g: &grads[i],
+                    buf: (momentum != 0.0).then(|| bufs[i].as_tensor()),
+                })
+                .collect();
+            multi_sgd(&items, &h_fused, hp).unwrap();
+            let c = h_generic.sgd(hp, DType::F32).unwrap();
+            for i in 0..sizes.len() {
+                generic_p[i] = sgd_tensors(&generic_p[i], &grads[i], &mut states[i], &c).unwrap();
+            }
+        }
+        for i in 0..sizes.len() {
+            let (worst, _) = compare(fused_p[i].as_tensor(), &generic_p[i]);
+            assert!(
+                worst <= 2.4e-7,
+                "momentum {momentum} nesterov {nesterov}: tensor {i}: {worst:e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn cuda_multi_tensor_kernels_refuse_what_they_cannot_take() {
+    let dev = gpu();
+    let h = DeviceHyper::new(&dev, 0.1, 1).unwrap();
+    let p = Tensor::zeros((4, 6), DType::F32, &dev).unwrap();
+    let strided = p.t().unwrap();
+    let g = Tensor::zeros((6, 4), DType::F32, &dev).unwrap();
+    let sgd = SgdStep {
+        lr: 0.1,
+        momentum: 0.0,
+        dampening: 0.0,
+        nesterov: false,
+        weight_decay: 0.0,
+    };
+    let err = multi_sgd(
+        &[SgdItem {
+            p: &strided,
+            g: &g,
+            buf: None,
+        }],
+        &h,
+        sgd,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("not contiguous"), "{err}");
+    let short = Tensor::zeros(5, DType::F32, &dev).unwrap();
+    let err = multi_sgd(
+        &[SgdItem {
+            p: &p,
+            g: &short,
+            buf: None,
+        }],
+        &h,
+        sgd,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("elements"), "{err}");
+    let f64p = p.to_dtype(DType::F64).unwrap();
+    let err = multi_sgd(
+        &[SgdItem {
+            p: &f64p,
+            g: &f64p,
+            buf: None,
+        }],
+        &h,
+        sgd,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("F64"), "{err}");
+    let cpu = Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap();
+    assert!(multi_sgd(
+        &[SgdItem {
+            p: &cpu,
+            g: &cpu,
+            buf: None
+        }],
+        &h,
+        sgd
+    )
+    .is_err());
+}

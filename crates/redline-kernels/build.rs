@@ -30,12 +30,12 @@ fn main() {
         .arg(format!("-gencode=arch=compute_{cap},code=compute_{cap}"))
         .arg("-o")
         .arg(&fatbin)
-        .arg("cuda/optim.cu")
+        .arg("cuda/redline.cu")
         .status();
     match status {
         Ok(s) if s.success() => {}
         Ok(s) => {
-            eprintln!("nvcc failed ({s}) compiling cuda/optim.cu for sm_{cap}");
+            eprintln!("nvcc failed ({s}) compiling cuda/redline.cu for sm_{cap}");
             std::process::exit(1);
         }
         Err(e) => {

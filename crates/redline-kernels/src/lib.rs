@@ -13,6 +13,7 @@ mod conv_wide;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
+pub mod fused_gpu;
 pub mod gemm;
 pub mod grad;
 mod linear;

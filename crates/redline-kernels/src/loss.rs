@@ -15,16 +15,22 @@ use redline_core::trace;
 /// Mean cross-entropy of `logits (B, C)` against class indices `targets (B,)` (u32).
 /// A target `>= C` is an error, not a silent wrong answer.
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-    if !fused_cpu(logits)
-        || !targets.device().is_cpu()
-        || targets.dtype() != candle_core::DType::U32
-    {
+    let u32_targets = targets.dtype() == candle_core::DType::U32;
+    let cpu = fused_cpu(logits) && targets.device().is_cpu() && u32_targets;
+    // Redline's CUDA kernel where `--fused-kernels` turned it on.
+    let gpu = cfg!(feature = "cuda")
+        && crate::fused_gpu::enabled()
+        && logits.device().is_cuda()
+        && logits.dtype() == candle_core::DType::F32
+        && u32_targets
+        && targets.device().same_device(logits.device());
+    if !cpu && !gpu {
         let logp = log_softmax(logits)?;
         let picked = logp.gather(&targets.unsqueeze(1)?, 1)?;
         return Ok(picked.mean_all()?.neg()?);
     }
     let op = CrossEntropy {
-        probs: Mutex::new(None),
+        saved: Mutex::new(None),
     };
     Ok(logits.contiguous()?.apply_op2(&targets.contiguous()?, op)?)
 }
@@ -39,7 +45,15 @@ fn log_softmax(x: &Tensor) -> Result<Tensor> {
 
 /// The forward op; keeps the softmax of its logits for the backward.
 struct CrossEntropy {
-    probs: Mutex<Option<Arc<Vec<f32>>>>,
+    saved: Mutex<Option<Saved>>,
+}
+
+/// The forward's softmax, where the forward ran.
+#[derive(Clone)]
+enum Saved {
+    Host(Arc<Vec<f32>>),
+    #[cfg(feature = "cuda")]
+    Device(Arc<candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>>),
 }
 
 fn check(l1: &Layout, l2: &Layout) -> candle_core::Result<(usize, usize)> {
@@ -95,11 +109,27 @@ impl CustomOp2 for CrossEntropy {
             };
             total += softmax_lse(row, p) - f64::from(xy);
         }
-        *self.probs.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(probs));
+        *self.saved.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(Saved::Host(Arc::new(probs)));
         Ok((
             CpuStorage::F32(vec![(total / b as f64) as f32]),
             Shape::from(()),
         ))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let (b, c) = check(l1, l2)?;
+        let (loss, probs) = crate::cuda::loss::ce_forward(s1, l1, s2, l2, b, c)?;
+        *self.saved.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(Saved::Device(Arc::new(probs)));
+        Ok((loss, Shape::from(())))
     }
 
     fn bwd(
@@ -112,7 +142,7 @@ impl CustomOp2 for CrossEntropy {
         let _span = trace::backward(None, "cross_entropy");
         trace::count("cross_entropy.backward");
         let saved = self
-            .probs
+            .saved
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
@@ -129,7 +159,7 @@ impl CustomOp2 for CrossEntropy {
 /// `(softmax(x) - onehot(t)) * g / B` for inputs `(t, g)`, the softmax
 /// saved by the forward.
 struct CrossEntropyBwd {
-    probs: Arc<Vec<f32>>,
+    probs: Saved,
     b: usize,
     c: usize,
 }
@@ -148,22 +178,47 @@ impl CustomOp2 for CrossEntropyBwd {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (b, c) = (self.b, self.c);
         let op = "cross_entropy backward";
+        // One arm without the `cuda` feature.
+        #[allow(clippy::infallible_destructuring_match)]
+        let probs = match &self.probs {
+            Saved::Host(p) => p,
+            #[cfg(feature = "cuda")]
+            Saved::Device(_) => {
+                bail!("{op}: the forward ran on the GPU, the backward on the CPU")
+            }
+        };
         let (t, g) = (u32s(s1, l1, op)?, f32s(s2, l2, op)?);
-        if t.len() != b || self.probs.len() != b * c {
+        if t.len() != b || probs.len() != b * c {
             bail!(
                 "{op}: {} targets and {} saved probabilities for logits ({b}, {c})",
                 t.len(),
-                self.probs.len()
+                probs.len()
             )
         }
         let scale = g.first().copied().unwrap_or(1.0) / b as f32;
-        let mut out: Vec<f32> = self.probs.iter().map(|p| p * scale).collect();
+        let mut out: Vec<f32> = probs.iter().map(|p| p * scale).collect();
         for (o, &y) in out.chunks_exact_mut(c).zip(t) {
             if let Some(d) = o.get_mut(y as usize) {
                 *d -= scale;
             }
         }
         Ok((CpuStorage::F32(out), Shape::from((b, c))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let Saved::Device(probs) = &self.probs else {
+            bail!("cross_entropy backward: the forward ran on the CPU, the backward on the GPU")
+        };
+        let (b, c) = (self.b, self.c);
+        let out = crate::cuda::loss::ce_backward(probs, s1, l1, s2, l2, b, c)?;
+        Ok((out, Shape::from((b, c))))
     }
 }
 
@@ -197,6 +252,20 @@ mod tests {
         .max_all()?
         .to_scalar::<f32>()?;
         assert!(d < 1e-6, "{d}");
+        Ok(())
+    }
+
+    /// The GPU switch changes nothing on the CPU: the same bits either way.
+    #[test]
+    fn the_gpu_switch_leaves_the_cpu_kernel_alone() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Tensor::new(&[[0.5f32, -1.0, 2.0], [0.1, 0.2, -0.3]], &dev)?;
+        let t = Tensor::new(&[2u32, 0], &dev)?;
+        let before = cross_entropy(&x, &t)?.to_scalar::<f32>()?;
+        crate::fused_gpu::set_enabled(true);
+        let on = cross_entropy(&x, &t)?.to_scalar::<f32>();
+        crate::fused_gpu::set_enabled(false);
+        assert_eq!(on?.to_bits(), before.to_bits());
         Ok(())
     }
 

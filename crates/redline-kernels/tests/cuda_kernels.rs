@@ -256,3 +256,54 @@ fn cuda_multi_tensor_kernels_refuse_what_they_cannot_take() {
     )
     .is_err());
 }
+
+/// The fused cross-entropy (one forward launch, one backward launch) against
+/// candle's generic log-softmax path on the same GPU: loss and gradient.
+#[test]
+fn cuda_cross_entropy_matches_the_generic_path() {
+    use redline_kernels::{cross_entropy, fused_gpu};
+    let dev = gpu();
+    for (rows, cols) in [(64usize, 10usize), (300, 1000), (5, 33)] {
+        let x = Var::from_tensor(
+            &values(rows * cols, 0.3, &dev)
+                .affine(4.0, 0.0)
+                .unwrap()
+                .reshape((rows, cols))
+                .unwrap(),
+        )
+        .unwrap();
+        let t: Vec<u32> = (0..rows).map(|r| ((r * 7919) % cols) as u32).collect();
+        let t = Tensor::new(t.as_slice(), &dev).unwrap();
+        let run = |fused: bool| {
+            fused_gpu::set_enabled(fused);
+            let loss = cross_entropy(x.as_tensor(), &t).unwrap();
+            let grads = (&loss * 3.0).unwrap().backward().unwrap();
+            let g = grads.get(x.as_tensor()).unwrap().clone();
+            (loss.to_scalar::<f32>().unwrap(), g)
+        };
+        let (lf, gf) = run(true);
+        let (lg, gg) = run(false);
+        fused_gpu::set_enabled(false);
+        assert!(
+            (lf - lg).abs() <= 2e-6 * lg.abs().max(1.0),
+            "({rows}, {cols}): loss {lf} vs {lg}"
+        );
+        let d = (gf - gg)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(d <= 1e-6, "({rows}, {cols}): gradient differs by {d:e}");
+    }
+    // A target outside the classes makes the loss NaN (the loop then stops
+    // with a non-finite loss), not a silent number.
+    fused_gpu::set_enabled(true);
+    let x = Tensor::zeros((2, 3), DType::F32, &dev).unwrap();
+    let bad = Tensor::new(&[0u32, 3], &dev).unwrap();
+    let loss = cross_entropy(&x, &bad).unwrap().to_scalar::<f32>().unwrap();
+    fused_gpu::set_enabled(false);
+    assert!(loss.is_nan(), "{loss}");
+}

@@ -245,9 +245,12 @@ impl TrainerBuilder {
             redline_core::threads::check(n).map_err(Error::Config)?;
         }
         let mut optimizer = self.optimizer.build(module.params().to_vec())?;
-        optimizer.use_fused_gpu_kernel(
-            !device.is_cpu() && crate::graph::fused_kernels_on(self.cfg.fused_kernels),
-        );
+        let fused = !device.is_cpu() && crate::graph::fused_kernels_on(self.cfg.fused_kernels);
+        optimizer.use_fused_gpu_kernel(fused);
+        // The ops' kernels (the loss) read a process-wide switch.
+        if !device.is_cpu() {
+            redline_kernels::fused_gpu::set_enabled(fused);
+        }
         Ok(Trainer {
             cfg: self.cfg,
             module: Box::new(module),

@@ -1,0 +1,69 @@
+// Mean softmax cross-entropy fused with its gradient: src/loss.rs's CPU
+// kernel on the GPU. The forward writes each row's softmax (kept for the
+// backward) and the mean loss in one launch of one block: warp w takes rows
+// w, w + 32, ...; exponentials in f32, sums in f64, the 32 warps' partial
+// sums added in a fixed order, so the loss is the same bits every run. A
+// target outside [0, C) makes the loss NaN, which the loop's non-finite
+// check reports (the GPU cannot raise an error without a host sync).
+
+#define CE_WARPS 32
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ double warp_sum(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+extern "C" __global__ void redline_ce_fwd_f32(const float *x, const unsigned int *t, float *probs,
+                                              float *loss, unsigned int rows, unsigned int cols) {
+    __shared__ double partial[CE_WARPS];
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int warp = threadIdx.x >> 5;
+    double acc = 0.0;
+    for (unsigned int r = warp; r < rows; r += CE_WARPS) {
+        const float *row = x + (unsigned long long)r * cols;
+        float *p = probs + (unsigned long long)r * cols;
+        float m = -INFINITY;
+        for (unsigned int j = lane; j < cols; j += 32) m = fmaxf(m, row[j]);
+        m = warp_max(m);
+        double s = 0.0;
+        for (unsigned int j = lane; j < cols; j += 32) {
+            float e = expf(__fsub_rn(row[j], m));
+            p[j] = e;
+            s += (double)e;
+        }
+        s = warp_sum(s);
+        float inv = (float)(1.0 / s);
+        for (unsigned int j = lane; j < cols; j += 32) p[j] = __fmul_rn(p[j], inv);
+        unsigned int y = t[r];
+        double xy = y < cols ? (double)row[y] : __longlong_as_double(0x7ff8000000000000ll);
+        acc += log(s) + (double)m - xy;
+    }
+    if (lane == 0) partial[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double total = 0.0;
+        for (int w = 0; w < CE_WARPS; w++) total += partial[w];
+        loss[0] = (float)(total / (double)rows);
+    }
+}
+
+// (softmax - onehot(t)) * g / rows, as src/loss.rs rounds it: p * scale,
+// then minus scale at the target.
+extern "C" __global__ void redline_ce_bwd_f32(const float *probs, const unsigned int *t,
+                                              const float *g, float *out, unsigned int rows,
+                                              unsigned int cols) {
+    const float scale = __fdiv_rn(g[0], (float)rows);
+    const unsigned long long n = (unsigned long long)rows * cols;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        unsigned long long r = i / cols;
+        float o = __fmul_rn(probs[i], scale);
+        if (i - r * cols == t[r]) o = __fsub_rn(o, scale);
+        out[i] = o;
+    }
+}

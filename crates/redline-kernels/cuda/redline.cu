@@ -1,0 +1,3 @@
+// The one translation unit nvcc compiles into Redline's fatbin (build.rs).
+#include "optim.cu"
+#include "loss.cu"

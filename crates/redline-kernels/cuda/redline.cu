@@ -1,3 +1,4 @@
 // The one translation unit nvcc compiles into Redline's fatbin (build.rs).
 #include "optim.cu"
 #include "loss.cu"
+#include "linear.cu"

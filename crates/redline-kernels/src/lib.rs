@@ -15,6 +15,7 @@ pub mod cuda;
 mod error;
 pub mod fused_gpu;
 pub mod gemm;
+pub mod gemm_plan;
 pub mod grad;
 mod linear;
 mod loss;

@@ -39,7 +39,16 @@ fn linear_with(
     relu: bool,
     buffers: Option<ParamBuffers>,
 ) -> Result<Tensor> {
-    if !(fused_cpu(x) && fused_cpu(w) && fused_cpu(b)) {
+    let cpu = fused_cpu(x) && fused_cpu(w) && fused_cpu(b);
+    // Redline's cuBLASLt path where `--fused-kernels` turned it on.
+    let gpu = cfg!(feature = "cuda")
+        && crate::fused_gpu::enabled()
+        && x.device().is_cuda()
+        && [x, w, b]
+            .iter()
+            .all(|t| t.dtype() == candle_core::DType::F32)
+        && [w, b].iter().all(|t| t.device().same_device(x.device()));
+    if !cpu && !gpu {
         let y = x.matmul(&w.t()?)?.broadcast_add(b)?;
         return Ok(if relu { y.relu()? } else { y });
     }
@@ -115,6 +124,21 @@ impl CustomOp3 for LinearOp {
             }
         }
         Ok((CpuStorage::F32(y), Shape::from((bsz, fan_out))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let dims = dims(l1, l2, l3)?;
+        let y = crate::cuda::linear::forward((s1, l1), (s2, l2), (s3, l3), dims, self.relu)?;
+        Ok((y, Shape::from((dims.0, dims.2))))
     }
 
     fn bwd(
@@ -247,6 +271,42 @@ impl CustomOp3 for LinearBwd {
         }
         let total = out.len();
         Ok((CpuStorage::F32(out), Shape::from(total)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let op = "linear backward";
+        let (fan_out, fan_in) = l3.shape().dims2()?;
+        if self.buffers.is_some() {
+            bail!("{op}: the GPU path has no host gradient buffers")
+        }
+        let guard = self.relu.as_ref().map(|y| y.storage_and_layout());
+        let y = match &guard {
+            Some((storage, layout)) => match &**storage {
+                Storage::Cuda(ys) => Some((ys, *layout)),
+                _ => bail!("{op}: the layer output is not on the GPU"),
+            },
+            None => None,
+        };
+        let dims = (self.bsz, fan_in, fan_out);
+        let out =
+            crate::cuda::linear::backward((s1, l1), (s2, l2), (s3, l3), y, dims, self.input_grad)?;
+        let total = fan_out * fan_in
+            + fan_out
+            + if self.input_grad {
+                self.bsz * fan_in
+            } else {
+                0
+            };
+        Ok((out, Shape::from(total)))
     }
 }
 

@@ -307,3 +307,64 @@ fn cuda_cross_entropy_matches_the_generic_path() {
     fused_gpu::set_enabled(false);
     assert!(loss.is_nan(), "{loss}");
 }
+
+/// The cuBLASLt linear layer (bias and ReLU in the GEMM's epilogue; mask,
+/// bias gradient and two GEMMs backward) against candle's matmul,
+/// broadcast_add and relu: outputs and all three gradients.
+#[test]
+fn cuda_linear_matches_the_generic_path() {
+    use redline_kernels::{fused_gpu, linear};
+    let dev = gpu();
+    for (batch, fan_in, fan_out, relu) in
+        [(64, 784, 128, true), (64, 128, 10, false), (3, 5, 7, true)]
+    {
+        let var = |n: usize, s: f32, shape: &[usize]| {
+            Var::from_tensor(&values(n, s, &dev).reshape(shape).unwrap()).unwrap()
+        };
+        let x = var(batch * fan_in, 0.5, &[batch, fan_in]);
+        let w = var(fan_out * fan_in, 1.5, &[fan_out, fan_in]);
+        let b = var(fan_out, 2.5, &[fan_out]);
+        let r = values(batch * fan_out, 3.5, &dev)
+            .reshape((batch, fan_out))
+            .unwrap();
+        let run = |fused: bool| {
+            fused_gpu::set_enabled(fused);
+            let y = linear(x.as_tensor(), w.as_tensor(), b.as_tensor(), relu).unwrap();
+            let grads = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+            let g = |v: &Var| grads.get(v.as_tensor()).unwrap().clone();
+            (y, g(&x), g(&w), g(&b))
+        };
+        let fused = run(true);
+        let generic = run(false);
+        fused_gpu::set_enabled(false);
+        let pairs = [
+            ("y", &fused.0, &generic.0),
+            ("dx", &fused.1, &generic.1),
+            ("dW", &fused.2, &generic.2),
+            ("db", &fused.3, &generic.3),
+        ];
+        for (name, a, b) in pairs {
+            assert_eq!(a.dims(), b.dims(), "{name}");
+            let scale = b
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+                .max(1e-6);
+            let d = (a - b)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(
+                d <= 1e-5 * scale,
+                "({batch}, {fan_in}, {fan_out}, relu {relu}): {name} differs by {d:e} of {scale:e}"
+            );
+        }
+    }
+}

@@ -6,7 +6,7 @@ use crate::advice::advice as run_advice;
 use crate::charts::{self, category_color};
 use crate::error::Result;
 use crate::html::{esc, figure, missing, swatch};
-use crate::records::Category;
+use crate::records::{Category, GpuBusy};
 use crate::run::RunData;
 
 fn section(id: &str, title: &str, body: &str) -> String {
@@ -121,7 +121,37 @@ pub(crate) fn breakdown(run: &RunData) -> Result<String> {
         Some(c) => body.push_str(&figure(&c)),
         None => body.push_str(&missing("breakdown.json has no per-step timeline")),
     }
+    if let Some(g) = &b.gpu {
+        body.push_str(&gpu_kernels(g));
+    }
     Ok(section("breakdown", "Time breakdown", &body))
+}
+
+/// The GPU's kernel time and its longest-running kernels (`breakdown.json` `gpu`).
+fn gpu_kernels(g: &GpuBusy) -> String {
+    let mut h = format!(
+        r#"<h3>GPU kernels</h3><p class="note">{}</p>"#,
+        esc(&g.line())
+    );
+    if g.top.is_empty() {
+        return h;
+    }
+    h.push_str(
+        r#"<table class="kernels"><tr><th>kernel (longest total first)</th><th class="n">calls</th><th class="n">total ms</th><th class="n">mean µs</th><th class="n">% of kernel time</th></tr>"#,
+    );
+    for r in &g.top {
+        let _ = write!(
+            h,
+            r#"<tr><td class="kname" title="{name}">{name}</td><td class="n">{}</td><td class="n">{:.3}</td><td class="n">{:.2}</td><td class="n">{:.1}</td></tr>"#,
+            r.calls,
+            r.total_ms,
+            r.mean_us,
+            r.percent,
+            name = esc(&r.name),
+        );
+    }
+    h.push_str("</table>");
+    h
 }
 
 /// Host CPU and memory, GPU utilization and memory.

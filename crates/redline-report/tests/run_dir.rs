@@ -195,6 +195,9 @@ fn a_gpu_run_says_how_its_device_was_chosen_and_whether_it_replayed_a_graph() {
     assert!(
         html.contains(r#"<div class="v">41.5%</div><div class="k">GPU busy (kernel time)</div>"#)
     );
+    // The breakdown lists the longest kernels.
+    assert!(html.contains("<h3>GPU kernels</h3>"));
+    assert!(html.contains(r#"<td class="kname" title="gemm_f32">gemm_f32</td>"#));
     // Without its breakdown the figure is missing, and the card says so.
     std::fs::remove_file(tmp.path().join("breakdown.json")).unwrap();
     let html = render_html(&RunData::load(tmp.path()).unwrap()).unwrap();
@@ -205,5 +208,5 @@ fn a_gpu_run_says_how_its_device_was_chosen_and_whether_it_replayed_a_graph() {
     write_run(cpu.path(), &Fixture::default());
     let html = render_html(&RunData::load(cpu.path()).unwrap()).unwrap();
     assert!(!html.contains("cuda graph:") && !html.contains("device auto:"));
-    assert!(!html.contains("GPU busy"));
+    assert!(!html.contains("GPU busy") && !html.contains("GPU kernels"));
 }

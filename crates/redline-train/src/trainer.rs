@@ -541,7 +541,10 @@ impl Trainer {
             graph_status = GraphStatus::Off("no step ran".into());
         }
         let step = st.step;
-        prof.switch(Action::HostSync);
+        if !self.device.is_cpu() {
+            // Waiting for the device's queue to drain before the trace ends.
+            prof.switch(Action::HostSync);
+        }
         let gpu_busy = trace.finish(&self.device, step);
         match &gpu_busy {
             Some(Ok(g)) => self.gpu_busy = Some(g.clone()),

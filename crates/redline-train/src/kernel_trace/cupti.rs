@@ -10,6 +10,7 @@
 use std::alloc::{alloc, dealloc, Layout};
 use std::ffi::{c_char, c_void, CStr};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use redline_profile::{GpuBusy, KernelSpan, KernelTally};
@@ -199,6 +200,8 @@ fn python_nvidia_libs() -> Vec<PathBuf> {
 static API: OnceLock<Result<Api, String>> = OnceLock::new();
 /// The running trace's tally; `None` when no trace runs.
 static TALLY: Mutex<Option<KernelTally>> = Mutex::new(None);
+/// Whether CUPTI has the buffer callbacks (registered under `TALLY`'s lock).
+static REGISTERED: AtomicBool = AtomicBool::new(false);
 
 fn api() -> Result<&'static Api, String> {
     API.get_or_init(Api::load).as_ref().map_err(Clone::clone)
@@ -286,10 +289,14 @@ impl Trace {
         if guard.is_some() {
             return Err("another fit in this process is tracing kernels".into());
         }
-        // SAFETY: two `extern "C"` functions with CUPTI's callback signatures.
-        api.check("register callbacks", unsafe {
-            (api.register)(buffer_requested, buffer_completed)
-        })?;
+        // Once per process: the callbacks stay registered between traces.
+        if !REGISTERED.load(Ordering::Acquire) {
+            // SAFETY: two `extern "C"` functions with CUPTI's callback signatures.
+            api.check("register callbacks", unsafe {
+                (api.register)(buffer_requested, buffer_completed)
+            })?;
+            REGISTERED.store(true, Ordering::Release);
+        }
         *guard = Some(KernelTally::new(api.now()?));
         drop(guard);
         // SAFETY: a plain call with an activity kind.

@@ -29,7 +29,7 @@ struct Lt {
     workspace: CudaSlice<u8>,
     /// Descriptors and the algorithm cuBLASLt chose, per plan: made once,
     /// so a step pays no heuristic query (tens of microseconds each).
-    plans: Mutex<HashMap<GemmPlan, Prepared>>,
+    plans: Mutex<HashMap<(GemmPlan, [u32; 3]), Prepared>>,
 }
 
 // SAFETY: a cuBLASLt handle may be used from any thread; Redline's calls on
@@ -102,13 +102,22 @@ fn set_desc<T>(
     .map_err(|e| err("matmul attribute", e))
 }
 
+/// The alignment an address guarantees, in bytes (a power of two, at most
+/// 256, cuBLASLt's default assumption).
+fn alignment(address: u64) -> u32 {
+    1 << address.trailing_zeros().min(8)
+}
+
 /// Descriptors for `plan` (f32 in, f32 out, `CUBLAS_COMPUTE_32F`) and
-/// cuBLASLt's algorithm for them. A bias epilogue needs a bias address for
-/// the query; the call sets the real one.
+/// cuBLASLt's algorithm for them, for operands aligned to `align` bytes (A,
+/// B, C and D): a view into a larger buffer can start off cuBLASLt's default
+/// 256 bytes. A bias epilogue needs a bias address for the query; the call
+/// sets the real one.
 fn prepare(
     lt_handle: sys::cublasLtHandle_t,
     plan: &GemmPlan,
     bias: Option<u64>,
+    align: [u32; 3],
 ) -> candle_core::Result<Prepared> {
     use sys::cublasLtMatmulDescAttributes_t as A;
     let f32t = sys::cudaDataType_t::CUDA_R_32F;
@@ -164,6 +173,26 @@ fn prepare(
         )
     }
     .map_err(|e| err("workspace size", e))?;
+    {
+        use sys::cublasLtMatmulPreferenceAttributes_t as P;
+        for (attr, bytes) in [
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align[0]),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align[1]),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align[2]),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align[2]),
+        ] {
+            // SAFETY: the alignment attributes are uint32_t.
+            unsafe {
+                lt::set_matmul_pref_attribute(
+                    pref,
+                    attr,
+                    (&bytes as *const u32).cast::<c_void>(),
+                    std::mem::size_of::<u32>(),
+                )
+            }
+            .map_err(|e| err("operand alignment", e))?;
+        }
+    }
     let (la, lb, lc) = (p.layouts[0], p.layouts[1], p.layouts[2]);
     // SAFETY: live descriptors made above.
     let heuristic = unsafe { lt::get_matmul_algo_heuristic(lt_handle, desc, la, lb, lc, lc, pref) }
@@ -188,9 +217,12 @@ fn gemm(
     }
     let lt = handle(dev)?;
     let mut plans = lt.plans.lock().unwrap_or_else(PoisonError::into_inner);
-    let p = match plans.entry(*plan) {
+    let align = [alignment(a), alignment(b), alignment(c)];
+    let p = match plans.entry((*plan, align)) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-        std::collections::hash_map::Entry::Vacant(e) => e.insert(prepare(lt.handle, plan, bias)?),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            e.insert(prepare(lt.handle, plan, bias, align)?)
+        }
     };
     if let Some(bias) = bias {
         set_desc(

@@ -9,11 +9,17 @@
 #   3. the seed workload (MLP, batch 64, 5 epochs) and the CNN: Redline device-resident
 #      and streaming, with NVML sampled every 100 ms and CUDA-event timing, vs PyTorch
 #      on the same GPU (tutorial DataLoader pipeline, and the whole split on the GPU);
-#   4. batch 512 device-resident (the GPU-busy target).
+#   4. batch 512 device-resident (the GPU-busy target);
+#   5. issues 12-13: CUDA graph and fused-kernel runs, GPU busy from the kernel trace,
+#      the --device auto choice, and PyTorch's whole-step CUDA graph.
+# One part at a time keeps each device call under its 10 minutes:
+#   bash bench/gpu.sh [all|tests|redline|torch]   (default all; the table ends each part)
 set -uo pipefail
+part="${1:-all}"
+case "$part" in all|tests|redline|torch) ;; *) echo "usage: bash bench/gpu.sh [all|tests|redline|torch]" >&2; exit 2 ;; esac
 out="${OUT:-bench/results/gpu-raw}"
 mkdir -p "$out"
-exec > >(tee "$out/gpu.log") 2>&1
+exec > >(tee -a "$out/gpu-$part.log") 2>&1
 py="$(command -v python3)"
 # The CUDA 13 libraries candle loads (cuBLAS, NVRTC, cuRAND) come with the image's PyTorch.
 libs="$("$py" -c 'import nvidia, pathlib; print(":".join(str(p) for p in pathlib.Path(list(nvidia.__path__)[0]).glob("*/lib")))')"
@@ -22,17 +28,21 @@ export REDLINE_REPO_ROOT="$PWD"
 bin="$(mktemp -d)"
 tar -C "$bin" -xJf .gpu/bundle.tar.xz
 rl="$bin/redline"
+want() { [ "$part" = all ] || [ "$part" = "$1" ]; }
 set -x
 nvidia-smi
 uptime
 $rl devices
+if want tests; then
 "$bin/kernels" cuda_ --test-threads 1 --nocapture
 "$bin/golden" cuda_ --test-threads 1 --nocapture
+fi
 run() { # name, then redline train flags
     local name="$1"; shift
     $rl train --device cuda:0 --run-dir "$out/run-$name" --monitor-interval 0.1 --profiler simple "$@"
     cp "$out/run-$name/summary.json" "$out/$name.summary.json" 2>/dev/null
 }
+if want redline; then
 run mlp-resident --data-on-device on
 # Issue 12: the kernel trace's own cost (GPU busy is then not measured).
 run mlp-resident-notrace --data-on-device on --kernel-trace off
@@ -42,6 +52,7 @@ run mlp-b512-resident --data-on-device on --batch-size 512
 run mlp-graph --data-on-device on --cuda-graph on
 run mlp-b512-graph --data-on-device on --batch-size 512 --cuda-graph on
 run cnn-graph --model cnn --data-on-device on --cuda-graph on
+run cnn-b512-graph --model cnn --data-on-device on --batch-size 512 --cuda-graph on
 # Issue 13: the multi-tensor optimizer kernel, eagerly and in the graph.
 run mlp-fused --data-on-device on --fused-kernels on
 run mlp-graph-fused --data-on-device on --cuda-graph on --fused-kernels on
@@ -52,6 +63,8 @@ run cnn-streaming --model cnn --data-on-device off
 # Issue 12: which device `--device auto` picks for the default job, with its timings.
 $rl train --run-dir "$out/run-auto" --monitor-interval 0 --epochs 1
 cp "$out/run-auto/summary.json" "$out/auto.summary.json" 2>/dev/null
+fi
+if want torch; then
 for w in tutorial tensor; do
     for m in mlp cnn; do
         "$py" bench/torch_mnist.py --device cuda --workload "$w" --model "$m" --epochs 5 --threads 4 \
@@ -60,5 +73,13 @@ for w in tutorial tensor; do
 done
 "$py" bench/torch_mnist.py --device cuda --workload tensor --model mlp --batch-size 512 --epochs 5 \
     --threads 4 > "$out/torch-tensor-mlp-b512.json"
+# Issue 12: PyTorch's strongest loop, the whole step as one CUDA graph (capturable Adam).
+for m in mlp cnn; do
+    for b in 64 512; do
+        "$py" bench/torch_mnist.py --device cuda --workload graph --model "$m" --batch-size "$b" \
+            --epochs 5 --threads 4 > "$out/torch-graph-$m-b$b.json"
+    done
+done
+fi
 set +x
 "$py" bench/gpu_table.py "$out"

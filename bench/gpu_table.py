@@ -108,6 +108,13 @@ def main(out: Path) -> int:
         ("mlp", "redline mlp-streaming", "pytorch tutorial-mlp"),
         ("cnn", "redline cnn-resident", "pytorch tensor-cnn"),
         ("mlp b512", "redline mlp-b512-resident", "pytorch tensor-mlp-b512"),
+        ("mlp b64 graph", "redline mlp-graph", "pytorch graph-mlp-b64"),
+        ("mlp b64 graph+fused", "redline mlp-graph-fused", "pytorch graph-mlp-b64"),
+        ("mlp b512 graph", "redline mlp-b512-graph", "pytorch graph-mlp-b512"),
+        ("mlp b512 graph+fused", "redline mlp-b512-graph-fused", "pytorch graph-mlp-b512"),
+        ("cnn b64 graph", "redline cnn-graph", "pytorch graph-cnn-b64"),
+        ("cnn b64 graph+fused", "redline cnn-graph-fused", "pytorch graph-cnn-b64"),
+        ("cnn b512 graph", "redline cnn-b512-graph", "pytorch graph-cnn-b512"),
     ]:
         if rl in by and ref in by and by[rl]["epoch_s"] == by[rl]["epoch_s"]:
             print(f"- {model}: {ref} / {rl} = {by[ref]['epoch_s'] / by[rl]['epoch_s']:.2f}x")

@@ -10,6 +10,13 @@ Workloads (--workload):
             (num_workers=0, as in the tutorial).
   tensor    the whole split as one pre-normalised float32 tensor (N,1,28,28); each epoch
             draws torch.randperm(N) and slices batches of --batch-size from it.
+  graph     PyTorch's strongest GPU loop (CUDA only): the tensor workload with the whole
+            training step (batch gather from the resident split by a static index tensor,
+            forward, loss, backward, Adam(capturable=True), the on-device loss sum)
+            captured once with torch.cuda.graph after 3 warm-up steps on a side stream
+            (their updates are undone before timing) and replayed per full batch; the
+            shorter last batch runs eagerly. Each replay is preceded by one copy of the
+            batch's indices into the static index tensor.
 
 Models (--model): mlp (Flatten-Linear(784,128)-ReLU-Linear(128,10)) or cnn
 (Conv(1,32,3,p1)-ReLU-MaxPool2-Conv(32,64,3,p1)-ReLU-MaxPool2-Flatten-Linear(3136,128)-ReLU-
@@ -64,7 +71,7 @@ def forbid_network() -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workload", choices=["tutorial", "tensor"], default="tensor")
+    p.add_argument("--workload", choices=["tutorial", "tensor", "graph"], default="tensor")
     p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads(n)")
     p.add_argument(
@@ -158,6 +165,70 @@ def build_model(kind: str):
     )
 
 
+# ----------------------------------------------------------------------------- graph
+
+
+def graph_step(torch, model, opt, loss_fn, x_train, y_train, bs: int):
+    """The whole training step as one CUDA graph (PyTorch's documented whole-network
+    capture). Returns a generator function in place of train_batches: it yields None
+    after each step (a replay for each full batch, an eager step for the shorter last
+    one), then the epoch's loss sum (a 0-d device tensor, summed inside the graph)."""
+    n = x_train.shape[0]
+    dev = x_train.device
+    static_idx = torch.arange(bs, device=dev)
+    saved_params = [p.detach().clone() for p in model.parameters()]
+    # Warm-up on a side stream, as torch.cuda.graph requires; its updates are undone below.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x_train[static_idx]), y_train[static_idx])
+            loss.backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    # The epoch's loss sum lives on the device and is added to inside the graph.
+    loss_acc = torch.zeros((), device=dev)
+    with torch.cuda.graph(graph):
+        static_loss = loss_fn(model(x_train[static_idx]), y_train[static_idx])
+        static_loss.backward()
+        opt.step()
+        loss_acc.add_(static_loss.detach())
+    # Capturing records without running: undo the warm-up in place (the graph keeps
+    # these very tensors), so the timed run starts from the initial weights.
+    with torch.no_grad():
+        for p, s0 in zip(model.parameters(), saved_params):
+            p.copy_(s0)
+        for st in opt.state.values():
+            for v in st.values():
+                if torch.is_tensor(v):
+                    v.zero_()
+    torch.cuda.synchronize(dev)
+
+    def batches():
+        perm = torch.randperm(n, device=dev)
+        loss_acc.zero_()
+        full = n // bs
+        for i in range(full):
+            static_idx.copy_(perm[i * bs : (i + 1) * bs])
+            graph.replay()
+            yield None
+        if n % bs:
+            idx = perm[full * bs :]
+            opt.zero_grad(set_to_none=False)
+            loss = loss_fn(model(x_train[idx]), y_train[idx])
+            loss.backward()
+            opt.step()
+            loss_acc.add_(loss.detach())
+            yield None
+        # The epoch's summed loss, read by the caller after the loop.
+        yield loss_acc
+
+    return batches
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -204,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
                 yield xb.to(dev), yb.to(dev)
 
     else:
+        if args.workload == "graph" and dev.type != "cuda":
+            log("torch_mnist.py: --workload graph captures CUDA graphs: it needs --device cuda")
+            return 2
         x_train, y_train = load_tensors(args.data, train=True)
         x_test, y_test = load_tensors(args.data, train=False)
         if args.limit:
@@ -224,8 +298,12 @@ def main(argv: list[str] | None = None) -> int:
                 yield x_test[i : i + 1000], y_test[i : i + 1000]
 
     model = build_model(args.model).to(dev)
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    graphed = args.workload == "graph"
+    # capturable: Adam's step count on the device, as a captured step needs.
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr, capturable=graphed)
     loss_fn = nn.CrossEntropyLoss()
+    if graphed:
+        train_batches = graph_step(torch, model, opt, loss_fn, x_train, y_train, args.batch_size)
 
     epoch_s: list[float] = []
     train_loss: list[float] = []
@@ -235,7 +313,15 @@ def main(argv: list[str] | None = None) -> int:
         steps = 0
         sync()
         t0 = time.perf_counter()
-        for xb, yb in train_batches():
+        for item in train_batches():
+            if graphed:
+                # None: a step ran (a replay, or the eager last batch); then the sum.
+                if item is None:
+                    steps += 1
+                else:
+                    loss_sum += item
+                continue
+            xb, yb = item
             loss = loss_fn(model(xb), yb)
             opt.zero_grad()
             loss.backward()

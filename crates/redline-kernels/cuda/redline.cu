@@ -2,3 +2,4 @@
 #include "optim.cu"
 #include "loss.cu"
 #include "linear.cu"
+#include "pool.cu"

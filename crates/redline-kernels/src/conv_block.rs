@@ -68,6 +68,18 @@ fn pool_relu_with(
     buffers: Option<ParamBuffers>,
 ) -> Result<Tensor> {
     let geom = Geom::new(x, w, b, padding)?;
+    #[cfg(feature = "cuda")]
+    if (1..16).contains(&k)
+        && crate::fused_gpu::enabled()
+        && x.device().is_cuda()
+        && [x, w, b]
+            .iter()
+            .all(|t| t.dtype() == candle_core::DType::F32)
+    {
+        // candle's convolution, then bias, pooling and ReLU in one kernel.
+        let conv = x.conv2d(w, padding, 1, 1, 1)?;
+        return crate::cuda::pool::bias_pool_relu(&conv, b, k);
+    }
     if !(1..16).contains(&k) || ![x, w, b].into_iter().all(fused_cpu) {
         let y = conv2d_with(x, w, b, padding, buffers)?;
         return Ok(max_pool2d(&y, k)?.relu()?);

@@ -368,3 +368,67 @@ fn cuda_linear_matches_the_generic_path() {
         }
     }
 }
+
+/// The CNN block's bias + max pool + ReLU kernel after candle's conv against
+/// candle's conv, broadcast_add, max_pool2d and relu: output and the
+/// gradients of input, weight and bias, with planes that leave a row and a
+/// column outside the last window (floor mode).
+#[test]
+fn cuda_conv_pool_relu_block_matches_the_generic_path() {
+    use redline_kernels::{conv2d_pool_relu, fused_gpu};
+    let dev = gpu();
+    for (n, cin, hw, cout, k) in [
+        (8usize, 3usize, 13usize, 5usize, 2usize),
+        (4, 32, 14, 64, 2),
+        (2, 2, 10, 3, 3),
+    ] {
+        let var = |len: usize, s: f32, shape: &[usize]| {
+            Var::from_tensor(&values(len, s, &dev).reshape(shape).unwrap()).unwrap()
+        };
+        let x = var(n * cin * hw * hw, 0.7, &[n, cin, hw, hw]);
+        let w = var(cout * cin * 9, 1.9, &[cout, cin, 3, 3]);
+        let b = var(cout, 0.2, &[cout]);
+        let run = |fused: bool| {
+            fused_gpu::set_enabled(fused);
+            let y = conv2d_pool_relu(x.as_tensor(), w.as_tensor(), b.as_tensor(), 1, k).unwrap();
+            let r = values(y.elem_count(), 4.1, &dev)
+                .reshape(y.shape())
+                .unwrap();
+            let grads = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+            let g = |v: &Var| grads.get(v.as_tensor()).unwrap().clone();
+            (y, g(&x), g(&w), g(&b))
+        };
+        let fused = run(true);
+        let generic = run(false);
+        fused_gpu::set_enabled(false);
+        let pairs = [
+            ("y", &fused.0, &generic.0),
+            ("dx", &fused.1, &generic.1),
+            ("dW", &fused.2, &generic.2),
+            ("db", &fused.3, &generic.3),
+        ];
+        for (name, a, b) in pairs {
+            assert_eq!(a.dims(), b.dims(), "{name}");
+            let scale = b
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+                .max(1e-6);
+            let d = (a - b)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(
+                d <= 1e-5 * scale,
+                "({n}, {cin}, {hw}, {cout}, k {k}): {name} differs by {d:e} of {scale:e}"
+            );
+        }
+    }
+}

@@ -6,6 +6,7 @@
 pub(crate) mod linear;
 pub(crate) mod loss;
 mod optim;
+pub(crate) mod pool;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

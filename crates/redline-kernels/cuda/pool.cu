@@ -1,0 +1,92 @@
+// A CNN block's tail after candle's convolution: bias, max pooling (k x k,
+// stride k, floor mode) and ReLU in one launch, and the backward in two.
+// The same rules as src/conv_block.rs's CPU kernel and the generic ops: the
+// bias is added to each conv output before pooling; each window's maximum
+// is its first in row-major order, with `v > best || isnan(v)` (PyTorch's
+// rule, the last NaN wins); the ReLU passes gradient where its output is
+// positive. One byte per pooled value keeps the winner (ky * k + kx), or
+// 255 where the ReLU zeroed it.
+
+#define POOL_NO_GRAD 255
+
+// One thread per pooled value (n, c, py, px) of `y (N, C, PH, PW)`.
+extern "C" __global__ void redline_bias_pool_relu_f32(const float *conv, const float *bias, float *y,
+                                                      unsigned char *arg, unsigned int n,
+                                                      unsigned int c, unsigned int h, unsigned int w,
+                                                      unsigned int k, unsigned int ph,
+                                                      unsigned int pw) {
+    unsigned long long total = (unsigned long long)n * c * ph * pw;
+    for (unsigned long long o = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; o < total;
+         o += (unsigned long long)gridDim.x * blockDim.x) {
+        unsigned int px = o % pw;
+        unsigned long long t = o / pw;
+        unsigned int py = t % ph;
+        t /= ph;  // n * C + c
+        unsigned int ch = t % c;
+        const float *plane = conv + t * h * w;
+        float b = bias[ch];
+        float best = __fadd_rn(plane[(py * k) * w + px * k], b);
+        unsigned int at = 0;
+        for (unsigned int ky = 0; ky < k; ky++) {
+            for (unsigned int kx = 0; kx < k; kx++) {
+                float v = __fadd_rn(plane[(py * k + ky) * w + px * k + kx], b);
+                if (v > best || isnan(v)) {
+                    best = v;
+                    at = ky * k + kx;
+                }
+            }
+        }
+        bool pass = best > 0.0f;
+        y[o] = pass ? best : 0.0f;
+        arg[o] = pass ? (unsigned char)at : (unsigned char)POOL_NO_GRAD;
+    }
+}
+
+// d(conv) of `(N, C, H, W)`: each conv output takes its window's gradient
+// when it was the window's winner; rows and columns past the last whole
+// window (floor mode) take none.
+extern "C" __global__ void redline_bias_pool_relu_bwd_f32(const float *gy, const unsigned char *arg,
+                                                          float *dconv, unsigned int n,
+                                                          unsigned int c, unsigned int h,
+                                                          unsigned int w, unsigned int k,
+                                                          unsigned int ph, unsigned int pw) {
+    unsigned long long total = (unsigned long long)n * c * h * w;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < total;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        unsigned int x = i % w;
+        unsigned long long t = i / w;
+        unsigned int yy = t % h;
+        t /= h;  // n * C + c
+        float g = 0.0f;
+        unsigned int py = yy / k, px = x / k;
+        if (py < ph && px < pw) {
+            unsigned long long o = (t * ph + py) * pw + px;
+            if (arg[o] == (yy % k) * k + (x % k)) g = gy[o];
+        }
+        dconv[i] = g;
+    }
+}
+
+// d(bias) of `C`: one block per channel sums the gradient that passed the
+// ReLU over (n, py, px), in a fixed order (the same bits every run).
+extern "C" __global__ void redline_bias_pool_relu_dbias_f32(const float *gy,
+                                                            const unsigned char *arg, float *db,
+                                                            unsigned int n, unsigned int c,
+                                                            unsigned int ph, unsigned int pw) {
+    __shared__ float part[256];
+    unsigned int ch = blockIdx.x;
+    unsigned int per = ph * pw;
+    unsigned long long count = (unsigned long long)n * per;
+    float s = 0.0f;
+    for (unsigned long long j = threadIdx.x; j < count; j += blockDim.x) {
+        unsigned long long o = ((j / per) * c + ch) * per + j % per;
+        if (arg[o] != POOL_NO_GRAD) s = __fadd_rn(s, gy[o]);
+    }
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (unsigned int half = blockDim.x / 2; half > 0; half >>= 1) {
+        if (threadIdx.x < half) part[threadIdx.x] = __fadd_rn(part[threadIdx.x], part[threadIdx.x + half]);
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) db[ch] = part[0];
+}

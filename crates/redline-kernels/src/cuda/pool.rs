@@ -1,0 +1,235 @@
+//! The CNN block's bias, max pooling and ReLU on the GPU (`cuda/pool.cu`),
+//! after candle's convolution: one launch forward, two backward.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use candle_core::{bail, CudaStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+
+use super::function;
+
+/// Threads per block of the element-wise kernels and of the bias reduction.
+const THREADS: u32 = 256;
+
+/// `(N, C, H, W)` of the conv output, the window, the pooled size.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    n: u32,
+    c: u32,
+    h: u32,
+    w: u32,
+    k: u32,
+    ph: u32,
+    pw: u32,
+}
+
+impl Dims {
+    fn new(conv: &Layout, k: usize) -> candle_core::Result<Self> {
+        let (n, c, h, w) = conv.shape().dims4()?;
+        if !(1..16).contains(&k) || h < k || w < k {
+            bail!("bias+pool+relu on the GPU: a {k}x{k} window over a {h}x{w} plane")
+        }
+        let u = |v: usize| u32::try_from(v).or_else(|_| bail!("bias+pool+relu: {v} is too large"));
+        Ok(Self {
+            n: u(n)?,
+            c: u(c)?,
+            h: u(h)?,
+            w: u(w)?,
+            k: u(k)?,
+            ph: u(h / k)?,
+            pw: u(w / k)?,
+        })
+    }
+
+    fn pooled(&self) -> usize {
+        self.n as usize * self.c as usize * self.ph as usize * self.pw as usize
+    }
+
+    fn conv(&self) -> usize {
+        self.n as usize * self.c as usize * self.h as usize * self.w as usize
+    }
+}
+
+fn grid(elements: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            elements.div_ceil(THREADS as usize).clamp(1, 65_535) as u32,
+            1,
+            1,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn msg(e: impl std::fmt::Display) -> candle_core::Error {
+    candle_core::Error::Msg(format!("bias+pool+relu on the GPU: {e}"))
+}
+
+/// `relu(max_pool2d(conv + bias, k))` of a CUDA f32 conv output `(N, C, H,
+/// W)` and bias `(C)`, with the backward of both.
+pub(crate) fn bias_pool_relu(conv: &Tensor, bias: &Tensor, k: usize) -> crate::Result<Tensor> {
+    let op = BiasPoolRelu {
+        k,
+        argmax: Mutex::new(None),
+    };
+    Ok(conv.contiguous()?.apply_op2(&bias.contiguous()?, op)?)
+}
+
+struct BiasPoolRelu {
+    k: usize,
+    /// Per pooled value, the winner's `ky * k + kx` or 255 (set by the forward).
+    argmax: Mutex<Option<Arc<CudaSlice<u8>>>>,
+}
+
+impl CustomOp2 for BiasPoolRelu {
+    fn name(&self) -> &'static str {
+        "redline-bias-pool-relu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, Shape)> {
+        bail!("redline-bias-pool-relu runs on CUDA devices only")
+    }
+
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        let d = Dims::new(l1, self.k)?;
+        if l2.shape().dims1()? != d.c as usize {
+            bail!("bias+pool+relu: bias {:?} for {} channels", l2.shape(), d.c)
+        }
+        let (Some((c0, c1)), Some((b0, b1))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
+        else {
+            bail!("bias+pool+relu: the inputs must be contiguous")
+        };
+        let dev = s1.device().clone();
+        let conv = s1.as_cuda_slice::<f32>()?.slice(c0..c1);
+        let bias = s2.as_cuda_slice::<f32>()?.slice(b0..b1);
+        // SAFETY: both are written in full by the kernel.
+        let mut y = unsafe { dev.alloc::<f32>(d.pooled()) }?;
+        let mut arg = unsafe { dev.alloc::<u8>(d.pooled()) }?;
+        let func = function(&dev, "redline_bias_pool_relu_f32").map_err(msg)?;
+        let stream = dev.cuda_stream();
+        let mut b = stream.launch_builder(&func);
+        b.arg(&conv).arg(&bias).arg(&mut y).arg(&mut arg);
+        b.arg(&d.n)
+            .arg(&d.c)
+            .arg(&d.h)
+            .arg(&d.w)
+            .arg(&d.k)
+            .arg(&d.ph)
+            .arg(&d.pw);
+        // SAFETY: the kernel's arguments in order; `conv` holds N*C*H*W f32,
+        // `bias` C, `y` and `arg` one per pooled value.
+        unsafe { b.launch(grid(d.pooled())) }.map_err(msg)?;
+        *self.argmax.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(arg));
+        let shape = Shape::from((d.n as usize, d.c as usize, d.ph as usize, d.pw as usize));
+        Ok((CudaStorage::wrap_cuda_slice(y, dev), shape))
+    }
+
+    fn bwd(
+        &self,
+        conv: &Tensor,
+        _bias: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let saved = self
+            .argmax
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let Some(argmax) = saved else {
+            bail!("{}: backward before forward", self.name())
+        };
+        let d = Dims::new(conv.layout(), self.k)?;
+        let flat = grad
+            .contiguous()?
+            .apply_op1_no_bwd(&BiasPoolReluBwd { argmax, d })?;
+        let dconv = flat.narrow(0, 0, d.conv())?.reshape(conv.shape())?;
+        let db = flat.narrow(0, d.conv(), d.c as usize)?;
+        Ok((Some(dconv), Some(db)))
+    }
+}
+
+/// `[d(conv) (N*C*H*W) | d(bias) (C)]` from the pooled output's gradient.
+struct BiasPoolReluBwd {
+    argmax: Arc<CudaSlice<u8>>,
+    d: Dims,
+}
+
+impl CustomOp1 for BiasPoolReluBwd {
+    fn name(&self) -> &'static str {
+        "redline-bias-pool-relu-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, Shape)> {
+        bail!("redline-bias-pool-relu-bwd runs on CUDA devices only")
+    }
+
+    fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+        let d = self.d;
+        let Some((g0, g1)) = l.contiguous_offsets() else {
+            bail!("bias+pool+relu backward: the gradient must be contiguous")
+        };
+        if g1 - g0 != d.pooled() || self.argmax.len() != d.pooled() {
+            bail!(
+                "bias+pool+relu backward: {} gradients and {} saved winners for {} pooled values",
+                g1 - g0,
+                self.argmax.len(),
+                d.pooled()
+            )
+        }
+        let dev = s.device().clone();
+        let gy = s.as_cuda_slice::<f32>()?.slice(g0..g1);
+        let total = d.conv() + d.c as usize;
+        // SAFETY: d(conv) is written in full by the first kernel, d(bias) by the second.
+        let mut out = unsafe { dev.alloc::<f32>(total) }?;
+        let stream = dev.cuda_stream();
+        {
+            let mut dconv = out.slice_mut(0..d.conv());
+            let func = function(&dev, "redline_bias_pool_relu_bwd_f32").map_err(msg)?;
+            let mut b = stream.launch_builder(&func);
+            b.arg(&gy).arg(self.argmax.as_ref()).arg(&mut dconv);
+            b.arg(&d.n)
+                .arg(&d.c)
+                .arg(&d.h)
+                .arg(&d.w)
+                .arg(&d.k)
+                .arg(&d.ph)
+                .arg(&d.pw);
+            // SAFETY: the kernel's arguments in order, sized as checked above.
+            unsafe { b.launch(grid(d.conv())) }.map_err(msg)?;
+        }
+        {
+            let mut db = out.slice_mut(d.conv()..total);
+            let func = function(&dev, "redline_bias_pool_relu_dbias_f32").map_err(msg)?;
+            let mut b = stream.launch_builder(&func);
+            b.arg(&gy).arg(self.argmax.as_ref()).arg(&mut db);
+            b.arg(&d.n).arg(&d.c).arg(&d.ph).arg(&d.pw);
+            let cfg = LaunchConfig {
+                grid_dim: (d.c, 1, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: as above; one block of THREADS (the kernel's shared array) per channel.
+            unsafe { b.launch(cfg) }.map_err(msg)?;
+        }
+        Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(total)))
+    }
+}

@@ -84,6 +84,12 @@ pub struct GpuBusy {
     /// The kernels that ran longest in total, longest first.
     #[serde(deserialize_with = "nullable")]
     pub top: Vec<KernelRow>,
+    /// How the figure was measured when it was not from kernel records.
+    #[serde(
+        deserialize_with = "nullable",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub note: String,
 }
 
 impl GpuBusy {
@@ -92,8 +98,34 @@ impl GpuBusy {
         (100.0 - self.percent).max(0.0)
     }
 
+    /// From CUDA events around each replay of a captured step, where no
+    /// kernel records could be had: `replay_s` of device time over `replays`
+    /// replays in `wall_s`. It counts the gaps between a graph's nodes as busy
+    /// and the eagerly run steps (warm-up, the last batch, validation) as idle.
+    pub fn from_replays(replay_s: f64, replays: u64, wall_s: f64, steps: usize, why: &str) -> Self {
+        let kernel_s = replay_s.min(wall_s).max(0.0);
+        GpuBusy {
+            source: "graph replay events".into(),
+            percent: ratio(kernel_s, wall_s),
+            kernel_s,
+            wall_s,
+            steps: steps as u64,
+            note: format!(
+                "{why}; timed {replays} graph replays with CUDA events instead (gaps between \
+                 a graph's nodes count as busy, eager steps as idle)"
+            ),
+            ..Self::default()
+        }
+    }
+
     /// One line for the end of a run.
     pub fn line(&self) -> String {
+        if self.kernels == 0 && !self.note.is_empty() {
+            return format!(
+                "GPU busy {:.1}% of wall ({:.3} s of {} in {:.3} s): {}",
+                self.percent, self.kernel_s, self.source, self.wall_s, self.note
+            );
+        }
         let lost = if self.dropped > 0 {
             format!(" ({} records lost: a lower bound)", self.dropped)
         } else {
@@ -232,6 +264,7 @@ impl KernelTally {
             },
             dropped: self.dropped,
             top: rows,
+            note: String::new(),
         }
     }
 }
@@ -357,6 +390,32 @@ mod tests {
         assert_eq!(g.top.len(), TOP_KERNELS);
         assert_eq!(g.top[0].name, format!("k{}", TOP_KERNELS + 4));
         assert!(g.top.windows(2).all(|w| w[0].total_ms >= w[1].total_ms));
+    }
+
+    #[test]
+    fn replay_events_stand_in_for_kernel_records() {
+        let g = GpuBusy::from_replays(0.156, 935, 0.2, 938, "libcupti was not found");
+        assert!((g.percent - 78.0).abs() < 1e-9, "{}", g.percent);
+        assert_eq!(g.kernels, 0);
+        let line = g.line();
+        assert!(
+            line.starts_with("GPU busy 78.0% of wall (0.156 s of graph replay events"),
+            "{line}"
+        );
+        assert!(
+            line.contains("libcupti was not found; timed 935 graph replays"),
+            "{line}"
+        );
+        // Never more busy than the wall.
+        assert_eq!(GpuBusy::from_replays(3.0, 1, 2.0, 1, "x").percent, 100.0);
+        let json = serde_json::to_string(&g).unwrap_or_default();
+        let back: GpuBusy = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, g);
+        assert!(
+            !serde_json::to_string(&KernelTally::new(0).finish(1, 1, "cupti"))
+                .unwrap_or_default()
+                .contains("note")
+        );
     }
 
     #[test]

@@ -212,11 +212,7 @@ fn gpu_busy_note(run: &RunData) -> Option<String> {
         run.gpu_busy(),
         run.summary.as_ref()?.gpu_busy_note.as_deref(),
     ) {
-        (Some(g), _) => Some(format!(
-            "GPU busy {:.1}% of wall time: kernels ran {:.3} s of {:.3} s ({}; {:.1} kernels \
-             per step, {:.1} µs each); {nvml}",
-            g.percent, g.kernel_s, g.wall_s, g.source, g.kernels_per_step, g.mean_kernel_us
-        )),
+        (Some(g), _) => Some(format!("{}; {nvml}", g.line())),
         (None, Some(why)) => Some(format!("GPU busy: {why}; {nvml}")),
         (None, None) => None,
     }

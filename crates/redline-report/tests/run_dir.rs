@@ -188,8 +188,9 @@ fn a_gpu_run_says_how_its_device_was_chosen_and_whether_it_replayed_a_graph() {
     assert!(html.contains("cuda graph: on (the step captured at step 3"));
     // The GPU's kernel time beside NVML's utilization, as a note and a card.
     assert!(
-        html.contains("GPU busy 41.5% of wall time: kernels ran")
-            && html.contains("40.0 kernels per step, 3.1 µs each); NVML mean utilization"),
+        html.contains("GPU busy 41.5% of wall (")
+            && html
+                .contains("40.0 kernels per step, 3.1 µs each on average; NVML mean utilization"),
         "no GPU busy note"
     );
     assert!(

@@ -461,6 +461,11 @@ impl Trainer {
         let (mut train_s, mut eval_s_total, mut samples) = (0.0, 0.0, 0usize);
         // Dropped unfinished on an error, which stops it.
         let trace = KernelTrace::start(&self.device, self.cfg.kernel_trace);
+        let trace_start = Instant::now();
+        #[cfg(feature = "cuda")]
+        if let (Some(engine), KernelTrace::Unavailable(_)) = (engine.as_mut(), &trace) {
+            engine.time_replays();
+        }
         for epoch in 1..=epochs {
             if st.step >= total_steps {
                 break;
@@ -498,6 +503,10 @@ impl Trainer {
             // them rather than carry them into the next epoch.
             self.optimizer.zero_grad();
             prof.switch(Action::HostSync);
+            #[cfg(feature = "cuda")]
+            if let Some(engine) = engine.as_mut() {
+                engine.collect_replay_time()?;
+            }
             let train = epoch_sums.read(&self.reads)?;
             let epoch_s = epoch_start.elapsed().as_secs_f64();
             let step = st.step;
@@ -545,7 +554,18 @@ impl Trainer {
             // Waiting for the device's queue to drain before the trace ends.
             prof.switch(Action::HostSync);
         }
-        let gpu_busy = trace.finish(&self.device, step);
+        let wall_traced = trace_start.elapsed().as_secs_f64();
+        #[allow(unused_mut)]
+        let mut gpu_busy = trace.finish(&self.device, step);
+        // Without kernel records, a replayed graph's event times stand in.
+        #[cfg(feature = "cuda")]
+        if let (Some(Err(why)), Some(engine)) = (&gpu_busy, &engine) {
+            if let Some(b) = engine.replay_busy(wall_traced, step, why) {
+                gpu_busy = Some(Ok(b));
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = wall_traced;
         match &gpu_busy {
             Some(Ok(g)) => self.gpu_busy = Some(g.clone()),
             Some(Err(why)) => tracing::info!("GPU busy not measured: {why}"),

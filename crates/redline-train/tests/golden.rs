@@ -550,6 +550,41 @@ mod cuda {
         );
     }
 
+    /// Without kernel records (`--kernel-trace off` here, no libcupti on a
+    /// user's machine), a replayed graph's CUDA-event times give GPU busy.
+    #[test]
+    fn cuda_graph_replays_give_gpu_busy_without_the_kernel_trace() {
+        let dev = on(true);
+        let cfg = TrainConfig {
+            cuda_graph: redline_train::GraphMode::On,
+            kernel_trace: false,
+            ..steps_config(40)
+        };
+        let mut trainer = Trainer::builder()
+            .config(cfg)
+            .optimizer(OptimizerConfig::by_name("adam", 1e-3).unwrap())
+            .build(
+                Classifier::new(model("mlp", "mlp_init.safetensors", &dev)),
+                dev.clone(),
+            )
+            .unwrap();
+        let fit = trainer
+            .fit(&train_loader(64, &dev, Placement::Resident), None)
+            .unwrap();
+        let busy = match &fit.gpu_busy {
+            Some(Ok(b)) => b.clone(),
+            other => panic!("no GPU busy figure: {other:?}"),
+        };
+        eprintln!("{}", busy.line());
+        assert_eq!(busy.source, "graph replay events");
+        assert!(
+            busy.percent > 0.0 && busy.percent <= 100.0,
+            "{}",
+            busy.percent
+        );
+        assert!(busy.note.contains("--kernel-trace off"), "{}", busy.note);
+    }
+
     /// The same with the multi-tensor optimizer kernel (issue 13), eagerly
     /// and captured in the graph.
     #[test]

@@ -47,10 +47,14 @@ pub(super) fn kernel_time(run: &RunData, b: Option<&Breakdown>, g: &GpuBusy) -> 
     let head = format!("the GPU ran kernels only {busy:.0}% of wall time ({measured})");
     let text = match b.and_then(|b| cause(b, busy)) {
         Some((Category::Compute, waiting)) => {
-            let per_step = format!(
-                "{:.0} kernels per step, {:.1} µs each on average",
-                g.kernels_per_step, g.mean_kernel_us
-            );
+            let per_step = if g.kernels > 0 {
+                format!(
+                    "{:.0} kernels per step, {:.1} µs each on average",
+                    g.kernels_per_step, g.mean_kernel_us
+                )
+            } else {
+                "kernels not counted".to_string()
+            };
             let replayed = run
                 .summary
                 .as_ref()

@@ -6,14 +6,19 @@
 
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
 use candle_core::cuda_backend::CudaDevice;
+use redline_core::cuda::EventTimer;
 use redline_core::Device;
 use redline_data::{Batch, DeviceCursor, Loader, Split};
-use redline_profile::{Action, Profiler};
+use redline_profile::{Action, GpuBusy, Profiler};
 
 use super::{LoopState, Trainer};
 use crate::error::{Error, Result};
 use crate::graph::{GraphStatus, WARMUP_STEPS};
 use crate::running::{Running, Tally};
+
+/// Event tags of the replay timer: a replay, and the time between replays.
+const REPLAY: usize = 0;
+const BETWEEN: usize = 1;
 
 /// A fit's graph: the cursor over the resident split, and once captured,
 /// the graph and what one replay adds to the host-side counts.
@@ -26,6 +31,10 @@ pub(super) struct Engine {
     warm: usize,
     /// Why the capture failed; the fit then stays eager.
     failed: Option<String>,
+    /// Events around each replay, where no kernel trace measures GPU busy.
+    replay_timer: Option<EventTimer>,
+    /// Device milliseconds of the replays timed so far.
+    replay_ms: f64,
 }
 
 struct Captured {
@@ -58,7 +67,38 @@ impl Engine {
             graph: None,
             warm: 0,
             failed: None,
+            replay_timer: None,
+            replay_ms: 0.0,
         })
+    }
+
+    /// Times every later replay with CUDA events: GPU busy where the kernel
+    /// trace is missing (see [`GpuBusy::from_replays`]).
+    pub(super) fn time_replays(&mut self) {
+        self.replay_timer = Some(EventTimer::new(&self.cuda));
+    }
+
+    /// Adds the replays timed since the last call (waits for the device to
+    /// reach the last of them: at log points only).
+    pub(super) fn collect_replay_time(&mut self) -> Result<()> {
+        if let Some(t) = &mut self.replay_timer {
+            let timed = t.drain()?;
+            self.replay_ms += timed
+                .iter()
+                .filter(|(tag, _)| *tag == REPLAY)
+                .map(|(_, ms)| ms)
+                .sum::<f64>();
+        }
+        Ok(())
+    }
+
+    /// GPU busy from the timed replays over `wall_s`, when they were timed.
+    pub(super) fn replay_busy(&self, wall_s: f64, steps: usize, why: &str) -> Option<GpuBusy> {
+        let replays = self.graph.as_ref().map_or(0, |c| c.replays) as u64;
+        self.replay_timer
+            .as_ref()
+            .filter(|_| replays > 0)
+            .map(|_| GpuBusy::from_replays(self.replay_ms / 1e3, replays, wall_s, steps, why))
     }
 
     /// What happened, for the summary.
@@ -93,9 +133,15 @@ impl Trainer {
             if let Some(c) = &mut engine.graph {
                 prof.switch(Action::TrainingStep);
                 self.optimizer.before_replay()?;
+                if let Some(t) = &mut engine.replay_timer {
+                    t.mark(REPLAY)?;
+                }
                 c.graph
                     .launch()
                     .map_err(|e| Error::Config(format!("CUDA graph replay: {e}")))?;
+                if let Some(t) = &mut engine.replay_timer {
+                    t.mark(BETWEEN)?;
+                }
                 epoch_sums.recount(&c.tally.0)?;
                 st.window.recount(&c.tally.1)?;
                 c.replays += 1;

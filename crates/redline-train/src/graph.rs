@@ -5,7 +5,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use redline_core::Device;
-use redline_data::{Loader, Placement};
+use redline_data::Loader;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -151,20 +151,14 @@ pub fn eligibility(
     Ok(())
 }
 
-/// The checks after the device's: the data's placement, the loop's settings,
-/// the epoch's length, then the step's own declaration.
+/// The checks after the device's: the loop's settings, the epoch's length,
+/// then the step's own declaration. Resident and streamed data both capture
+/// (graph_run.rs says how each reaches the step).
 pub(crate) fn loop_eligibility(
     train: &Loader,
     cfg: &TrainConfig,
     step: &dyn TrainStep,
 ) -> std::result::Result<(), String> {
-    if train.placement() != Placement::Resident {
-        return Err(
-            "the training split streams from the host; a captured step draws its batch from \
-             data kept on the GPU (--data-on-device on)"
-                .into(),
-        );
-    }
     if cfg.accumulate > 1 {
         return Err(format!(
             "--accumulate {}: accumulated steps are not captured yet",
@@ -200,18 +194,18 @@ pub fn decide(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::step::Classifier;
+    use candle_core::Tensor;
+    use redline_data::{LoaderConfig, Placement, Split, TargetKind};
+    use redline_models::{Model, ModelConfig, Params};
+
     #[test]
     fn fused_kernels_follow_their_switch() {
         assert!(fused_kernels_on(GraphMode::On));
         assert!(!fused_kernels_on(GraphMode::Off));
         assert_eq!(fused_kernels_on(GraphMode::Auto), AUTO_FUSES);
     }
-
-    use super::*;
-    use crate::step::Classifier;
-    use candle_core::Tensor;
-    use redline_data::{LoaderConfig, Split, TargetKind};
-    use redline_models::{Model, ModelConfig, Params};
 
     fn split(n: usize) -> Result<Split> {
         let cpu = candle_core::Device::Cpu;
@@ -309,10 +303,10 @@ mod tests {
         Ok(())
     }
 
-    /// The data and loop reasons, each on its own (the device check before
-    /// them cannot pass on the CPU).
+    /// The loop reasons, each on its own (the device check before them cannot
+    /// pass on the CPU); streamed data is captured as resident data is.
     #[test]
-    fn streaming_data_accumulation_and_short_epochs_are_not_captured() -> Result<()> {
+    fn accumulation_and_short_epochs_are_not_captured_streaming_is() -> Result<()> {
         let step = mlp_step()?;
         let cfg = TrainConfig::default();
         assert_eq!(loop_eligibility(&loader(640, 64)?, &cfg, &step), Ok(()));
@@ -323,8 +317,7 @@ mod tests {
             Placement::Streaming,
             LoaderConfig::default(),
         )?;
-        let why = loop_eligibility(&streaming, &cfg, &step);
-        assert!(why.is_err_and(|w| w.contains("streams from the host")));
+        assert_eq!(loop_eligibility(&streaming, &cfg, &step), Ok(()));
 
         let acc = TrainConfig {
             accumulate: 4,

@@ -503,7 +503,7 @@ mod cuda {
 
     /// The MLP's 20 Adam steps on cuda:0 under `cfg`: PyTorch's losses and
     /// final weights; returns how the step ran.
-    fn check_mlp_adam_config(cfg: TrainConfig) -> redline_train::GraphStatus {
+    fn check_mlp_adam_config(cfg: TrainConfig, placement: Placement) -> redline_train::GraphStatus {
         let dev = on(true);
         let losses = Arc::new(Mutex::new(Vec::new()));
         let norms = Arc::new(Mutex::new(Vec::new()));
@@ -517,7 +517,7 @@ mod cuda {
             )
             .unwrap();
         let fit = trainer
-            .fit(&train_loader(64, &dev, Placement::Resident), None)
+            .fit(&train_loader(64, &dev, placement), None)
             .unwrap();
         check_losses(&losses.lock().unwrap(), &trace("mlp_trace.json"), 1e-5);
         let want = load("mlp_final.safetensors");
@@ -534,20 +534,27 @@ mod cuda {
     /// weights, as eagerly.
     #[test]
     fn cuda_mlp_adam_matches_pytorch_as_a_cuda_graph() {
-        let status = check_mlp_adam_config(TrainConfig {
-            cuda_graph: redline_train::GraphMode::On,
-            ..steps_config(20)
-        });
-        assert!(
-            matches!(
-                status,
-                redline_train::GraphStatus::Replayed {
-                    captured_at: 3,
-                    replays: 18
-                }
-            ),
-            "{status}"
-        );
+        // Resident: the cursor draws each batch inside the graph; streaming:
+        // each batch is copied into the graph's static buffers.
+        for placement in [Placement::Resident, Placement::Streaming] {
+            let status = check_mlp_adam_config(
+                TrainConfig {
+                    cuda_graph: redline_train::GraphMode::On,
+                    ..steps_config(20)
+                },
+                placement,
+            );
+            assert!(
+                matches!(
+                    status,
+                    redline_train::GraphStatus::Replayed {
+                        captured_at: 3,
+                        replays: 18
+                    }
+                ),
+                "{placement:?}: {status}"
+            );
+        }
     }
 
     /// Without kernel records (`--kernel-trace off` here, no libcupti on a
@@ -590,11 +597,14 @@ mod cuda {
     #[test]
     fn cuda_mlp_adam_matches_pytorch_with_the_fused_optimizer() {
         for graph in [redline_train::GraphMode::Off, redline_train::GraphMode::On] {
-            let status = check_mlp_adam_config(TrainConfig {
-                cuda_graph: graph,
-                fused_kernels: redline_train::GraphMode::On,
-                ..steps_config(20)
-            });
+            let status = check_mlp_adam_config(
+                TrainConfig {
+                    cuda_graph: graph,
+                    fused_kernels: redline_train::GraphMode::On,
+                    ..steps_config(20)
+                },
+                Placement::Resident,
+            );
             assert_eq!(
                 matches!(status, redline_train::GraphStatus::Replayed { .. }),
                 graph == redline_train::GraphMode::On,

@@ -1,11 +1,15 @@
-//! The graph-mode epoch (CUDA builds): the training step drawn by a
-//! [`DeviceCursor`], run eagerly for [`WARMUP_STEPS`] steps, captured once
-//! as a CUDA graph, then replayed. docs/cuda-graphs.md has the rules a
-//! captured step follows; `crate::graph::eligibility` checked them before
-//! the fit started.
+//! The graph-mode epoch (CUDA builds): the training step run eagerly for
+//! [`WARMUP_STEPS`] steps, captured once as a CUDA graph, then replayed.
+//! With the split on the device, a [`DeviceCursor`] inside the step draws
+//! each batch; with streaming data, each full batch the loader delivers is
+//! copied into two static buffers that the captured step reads (one copy
+//! kernel before each replay, ordered on the compute stream after the
+//! loader's own copy). docs/cuda-graphs.md has the rules a captured step
+//! follows; `crate::graph::eligibility` checked them before the fit started.
 
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
 use candle_core::cuda_backend::CudaDevice;
+use candle_core::Var;
 use redline_core::cuda::EventTimer;
 use redline_core::Device;
 use redline_data::{Batch, DeviceCursor, Loader, Split};
@@ -20,11 +24,26 @@ use crate::running::{Running, Tally};
 const REPLAY: usize = 0;
 const BETWEEN: usize = 1;
 
-/// A fit's graph: the cursor over the resident split, and once captured,
-/// the graph and what one replay adds to the host-side counts.
+/// Where the captured step's batch comes from.
+enum Source {
+    /// The cursor over the resident split, advanced on the device.
+    Resident { cursor: DeviceCursor, split: Split },
+    /// Static buffers each streamed full batch is copied into (made at the
+    /// first full batch).
+    Streaming { statics: Option<(Var, Var)> },
+}
+
+/// The step to run: the cursor's next batch, or the static buffers' one.
+#[derive(Clone, Copy)]
+enum Next {
+    Cursor(usize),
+    Static(usize),
+}
+
+/// A fit's graph: where its batches come from, and once captured, the graph
+/// and what one replay adds to the host-side counts.
 pub(super) struct Engine {
-    cursor: DeviceCursor,
-    split: Split,
+    source: Source,
     cuda: CudaDevice,
     graph: Option<Captured>,
     /// Eager steps run so far.
@@ -46,23 +65,23 @@ struct Captured {
 }
 
 impl Engine {
-    /// The cursor over `train`'s resident split on `device`.
+    /// The engine for `train` on `device`: a cursor over a resident split,
+    /// or static buffers for streamed batches.
     pub(super) fn new(train: &Loader, device: &Device) -> Result<Self> {
-        let split = train
-            .resident()
-            .ok_or_else(|| {
-                Error::Config("graph mode needs a device-resident training split".into())
-            })?
-            .clone();
         let candle_core::Device::Cuda(cuda) = device.candle() else {
             return Err(Error::Config(format!(
                 "graph mode needs a CUDA device, not {device}"
             )));
         };
-        let batch = train.config().batch_size;
+        let source = match train.resident() {
+            Some(split) => Source::Resident {
+                cursor: DeviceCursor::new(split.len(), train.config().batch_size, device.candle())?,
+                split: split.clone(),
+            },
+            None => Source::Streaming { statics: None },
+        };
         Ok(Self {
-            cursor: DeviceCursor::new(split.len(), batch, device.candle())?,
-            split,
+            source,
             cuda: cuda.clone(),
             graph: None,
             warm: 0,
@@ -117,8 +136,8 @@ impl Engine {
 }
 
 impl Trainer {
-    /// One epoch in graph mode: the full batches through the cursor (eager
-    /// warm-up, one capture, replays), then the shorter last batch eagerly.
+    /// One epoch in graph mode: the full batches (eager warm-up, one
+    /// capture, replays), then the shorter last batch eagerly.
     pub(super) fn graph_epoch(
         &mut self,
         engine: &mut Engine,
@@ -128,50 +147,152 @@ impl Trainer {
         epoch_sums: &mut Running,
         prof: &mut Profiler,
     ) -> Result<()> {
-        engine.cursor.start_epoch(&train.order(epoch - 1))?;
-        for index in 0..engine.cursor.full_batches() {
-            if let Some(c) = &mut engine.graph {
-                prof.switch(Action::TrainingStep);
-                self.optimizer.before_replay()?;
-                if let Some(t) = &mut engine.replay_timer {
-                    t.mark(REPLAY)?;
-                }
-                c.graph
-                    .launch()
-                    .map_err(|e| Error::Config(format!("CUDA graph replay: {e}")))?;
-                if let Some(t) = &mut engine.replay_timer {
-                    t.mark(BETWEEN)?;
-                }
-                epoch_sums.recount(&c.tally.0)?;
-                st.window.recount(&c.tally.1)?;
-                c.replays += 1;
-            } else if engine.failed.is_some() || engine.warm < WARMUP_STEPS {
-                // Warm-up fills candle's host-to-device cache for the capture.
-                let _cache = engine
-                    .failed
-                    .is_none()
-                    .then(|| engine.cuda.enable_cuda_graph_htod_cache());
-                self.cursor_step(&engine.cursor, &engine.split, index, st, epoch_sums, prof)?;
-                engine.warm += 1;
-            } else {
-                prof.switch(Action::TrainingStep);
-                self.capture(engine, index, st, epoch_sums, prof)?;
+        if matches!(engine.source, Source::Streaming { .. }) {
+            return self.streaming_graph_epoch(engine, train, epoch, st, epoch_sums, prof);
+        }
+        let full = match &mut engine.source {
+            Source::Resident { cursor, .. } => {
+                cursor.start_epoch(&train.order(epoch - 1))?;
+                cursor.full_batches()
             }
+            Source::Streaming { .. } => 0,
+        };
+        for index in 0..full {
+            self.graph_step(engine, Next::Cursor(index), st, epoch_sums, prof)?;
             if self.after_step(st, epoch, prof)? {
                 return Ok(());
             }
         }
-        if let Some((x, y)) = engine.cursor.rest(&engine.split)? {
-            let batch = Batch {
-                x,
-                y,
-                index: engine.cursor.full_batches(),
-            };
+        let rest = match &engine.source {
+            Source::Resident { cursor, split } => cursor.rest(split)?,
+            Source::Streaming { .. } => None,
+        };
+        if let Some((x, y)) = rest {
+            let batch = Batch { x, y, index: full };
             self.micro_step(&batch, st, epoch_sums, prof)?;
             self.optimizer_step(st, epoch_sums, prof)?;
             self.after_step(st, epoch, prof)?;
         }
         Ok(())
+    }
+
+    /// A graph-mode epoch over streamed batches: each full batch is copied
+    /// into the static buffers, then the step runs (warm-up, capture or
+    /// replay); a shorter batch runs eagerly on its own tensors.
+    fn streaming_graph_epoch(
+        &mut self,
+        engine: &mut Engine,
+        train: &Loader,
+        epoch: usize,
+        st: &mut LoopState,
+        epoch_sums: &mut Running,
+        prof: &mut Profiler,
+    ) -> Result<()> {
+        let size = train.config().batch_size;
+        let mut batches = train.epoch(epoch - 1);
+        loop {
+            prof.switch(Action::DataWait);
+            let Some(batch) = batches.next() else { break };
+            let batch = batch?;
+            if batch.size() != size {
+                self.micro_step(&batch, st, epoch_sums, prof)?;
+                self.optimizer_step(st, epoch_sums, prof)?;
+            } else {
+                prof.switch(Action::Transfer);
+                if let Source::Streaming { statics } = &mut engine.source {
+                    match statics {
+                        Some((x, y)) => {
+                            x.set(&batch.x)?;
+                            y.set(&batch.y)?;
+                        }
+                        None => {
+                            *statics = Some((
+                                Var::from_tensor(&batch.x.copy()?)?,
+                                Var::from_tensor(&batch.y.copy()?)?,
+                            ));
+                        }
+                    }
+                }
+                self.graph_step(engine, Next::Static(batch.index), st, epoch_sums, prof)?;
+            }
+            if self.after_step(st, epoch, prof)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// One full-batch step in graph mode: a replay once captured, an eager
+    /// warm-up step before, or the capture.
+    fn graph_step(
+        &mut self,
+        engine: &mut Engine,
+        next: Next,
+        st: &mut LoopState,
+        epoch_sums: &mut Running,
+        prof: &mut Profiler,
+    ) -> Result<()> {
+        if let Some(c) = &mut engine.graph {
+            prof.switch(Action::TrainingStep);
+            self.optimizer.before_replay()?;
+            if let Some(t) = &mut engine.replay_timer {
+                t.mark(REPLAY)?;
+            }
+            c.graph
+                .launch()
+                .map_err(|e| Error::Config(format!("CUDA graph replay: {e}")))?;
+            if let Some(t) = &mut engine.replay_timer {
+                t.mark(BETWEEN)?;
+            }
+            epoch_sums.recount(&c.tally.0)?;
+            st.window.recount(&c.tally.1)?;
+            c.replays += 1;
+        } else if engine.failed.is_some() || engine.warm < WARMUP_STEPS {
+            // Warm-up fills candle's host-to-device cache for the capture.
+            let _cache = engine
+                .failed
+                .is_none()
+                .then(|| engine.cuda.enable_cuda_graph_htod_cache());
+            self.run_step(&engine.source, next, st, epoch_sums, prof)?;
+            engine.warm += 1;
+        } else {
+            prof.switch(Action::TrainingStep);
+            self.capture(engine, next, st, epoch_sums, prof)?;
+        }
+        Ok(())
+    }
+
+    /// The step of `next`: from the cursor, or from the static buffers.
+    fn run_step(
+        &mut self,
+        source: &Source,
+        next: Next,
+        st: &mut LoopState,
+        epoch_sums: &mut Running,
+        prof: &mut Profiler,
+    ) -> Result<()> {
+        match (source, next) {
+            (Source::Resident { cursor, split }, Next::Cursor(index)) => {
+                self.cursor_step(cursor, split, index, st, epoch_sums, prof)
+            }
+            (
+                Source::Streaming {
+                    statics: Some((x, y)),
+                },
+                Next::Static(index),
+            ) => {
+                let batch = Batch {
+                    x: x.as_tensor().clone(),
+                    y: y.as_tensor().clone(),
+                    index,
+                };
+                self.micro_step(&batch, st, epoch_sums, prof)?;
+                self.optimizer_step(st, epoch_sums, prof)
+            }
+            _ => Err(Error::Config(
+                "graph mode: a step without its batch source (internal)".into(),
+            )),
+        }
     }
 
     /// The step drawn by the cursor: gather, forward, backward, sums, update,
@@ -200,7 +321,7 @@ impl Trainer {
     fn capture(
         &mut self,
         engine: &mut Engine,
-        index: usize,
+        next: Next,
         st: &mut LoopState,
         epoch_sums: &mut Running,
         prof: &mut Profiler,
@@ -216,14 +337,7 @@ impl Trainer {
             match stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) {
                 Err(e) => Err(format!("begin capture: {e}")),
                 Ok(()) => {
-                    let stepped = self.cursor_step(
-                        &engine.cursor,
-                        &engine.split,
-                        index,
-                        st,
-                        epoch_sums,
-                        &mut quiet,
-                    );
+                    let stepped = self.run_step(&engine.source, next, st, epoch_sums, &mut quiet);
                     let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0));
                     match (stepped, ended) {
                         (Ok(()), Ok(Some(graph))) => Ok(graph),
@@ -255,7 +369,7 @@ impl Trainer {
                 st.window.restore(&before.1)?;
                 self.optimizer.rewind(host_steps);
                 engine.failed = Some(why);
-                self.cursor_step(&engine.cursor, &engine.split, index, st, epoch_sums, prof)?;
+                self.run_step(&engine.source, next, st, epoch_sums, prof)?;
             }
         }
         Ok(())

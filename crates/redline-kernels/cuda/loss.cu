@@ -1,6 +1,7 @@
 // Mean softmax cross-entropy fused with its gradient: src/loss.rs's CPU
 // kernel on the GPU. The forward writes each row's softmax (kept for the
-// backward) and the mean loss in one launch of one block: warp w takes rows
+// backward), the mean loss and the count of rows predicted right in one
+// launch of one block: warp w takes rows
 // w, w + 32, ...; exponentials in f32, sums in f64, the 32 warps' partial
 // sums added in a fixed order, so the loss is the same bits every run. A
 // target outside [0, C) makes the loss NaN, which the loop's non-finite
@@ -18,18 +19,32 @@ __device__ __forceinline__ double warp_sum(double v) {
     return v;
 }
 
+__device__ __forceinline__ unsigned int warp_min(unsigned int v) {
+    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Also counts the rows whose first maximum is the target (top-1 accuracy's
+// numerator, as argmax then compare would) into `correct`.
 extern "C" __global__ void redline_ce_fwd_f32(const float *x, const unsigned int *t, float *probs,
-                                              float *loss, unsigned int rows, unsigned int cols) {
+                                              float *loss, float *correct, unsigned int rows,
+                                              unsigned int cols) {
     __shared__ double partial[CE_WARPS];
+    __shared__ unsigned int hits_part[CE_WARPS];
     const unsigned int lane = threadIdx.x & 31u;
     const unsigned int warp = threadIdx.x >> 5;
     double acc = 0.0;
+    unsigned int hits = 0;
     for (unsigned int r = warp; r < rows; r += CE_WARPS) {
         const float *row = x + (unsigned long long)r * cols;
         float *p = probs + (unsigned long long)r * cols;
         float m = -INFINITY;
         for (unsigned int j = lane; j < cols; j += 32) m = fmaxf(m, row[j]);
         m = warp_max(m);
+        unsigned int first = 0xffffffffu;
+        for (unsigned int j = lane; j < cols && first == 0xffffffffu; j += 32)
+            if (row[j] == m) first = j;
+        first = warp_min(first);
         double s = 0.0;
         for (unsigned int j = lane; j < cols; j += 32) {
             float e = expf(__fsub_rn(row[j], m));
@@ -42,13 +57,22 @@ extern "C" __global__ void redline_ce_fwd_f32(const float *x, const unsigned int
         unsigned int y = t[r];
         double xy = y < cols ? (double)row[y] : __longlong_as_double(0x7ff8000000000000ll);
         acc += log(s) + (double)m - xy;
+        hits += first == y ? 1u : 0u;
     }
-    if (lane == 0) partial[warp] = acc;
+    if (lane == 0) {
+        partial[warp] = acc;
+        hits_part[warp] = hits;
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
         double total = 0.0;
-        for (int w = 0; w < CE_WARPS; w++) total += partial[w];
+        unsigned int right = 0;
+        for (int w = 0; w < CE_WARPS; w++) {
+            total += partial[w];
+            right += hits_part[w];
+        }
         loss[0] = (float)(total / (double)rows);
+        correct[0] = (float)right;
     }
 }
 

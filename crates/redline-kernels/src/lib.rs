@@ -30,5 +30,5 @@ pub use conv::{conv2d, conv2d_generic, conv2d_param};
 pub use conv_block::{conv2d_pool_relu, conv2d_pool_relu_param};
 pub use error::{Error, Result};
 pub use linear::{linear, linear_param};
-pub use loss::cross_entropy;
+pub use loss::{cross_entropy, cross_entropy_counted};
 pub use pool::{max_pool2d, max_pool2d_generic};

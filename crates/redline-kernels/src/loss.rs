@@ -15,6 +15,17 @@ use redline_core::trace;
 /// Mean cross-entropy of `logits (B, C)` against class indices `targets (B,)` (u32).
 /// A target `>= C` is an error, not a silent wrong answer.
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    Ok(cross_entropy_counted(logits, targets)?.0)
+}
+
+/// [`cross_entropy`] and, where a fused kernel computed the loss, the number
+/// of rows whose first maximum is the target (top-1 accuracy's numerator,
+/// a 0-d f32 with no gradient), counted in the same pass over the logits.
+/// `None` on the generic path: count with argmax there.
+pub fn cross_entropy_counted(
+    logits: &Tensor,
+    targets: &Tensor,
+) -> Result<(Tensor, Option<Tensor>)> {
     let u32_targets = targets.dtype() == candle_core::DType::U32;
     let cpu = fused_cpu(logits) && targets.device().is_cpu() && u32_targets;
     // Redline's CUDA kernel where `--fused-kernels` turned it on.
@@ -27,12 +38,74 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     if !cpu && !gpu {
         let logp = log_softmax(logits)?;
         let picked = logp.gather(&targets.unsqueeze(1)?, 1)?;
-        return Ok(picked.mean_all()?.neg()?);
+        return Ok((picked.mean_all()?.neg()?, None));
     }
+    let count = Arc::new(Mutex::new(None));
     let op = CrossEntropy {
         saved: Mutex::new(None),
+        count: Arc::clone(&count),
     };
-    Ok(logits.contiguous()?.apply_op2(&targets.contiguous()?, op)?)
+    let logits = logits.contiguous()?;
+    let loss = logits.apply_op2(&targets.contiguous()?, op)?;
+    // Hands over the count the forward just made (no device work).
+    let correct = logits.apply_op1_no_bwd(&TakeCount(count))?;
+    Ok((loss, Some(correct)))
+}
+
+/// The count of right predictions a forward left, wherever it ran.
+enum Count {
+    Host(f32),
+    #[cfg(feature = "cuda")]
+    Device(candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>),
+}
+
+/// Moves the forward's count into a tensor of its own.
+struct TakeCount(Arc<Mutex<Option<Count>>>);
+
+impl TakeCount {
+    fn take(&self) -> candle_core::Result<Count> {
+        match self.0.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            Some(c) => Ok(c),
+            None => bail!("cross_entropy: the count was taken before the forward ran"),
+        }
+    }
+}
+
+impl candle_core::CustomOp1 for TakeCount {
+    fn name(&self) -> &'static str {
+        "redline-cross-entropy-count"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        // One arm without the `cuda` feature.
+        #[allow(clippy::infallible_destructuring_match)]
+        let n = match self.take()? {
+            Count::Host(n) => n,
+            #[cfg(feature = "cuda")]
+            Count::Device(_) => {
+                bail!("cross_entropy: the count is on the GPU, the logits on the CPU")
+            }
+        };
+        Ok((CpuStorage::F32(vec![n]), Shape::from(())))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::backend::BackendStorage;
+        match self.take()? {
+            Count::Device(c) => Ok((
+                candle_core::CudaStorage::wrap_cuda_slice(c, s.device().clone()),
+                Shape::from(()),
+            )),
+            Count::Host(_) => {
+                bail!("cross_entropy: the count is on the CPU, the logits on the GPU")
+            }
+        }
+    }
 }
 
 /// `log_softmax` over the last dim from generic ops (the fallback path).
@@ -43,9 +116,11 @@ fn log_softmax(x: &Tensor) -> Result<Tensor> {
     Ok(shifted.broadcast_sub(&lse)?)
 }
 
-/// The forward op; keeps the softmax of its logits for the backward.
+/// The forward op; keeps the softmax of its logits for the backward, and
+/// leaves the count of right predictions in `count`.
 struct CrossEntropy {
     saved: Mutex<Option<Saved>>,
+    count: Arc<Mutex<Option<Count>>>,
 }
 
 /// The forward's softmax, where the forward ran.
@@ -67,6 +142,18 @@ fn check(l1: &Layout, l2: &Layout) -> candle_core::Result<(usize, usize)> {
         )
     }
     Ok((b, c))
+}
+
+/// The index of the first maximum of `row` (argmax's answer for rows
+/// without NaN).
+fn first_max(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (j, v) in row.iter().enumerate().skip(1) {
+        if *v > row[best] {
+            best = j;
+        }
+    }
+    best
 }
 
 /// Writes the softmax of `row` into `p` and returns the row's log-sum-exp:
@@ -102,15 +189,19 @@ impl CustomOp2 for CrossEntropy {
             u32s(s2, l2, "cross_entropy")?,
         );
         let mut total = 0f64;
+        let mut right = 0u32;
         let mut probs = vec![0f32; b * c];
         for ((row, p), &y) in x.chunks_exact(c).zip(probs.chunks_exact_mut(c)).zip(t) {
             let Some(&xy) = row.get(y as usize) else {
                 bail!("cross_entropy: target {y} is out of range for {c} classes")
             };
             total += softmax_lse(row, p) - f64::from(xy);
+            right += u32::from(first_max(row) == y as usize);
         }
         *self.saved.lock().unwrap_or_else(PoisonError::into_inner) =
             Some(Saved::Host(Arc::new(probs)));
+        *self.count.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(Count::Host(right as f32));
         Ok((
             CpuStorage::F32(vec![(total / b as f64) as f32]),
             Shape::from(()),
@@ -126,9 +217,10 @@ impl CustomOp2 for CrossEntropy {
         l2: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let (b, c) = check(l1, l2)?;
-        let (loss, probs) = crate::cuda::loss::ce_forward(s1, l1, s2, l2, b, c)?;
+        let (loss, probs, right) = crate::cuda::loss::ce_forward(s1, l1, s2, l2, b, c)?;
         *self.saved.lock().unwrap_or_else(PoisonError::into_inner) =
             Some(Saved::Device(Arc::new(probs)));
+        *self.count.lock().unwrap_or_else(PoisonError::into_inner) = Some(Count::Device(right));
         Ok((loss, Shape::from(())))
     }
 
@@ -252,6 +344,46 @@ mod tests {
         .max_all()?
         .to_scalar::<f32>()?;
         assert!(d < 1e-6, "{d}");
+        Ok(())
+    }
+
+    /// The fused pass counts what argmax then compare would, first maximum
+    /// on ties; the generic path leaves the count to the caller.
+    #[test]
+    fn the_fused_pass_counts_right_predictions() -> Result<()> {
+        let dev = Device::Cpu;
+        let vals: Vec<f32> = (0..60).map(|i| ((i as f32) * 1.37).sin() * 3.0).collect();
+        let x = Tensor::from_vec(vals, (12, 5), &dev)?;
+        // Right on the even rows, wrong on the odd ones.
+        let am: Vec<u32> = x.argmax(1)?.to_vec1()?;
+        let t: Vec<u32> = am
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| if i % 2 == 0 { a } else { (a + 1) % 5 })
+            .collect();
+        let t = Tensor::new(t.as_slice(), &dev)?;
+        let (loss, counted) = cross_entropy_counted(&x, &t)?;
+        let want = x
+            .argmax(1)?
+            .eq(&t)?
+            .to_dtype(candle_core::DType::F32)?
+            .sum_all()?;
+        let got = counted.ok_or(candle_core::Error::Msg("no count".into()))?;
+        assert_eq!(got.to_scalar::<f32>()?, want.to_scalar::<f32>()?);
+        assert_eq!(want.to_scalar::<f32>()?, 6.0);
+        assert_eq!(
+            loss.to_scalar::<f32>()?.to_bits(),
+            cross_entropy(&x, &t)?.to_scalar::<f32>()?.to_bits()
+        );
+        // Ties go to the first maximum: row 0 predicts class 1, row 1 class 0.
+        let tied = Tensor::new(&[[0.0f32, 2.0, 2.0], [5.0, 5.0, 1.0]], &dev)?;
+        let (_, c) = cross_entropy_counted(&tied, &Tensor::new(&[1u32, 0], &dev)?)?;
+        assert_eq!(c.map(|c| c.to_scalar::<f32>()).transpose()?, Some(2.0));
+        let (_, c) = cross_entropy_counted(&tied, &Tensor::new(&[2u32, 1], &dev)?)?;
+        assert_eq!(c.map(|c| c.to_scalar::<f32>()).transpose()?, Some(0.0));
+        // f64 logits take the generic path: no count.
+        let (_, none) = cross_entropy_counted(&x.to_dtype(candle_core::DType::F64)?, &t)?;
+        assert!(none.is_none());
         Ok(())
     }
 

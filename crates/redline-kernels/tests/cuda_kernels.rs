@@ -274,6 +274,22 @@ fn cuda_cross_entropy_matches_the_generic_path() {
         .unwrap();
         let t: Vec<u32> = (0..rows).map(|r| ((r * 7919) % cols) as u32).collect();
         let t = Tensor::new(t.as_slice(), &dev).unwrap();
+        // The count of right predictions from the fused pass is argmax's.
+        fused_gpu::set_enabled(true);
+        let (_, counted) = redline_kernels::cross_entropy_counted(x.as_tensor(), &t).unwrap();
+        let want = x
+            .as_tensor()
+            .argmax(1)
+            .unwrap()
+            .eq(&t)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        assert_eq!(
+            counted.unwrap().to_scalar::<f32>().unwrap(),
+            want.sum_all().unwrap().to_scalar::<f32>().unwrap(),
+            "({rows}, {cols}): count"
+        );
         let run = |fused: bool| {
             fused_gpu::set_enabled(fused);
             let loss = cross_entropy(x.as_tensor(), &t).unwrap();

@@ -137,13 +137,17 @@ impl<M: Model> Classifier<M> {
                 y.dtype()
             )));
         }
-        let loss = loss::cross_entropy(logits, y)?;
-        let correct = logits
-            .detach()
-            .argmax(1)?
-            .eq(y)?
-            .to_dtype(DType::F32)?
-            .sum_all()?;
+        // The fused kernels count the right predictions in the loss's pass.
+        let (loss, counted) = redline_kernels::cross_entropy_counted(logits, y)?;
+        let correct = match counted {
+            Some(c) => c,
+            None => logits
+                .detach()
+                .argmax(1)?
+                .eq(y)?
+                .to_dtype(DType::F32)?
+                .sum_all()?,
+        };
         Ok(StepOutput {
             loss,
             samples,

@@ -28,7 +28,8 @@ fn u32_of(n: usize, what: &str) -> candle_core::Result<u32> {
 }
 
 /// Mean cross-entropy of `x (rows, cols)` against `t (rows,)`: the loss (a
-/// 0-d f32 storage) and the softmax, kept for the backward.
+/// 0-d f32 storage), the softmax kept for the backward, and the count of
+/// rows whose first maximum is the target (one f32).
 pub(crate) fn ce_forward(
     x: &CudaStorage,
     lx: &Layout,
@@ -36,7 +37,7 @@ pub(crate) fn ce_forward(
     lt: &Layout,
     rows: usize,
     cols: usize,
-) -> candle_core::Result<(CudaStorage, CudaSlice<f32>)> {
+) -> candle_core::Result<(CudaStorage, CudaSlice<f32>, CudaSlice<f32>)> {
     let dev = x.device().clone();
     let xs = contiguous::<f32>(x, lx, "cross_entropy logits")?;
     let ts = contiguous::<u32>(t, lt, "cross_entropy targets")?;
@@ -44,6 +45,7 @@ pub(crate) fn ce_forward(
     // SAFETY: both buffers are written in full by the kernel before any read.
     let mut probs = unsafe { dev.alloc::<f32>(rows * cols) }?;
     let mut loss = unsafe { dev.alloc::<f32>(1) }?;
+    let mut correct = unsafe { dev.alloc::<f32>(1) }?;
     let func =
         function(&dev, "redline_ce_fwd_f32").map_err(|e| candle_core::Error::Msg(e.to_string()))?;
     let stream = dev.cuda_stream();
@@ -52,6 +54,7 @@ pub(crate) fn ce_forward(
         .arg(&ts)
         .arg(&mut probs)
         .arg(&mut loss)
+        .arg(&mut correct)
         .arg(&r)
         .arg(&c);
     let cfg = LaunchConfig {
@@ -60,9 +63,9 @@ pub(crate) fn ce_forward(
         shared_mem_bytes: 0,
     };
     // SAFETY: the arguments are the kernel's, in order; `xs` holds rows*cols
-    // f32, `ts` rows u32, `probs` rows*cols and `loss` one f32.
+    // f32, `ts` rows u32, `probs` rows*cols, `loss` and `correct` one f32 each.
     unsafe { b.launch(cfg) }.map_err(|e| candle_core::Error::Msg(format!("cross_entropy: {e}")))?;
-    Ok((CudaStorage::wrap_cuda_slice(loss, dev), probs))
+    Ok((CudaStorage::wrap_cuda_slice(loss, dev), probs, correct))
 }
 
 /// `(softmax - onehot(t)) * g / rows` from the forward's softmax.

@@ -63,6 +63,54 @@ fn adam_hp(step: u64, lr: f64, decoupled: bool) -> AdamStep {
     }
 }
 
+/// A variable of `len` values from `seed`, shaped `shape`.
+fn var_of(len: usize, seed: f32, shape: &[usize], dev: &Device) -> Var {
+    Var::from_tensor(&values(len, seed, dev).reshape(shape).unwrap()).unwrap()
+}
+
+/// The largest absolute element of `t`.
+fn max_abs(t: &Tensor) -> f32 {
+    t.abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+/// A layer's output and the gradients of `vars` (input, weight, bias) under
+/// a fixed upstream gradient, with the fused GPU kernels `fused` or not.
+fn layer_run(fused: bool, forward: &dyn Fn() -> Tensor, vars: [&Var; 3]) -> [Tensor; 4] {
+    redline_kernels::fused_gpu::set_enabled(fused);
+    let y = forward();
+    redline_kernels::fused_gpu::set_enabled(false);
+    let r = values(y.elem_count(), 4.1, y.device())
+        .reshape(y.shape())
+        .unwrap();
+    let grads = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+    let g = |v: &Var| grads.get(v.as_tensor()).unwrap().clone();
+    [y.clone(), g(vars[0]), g(vars[1]), g(vars[2])]
+}
+
+/// The layer `forward` with the fused kernels against without: output and
+/// the three gradients each within `tol` of the generic one's largest value.
+fn assert_layer_matches(case: &str, forward: &dyn Fn() -> Tensor, vars: [&Var; 3], tol: f32) {
+    let fused = layer_run(true, forward, vars);
+    let generic = layer_run(false, forward, vars);
+    for (name, (a, b)) in ["y", "dx", "dW", "db"]
+        .iter()
+        .zip(fused.iter().zip(&generic))
+    {
+        assert_eq!(a.dims(), b.dims(), "{case}: {name}");
+        let scale = max_abs(b).max(1e-6);
+        let d = max_abs(&(a - b).unwrap());
+        assert!(
+            d <= tol * scale,
+            "{case}: {name} differs by {d:e} of {scale:e}"
+        );
+    }
+}
+
 #[test]
 fn cuda_multi_adam_matches_the_generic_path() {
     let dev = gpu();
@@ -304,14 +352,7 @@ fn cuda_cross_entropy_matches_the_generic_path() {
             (lf - lg).abs() <= 2e-6 * lg.abs().max(1.0),
             "({rows}, {cols}): loss {lf} vs {lg}"
         );
-        let d = (gf - gg)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let d = max_abs(&(gf - gg).unwrap());
         assert!(d <= 1e-6, "({rows}, {cols}): gradient differs by {d:e}");
     }
     // A target outside the classes makes the loss NaN (the loop then stops
@@ -329,59 +370,18 @@ fn cuda_cross_entropy_matches_the_generic_path() {
 /// broadcast_add and relu: outputs and all three gradients.
 #[test]
 fn cuda_linear_matches_the_generic_path() {
-    use redline_kernels::{fused_gpu, linear};
+    use redline_kernels::linear;
     let dev = gpu();
     for (batch, fan_in, fan_out, relu) in
         [(64, 784, 128, true), (64, 128, 10, false), (3, 5, 7, true)]
     {
-        let var = |n: usize, s: f32, shape: &[usize]| {
-            Var::from_tensor(&values(n, s, &dev).reshape(shape).unwrap()).unwrap()
-        };
+        let var = |len: usize, s: f32, shape: &[usize]| var_of(len, s, shape, &dev);
         let x = var(batch * fan_in, 0.5, &[batch, fan_in]);
         let w = var(fan_out * fan_in, 1.5, &[fan_out, fan_in]);
         let b = var(fan_out, 2.5, &[fan_out]);
-        let r = values(batch * fan_out, 3.5, &dev)
-            .reshape((batch, fan_out))
-            .unwrap();
-        let run = |fused: bool| {
-            fused_gpu::set_enabled(fused);
-            let y = linear(x.as_tensor(), w.as_tensor(), b.as_tensor(), relu).unwrap();
-            let grads = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
-            let g = |v: &Var| grads.get(v.as_tensor()).unwrap().clone();
-            (y, g(&x), g(&w), g(&b))
-        };
-        let fused = run(true);
-        let generic = run(false);
-        fused_gpu::set_enabled(false);
-        let pairs = [
-            ("y", &fused.0, &generic.0),
-            ("dx", &fused.1, &generic.1),
-            ("dW", &fused.2, &generic.2),
-            ("db", &fused.3, &generic.3),
-        ];
-        for (name, a, b) in pairs {
-            assert_eq!(a.dims(), b.dims(), "{name}");
-            let scale = b
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap()
-                .max(1e-6);
-            let d = (a - b)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
-            assert!(
-                d <= 1e-5 * scale,
-                "({batch}, {fan_in}, {fan_out}, relu {relu}): {name} differs by {d:e} of {scale:e}"
-            );
-        }
+        let forward = || linear(x.as_tensor(), w.as_tensor(), b.as_tensor(), relu).unwrap();
+        let case = format!("({batch}, {fan_in}, {fan_out}, relu {relu})");
+        assert_layer_matches(&case, &forward, [&x, &w, &b], 1e-5);
     }
 }
 
@@ -391,60 +391,20 @@ fn cuda_linear_matches_the_generic_path() {
 /// column outside the last window (floor mode).
 #[test]
 fn cuda_conv_pool_relu_block_matches_the_generic_path() {
-    use redline_kernels::{conv2d_pool_relu, fused_gpu};
+    use redline_kernels::conv2d_pool_relu;
     let dev = gpu();
     for (n, cin, hw, cout, k) in [
         (8usize, 3usize, 13usize, 5usize, 2usize),
         (4, 32, 14, 64, 2),
         (2, 2, 10, 3, 3),
     ] {
-        let var = |len: usize, s: f32, shape: &[usize]| {
-            Var::from_tensor(&values(len, s, &dev).reshape(shape).unwrap()).unwrap()
-        };
+        let var = |len: usize, s: f32, shape: &[usize]| var_of(len, s, shape, &dev);
         let x = var(n * cin * hw * hw, 0.7, &[n, cin, hw, hw]);
         let w = var(cout * cin * 9, 1.9, &[cout, cin, 3, 3]);
         let b = var(cout, 0.2, &[cout]);
-        let run = |fused: bool| {
-            fused_gpu::set_enabled(fused);
-            let y = conv2d_pool_relu(x.as_tensor(), w.as_tensor(), b.as_tensor(), 1, k).unwrap();
-            let r = values(y.elem_count(), 4.1, &dev)
-                .reshape(y.shape())
-                .unwrap();
-            let grads = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
-            let g = |v: &Var| grads.get(v.as_tensor()).unwrap().clone();
-            (y, g(&x), g(&w), g(&b))
-        };
-        let fused = run(true);
-        let generic = run(false);
-        fused_gpu::set_enabled(false);
-        let pairs = [
-            ("y", &fused.0, &generic.0),
-            ("dx", &fused.1, &generic.1),
-            ("dW", &fused.2, &generic.2),
-            ("db", &fused.3, &generic.3),
-        ];
-        for (name, a, b) in pairs {
-            assert_eq!(a.dims(), b.dims(), "{name}");
-            let scale = b
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap()
-                .max(1e-6);
-            let d = (a - b)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
-            assert!(
-                d <= 1e-5 * scale,
-                "({n}, {cin}, {hw}, {cout}, k {k}): {name} differs by {d:e} of {scale:e}"
-            );
-        }
+        let forward =
+            || conv2d_pool_relu(x.as_tensor(), w.as_tensor(), b.as_tensor(), 1, k).unwrap();
+        let case = format!("({n}, {cin}, {hw}, {cout}, k {k})");
+        assert_layer_matches(&case, &forward, [&x, &w, &b], 1e-5);
     }
 }

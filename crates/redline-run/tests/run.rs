@@ -181,6 +181,11 @@ fn a_folder_holding_a_run_is_refused_and_left_alone() -> R {
     Ok(())
 }
 
+/// What `summary.json` holds for a finished `fit`.
+fn summary_of(fit: &redline_train::FitSummary) -> redline_run::Result<Summary> {
+    redline_run::summarize(Default::default(), Ending::Finished { fit, test: None }, 0)
+}
+
 #[test]
 fn summary_json_carries_gpu_busy_or_why_it_is_missing() -> R {
     let tmp = tempfile::tempdir()?;
@@ -189,14 +194,7 @@ fn summary_json_carries_gpu_busy_or_why_it_is_missing() -> R {
     let mut fit = t.fit(&loader()?, None)?;
     drop(run);
     assert!(fit.gpu_busy.is_none(), "the CPU has no GPU figure");
-    let cpu = redline_run::summarize(
-        Default::default(),
-        Ending::Finished {
-            fit: &fit,
-            test: None,
-        },
-        0,
-    )?;
+    let cpu = summary_of(&fit)?;
     assert!(cpu.gpu_busy.is_none() && cpu.gpu_busy_note.is_none());
 
     let mut tally = redline_profile::KernelTally::new(0);
@@ -208,27 +206,13 @@ fn summary_json_carries_gpu_busy_or_why_it_is_missing() -> R {
     }]);
     let busy = tally.finish(1000, fit.steps, "cupti");
     fit.gpu_busy = Some(Ok(busy.clone()));
-    let s = redline_run::summarize(
-        Default::default(),
-        Ending::Finished {
-            fit: &fit,
-            test: None,
-        },
-        0,
-    )?;
+    let s = summary_of(&fit)?;
     let back: Summary = serde_json::from_str(&serde_json::to_string(&s)?)?;
     assert_eq!(back.gpu_busy.as_ref(), Some(&busy));
     assert!((back.gpu_busy.map_or(0.0, |g| g.percent) - 25.0).abs() < 1e-9);
 
     fit.gpu_busy = Some(Err("libcupti was not found".into()));
-    let s = redline_run::summarize(
-        Default::default(),
-        Ending::Finished {
-            fit: &fit,
-            test: None,
-        },
-        0,
-    )?;
+    let s = summary_of(&fit)?;
     assert_eq!(
         s.gpu_busy_note.as_deref(),
         Some("not measured: libcupti was not found")

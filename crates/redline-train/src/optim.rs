@@ -111,7 +111,6 @@ impl OptimizerConfig {
                 .collect(),
             step: 0,
             hyper: None,
-            fused_gpu: false,
         })
     }
 
@@ -177,9 +176,6 @@ pub struct Optimizer {
     /// The generic path's step count and learning rate on the device, made
     /// at the first step that takes that path.
     hyper: Option<DeviceHyper>,
-    /// Update f32 CUDA parameters with the multi-tensor kernel.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    fused_gpu: bool,
 }
 
 /// One step's constants for the generic path, per parameter dtype.
@@ -294,7 +290,8 @@ impl Optimizer {
             h => h.insert(DeviceHyper::new(first.device(), lr, self.step)?),
         };
         #[cfg(feature = "cuda")]
-        if self.fused_gpu
+        // The same switch as the ops' fused kernels (`--fused-kernels`).
+        if redline_kernels::fused_gpu::enabled()
             && crate::optim_gpu::step(&mut self.state, &pending, hyper, hp, self.step)?
         {
             return Ok(());
@@ -321,14 +318,6 @@ impl Optimizer {
             slot.param.var().set(&new_p)?;
         }
         Ok(())
-    }
-
-    /// On a CUDA device, update the parameters with Redline's multi-tensor
-    /// kernel (one launch for up to 32 parameters) instead of candle's
-    /// one-kernel-per-operation generic path. Same arithmetic and rounding;
-    /// no effect on the CPU or in a build without CUDA.
-    pub fn use_fused_gpu_kernel(&mut self, on: bool) {
-        self.fused_gpu = on;
     }
 
     /// Drops every parameter's accumulated gradient (PyTorch's `zero_grad`).
@@ -607,7 +596,7 @@ mod tests {
             )?);
             let mut opt =
                 OptimizerConfig::by_name(name, 0.05)?.build(vec![w.clone(), b.clone()])?;
-            opt.use_fused_gpu_kernel(gpu);
+            redline_kernels::fused_gpu::set_enabled(gpu);
             for _ in 0..5 {
                 let loss = (w.as_tensor().sqr()?.sum_all()? + b.as_tensor().sum_all()?)?;
                 backward(&loss, &[&w, &b])?;
@@ -627,6 +616,7 @@ mod tests {
                     .all(|(a, b)| a != &b));
             }
         }
+        redline_kernels::fused_gpu::set_enabled(false);
         Ok(())
     }
 

@@ -65,8 +65,8 @@ pub struct TrainConfig {
     #[serde(default = "yes")]
     pub kernel_trace: bool,
     /// On a CUDA device, run the steps Redline has fused GPU kernels for
-    /// with them (`--fused-kernels`; today the optimizer update, one launch
-    /// for up to 32 parameters). `auto` uses them once
+    /// with them (`--fused-kernels`: the optimizer update, the cross-entropy,
+    /// linear layers and the CNN block; docs/gpu-kernels.md). `auto` uses them once
     /// [`crate::graph::AUTO_FUSES`] is set; the CPU always uses its own.
     #[serde(default)]
     pub fused_kernels: GraphMode,
@@ -244,12 +244,13 @@ impl TrainerBuilder {
         if let Some(n) = self.threads {
             redline_core::threads::check(n).map_err(Error::Config)?;
         }
-        let mut optimizer = self.optimizer.build(module.params().to_vec())?;
-        let fused = !device.is_cpu() && crate::graph::fused_kernels_on(self.cfg.fused_kernels);
-        optimizer.use_fused_gpu_kernel(fused);
-        // The ops' kernels (the loss) read a process-wide switch.
+        let optimizer = self.optimizer.build(module.params().to_vec())?;
+        // The fused GPU kernels (optimizer, loss, layers) read one process-wide
+        // switch; the CPU always uses its own.
         if !device.is_cpu() {
-            redline_kernels::fused_gpu::set_enabled(fused);
+            redline_kernels::fused_gpu::set_enabled(crate::graph::fused_kernels_on(
+                self.cfg.fused_kernels,
+            ));
         }
         Ok(Trainer {
             cfg: self.cfg,

@@ -455,27 +455,47 @@ mod cuda {
         check_cnn_adam(&on(true));
     }
 
-    /// GPU busy from CUPTI's kernel records: present, within (0, 100], and
-    /// counting the dozens of kernels an eager MLP step launches.
-    #[test]
-    fn cuda_fit_reports_gpu_busy_from_the_kernel_trace() {
+    /// The MLP with PyTorch's initial weights and Adam 1e-3 on cuda:0 under
+    /// `cfg`, with `callback` attached when given.
+    fn mlp_adam_trainer(
+        cfg: TrainConfig,
+        callback: Option<Box<dyn redline_train::Callback>>,
+    ) -> Trainer {
         let dev = on(true);
-        let mut trainer = Trainer::builder()
-            .config(steps_config(30))
-            .optimizer(OptimizerConfig::by_name("adam", 1e-3).unwrap())
+        let mut builder = Trainer::builder()
+            .config(cfg)
+            .optimizer(OptimizerConfig::by_name("adam", 1e-3).unwrap());
+        if let Some(cb) = callback {
+            builder = builder.callback(cb);
+        }
+        builder
             .build(
                 Classifier::new(model("mlp", "mlp_init.safetensors", &dev)),
                 dev.clone(),
             )
-            .unwrap();
-        let fit = trainer
-            .fit(&train_loader(64, &dev, Placement::Resident), None)
-            .unwrap();
+            .unwrap()
+    }
+
+    /// A fit's GPU busy figure, which must have been measured.
+    fn measured_busy(fit: &redline_train::FitSummary) -> redline_train::GpuBusy {
         let busy = match &fit.gpu_busy {
             Some(Ok(b)) => b.clone(),
             other => panic!("no GPU busy figure: {other:?}"),
         };
         eprintln!("{}", busy.line());
+        busy
+    }
+
+    /// GPU busy from CUPTI's kernel records: present, within (0, 100], and
+    /// counting the dozens of kernels an eager MLP step launches.
+    #[test]
+    fn cuda_fit_reports_gpu_busy_from_the_kernel_trace() {
+        let dev = on(true);
+        let mut trainer = mlp_adam_trainer(steps_config(30), None);
+        let fit = trainer
+            .fit(&train_loader(64, &dev, Placement::Resident), None)
+            .unwrap();
+        let busy = measured_busy(&fit);
         for r in &busy.top {
             eprintln!("  {:>6} {:>10.3} ms  {}", r.calls, r.total_ms, r.name);
         }
@@ -507,15 +527,7 @@ mod cuda {
         let dev = on(true);
         let losses = Arc::new(Mutex::new(Vec::new()));
         let norms = Arc::new(Mutex::new(Vec::new()));
-        let mut trainer = Trainer::builder()
-            .config(cfg)
-            .optimizer(OptimizerConfig::by_name("adam", 1e-3).unwrap())
-            .callback(Box::new(Losses(losses.clone(), norms)))
-            .build(
-                Classifier::new(model("mlp", "mlp_init.safetensors", &dev)),
-                dev.clone(),
-            )
-            .unwrap();
+        let mut trainer = mlp_adam_trainer(cfg, Some(Box::new(Losses(losses.clone(), norms))));
         let fit = trainer
             .fit(&train_loader(64, &dev, placement), None)
             .unwrap();
@@ -567,22 +579,11 @@ mod cuda {
             kernel_trace: false,
             ..steps_config(40)
         };
-        let mut trainer = Trainer::builder()
-            .config(cfg)
-            .optimizer(OptimizerConfig::by_name("adam", 1e-3).unwrap())
-            .build(
-                Classifier::new(model("mlp", "mlp_init.safetensors", &dev)),
-                dev.clone(),
-            )
-            .unwrap();
+        let mut trainer = mlp_adam_trainer(cfg, None);
         let fit = trainer
             .fit(&train_loader(64, &dev, Placement::Resident), None)
             .unwrap();
-        let busy = match &fit.gpu_busy {
-            Some(Ok(b)) => b.clone(),
-            other => panic!("no GPU busy figure: {other:?}"),
-        };
-        eprintln!("{}", busy.line());
+        let busy = measured_busy(&fit);
         assert_eq!(busy.source, "graph replay events");
         assert!(
             busy.percent > 0.0 && busy.percent <= 100.0,

@@ -201,9 +201,9 @@ pub struct TrainArgs {
     /// wall time: on or off.
     #[arg(long, default_value = "on", value_name = "ON|OFF", value_parser = ["on", "off"])]
     pub kernel_trace: String,
-    /// On a GPU, use Redline's fused kernels where it has them (today the
-    /// optimizer update: one launch for up to 32 parameters): auto (not yet:
-    /// they await a GPU check), on or off. The CPU always uses its own.
+    /// On a GPU, use Redline's fused kernels where it has them (the optimizer
+    /// update, the cross-entropy, linear layers, the CNN block): auto (not
+    /// yet: they await a GPU check), on or off. The CPU always uses its own.
     #[arg(long, default_value = "auto", value_name = "MODE", value_parser = ["auto", "on", "off"])]
     pub fused_kernels: String,
     /// Normalisation mean, after scaling pixels to [0, 1].

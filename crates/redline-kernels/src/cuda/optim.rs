@@ -11,6 +11,7 @@ use super::{function, Addresses};
 use crate::error::{Error, Result};
 use crate::multi_tensor::{pack, Launch, BLOCK_THREADS, CHUNK, MAX_TENSORS};
 use crate::optim::{AdamStep, DeviceHyper, SgdStep};
+use crate::optim_math::{AdamConsts, SgdConsts};
 
 /// `struct TensorList` of `cuda/optim.cu`, passed by value.
 #[repr(C)]
@@ -198,24 +199,22 @@ pub fn multi_adam(items: &[AdamItem<'_>], hyper: &DeviceHyper, hp: AdamStep) -> 
     )?;
     let tensors: Vec<&Tensor> = items.iter().flat_map(|i| [i.p, i.g, i.m, i.v]).collect();
     let (step, lr) = hyper_addresses(hyper, dev)?;
+    // The fixed constants, rounded as the generic path's; the per-step ones
+    // are computed in the kernel from the device's step count and rate.
+    let c = AdamConsts::from_parts(hp, (), (), None);
     let (b1, b2) = hp.betas;
-    let decoupled = hp.decoupled && hp.weight_decay != 0.0;
     let hyper = AdamHyper {
         step,
         lr,
         ln_b1: b1.ln(),
         ln_b2: b2.ln(),
         neg_wd: -hp.weight_decay,
-        w1: (1.0 - b1) as f32,
-        b2: b2 as f32,
-        w2: (1.0 - b2) as f32,
-        eps: hp.eps as f32,
-        l2: if hp.decoupled {
-            0.0
-        } else {
-            hp.weight_decay as f32
-        },
-        decoupled: i32::from(decoupled),
+        w1: c.w1,
+        b2: c.b2,
+        w2: c.w2,
+        eps: c.eps,
+        l2: c.l2,
+        decoupled: i32::from(hp.decoupled && hp.weight_decay != 0.0),
     };
     launch_all(dev, "redline_multi_adam_f32", &tensors, 4, &sizes, hyper)
 }
@@ -252,13 +251,14 @@ pub fn multi_sgd(items: &[SgdItem<'_>], hyper: &DeviceHyper, hp: SgdStep) -> Res
         .flatten()
         .collect();
     let (step, lr) = hyper_addresses(hyper, dev)?;
+    let c = SgdConsts::with_lr(hp, ());
     let hyper = SgdHyper {
         step,
         lr,
-        wd: hp.weight_decay as f32,
-        mom: hp.momentum as f32,
-        damp: (1.0 - hp.dampening) as f32,
-        nesterov: i32::from(hp.nesterov),
+        wd: c.wd,
+        mom: c.mom,
+        damp: c.damp,
+        nesterov: i32::from(c.nesterov),
     };
     let per_item = if momentum { 3 } else { 2 };
     launch_all(

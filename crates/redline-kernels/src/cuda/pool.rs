@@ -4,7 +4,9 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg,
+};
 use candle_core::{bail, CudaStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 
 use super::function;
@@ -40,6 +42,17 @@ impl Dims {
             ph: u(h / k)?,
             pw: u(w / k)?,
         })
+    }
+
+    /// The kernels' trailing size arguments: n, c, h, w, k, ph, pw.
+    fn push_all<'a>(&'a self, b: &mut LaunchArgs<'a>) {
+        b.arg(&self.n)
+            .arg(&self.c)
+            .arg(&self.h)
+            .arg(&self.w)
+            .arg(&self.k)
+            .arg(&self.ph)
+            .arg(&self.pw);
     }
 
     fn pooled(&self) -> usize {
@@ -123,13 +136,7 @@ impl CustomOp2 for BiasPoolRelu {
         let stream = dev.cuda_stream();
         let mut b = stream.launch_builder(&func);
         b.arg(&conv).arg(&bias).arg(&mut y).arg(&mut arg);
-        b.arg(&d.n)
-            .arg(&d.c)
-            .arg(&d.h)
-            .arg(&d.w)
-            .arg(&d.k)
-            .arg(&d.ph)
-            .arg(&d.pw);
+        d.push_all(&mut b);
         // SAFETY: the kernel's arguments in order; `conv` holds N*C*H*W f32,
         // `bias` C, `y` and `arg` one per pooled value.
         unsafe { b.launch(grid(d.pooled())) }.map_err(msg)?;
@@ -206,13 +213,7 @@ impl CustomOp1 for BiasPoolReluBwd {
             let func = function(&dev, "redline_bias_pool_relu_bwd_f32").map_err(msg)?;
             let mut b = stream.launch_builder(&func);
             b.arg(&gy).arg(self.argmax.as_ref()).arg(&mut dconv);
-            b.arg(&d.n)
-                .arg(&d.c)
-                .arg(&d.h)
-                .arg(&d.w)
-                .arg(&d.k)
-                .arg(&d.ph)
-                .arg(&d.pw);
+            d.push_all(&mut b);
             // SAFETY: the kernel's arguments in order, sized as checked above.
             unsafe { b.launch(grid(d.conv())) }.map_err(msg)?;
         }

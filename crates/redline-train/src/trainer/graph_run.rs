@@ -147,15 +147,14 @@ impl Trainer {
         epoch_sums: &mut Running,
         prof: &mut Profiler,
     ) -> Result<()> {
-        if matches!(engine.source, Source::Streaming { .. }) {
-            return self.streaming_graph_epoch(engine, train, epoch, st, epoch_sums, prof);
-        }
         let full = match &mut engine.source {
             Source::Resident { cursor, .. } => {
                 cursor.start_epoch(&train.order(epoch - 1))?;
                 cursor.full_batches()
             }
-            Source::Streaming { .. } => 0,
+            Source::Streaming { .. } => {
+                return self.streaming_graph_epoch(engine, train, epoch, st, epoch_sums, prof);
+            }
         };
         for index in 0..full {
             self.graph_step(engine, Next::Cursor(index), st, epoch_sums, prof)?;
@@ -163,11 +162,10 @@ impl Trainer {
                 return Ok(());
             }
         }
-        let rest = match &engine.source {
-            Source::Resident { cursor, split } => cursor.rest(split)?,
-            Source::Streaming { .. } => None,
-        };
-        if let Some((x, y)) = rest {
+        if let Source::Resident { cursor, split } = &engine.source {
+            let Some((x, y)) = cursor.rest(split)? else {
+                return Ok(());
+            };
             let batch = Batch { x, y, index: full };
             self.micro_step(&batch, st, epoch_sums, prof)?;
             self.optimizer_step(st, epoch_sums, prof)?;

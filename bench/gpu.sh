@@ -58,6 +58,10 @@ run mlp-fused --data-on-device on --fused-kernels on
 run mlp-graph-fused --data-on-device on --cuda-graph on --fused-kernels on
 run mlp-b512-graph-fused --data-on-device on --batch-size 512 --cuda-graph on --fused-kernels on
 run cnn-graph-fused --model cnn --data-on-device on --cuda-graph on --fused-kernels on
+# Issue 12 item 4: TF32 products, opt-in (--matmul-precision high), as PyTorch's default
+# cuDNN convolutions are; the fp32 runs above are the goldens' arithmetic.
+run cnn-graph-tf32 --model cnn --data-on-device on --cuda-graph on --matmul-precision high
+run cnn-b512-graph-tf32 --model cnn --data-on-device on --batch-size 512 --cuda-graph on --matmul-precision high
 run cnn-resident --model cnn --data-on-device on
 run cnn-streaming --model cnn --data-on-device off
 # Issue 12: which device `--device auto` picks for the default job, with its timings.
@@ -80,6 +84,9 @@ for m in mlp cnn; do
             --epochs 5 --threads 4 > "$out/torch-graph-$m-b$b.json"
     done
 done
+# PyTorch's default CNN runs TF32 convolutions (cudnn.allow_tf32): also fp32 throughout.
+"$py" bench/torch_mnist.py --device cuda --workload graph --model cnn --batch-size 64 \
+    --epochs 5 --threads 4 --matmul-precision highest > "$out/torch-graph-cnn-b64-highest.json"
 fi
 set +x
 "$py" bench/gpu_table.py "$out"

@@ -10,6 +10,8 @@ utilisation of the system samples taken while training (sampled every 100 ms by
 (summary.json gpu_busy, from CUPTI), and the CUDA-event share of wall time spent on compute
 (profile.json, device_compute_percent). For each PyTorch run (OUT_DIR/torch-*.json): median
 epoch seconds and samples/s. Ratios are PyTorch epoch time over Redline's, same model and batch.
+The precision column says how each run's fp32 products were computed (Redline's
+--matmul-precision; PyTorch's TF32 flags for matmuls and cuDNN convolutions).
 """
 
 from __future__ import annotations
@@ -56,7 +58,16 @@ def redline_row(run: Path) -> dict:
         "kernel_busy": (summary.get("gpu_busy") or {}).get("percent"),
         "kernels_per_step": (summary.get("gpu_busy") or {}).get("kernels_per_step"),
         "status": summary.get("status", "missing"),
+        "precision": (summary.get("matmul_precision") or "-").split(" ")[0],
     }
+
+
+def torch_precision(t: dict) -> str:
+    """PyTorch's fp32 products: TF32 for matmuls and/or cuDNN convolutions, or fp32."""
+    if "matmul_tf32" not in t:
+        return "-"
+    tf32 = [k for k, on in (("matmul", t["matmul_tf32"]), ("conv", t["cudnn_tf32"])) if on]
+    return "TF32 " + "+".join(tf32) if tf32 else "fp32"
 
 
 def fmt(v: object, spec: str) -> str:
@@ -85,20 +96,21 @@ def main(out: Path) -> int:
                     "kernel_busy": None,
                     "kernels_per_step": None,
                     "status": "finished",
+                    "precision": torch_precision(t),
                 },
             )
         )
     print(
         "| run | median epoch s | samples/s | test acc | GPU busy % (kernel time) | kernels/step "
-        "| GPU util % (NVML) | compute % (events) | status |"
+        "| GPU util % (NVML) | compute % (events) | precision | status |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
     for name, r in rows:
         print(
             f"| {name} | {fmt(r['epoch_s'], '.3f')} | {fmt(r['samples_per_s'], ',.0f')} | "
             f"{fmt(r['accuracy'], '.4f')} | {fmt(r['kernel_busy'], '.1f')} | "
             f"{fmt(r['kernels_per_step'], '.1f')} | {fmt(r['gpu_busy'], '.0f')} | "
-            f"{fmt(r['event_compute'], '.1f')} | {r['status']} |"
+            f"{fmt(r['event_compute'], '.1f')} | {r['precision']} | {r['status']} |"
         )
     by = dict(rows)
     print()
@@ -115,6 +127,10 @@ def main(out: Path) -> int:
         ("cnn b64 graph", "redline cnn-graph", "pytorch graph-cnn-b64"),
         ("cnn b64 graph+fused", "redline cnn-graph-fused", "pytorch graph-cnn-b64"),
         ("cnn b512 graph", "redline cnn-b512-graph", "pytorch graph-cnn-b512"),
+        # Like for like on precision: PyTorch's default convolutions are TF32 (cuDNN).
+        ("cnn b64 graph, fp32 both", "redline cnn-graph", "pytorch graph-cnn-b64-highest"),
+        ("cnn b64 graph, TF32 both", "redline cnn-graph-tf32", "pytorch graph-cnn-b64"),
+        ("cnn b512 graph, TF32 both", "redline cnn-b512-graph-tf32", "pytorch graph-cnn-b512"),
     ]:
         if rl in by and ref in by and by[rl]["epoch_s"] == by[rl]["epoch_s"]:
             print(f"- {model}: {ref} / {rl} = {by[ref]['epoch_s'] / by[rl]['epoch_s']:.2f}x")

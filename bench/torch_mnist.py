@@ -93,6 +93,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "default: a fresh temp folder, removed afterwards",
     )
     p.add_argument(
+        "--matmul-precision",
+        choices=["default", "highest", "high"],
+        default="default",
+        help="default: PyTorch's own settings (fp32 matmuls, but TF32 cuDNN convolutions, "
+        "torch.backends.cudnn.allow_tf32=True); highest: fp32 everywhere (matmuls and cuDNN); "
+        "high: TF32 matmuls and convolutions. Redline's --matmul-precision highest|high match "
+        "the last two. The settings used are in the output's matmul_tf32/cudnn_tf32",
+    )
+    p.add_argument(
         "--limit",
         type=int,
         default=0,
@@ -241,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    if args.matmul_precision != "default":
+        torch.set_float32_matmul_precision(args.matmul_precision)
+        torch.backends.cudnn.allow_tf32 = args.matmul_precision == "high"
     dev = torch.device(args.device)
 
     def sync() -> None:
@@ -366,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
         "test_accuracy": correct / total,
         "eval_s": eval_s,
         "torch_version": torch.__version__,
+        "matmul_precision": args.matmul_precision,
+        "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_tf32": torch.backends.cudnn.allow_tf32,
     }
     print(json.dumps(out), flush=True)
     return 0

@@ -22,6 +22,12 @@ pub enum Error {
     /// A precision name that does not parse.
     #[error("--precision {0:?}: expected `32` / `fp32`")]
     BadPrecision(String),
+    /// A matmul precision name that does not parse.
+    #[error(
+        "--matmul-precision {0:?}: expected `highest` (fp32 products, the default) or `high` \
+         (TF32 products on a GPU)"
+    )]
+    BadMatmulPrecision(String),
     /// A tensor operation failed in candle.
     #[error("tensor operation failed: {0}")]
     Candle(#[from] candle_core::Error),

@@ -2,6 +2,7 @@
 //!
 //! * [`Device`] / [`DeviceSpec`]: which accelerator a run uses (`auto | cpu | cuda:N`).
 //! * [`Precision`]: the dtype policy (one place picks parameter and compute dtypes).
+//! * [`MatmulPrecision`]: fp32 or TF32 matrix products on a GPU (`--matmul-precision`).
 //! * [`host`]: every read of a tensor back to the host goes through here and is counted.
 //! * [`threads`]: the process's one thread policy (compute threads = free cores).
 //! * [`memory`]: device memory stats, pool trim (`empty_cache`), out-of-memory recognition.
@@ -14,6 +15,7 @@ mod device;
 mod dtype;
 mod error;
 pub mod host;
+mod matmul;
 pub mod memory;
 pub mod system;
 pub mod threads;
@@ -23,6 +25,7 @@ pub mod trace;
 pub use device::{select, Device, DeviceSpec, GpuAvailability, CUDA_BUILD_HINT};
 pub use dtype::Precision;
 pub use error::{Error, Result};
+pub use matmul::{matmul_precision, set_matmul_precision, MatmulPrecision};
 
 /// Re-export of candle's tensor types so downstream crates name one version.
 pub use candle_core::{DType, Tensor};

@@ -408,3 +408,86 @@ fn cuda_conv_pool_relu_block_matches_the_generic_path() {
         assert_layer_matches(&case, &forward, [&x, &w, &b], 1e-5);
     }
 }
+
+/// `n` values uniform in [-1, 1) from a 64-bit LCG: uncorrelated, so TF32's
+/// rounding of the inputs shows in a product's sums.
+fn uniform(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// `--matmul-precision`: `highest` (the default) keeps candle's cuBLAS
+/// products and Redline's cuBLASLt linear layer in fp32; `high` lets both use
+/// TF32. Measured against a float64 product on the CPU (numpy, same values:
+/// fp32 4.0e-7, TF32 2.3e-4 of the largest output).
+#[test]
+fn cuda_matmul_precision_reaches_both_gemm_paths() {
+    use redline_core::{matmul_precision, set_matmul_precision, MatmulPrecision};
+    use redline_kernels::{fused_gpu, linear};
+    let dev = gpu();
+    let (m, k, n) = (128, 512, 256);
+    let host = |v: Vec<f32>, shape: &[usize]| Tensor::from_vec(v, shape, &Device::Cpu).unwrap();
+    let (x, w, b) = (
+        host(uniform(m * k, 1), &[m, k]),
+        host(uniform(n * k, 2), &[n, k]),
+        host(uniform(n, 3), &[n]),
+    );
+    let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+    let want = f64s(&x)
+        .matmul(&f64s(&w).t().unwrap())
+        .unwrap()
+        .broadcast_add(&f64s(&b))
+        .unwrap();
+    let scale = want
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap();
+    let err = |y: Tensor| {
+        let y = f64s(&y.to_device(&Device::Cpu).unwrap());
+        let d = (y - &want).unwrap().abs().unwrap().max_all().unwrap();
+        d.to_scalar::<f64>().unwrap() / scale
+    };
+    let (xg, wg, bg) = (
+        x.to_device(&dev).unwrap(),
+        w.to_device(&dev).unwrap(),
+        b.to_device(&dev).unwrap(),
+    );
+    let candle = || {
+        fused_gpu::set_enabled(false);
+        xg.matmul(&wg.t().unwrap())
+            .unwrap()
+            .broadcast_add(&bg)
+            .unwrap()
+    };
+    let lt = || {
+        fused_gpu::set_enabled(true);
+        let y = linear(&xg, &wg, &bg, false).unwrap();
+        fused_gpu::set_enabled(false);
+        y
+    };
+    assert_eq!(matmul_precision(), MatmulPrecision::Highest, "the default");
+    let paths: [(&str, &dyn Fn() -> Tensor); 2] = [("candle cuBLAS", &candle), ("cuBLASLt", &lt)];
+    for (name, product) in paths {
+        let exact = err(product());
+        set_matmul_precision(MatmulPrecision::High);
+        let tf32 = err(product());
+        set_matmul_precision(MatmulPrecision::Highest);
+        let again = err(product());
+        eprintln!("{name}: fp32 {exact:.2e}, TF32 {tf32:.2e}, fp32 again {again:.2e}");
+        assert!(
+            exact < 5e-6 && again < 5e-6,
+            "{name}: fp32 {exact:e}, {again:e}"
+        );
+        assert!((2e-5..1e-2).contains(&tf32), "{name}: TF32 {tf32:e}");
+    }
+}

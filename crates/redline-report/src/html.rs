@@ -190,6 +190,10 @@ fn header(run: &RunData) -> String {
             .as_ref()
             .filter(|_| !run.is_cpu())
             .map(|g| format!("cuda graph: {g}")),
+        s.matmul_precision
+            .as_ref()
+            .filter(|_| !run.is_cpu())
+            .map(|p| format!("matmul precision: {p}")),
     ];
     for n in device_notes.iter().flatten().chain(&run.notes) {
         let _ = write!(h, r#"<p class="note">{}</p>"#, esc(n));

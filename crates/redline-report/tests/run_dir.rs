@@ -186,6 +186,7 @@ fn a_gpu_run_says_how_its_device_was_chosen_and_whether_it_replayed_a_graph() {
         "no device choice"
     );
     assert!(html.contains("cuda graph: on (the step captured at step 3"));
+    assert!(html.contains("matmul precision: highest (fp32 products)"));
     // The GPU's kernel time beside NVML's utilization, as a note and a card.
     assert!(
         html.contains("GPU busy 41.5% of wall (")
@@ -208,6 +209,10 @@ fn a_gpu_run_says_how_its_device_was_chosen_and_whether_it_replayed_a_graph() {
     let cpu = tempfile::tempdir().unwrap();
     write_run(cpu.path(), &Fixture::default());
     let html = render_html(&RunData::load(cpu.path()).unwrap()).unwrap();
-    assert!(!html.contains("cuda graph:") && !html.contains("device auto:"));
+    assert!(
+        !html.contains("cuda graph:")
+            && !html.contains("device auto:")
+            && !html.contains("matmul precision")
+    );
     assert!(!html.contains("GPU busy") && !html.contains("GPU kernels"));
 }

@@ -132,6 +132,10 @@ pub struct Summary {
     /// Whether the step ran as a replayed CUDA graph, or why not (`--cuda-graph`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cuda_graph: Option<String>,
+    /// On a GPU: how its fp32 matrix products were computed
+    /// (`--matmul-precision`: fp32 or TF32).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub matmul_precision: Option<String>,
     /// On a GPU: the time kernels ran over the fit's wall time (CUPTI's
     /// kernel records), with the kernels per step and the longest kernels.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -243,6 +243,9 @@ pub fn summarize(mut m: Map<String, Value>, ending: Ending<'_>, samples: usize) 
         ] {
             m.insert(k.into(), v);
         }
+        if let Some(p) = f.matmul_precision {
+            m.insert("matmul_precision".into(), json!(p.describe()));
+        }
         match &f.gpu_busy {
             Some(Ok(g)) => {
                 m.insert("gpu_busy".into(), json!(g));

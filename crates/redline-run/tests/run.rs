@@ -194,8 +194,18 @@ fn summary_json_carries_gpu_busy_or_why_it_is_missing() -> R {
     let mut fit = t.fit(&loader()?, None)?;
     drop(run);
     assert!(fit.gpu_busy.is_none(), "the CPU has no GPU figure");
+    assert!(
+        fit.matmul_precision.is_none(),
+        "the CPU's products are fp32"
+    );
     let cpu = summary_of(&fit)?;
     assert!(cpu.gpu_busy.is_none() && cpu.gpu_busy_note.is_none());
+    assert!(cpu.matmul_precision.is_none());
+    fit.matmul_precision = Some(redline_core::MatmulPrecision::High);
+    assert_eq!(
+        summary_of(&fit)?.matmul_precision.as_deref(),
+        Some("high (TF32 products, fp32 accumulation)")
+    );
 
     let mut tally = redline_profile::KernelTally::new(0);
     let k = tally.name_id("affine_f32");

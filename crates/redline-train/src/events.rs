@@ -103,6 +103,9 @@ pub struct FitSummary {
     /// On a GPU: how long kernels ran over the fit's wall time, or why that
     /// was not measured; `None` on the CPU.
     pub gpu_busy: crate::kernel_trace::GpuBusyResult,
+    /// On a GPU: how its fp32 matrix products were computed
+    /// (`--matmul-precision`); `None` on the CPU, where they are always fp32.
+    pub matmul_precision: Option<redline_core::MatmulPrecision>,
 }
 
 /// An event of the training loop.

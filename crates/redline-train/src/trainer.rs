@@ -589,6 +589,7 @@ impl Trainer {
             epochs_log: logs,
             cuda_graph: graph_status,
             gpu_busy,
+            matmul_precision: (!self.device.is_cpu()).then(redline_core::matmul_precision),
         };
         prof.switch(Action::Logging);
         self.emit(&Event::FitEnd(&summary));

@@ -206,6 +206,13 @@ pub struct TrainArgs {
     /// yet: they await a GPU check), on or off. The CPU always uses its own.
     #[arg(long, default_value = "auto", value_name = "MODE", value_parser = ["auto", "on", "off"])]
     pub fused_kernels: String,
+    /// On a GPU, how fp32 matrix products (matmuls, linear layers, the GEMMs
+    /// of convolutions) are computed: highest (full fp32, the default) or high
+    /// (TF32 tensor cores with fp32 accumulation: faster, about 1e-3 relative
+    /// error), as PyTorch's `torch.set_float32_matmul_precision`. No effect
+    /// on the CPU.
+    #[arg(long, default_value = "highest", value_name = "PRECISION", value_parser = ["highest", "high"])]
+    pub matmul_precision: String,
     /// Normalisation mean, after scaling pixels to [0, 1].
     #[arg(long, allow_negative_numbers = true, default_value_t = 0.5)]
     pub mean: f32,

@@ -112,6 +112,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     // with a GPU present is settled by timing the job on both, below.
     let selected = redline_core::select(spec, &redline_core::GpuAvailability::probe())?;
     let opt_cfg = optimizer(args)?;
+    // Process-wide, as PyTorch's: the device probe below times the same math.
+    redline_core::set_matmul_precision(args.matmul_precision.parse()?);
     let data_dir = match &args.data {
         Some(d) => d.clone(),
         None => default_data_dir()?,
@@ -403,6 +405,15 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         summary::print(fit, test.as_ref(), batch_size)?;
         if !trainer.device().is_cpu() {
             println!("cuda graph: {}", fit.cuda_graph);
+        }
+        if let Some(p) = fit.matmul_precision {
+            println!("matmul precision: {}", p.describe());
+        } else if args.matmul_precision != "highest" {
+            println!(
+                "matmul precision: --matmul-precision {} has no effect on the CPU (its fp32 \
+                 products are exact)",
+                args.matmul_precision
+            );
         }
         match &fit.gpu_busy {
             Some(Ok(g)) => println!("{}", g.line()),

@@ -326,6 +326,39 @@ fn cuda_graph_flag_is_checked_and_recorded() {
 }
 
 #[test]
+fn matmul_precision_is_checked_recorded_and_a_no_op_on_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = train_in(
+        &run,
+        &[
+            "--max-steps",
+            "3",
+            "--no-validate",
+            "--matmul-precision",
+            "high",
+        ],
+    );
+    assert!(
+        out.contains("--matmul-precision high has no effect on the CPU"),
+        "{out}"
+    );
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(config.contains("matmul-precision = \"high\""), "{config}");
+    // The CPU's products are fp32 whatever the flag: nothing to record.
+    assert!(json(&run.join("summary.json"))
+        .get("matmul_precision")
+        .is_none());
+    let quiet = train_in(
+        &dir.path().join("quiet"),
+        &["--max-steps", "1", "--no-validate"],
+    );
+    assert!(!quiet.contains("matmul precision"), "{quiet}");
+    let err = fails(&["train", "--device", "cpu", "--matmul-precision", "medium"]);
+    assert!(err.contains("medium") && err.contains("highest"), "{err}");
+}
+
+#[test]
 fn missing_gpu_is_a_clear_error() {
     let err = fails(&["train", "--device", "cuda:3", "--max-steps", "1"]);
     assert!(err.contains("cuda:3") && err.contains("HINT"), "{err}");

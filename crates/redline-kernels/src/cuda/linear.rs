@@ -3,7 +3,8 @@
 //! ReLU mask and the bias gradient (`cuda/linear.cu`) and the dW and dx
 //! GEMMs. The GEMMs are planned by [`crate::gemm_plan`] (tested on the CPU)
 //! and computed in full fp32 (`CUBLAS_COMPUTE_32F`, no TF32), as candle's
-//! and the goldens' are.
+//! and the goldens' are, unless `--matmul-precision high`
+//! ([`redline_core::MatmulPrecision`]) allows TF32 (`CUBLAS_COMPUTE_32F_FAST_TF32`).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -23,13 +24,17 @@ use crate::gemm_plan::{linear_forward, linear_input_grad, linear_weight_grad, Ep
 /// cuBLASLt's workspace: 32 MiB, NVIDIA's recommendation for Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;
 
+/// A GEMM's plan, its operands' alignment (A, B, C) and whether TF32 is allowed.
+type PlanKey = (GemmPlan, [u32; 3], bool);
+
 /// A cuBLASLt handle, its workspace, and the GEMMs planned on it so far.
 struct Lt {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
-    /// Descriptors and the algorithm cuBLASLt chose, per plan: made once,
-    /// so a step pays no heuristic query (tens of microseconds each).
-    plans: Mutex<HashMap<(GemmPlan, [u32; 3]), Prepared>>,
+    /// Descriptors and the algorithm cuBLASLt chose, per plan, operand
+    /// alignment and TF32 setting: made once, so a step pays no heuristic
+    /// query (tens of microseconds each).
+    plans: Mutex<HashMap<PlanKey, Prepared>>,
 }
 
 // SAFETY: a cuBLASLt handle may be used from any thread; Redline's calls on
@@ -108,7 +113,8 @@ fn alignment(address: u64) -> u32 {
     1 << address.trailing_zeros().min(8)
 }
 
-/// Descriptors for `plan` (f32 in, f32 out, `CUBLAS_COMPUTE_32F`) and
+/// Descriptors for `plan` (f32 in, f32 out, `CUBLAS_COMPUTE_32F`, or
+/// `CUBLAS_COMPUTE_32F_FAST_TF32` when `tf32`) and
 /// cuBLASLt's algorithm for them, for operands aligned to `align` bytes (A,
 /// B, C and D): a view into a larger buffer can start off cuBLASLt's default
 /// 256 bytes. A bias epilogue needs a bias address for the query; the call
@@ -118,11 +124,16 @@ fn prepare(
     plan: &GemmPlan,
     bias: Option<u64>,
     align: [u32; 3],
+    tf32: bool,
 ) -> candle_core::Result<Prepared> {
     use sys::cublasLtMatmulDescAttributes_t as A;
     let f32t = sys::cudaDataType_t::CUDA_R_32F;
-    let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, f32t)
-        .map_err(|e| err("matmul descriptor", e))?;
+    let compute = if tf32 {
+        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+    } else {
+        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+    };
+    let desc = lt::create_matmul_desc(compute, f32t).map_err(|e| err("matmul descriptor", e))?;
     let mut p = Prepared {
         desc,
         layouts: Vec::new(),
@@ -218,10 +229,11 @@ fn gemm(
     let lt = handle(dev)?;
     let mut plans = lt.plans.lock().unwrap_or_else(PoisonError::into_inner);
     let align = [alignment(a), alignment(b), alignment(c)];
-    let p = match plans.entry((*plan, align)) {
+    let tf32 = redline_core::matmul_precision().tf32();
+    let p = match plans.entry((*plan, align, tf32)) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(e) => {
-            e.insert(prepare(lt.handle, plan, bias, align)?)
+            e.insert(prepare(lt.handle, plan, bias, align, tf32)?)
         }
     };
     if let Some(bias) = bias {

@@ -34,9 +34,21 @@ pub(super) fn kernel_time(run: &RunData, b: Option<&Breakdown>, g: &GpuBusy) -> 
         g.kernel_s, g.wall_s, g.source
     );
     if busy >= COMPUTE_GOOD {
+        // Busy and exact: the next lever is the tensor cores' TF32 path.
+        let exact = run
+            .summary
+            .as_ref()
+            .and_then(|s| s.matmul_precision.as_deref())
+            .is_some_and(|p| p.starts_with("highest"));
+        let tf32 = if exact {
+            "; its fp32 matrix products are exact: --matmul-precision high lets the tensor \
+             cores take them as TF32 (about 1e-3 relative error) where that is precise enough"
+        } else {
+            ""
+        };
         return Advice::new(
             Level::Good,
-            format!("the GPU ran kernels {busy:.0}% of wall time ({measured})"),
+            format!("the GPU ran kernels {busy:.0}% of wall time ({measured}){tf32}"),
         );
     }
     let level = if busy < GPU_UTIL_WARN {

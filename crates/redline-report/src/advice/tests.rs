@@ -366,6 +366,15 @@ fn kernel_time_calls_the_gpu_busy_only_when_it_was() {
     let run = traced([96.0, 0.0, 0.0, 1.0, 2.0, 1.0], 93.0, &[]);
     let a = find(&run, "ran kernels 93%").unwrap();
     assert_eq!(a.level, Level::Good);
+    assert!(!a.text.contains("--matmul-precision"), "{}", a.text);
+    // A busy GPU on exact fp32 products is shown the TF32 lever, once.
+    let mut exact = traced([96.0, 0.0, 0.0, 1.0, 2.0, 1.0], 93.0, &[]);
+    summary(&mut exact).matmul_precision = Some("highest (fp32 products)".into());
+    let a = find(&exact, "ran kernels 93%").unwrap();
+    assert!(a.text.contains("--matmul-precision high"), "{}", a.text);
+    summary(&mut exact).matmul_precision = Some("high (TF32 products, fp32 accumulation)".into());
+    let a = find(&exact, "ran kernels 93%").unwrap();
+    assert!(!a.text.contains("--matmul-precision"), "{}", a.text);
     // A graph that already replays is not told to capture one.
     let mut graphed = traced([96.0, 0.0, 0.0, 1.0, 2.0, 1.0], 40.0, &[]);
     summary(&mut graphed).cuda_graph =

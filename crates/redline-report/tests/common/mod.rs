@@ -138,7 +138,8 @@ pub fn write_run(dir: &Path, f: &Fixture) {
                 "off (the device is the CPU; CUDA graphs need a CUDA device)"
             } else {
                 "on (the step captured at step 3, replayed for 9378 steps)"
-            }})
+            },
+            "matmul_precision": (f.device != "cpu").then_some("highest (fp32 products)")})
         .to_string(),
     );
     write(

@@ -3,3 +3,4 @@
 #include "loss.cu"
 #include "linear.cu"
 #include "pool.cu"
+#include "conv.cu"

@@ -7,6 +7,9 @@
 //! output gradient with the im2col matrix) and, only when the input needs a
 //! gradient, dx (GEMM + col2im). Samples are split across the compute
 //! threads; each GEMM is small, so it stays on its thread.
+//!
+//! On a GPU with `--fused-kernels` on, the convolution is Redline's
+//! implicit GEMM (`cuda/conv.cu`, [`crate::conv_igemm`]) and the bias candle's add.
 
 use std::sync::Arc;
 
@@ -25,8 +28,9 @@ use redline_core::trace;
 ///
 /// `x (B, Cin, H, W)`, `w (Cout, Cin, kh, kw)`, `b (Cout)` ->
 /// `(B, Cout, H + 2p - kh + 1, W + 2p - kw + 1)`. CPU f32 tensors take the
-/// fused kernel (the input gradient is computed only when `x` is tracked);
-/// anything else takes [`conv2d_generic`]. The weight's and bias's
+/// fused kernel (the input gradient is computed only when `x` is tracked),
+/// CUDA f32 tensors the implicit-GEMM kernels where `--fused-kernels` turned
+/// them on; anything else takes [`conv2d_generic`]. The weight's and bias's
 /// gradients come back in candle's `GradStore`.
 pub fn conv2d(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Result<Tensor> {
     conv2d_with(x, w, b, padding, None)
@@ -48,6 +52,17 @@ pub(crate) fn conv2d_with(
     buffers: Option<ParamBuffers>,
 ) -> Result<Tensor> {
     let geom = Geom::new(x, w, b, padding)?;
+    #[cfg(feature = "cuda")]
+    if crate::fused_gpu::enabled()
+        && x.device().is_cuda()
+        && [x, w, b]
+            .iter()
+            .all(|t| t.dtype() == candle_core::DType::F32)
+    {
+        // Redline's implicit-GEMM convolution, then candle's bias add.
+        let y = crate::cuda::conv::conv2d(x, w, padding)?;
+        return Ok(y.broadcast_add(&b.reshape((1, geom.cout, 1, 1))?)?);
+    }
     if ![x, w, b].into_iter().all(fused_cpu) {
         return conv2d_generic(x, w, b, padding);
     }

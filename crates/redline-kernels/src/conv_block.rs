@@ -32,8 +32,9 @@ use redline_core::trace;
 /// `relu(max_pool2d(conv2d(x, w, b, padding), k))`: `x (B, Cin, H, W)`,
 /// `w (Cout, Cin, kh, kw)`, `b (Cout)` -> `(B, Cout, oh / k, ow / k)` with
 /// `oh = H + 2p - kh + 1` (likewise `ow`), pooling in floor mode. CPU f32
-/// tensors take the fused kernel; anything else (and windows over 15x15)
-/// the separate ops. The weight's and bias's gradients come back in
+/// tensors take the fused kernel, CUDA f32 tensors (with `--fused-kernels`)
+/// the implicit-GEMM convolution and one bias+pool+ReLU kernel; anything
+/// else (and windows over 15x15) the separate ops. The weight's and bias's gradients come back in
 /// candle's `GradStore`.
 pub fn conv2d_pool_relu(
     x: &Tensor,
@@ -76,8 +77,8 @@ fn pool_relu_with(
             .iter()
             .all(|t| t.dtype() == candle_core::DType::F32)
     {
-        // candle's convolution, then bias, pooling and ReLU in one kernel.
-        let conv = x.conv2d(w, padding, 1, 1, 1)?;
+        // The implicit-GEMM convolution, then bias, pooling and ReLU in one kernel.
+        let conv = crate::cuda::conv::conv2d(x, w, padding)?;
         return crate::cuda::pool::bias_pool_relu(&conv, b, k);
     }
     if !(1..16).contains(&k) || ![x, w, b].into_iter().all(fused_cpu) {

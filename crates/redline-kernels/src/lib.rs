@@ -9,6 +9,7 @@
 pub mod conv;
 mod conv_backward;
 mod conv_block;
+pub mod conv_igemm;
 mod conv_wide;
 #[cfg(feature = "cuda")]
 pub mod cuda;

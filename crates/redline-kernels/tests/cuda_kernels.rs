@@ -385,7 +385,35 @@ fn cuda_linear_matches_the_generic_path() {
     }
 }
 
-/// The CNN block's bias + max pool + ReLU kernel after candle's conv against
+/// The implicit-GEMM convolution (then candle's bias add) against candle's
+/// im2col convolution: output, dx, dW and db, over kernel sizes 1, 3 and
+/// 5x3, paddings 0 to 2, and batches whose weight gradient splits its
+/// reduction 1, 9 and 131 ways (the zoo CNN's first layer at batch 64).
+#[test]
+fn cuda_implicit_gemm_conv_matches_the_generic_path() {
+    use redline_kernels::conv2d;
+    let dev = gpu();
+    for (n, cin, h, w, cout, kh, kw, pad) in [
+        (
+            2usize, 3usize, 7usize, 6usize, 4usize, 3usize, 3usize, 1usize,
+        ),
+        (3, 2, 9, 9, 5, 5, 3, 2),
+        (2, 4, 5, 7, 3, 1, 1, 0),
+        (16, 32, 14, 14, 64, 3, 3, 1),
+        (64, 1, 28, 28, 32, 3, 3, 1),
+        (4, 70, 9, 9, 65, 3, 3, 0),
+    ] {
+        let var = |len: usize, s: f32, shape: &[usize]| var_of(len, s, shape, &dev);
+        let x = var(n * cin * h * w, 0.7, &[n, cin, h, w]);
+        let wt = var(cout * cin * kh * kw, 1.9, &[cout, cin, kh, kw]);
+        let b = var(cout, 0.2, &[cout]);
+        let forward = || conv2d(x.as_tensor(), wt.as_tensor(), b.as_tensor(), pad).unwrap();
+        let case = format!("x ({n}, {cin}, {h}, {w}), w ({cout}, {cin}, {kh}, {kw}), pad {pad}");
+        assert_layer_matches(&case, &forward, [&x, &wt, &b], 1e-5);
+    }
+}
+
+/// The CNN block (implicit-GEMM conv, then one bias + max pool + ReLU kernel) against
 /// candle's conv, broadcast_add, max_pool2d and relu: output and the
 /// gradients of input, weight and bias, with planes that leave a row and a
 /// column outside the last window (floor mode).

@@ -10,6 +10,8 @@ utilisation of the system samples taken while training (sampled every 100 ms by
 (summary.json gpu_busy, from CUPTI), and the CUDA-event share of wall time spent on compute
 (profile.json, device_compute_percent). For each PyTorch run (OUT_DIR/torch-*.json): median
 epoch seconds and samples/s. Ratios are PyTorch epoch time over Redline's, same model and batch.
+A last table holds each run against the targets of issues 12 and 13 (the best of the runs
+that may meet it) and GPU busy beside NVML's utilisation (within 10 points).
 The precision column says how each run's fp32 products were computed (Redline's
 --matmul-precision; PyTorch's TF32 flags for matmuls and cuDNN convolutions).
 """
@@ -134,7 +136,43 @@ def main(out: Path) -> int:
     ]:
         if rl in by and ref in by and by[rl]["epoch_s"] == by[rl]["epoch_s"]:
             print(f"- {model}: {ref} / {rl} = {by[ref]['epoch_s'] / by[rl]['epoch_s']:.2f}x")
+    print()
+    targets(by)
     return 0
+
+
+# The issues' targets: (issue, what, runs that may meet it (the best counts), key, bound, at most?).
+TARGETS = [
+    ("12", "MLP b64 s/epoch", ["mlp-graph", "mlp-graph-fused"], "epoch_s", 0.15, True),
+    ("12", "MLP b512 s/epoch", ["mlp-b512-graph", "mlp-b512-graph-fused"], "epoch_s", 0.03, True),
+    ("12", "CNN b64 s/epoch", ["cnn-graph", "cnn-graph-fused"], "epoch_s", 0.45, True),
+    ("13", "MLP b64 s/epoch", ["mlp-graph-fused"], "epoch_s", 0.08, True),
+    ("13", "MLP b512 s/epoch", ["mlp-b512-graph-fused"], "epoch_s", 0.015, True),
+    ("13", "CNN b64 s/epoch", ["cnn-graph-fused"], "epoch_s", 0.4, True),
+    ("13", "MLP b512 GPU busy %", ["mlp-b512-graph-fused"], "kernel_busy", 90.0, False),
+    ("13", "CNN b64 GPU busy %", ["cnn-graph-fused"], "kernel_busy", 90.0, False),
+    ("13", "MLP kernels per step", ["mlp-graph-fused"], "kernels_per_step", 10.0, True),
+]
+
+
+def targets(by: dict) -> None:
+    """Each target against the best of its runs, and GPU busy beside NVML (within 10 points)."""
+    print("| issue | target | run | measured | bound | met |")
+    print("| --- | --- | --- | ---: | ---: | --- |")
+    for issue, what, runs, key, bound, at_most in TARGETS:
+        have = [(by[f"redline {r}"][key], r) for r in runs if by.get(f"redline {r}", {}).get(key) is not None]
+        have = [(v, r) for v, r in have if v == v]  # drop NaN
+        if not have:
+            print(f"| {issue} | {what} | - | - | {bound:g} | not run |")
+            continue
+        v, r = min(have) if at_most else max(have)
+        met = v <= bound if at_most else v >= bound
+        print(f"| {issue} | {what} | {r} | {v:.4g} | {'<=' if at_most else '>='} {bound:g} | {'yes' if met else 'NO'} |")
+    for name, r in by.items():
+        if not name.startswith("redline ") or r["kernel_busy"] is None or r["gpu_busy"] is None:
+            continue
+        gap = r["kernel_busy"] - r["gpu_busy"]
+        print(f"| 12 | GPU busy within 10 points of NVML | {name[8:]} | {gap:+.1f} | 10 | {'yes' if abs(gap) <= 10 else 'NO'} |")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@
 //!
 //! A process-wide setting, as PyTorch's is. It reaches candle's cuBLAS
 //! products (its matmuls and the GEMMs of its im2col convolutions) and
-//! Redline's cuBLASLt linear layers. It has no effect on the CPU, whose fp32
-//! products are always exact.
+//! Redline's cuBLASLt linear layers; Redline's implicit-GEMM convolution
+//! (`--fused-kernels`) computes in fp32 either way. It has no effect on the
+//! CPU, whose products are always full fp32.
 
 use std::fmt;
 use std::str::FromStr;

@@ -34,8 +34,8 @@ use redline_core::trace;
 /// `oh = H + 2p - kh + 1` (likewise `ow`), pooling in floor mode. CPU f32
 /// tensors take the fused kernel, CUDA f32 tensors (with `--fused-kernels`)
 /// the implicit-GEMM convolution and one bias+pool+ReLU kernel; anything
-/// else (and windows over 15x15) the separate ops. The weight's and bias's gradients come back in
-/// candle's `GradStore`.
+/// else (and windows over 15x15) the separate ops. The weight's and bias's
+/// gradients come back in candle's `GradStore`.
 pub fn conv2d_pool_relu(
     x: &Tensor,
     w: &Tensor,

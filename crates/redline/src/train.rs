@@ -411,7 +411,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         } else if args.matmul_precision != "highest" {
             println!(
                 "matmul precision: --matmul-precision {} has no effect on the CPU (its fp32 \
-                 products are exact)",
+                 products are always full fp32)",
                 args.matmul_precision
             );
         }

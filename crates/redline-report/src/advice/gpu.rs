@@ -41,7 +41,7 @@ pub(super) fn kernel_time(run: &RunData, b: Option<&Breakdown>, g: &GpuBusy) -> 
             .and_then(|s| s.matmul_precision.as_deref())
             .is_some_and(|p| p.starts_with("highest"));
         let tf32 = if exact {
-            "; its fp32 matrix products are exact: --matmul-precision high lets the tensor \
+            "; its matrix products run in full fp32: --matmul-precision high lets the tensor \
              cores take them as TF32 (about 1e-3 relative error) where that is precise enough"
         } else {
             ""

@@ -36,6 +36,17 @@ __device__ __forceinline__ ConvDims conv_dims(unsigned int n, unsigned int cin, 
     return d;
 }
 
+// i = (outer * middle + mid) * inner + in, split: {outer, mid, in}. A pixel
+// index (b, y, x) with (inner, middle) = (width, height), or a tap (c, ky, kx)
+// with (kw, kh).
+struct Split3 {
+    unsigned int outer, mid, in;
+};
+__device__ __forceinline__ Split3 split3(unsigned int i, unsigned int inner, unsigned int middle) {
+    unsigned int t = i / inner;
+    return Split3{t / middle, t % middle, i % inner};
+}
+
 // The input value at (b, ci, oy + ky - pad, ox + kx - pad), zero outside.
 __device__ __forceinline__ float ig_input(const float *x, const ConvDims &d, unsigned int b,
                                           unsigned int ci, unsigned int oy, unsigned int ox,
@@ -51,9 +62,8 @@ struct FwdA {
     const float *x;
     ConvDims d;
     __device__ float operator()(unsigned int m, unsigned int k) const {
-        unsigned int ox = m % d.ow, t = m / d.ow, oy = t % d.oh, b = t / d.oh;
-        unsigned int kx = k % d.kw, t2 = k / d.kw, ky = t2 % d.kh, ci = t2 / d.kh;
-        return ig_input(x, d, b, ci, oy, ox, ky, kx);
+        Split3 p = split3(m, d.ow, d.oh), t = split3(k, d.kw, d.kh);
+        return ig_input(x, d, p.outer, t.outer, p.mid, p.in, t.mid, t.in);
     }
 };
 // B(k, n) = w[n, k] (w is (Cout, Cin*kh*kw)).
@@ -68,8 +78,8 @@ struct FwdC {
     float *y;
     ConvDims d;
     __device__ void operator()(unsigned int m, unsigned int n, float v) const {
-        unsigned int ox = m % d.ow, t = m / d.ow, oy = t % d.oh, b = t / d.oh;
-        y[(((unsigned long long)b * d.cout + n) * d.oh + oy) * d.ow + ox] = v;
+        Split3 p = split3(m, d.ow, d.oh);
+        y[(((unsigned long long)p.outer * d.cout + n) * d.oh + p.mid) * d.ow + p.in] = v;
     }
 };
 
@@ -79,12 +89,11 @@ struct DxA {
     const float *dy;
     ConvDims d;
     __device__ float operator()(unsigned int m, unsigned int k) const {
-        unsigned int ix = m % d.w, t = m / d.w, iy = t % d.h, b = t / d.h;
-        unsigned int kx = k % d.kw, t2 = k / d.kw, ky = t2 % d.kh, co = t2 / d.kh;
-        int oy = (int)(iy + d.pad) - (int)ky;
-        int ox = (int)(ix + d.pad) - (int)kx;
+        Split3 p = split3(m, d.w, d.h), t = split3(k, d.kw, d.kh);
+        int oy = (int)(p.mid + d.pad) - (int)t.mid;
+        int ox = (int)(p.in + d.pad) - (int)t.in;
         if (oy < 0 || oy >= (int)d.oh || ox < 0 || ox >= (int)d.ow) return 0.0f;
-        return dy[(((unsigned long long)b * d.cout + co) * d.oh + oy) * d.ow + ox];
+        return dy[(((unsigned long long)p.outer * d.cout + t.outer) * d.oh + oy) * d.ow + ox];
     }
 };
 // B(k, n) = w[co, n, ky, kx].
@@ -92,16 +101,16 @@ struct DxB {
     const float *wt;
     ConvDims d;
     __device__ float operator()(unsigned int k, unsigned int n) const {
-        unsigned int kx = k % d.kw, t2 = k / d.kw, ky = t2 % d.kh, co = t2 / d.kh;
-        return wt[(((unsigned long long)co * d.cin + n) * d.kh + ky) * d.kw + kx];
+        Split3 t = split3(k, d.kw, d.kh);
+        return wt[(((unsigned long long)t.outer * d.cin + n) * d.kh + t.mid) * d.kw + t.in];
     }
 };
 struct DxC {
     float *dx;
     ConvDims d;
     __device__ void operator()(unsigned int m, unsigned int n, float v) const {
-        unsigned int ix = m % d.w, t = m / d.w, iy = t % d.h, b = t / d.h;
-        dx[(((unsigned long long)b * d.cin + n) * d.h + iy) * d.w + ix] = v;
+        Split3 p = split3(m, d.w, d.h);
+        dx[(((unsigned long long)p.outer * d.cin + n) * d.h + p.mid) * d.w + p.in] = v;
     }
 };
 
@@ -110,8 +119,8 @@ struct DwA {
     const float *dy;
     ConvDims d;
     __device__ float operator()(unsigned int m, unsigned int k) const {
-        unsigned int ox = k % d.ow, t = k / d.ow, oy = t % d.oh, b = t / d.oh;
-        return dy[(((unsigned long long)b * d.cout + m) * d.oh + oy) * d.ow + ox];
+        Split3 p = split3(k, d.ow, d.oh);
+        return dy[(((unsigned long long)p.outer * d.cout + m) * d.oh + p.mid) * d.ow + p.in];
     }
 };
 // B(k, n): the input patch element n = (ci, ky, kx) of output pixel k.
@@ -119,9 +128,8 @@ struct DwB {
     const float *x;
     ConvDims d;
     __device__ float operator()(unsigned int k, unsigned int n) const {
-        unsigned int ox = k % d.ow, t = k / d.ow, oy = t % d.oh, b = t / d.oh;
-        unsigned int kx = n % d.kw, t2 = n / d.kw, ky = t2 % d.kh, ci = t2 / d.kh;
-        return ig_input(x, d, b, ci, oy, ox, ky, kx);
+        Split3 p = split3(k, d.ow, d.oh), t = split3(n, d.kw, d.kh);
+        return ig_input(x, d, p.outer, t.outer, p.mid, p.in, t.mid, t.in);
     }
 };
 // Split `z` writes its partial sums at partial[z][m][n].

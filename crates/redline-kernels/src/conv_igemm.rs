@@ -136,12 +136,24 @@ impl ConvDims {
         x[((b * self.cin + ci) * self.h + iy as usize) * self.w + ix as usize]
     }
 
+    /// Output pixel `m` as `(b, oy, ox)`.
+    fn out_pixel(&self, m: usize) -> (usize, usize, usize) {
+        split3(m, self.ow(), self.oh())
+    }
+
+    /// Input pixel `m` as `(b, iy, ix)`.
+    fn in_pixel(&self, m: usize) -> (usize, usize, usize) {
+        split3(m, self.w, self.h)
+    }
+
+    /// Kernel tap `k` as `(channel, ky, kx)`.
+    fn tap(&self, k: usize) -> (usize, usize, usize) {
+        split3(k, self.kw, self.kh)
+    }
+
     /// Forward A(m, k): m = (b, oy, ox), k = (ci, ky, kx).
     pub fn fwd_a(&self, x: &[f32], m: usize, k: usize) -> f32 {
-        let (ox, t) = (m % self.ow(), m / self.ow());
-        let (oy, b) = (t % self.oh(), t / self.oh());
-        let (kx, t2) = (k % self.kw, k / self.kw);
-        let (ky, ci) = (t2 % self.kh, t2 / self.kh);
+        let ((b, oy, ox), (ci, ky, kx)) = (self.out_pixel(m), self.tap(k));
         self.input(x, b, ci, oy, ox, ky, kx)
     }
 
@@ -152,18 +164,14 @@ impl ConvDims {
 
     /// Where the forward's C(m, n) goes in `y (N, Cout, OH, OW)`.
     pub fn fwd_c(&self, m: usize, n: usize) -> usize {
-        let (ox, t) = (m % self.ow(), m / self.ow());
-        let (oy, b) = (t % self.oh(), t / self.oh());
+        let (b, oy, ox) = self.out_pixel(m);
         ((b * self.cout + n) * self.oh() + oy) * self.ow() + ox
     }
 
     /// Input-gradient A(m, k): m = (b, iy, ix), k = (co, ky, kx): the output
     /// gradient at `(iy + pad - ky, ix + pad - kx)`, zero outside.
     pub fn dx_a(&self, dy: &[f32], m: usize, k: usize) -> f32 {
-        let (ix, t) = (m % self.w, m / self.w);
-        let (iy, b) = (t % self.h, t / self.h);
-        let (kx, t2) = (k % self.kw, k / self.kw);
-        let (ky, co) = (t2 % self.kh, t2 / self.kh);
+        let ((b, iy, ix), (co, ky, kx)) = (self.in_pixel(m), self.tap(k));
         let oy = (iy + self.pad) as isize - ky as isize;
         let ox = (ix + self.pad) as isize - kx as isize;
         if oy < 0 || oy >= self.oh() as isize || ox < 0 || ox >= self.ow() as isize {
@@ -174,33 +182,34 @@ impl ConvDims {
 
     /// Input-gradient B(k, n) = w[co, n, ky, kx].
     pub fn dx_b(&self, w: &[f32], k: usize, n: usize) -> f32 {
-        let (kx, t2) = (k % self.kw, k / self.kw);
-        let (ky, co) = (t2 % self.kh, t2 / self.kh);
+        let (co, ky, kx) = self.tap(k);
         w[((co * self.cin + n) * self.kh + ky) * self.kw + kx]
     }
 
     /// Where the input gradient's C(m, n) goes in `dx (N, Cin, H, W)`.
     pub fn dx_c(&self, m: usize, n: usize) -> usize {
-        let (ix, t) = (m % self.w, m / self.w);
-        let (iy, b) = (t % self.h, t / self.h);
+        let (b, iy, ix) = self.in_pixel(m);
         ((b * self.cin + n) * self.h + iy) * self.w + ix
     }
 
     /// Weight-gradient A(m, k) = dy[b, m, oy, ox], k = (b, oy, ox).
     pub fn dw_a(&self, dy: &[f32], m: usize, k: usize) -> f32 {
-        let (ox, t) = (k % self.ow(), k / self.ow());
-        let (oy, b) = (t % self.oh(), t / self.oh());
+        let (b, oy, ox) = self.out_pixel(k);
         dy[((b * self.cout + m) * self.oh() + oy) * self.ow() + ox]
     }
 
     /// Weight-gradient B(k, n): element n = (ci, ky, kx) of output pixel k's patch.
     pub fn dw_b(&self, x: &[f32], k: usize, n: usize) -> f32 {
-        let (ox, t) = (k % self.ow(), k / self.ow());
-        let (oy, b) = (t % self.oh(), t / self.oh());
-        let (kx, t2) = (n % self.kw, n / self.kw);
-        let (ky, ci) = (t2 % self.kh, t2 / self.kh);
+        let ((b, oy, ox), (ci, ky, kx)) = (self.out_pixel(k), self.tap(n));
         self.input(x, b, ci, oy, ox, ky, kx)
     }
+}
+
+/// `i = (outer * middle + mid) * inner + in` as `(outer, mid, in)`: the
+/// kernel's `split3`.
+fn split3(i: usize, inner: usize, middle: usize) -> (usize, usize, usize) {
+    let t = i / inner;
+    (t / middle, t % middle, i % inner)
 }
 
 fn grid(rows: usize, cols: usize, z: usize) -> Grid {

@@ -7,7 +7,9 @@
 //! transposition, and its backward's conv-transpose and transposed conv.
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg,
+};
 use candle_core::cuda_backend::CudaDevice;
 use candle_core::{bail, CudaStorage, CustomOp2, Layout, Shape, Tensor};
 
@@ -22,7 +24,13 @@ fn msg(e: impl std::fmt::Display) -> candle_core::Error {
 /// `x (N, Cin, H, W)` and `w (Cout, Cin, kh, kw)`, with its backward.
 pub(crate) fn conv2d(x: &Tensor, w: &Tensor, pad: usize) -> crate::Result<Tensor> {
     let d = ConvDims::new(x.dims(), w.dims(), pad)?;
-    Ok(x.contiguous()?.apply_op2(&w.contiguous()?, Conv(d))?)
+    Ok(x.contiguous()?.apply_op2(
+        &w.contiguous()?,
+        Conv {
+            d,
+            pass: Pass::Forward,
+        },
+    )?)
 }
 
 /// The kernels' trailing size arguments: n, cin, h, w, cout, kh, kw, pad.
@@ -73,7 +81,7 @@ fn launch(
     kernel: &str,
     (s1, r1): (&CudaStorage, (usize, usize)),
     (s2, r2): (&CudaStorage, (usize, usize)),
-    out: &mut candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>,
+    out: &mut CudaSlice<f32>,
     d: &ConvDims,
     extra: Option<u32>,
     grid: Grid,
@@ -95,12 +103,48 @@ fn launch(
     Ok(())
 }
 
-/// The forward: `(x, w) -> y (N, Cout, OH, OW)`.
-struct Conv(ConvDims);
+/// Which GEMM of the convolution an op runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// `(x, w) -> y (N, Cout, OH, OW)`, with a backward.
+    Forward,
+    /// `(dy, w) -> dx (N, Cin, H, W)`.
+    InputGrad,
+    /// `(dy, x) -> dw (Cout, Cin, kh, kw)`.
+    WeightGrad,
+}
+
+/// An operand's shape and what it is, for errors.
+type Operand = ([usize; 4], &'static str);
+
+/// One pass of the convolution of sizes `d`.
+struct Conv {
+    d: ConvDims,
+    pass: Pass,
+}
+
+impl Conv {
+    /// The two operands' shapes and names, and the result's shape.
+    fn shapes(&self) -> (Operand, Operand, [usize; 4]) {
+        let d = self.d;
+        let x = ([d.n, d.cin, d.h, d.w], "the input");
+        let w = ([d.cout, d.cin, d.kh, d.kw], "the weight");
+        let y = ([d.n, d.cout, d.oh(), d.ow()], "the output gradient");
+        match self.pass {
+            Pass::Forward => (x, w, y.0),
+            Pass::InputGrad => (y, w, x.0),
+            Pass::WeightGrad => (y, x, w.0),
+        }
+    }
+}
 
 impl CustomOp2 for Conv {
     fn name(&self) -> &'static str {
-        "redline-conv2d"
+        match self.pass {
+            Pass::Forward => "redline-conv2d",
+            Pass::InputGrad => "redline-conv2d-dx",
+            Pass::WeightGrad => "redline-conv2d-dw",
+        }
     }
 
     fn cpu_fwd(
@@ -110,7 +154,7 @@ impl CustomOp2 for Conv {
         _: &candle_core::CpuStorage,
         _: &Layout,
     ) -> candle_core::Result<(candle_core::CpuStorage, Shape)> {
-        bail!("redline-conv2d runs on CUDA devices only")
+        bail!("{} runs on CUDA devices only", self.name())
     }
 
     fn cuda_fwd(
@@ -120,24 +164,25 @@ impl CustomOp2 for Conv {
         s2: &CudaStorage,
         l2: &Layout,
     ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let d = self.0;
-        let x = operand(l1, &[d.n, d.cin, d.h, d.w], "the input")?;
-        let w = operand(l2, &[d.cout, d.cin, d.kh, d.kw], "the weight")?;
+        let d = self.d;
+        let ((a_dims, a_name), (b_dims, b_name), out_dims) = self.shapes();
+        let a = (s1, operand(l1, &a_dims, a_name)?);
+        let b = (s2, operand(l2, &b_dims, b_name)?);
         let dev = s1.device().clone();
-        let shape = Shape::from((d.n, d.cout, d.oh(), d.ow()));
-        // SAFETY: the kernel writes every output element.
-        let mut y = unsafe { dev.alloc::<f32>(shape.elem_count()) }?;
-        launch(
-            &dev,
-            "redline_conv_fwd_f32",
-            (s1, x),
-            (s2, w),
-            &mut y,
-            &d,
-            None,
-            d.fwd_grid(),
-        )?;
-        Ok((CudaStorage::wrap_cuda_slice(y, dev), shape))
+        let shape = Shape::from(out_dims.to_vec());
+        let count = shape.elem_count();
+        // SAFETY: every pass writes each element of its output (below).
+        let mut out = unsafe { dev.alloc::<f32>(count) }?;
+        let (kernel, grid) = match self.pass {
+            Pass::Forward => ("redline_conv_fwd_f32", d.fwd_grid()),
+            Pass::InputGrad => ("redline_conv_dx_f32", d.dx_grid()),
+            Pass::WeightGrad => {
+                weight_grad(&dev, a, b, &mut out, &d, count)?;
+                return Ok((CudaStorage::wrap_cuda_slice(out, dev), shape));
+            }
+        };
+        launch(&dev, kernel, a, b, &mut out, &d, None, grid)?;
+        Ok((CudaStorage::wrap_cuda_slice(out, dev), shape))
     }
 
     fn bwd(
@@ -147,137 +192,59 @@ impl CustomOp2 for Conv {
         _res: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        if self.pass != Pass::Forward {
+            bail!("{}: a gradient pass has no backward", self.name())
+        }
         let dy = grad.contiguous()?;
+        let pass = |pass| Conv { d: self.d, pass };
         // The data batch needs no gradient: its GEMM is skipped.
         let dx = if x.track_op() {
-            Some(dy.apply_op2_no_bwd(w, &ConvDx(self.0))?)
+            Some(dy.apply_op2_no_bwd(w, &pass(Pass::InputGrad))?)
         } else {
             None
         };
-        let dw = dy.apply_op2_no_bwd(x, &ConvDw(self.0))?;
+        let dw = dy.apply_op2_no_bwd(x, &pass(Pass::WeightGrad))?;
         Ok((dx, Some(dw)))
     }
 }
 
-/// The input gradient: `(dy, w) -> dx (N, Cin, H, W)`.
-struct ConvDx(ConvDims);
-
-impl CustomOp2 for ConvDx {
-    fn name(&self) -> &'static str {
-        "redline-conv2d-dx"
+/// The weight gradient of `dy` (`a`) and `x` (`b`) into `dw` (`count`
+/// values): one launch when the reduction is one split, else the splits'
+/// partial sums and their in-order sum.
+fn weight_grad(
+    dev: &CudaDevice,
+    a: (&CudaStorage, (usize, usize)),
+    b: (&CudaStorage, (usize, usize)),
+    dw: &mut CudaSlice<f32>,
+    d: &ConvDims,
+    count: usize,
+) -> candle_core::Result<()> {
+    let (grid, chunk) = d.dw_plan();
+    let chunk = Some(u32::try_from(chunk).map_err(msg)?);
+    let splits = grid.2;
+    if splits == 1 {
+        // One split is the whole sum: written straight into dw.
+        return launch(dev, "redline_conv_dw_f32", a, b, dw, d, chunk, grid);
     }
-
-    fn cpu_fwd(
-        &self,
-        _: &candle_core::CpuStorage,
-        _: &Layout,
-        _: &candle_core::CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, Shape)> {
-        bail!("redline-conv2d-dx runs on CUDA devices only")
-    }
-
-    fn cuda_fwd(
-        &self,
-        s1: &CudaStorage,
-        l1: &Layout,
-        s2: &CudaStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let d = self.0;
-        let dy = operand(l1, &[d.n, d.cout, d.oh(), d.ow()], "the output gradient")?;
-        let w = operand(l2, &[d.cout, d.cin, d.kh, d.kw], "the weight")?;
-        let dev = s1.device().clone();
-        let shape = Shape::from((d.n, d.cin, d.h, d.w));
-        // SAFETY: the kernel writes every element of dx.
-        let mut dx = unsafe { dev.alloc::<f32>(shape.elem_count()) }?;
-        launch(
-            &dev,
-            "redline_conv_dx_f32",
-            (s1, dy),
-            (s2, w),
-            &mut dx,
-            &d,
-            None,
-            d.dx_grid(),
-        )?;
-        Ok((CudaStorage::wrap_cuda_slice(dx, dev), shape))
-    }
-}
-
-/// The weight gradient: `(dy, x) -> dw (Cout, Cin, kh, kw)`.
-struct ConvDw(ConvDims);
-
-impl CustomOp2 for ConvDw {
-    fn name(&self) -> &'static str {
-        "redline-conv2d-dw"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &candle_core::CpuStorage,
-        _: &Layout,
-        _: &candle_core::CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, Shape)> {
-        bail!("redline-conv2d-dw runs on CUDA devices only")
-    }
-
-    fn cuda_fwd(
-        &self,
-        s1: &CudaStorage,
-        l1: &Layout,
-        s2: &CudaStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let d = self.0;
-        let dy = operand(l1, &[d.n, d.cout, d.oh(), d.ow()], "the output gradient")?;
-        let x = operand(l2, &[d.n, d.cin, d.h, d.w], "the input")?;
-        let dev = s1.device().clone();
-        let shape = Shape::from((d.cout, d.cin, d.kh, d.kw));
-        let count = shape.elem_count();
-        let (grid, chunk) = d.dw_plan();
-        let splits = grid.2 as usize;
-        let chunk = u32::try_from(chunk).map_err(msg)?;
-        // SAFETY: split z writes all of its count values; the sum writes dw.
-        let mut dw = unsafe { dev.alloc::<f32>(count) }?;
-        if splits == 1 {
-            // One split is the whole sum: written straight into dw.
-            launch(
-                &dev,
-                "redline_conv_dw_f32",
-                (s1, dy),
-                (s2, x),
-                &mut dw,
-                &d,
-                Some(chunk),
-                grid,
-            )?;
-            return Ok((CudaStorage::wrap_cuda_slice(dw, dev), shape));
-        }
-        // SAFETY: as above.
-        let mut partial = unsafe { dev.alloc::<f32>(splits * count) }?;
-        launch(
-            &dev,
-            "redline_conv_dw_f32",
-            (s1, dy),
-            (s2, x),
-            &mut partial,
-            &d,
-            Some(chunk),
-            grid,
-        )?;
-        let func = function(&dev, "redline_sum_splits_f32").map_err(msg)?;
-        let stream = dev.cuda_stream();
-        let (splits32, count32) = (
-            u32::try_from(splits).map_err(msg)?,
-            u32::try_from(count).map_err(msg)?,
-        );
-        let mut b = stream.launch_builder(&func);
-        b.arg(&partial).arg(&mut dw).arg(&splits32).arg(&count32);
-        let blocks = count.div_ceil(THREADS as usize).clamp(1, 65_535) as u32;
-        // SAFETY: `partial` holds splits * count values, `dw` count.
-        unsafe { b.launch(config((blocks, 1, 1))) }.map_err(msg)?;
-        Ok((CudaStorage::wrap_cuda_slice(dw, dev), shape))
-    }
+    // SAFETY: split z writes all count values of partial[z].
+    let mut partial = unsafe { dev.alloc::<f32>(splits as usize * count) }?;
+    launch(
+        dev,
+        "redline_conv_dw_f32",
+        a,
+        b,
+        &mut partial,
+        d,
+        chunk,
+        grid,
+    )?;
+    let func = function(dev, "redline_sum_splits_f32").map_err(msg)?;
+    let stream = dev.cuda_stream();
+    let count32 = u32::try_from(count).map_err(msg)?;
+    let mut builder = stream.launch_builder(&func);
+    builder.arg(&partial).arg(dw).arg(&splits).arg(&count32);
+    let blocks = count.div_ceil(THREADS as usize).clamp(1, 65_535) as u32;
+    // SAFETY: `partial` holds splits * count values, `dw` count.
+    unsafe { builder.launch(config((blocks, 1, 1))) }.map_err(msg)?;
+    Ok(())
 }

@@ -21,6 +21,7 @@ pub mod grad;
 mod linear;
 mod loss;
 pub mod multi_tensor;
+pub mod multi_tensor_args;
 pub mod optim;
 mod optim_generic;
 pub mod optim_math;

@@ -9,54 +9,9 @@ use candle_core::{DType, Tensor};
 
 use super::{function, Addresses};
 use crate::error::{Error, Result};
-use crate::multi_tensor::{pack, Launch, BLOCK_THREADS, CHUNK, MAX_TENSORS};
+use crate::multi_tensor::{pack, BLOCK_THREADS, CHUNK, MAX_TENSORS};
+use crate::multi_tensor_args::{tensor_list, AdamHyper, SgdHyper, TensorList};
 use crate::optim::{AdamStep, DeviceHyper, SgdStep};
-use crate::optim_math::{AdamConsts, SgdConsts};
-
-/// `struct TensorList` of `cuda/optim.cu`, passed by value.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct TensorList {
-    p: [u64; MAX_TENSORS],
-    g: [u64; MAX_TENSORS],
-    a: [u64; MAX_TENSORS],
-    b: [u64; MAX_TENSORS],
-    n: [u64; MAX_TENSORS],
-    chunk_start: [u32; MAX_TENSORS + 1],
-    count: i32,
-}
-const _: () = assert!(std::mem::size_of::<TensorList>() == 1416);
-
-/// `struct AdamHyper` of `cuda/optim.cu`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct AdamHyper {
-    step: u64,
-    lr: u64,
-    ln_b1: f64,
-    ln_b2: f64,
-    neg_wd: f64,
-    w1: f32,
-    b2: f32,
-    w2: f32,
-    eps: f32,
-    l2: f32,
-    decoupled: i32,
-}
-const _: () = assert!(std::mem::size_of::<AdamHyper>() == 64);
-
-/// `struct SgdHyper` of `cuda/optim.cu`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct SgdHyper {
-    step: u64,
-    lr: u64,
-    wd: f32,
-    mom: f32,
-    damp: f32,
-    nesterov: i32,
-}
-const _: () = assert!(std::mem::size_of::<SgdHyper>() == 32);
 
 // SAFETY: plain `repr(C)` data with the layout of the kernels' structs.
 unsafe impl DeviceRepr for TensorList {}
@@ -107,30 +62,6 @@ fn check_sizes(sizes: &[[usize; 4]], what: &str) -> Result<Vec<usize>> {
             }
         })
         .collect()
-}
-
-/// Fills one launch's argument struct from the items' addresses (`ptrs`
-/// holds `per_item` addresses per item: p, g, a, b).
-fn tensor_list(launch: &Launch, ptrs: &[u64], per_item: usize, sizes: &[usize]) -> TensorList {
-    let mut l = TensorList {
-        p: [0; MAX_TENSORS],
-        g: [0; MAX_TENSORS],
-        a: [0; MAX_TENSORS],
-        b: [0; MAX_TENSORS],
-        n: [0; MAX_TENSORS],
-        chunk_start: [0; MAX_TENSORS + 1],
-        count: launch.tensors.len() as i32,
-    };
-    for (slot, &i) in launch.tensors.iter().enumerate() {
-        let at = |k: usize| ptrs.get(i * per_item + k).copied().unwrap_or(0);
-        l.p[slot] = at(0);
-        l.g[slot] = at(1);
-        l.a[slot] = if per_item > 2 { at(2) } else { 0 };
-        l.b[slot] = if per_item > 3 { at(3) } else { 0 };
-        l.n[slot] = sizes[i] as u64;
-    }
-    l.chunk_start[..launch.chunk_start.len()].copy_from_slice(&launch.chunk_start);
-    l
 }
 
 /// Launches `kernel` once per packed group of items (`tensors` holds
@@ -199,24 +130,14 @@ pub fn multi_adam(items: &[AdamItem<'_>], hyper: &DeviceHyper, hp: AdamStep) -> 
     )?;
     let tensors: Vec<&Tensor> = items.iter().flat_map(|i| [i.p, i.g, i.m, i.v]).collect();
     let (step, lr) = hyper_addresses(hyper, dev)?;
-    // The fixed constants, rounded as the generic path's; the per-step ones
-    // are computed in the kernel from the device's step count and rate.
-    let c = AdamConsts::from_parts(hp, (), (), None);
-    let (b1, b2) = hp.betas;
-    let hyper = AdamHyper {
-        step,
-        lr,
-        ln_b1: b1.ln(),
-        ln_b2: b2.ln(),
-        neg_wd: -hp.weight_decay,
-        w1: c.w1,
-        b2: c.b2,
-        w2: c.w2,
-        eps: c.eps,
-        l2: c.l2,
-        decoupled: i32::from(hp.decoupled && hp.weight_decay != 0.0),
-    };
-    launch_all(dev, "redline_multi_adam_f32", &tensors, 4, &sizes, hyper)
+    launch_all(
+        dev,
+        "redline_multi_adam_f32",
+        &tensors,
+        4,
+        &sizes,
+        AdamHyper::new(hp, step, lr),
+    )
 }
 
 /// SGD (momentum, dampening, Nesterov, L2) on every item in one launch per
@@ -251,15 +172,7 @@ pub fn multi_sgd(items: &[SgdItem<'_>], hyper: &DeviceHyper, hp: SgdStep) -> Res
         .flatten()
         .collect();
     let (step, lr) = hyper_addresses(hyper, dev)?;
-    let c = SgdConsts::with_lr(hp, ());
-    let hyper = SgdHyper {
-        step,
-        lr,
-        wd: c.wd,
-        mom: c.mom,
-        damp: c.damp,
-        nesterov: i32::from(c.nesterov),
-    };
+    let hyper = SgdHyper::new(hp, step, lr);
     let per_item = if momentum { 3 } else { 2 };
     launch_all(
         dev,

@@ -4,7 +4,7 @@
 // the blocks run one after another, so a kernel's `__shared__` arrays
 // (`static` here) belong to the block that runs. `__syncthreads()` is a
 // barrier of the block's threads, `__shfl_xor_sync` an exchange between the
-// 32 threads of a warp. A barrier that not every thread reaches within 20 s
+// 32 threads of a warp. A barrier that not every thread reaches within 120 s
 // (a divergent `__syncthreads`) ends the process with a message.
 //
 // Arithmetic: compiled with -ffp-contract=off, so each float operation
@@ -35,7 +35,7 @@ inline dim3 gridDim;
 #define __forceinline__ inline
 #define __shared__ static
 
-// A reusable barrier for `count` threads that gives up after 20 s.
+// A reusable barrier for `count` threads that gives up after 120 s.
 class EmuBarrier {
   public:
     explicit EmuBarrier(unsigned int count = 1) : count_(count) {}
@@ -52,9 +52,9 @@ class EmuBarrier {
             cv_.notify_all();
             return;
         }
-        if (!cv_.wait_for(lock, std::chrono::seconds(20), [&] { return generation_ != gen; })) {
+        if (!cv_.wait_for(lock, std::chrono::seconds(120), [&] { return generation_ != gen; })) {
             std::fprintf(stderr,
-                         "CUDA emulator: %s: only %u of %u threads arrived in 20 s (a barrier "
+                         "CUDA emulator: %s: only %u of %u threads arrived in 120 s (a barrier "
                          "not every thread reaches?)\n",
                          what, waiting_, count_);
             std::fflush(stderr);

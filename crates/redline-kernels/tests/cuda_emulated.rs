@@ -269,6 +269,35 @@ fn emulated_bias_pool_relu_matches_the_generic_ops() {
     }
 }
 
+/// The cross-entropy forward's one block of 32 warps: the softmax, the mean
+/// loss and the count of first-maximum hits.
+fn ce_forward(logits: &[f32], targets: &[u32], rows: u32, cols: u32) -> (Vec<f32>, f32, f32) {
+    let mut probs = vec![f32::NAN; logits.len()];
+    let (mut loss, mut hits) = (f32::NAN, f32::NAN);
+    let (px, pt, pp) = (logits.as_ptr(), targets.as_ptr(), probs.as_mut_ptr());
+    let (pl, ph) = (&mut loss as *mut f32, &mut hits as *mut f32);
+    let mut args = [
+        arg(&px),
+        arg(&pt),
+        arg(&pp),
+        arg(&pl),
+        arg(&ph),
+        arg(&rows),
+        arg(&cols),
+    ];
+    launch("redline_ce_fwd_f32", (1, 1, 1), 1024, &mut args);
+    (probs, loss, hits)
+}
+
+/// The largest elementwise difference relative to the larger magnitude
+/// (2.4e-7 is 1 ulp).
+fn worst_relative(ours: &[f32], want: &[f32]) -> f32 {
+    ours.iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs() / a.abs().max(b.abs()).max(1e-30))
+        .fold(0f32, f32::max)
+}
+
 /// Cross-entropy: the one-block forward (32 warps, shuffles, fixed-order
 /// sums) and the backward against the CPU's fused kernel: loss, count of
 /// first-maximum hits and gradient; a bad target gives a NaN loss.
@@ -286,20 +315,7 @@ fn emulated_cross_entropy_matches_the_cpu_kernel() {
         let want_grad = flat(loss.backward().unwrap().get(lv.as_tensor()).unwrap());
 
         let (r32, c32) = (rows as u32, cols as u32);
-        let mut probs = vec![f32::NAN; rows * cols];
-        let (mut l, mut hits) = (f32::NAN, f32::NAN);
-        let (px, pt, pp) = (logits.as_ptr(), targets.as_ptr(), probs.as_mut_ptr());
-        let (pl, ph) = (&mut l as *mut f32, &mut hits as *mut f32);
-        let mut args = [
-            arg(&px),
-            arg(&pt),
-            arg(&pp),
-            arg(&pl),
-            arg(&ph),
-            arg(&r32),
-            arg(&c32),
-        ];
-        launch("redline_ce_fwd_f32", (1, 1, 1), 1024, &mut args);
+        let (probs, l, hits) = ce_forward(&logits, &targets, r32, c32);
         let want_loss = loss.to_scalar::<f32>().unwrap();
         assert!(
             (l - want_loss).abs() <= 1e-6 * want_loss.abs().max(1.0),
@@ -313,7 +329,12 @@ fn emulated_cross_entropy_matches_the_cpu_kernel() {
 
         let g = 1f32;
         let mut grad = vec![f32::NAN; rows * cols];
-        let (pp, pg, po) = (probs.as_ptr(), &g as *const f32, grad.as_mut_ptr());
+        let (pp, pt, pg, po) = (
+            probs.as_ptr(),
+            targets.as_ptr(),
+            &g as *const f32,
+            grad.as_mut_ptr(),
+        );
         let mut args = [arg(&pp), arg(&pt), arg(&pg), arg(&po), arg(&r32), arg(&c32)];
         launch(
             "redline_ce_bwd_f32",
@@ -325,17 +346,7 @@ fn emulated_cross_entropy_matches_the_cpu_kernel() {
         assert!(r < 1e-6, "{case}: grad {r:e}");
 
         let bad: Vec<u32> = (0..rows as u32).map(|r| r.max(c32)).collect();
-        let pt = bad.as_ptr();
-        let mut args = [
-            arg(&px),
-            arg(&pt),
-            arg(&pp),
-            arg(&pl),
-            arg(&ph),
-            arg(&r32),
-            arg(&c32),
-        ];
-        launch("redline_ce_fwd_f32", (1, 1, 1), 1024, &mut args);
+        let (_, l, _) = ce_forward(&logits, &bad, r32, c32);
         assert!(l.is_nan(), "{case}: a target out of range gives {l}");
     }
 }
@@ -487,11 +498,7 @@ fn emulated_multi_adam_matches_the_generic_path() {
                 ("m", &bufs[i][2], flat(st.a.as_ref().unwrap().as_tensor())),
                 ("v", &bufs[i][3], flat(st.b.as_ref().unwrap().as_tensor())),
             ] {
-                let worst = ours
-                    .iter()
-                    .zip(&want)
-                    .map(|(a, b)| (a - b).abs() / a.abs().max(b.abs()).max(1e-30))
-                    .fold(0f32, f32::max);
+                let worst = worst_relative(ours, &want);
                 assert!(
                     worst <= 2.4e-7,
                     "decoupled {decoupled}, tensor {i}, {name}: {worst:e}"
@@ -552,11 +559,7 @@ fn emulated_multi_sgd_matches_the_generic_path() {
         }
         for (i, b) in bufs.iter().enumerate() {
             let want = flat(&generic[i]);
-            let worst = b[0]
-                .iter()
-                .zip(&want)
-                .map(|(a, w)| (a - w).abs() / a.abs().max(w.abs()).max(1e-30))
-                .fold(0f32, f32::max);
+            let worst = worst_relative(&b[0], &want);
             assert!(
                 worst <= 2.4e-7,
                 "momentum {momentum}, nesterov {nesterov}, tensor {i}: {worst:e}"

@@ -16,9 +16,9 @@
 //! row-major order takes the gradient (PyTorch), NaN counts as a maximum, and
 //! the ReLU passes gradient where its output is positive.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
-use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use crate::conv::{conv2d_with, Geom};
@@ -239,7 +239,7 @@ impl CustomOp3 for BlockOp {
                     Ok::<(), candle_core::Error>(())
                 })?;
         }
-        *self.argmax.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(argmax));
+        crate::slices::keep(&self.argmax, Arc::new(argmax));
         Ok((CpuStorage::F32(out), shape))
     }
 
@@ -253,14 +253,7 @@ impl CustomOp3 for BlockOp {
     ) -> candle_core::Result<Grads3> {
         let _span = trace::backward(self.layer.as_ref(), "conv2d+max_pool2d+relu");
         trace::count("conv2d_pool_relu.backward");
-        let saved = self
-            .argmax
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let Some(argmax) = saved else {
-            bail!("{}: backward before forward", self.name())
-        };
+        let argmax = crate::slices::saved(&self.argmax, self.name())?;
         let unpool = Unpool { k: self.k, argmax };
         backward(
             self.geom,

@@ -198,10 +198,8 @@ impl CustomOp2 for CrossEntropy {
             total += softmax_lse(row, p) - f64::from(xy);
             right += u32::from(first_max(row) == y as usize);
         }
-        *self.saved.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some(Saved::Host(Arc::new(probs)));
-        *self.count.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some(Count::Host(right as f32));
+        crate::slices::keep(&self.saved, Saved::Host(Arc::new(probs)));
+        crate::slices::keep(&self.count, Count::Host(right as f32));
         Ok((
             CpuStorage::F32(vec![(total / b as f64) as f32]),
             Shape::from(()),
@@ -218,9 +216,8 @@ impl CustomOp2 for CrossEntropy {
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let (b, c) = check(l1, l2)?;
         let (loss, probs, right) = crate::cuda::loss::ce_forward(s1, l1, s2, l2, b, c)?;
-        *self.saved.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some(Saved::Device(Arc::new(probs)));
-        *self.count.lock().unwrap_or_else(PoisonError::into_inner) = Some(Count::Device(right));
+        crate::slices::keep(&self.saved, Saved::Device(Arc::new(probs)));
+        crate::slices::keep(&self.count, Count::Device(right));
         Ok((loss, Shape::from(())))
     }
 
@@ -233,14 +230,7 @@ impl CustomOp2 for CrossEntropy {
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
         let _span = trace::backward(None, "cross_entropy");
         trace::count("cross_entropy.backward");
-        let saved = self
-            .saved
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let Some(probs) = saved else {
-            bail!("{}: backward before forward", self.name())
-        };
+        let probs = crate::slices::saved(&self.saved, self.name())?;
         let (b, c) = logits.dims2()?;
         let op = CrossEntropyBwd { probs, b, c };
         let g = targets.apply_op2_no_bwd(&grad.flatten_all()?, &op)?;

@@ -14,6 +14,26 @@ pub fn f32s<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&'a [f32]> {
     }
 }
 
+/// Leaves `v` in `slot` for the op's backward (or for whoever takes it next).
+pub fn keep<T>(slot: &std::sync::Mutex<Option<T>>, v: T) {
+    *slot
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(v);
+}
+
+/// What an op's forward left in `slot` for its backward (a clone), or an
+/// error naming `op` when the backward comes first.
+pub fn saved<T: Clone>(slot: &std::sync::Mutex<Option<T>>, op: &str) -> Result<T> {
+    let held = slot
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    match held {
+        Some(v) => Ok(v),
+        None => bail!("{op}: backward before forward"),
+    }
+}
+
 /// Gradients of a three-input op `(x, w, b)`, in `CustomOp3::bwd` order.
 pub type Grads3 = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
 

@@ -416,6 +416,25 @@ fn optim_sizes() -> Vec<usize> {
     s
 }
 
+/// Starting parameters of `sizes`, and per item the kernel's buffers: the
+/// parameter, its gradient and `states` zeroed state buffers.
+fn optim_start(sizes: &[usize], states: usize) -> (Vec<Vec<f32>>, Vec<Vec<Vec<f32>>>) {
+    let p0: Vec<Vec<f32>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| values(n, i as f32))
+        .collect();
+    let bufs = p0
+        .iter()
+        .map(|p| {
+            let mut b = vec![p.clone()];
+            b.extend((0..=states).map(|_| vec![0.0; p.len()]));
+            b
+        })
+        .collect();
+    (p0, bufs)
+}
+
 /// Host buffers for the multi-tensor kernels: the step count and learning
 /// rate (f64, read by the kernel), and each launch of `sizes` with the
 /// argument struct `src/cuda/optim.rs` builds.
@@ -446,23 +465,8 @@ fn emulated_multi_adam_matches_the_generic_path() {
     use redline_kernels::optim::{adam_tensors, AdamStep, DeviceHyper, TensorState};
     let sizes = optim_sizes();
     for decoupled in [false, true] {
-        let p0: Vec<Vec<f32>> = sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| values(n, i as f32))
-            .collect();
         // Per item: p, g, m, v.
-        let mut bufs: Vec<Vec<Vec<f32>>> = p0
-            .iter()
-            .map(|p| {
-                vec![
-                    p.clone(),
-                    vec![0.0; p.len()],
-                    vec![0.0; p.len()],
-                    vec![0.0; p.len()],
-                ]
-            })
-            .collect();
+        let (p0, mut bufs) = optim_start(&sizes, 2);
         let mut generic: Vec<Tensor> = p0.iter().map(|p| tensor(p, &[p.len()])).collect();
         let mut states = vec![TensorState::default(); sizes.len()];
         let mut h = DeviceHyper::new(&Device::Cpu, 1e-2, 0).unwrap();
@@ -523,22 +527,8 @@ fn emulated_multi_sgd_matches_the_generic_path() {
             nesterov,
             weight_decay: wd,
         };
-        let p0: Vec<Vec<f32>> = sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| values(n, i as f32))
-            .collect();
         // Per item: p, g, and the momentum buffer when there is momentum.
-        let mut bufs: Vec<Vec<Vec<f32>>> = p0
-            .iter()
-            .map(|p| {
-                let mut b = vec![p.clone(), vec![0.0; p.len()]];
-                if momentum != 0.0 {
-                    b.push(vec![0.0; p.len()]);
-                }
-                b
-            })
-            .collect();
+        let (p0, mut bufs) = optim_start(&sizes, usize::from(momentum != 0.0));
         let mut generic: Vec<Tensor> = p0.iter().map(|p| tensor(p, &[p.len()])).collect();
         let mut states = vec![TensorState::default(); sizes.len()];
         let h = DeviceHyper::new(&Device::Cpu, 0.05, 0).unwrap();

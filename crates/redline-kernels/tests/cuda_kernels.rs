@@ -111,29 +111,36 @@ fn assert_layer_matches(case: &str, forward: &dyn Fn() -> Tensor, vars: [&Var; 3
     }
 }
 
+/// Starting parameters of `sizes` on `dev`, and a copy of them in variables
+/// for the kernel to update in place.
+fn start(sizes: &[usize], dev: &Device) -> (Vec<Tensor>, Vec<Var>) {
+    let p0: Vec<Tensor> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| values(n, i as f32, dev))
+        .collect();
+    let vars = p0
+        .iter()
+        .map(|t| Var::from_tensor(&t.copy().unwrap()).unwrap())
+        .collect();
+    (p0, vars)
+}
+
+/// A zeroed variable shaped as each of `p0`.
+fn zeroed(p0: &[Tensor]) -> Vec<Var> {
+    p0.iter()
+        .map(|t| Var::from_tensor(&t.zeros_like().unwrap()).unwrap())
+        .collect()
+}
+
 #[test]
 fn cuda_multi_adam_matches_the_generic_path() {
     let dev = gpu();
     for (decoupled, many) in [(false, false), (true, true)] {
         let sizes = sizes(many);
-        let p0: Vec<Tensor> = sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| values(n, i as f32, &dev))
-            .collect();
         // The kernel's side: parameters and zeroed moments updated in place.
-        let fused_p: Vec<Var> = p0
-            .iter()
-            .map(|t| Var::from_tensor(&t.copy().unwrap()).unwrap())
-            .collect();
-        let m: Vec<Var> = p0
-            .iter()
-            .map(|t| Var::from_tensor(&t.zeros_like().unwrap()).unwrap())
-            .collect();
-        let v: Vec<Var> = p0
-            .iter()
-            .map(|t| Var::from_tensor(&t.zeros_like().unwrap()).unwrap())
-            .collect();
+        let (p0, fused_p) = start(&sizes, &dev);
+        let (m, v) = (zeroed(&p0), zeroed(&p0));
         let mut generic_p: Vec<Tensor> = p0.clone();
         let mut states = vec![TensorState::default(); sizes.len()];
         let mut h_fused = DeviceHyper::new(&dev, 1e-2, 0).unwrap();
@@ -188,19 +195,8 @@ fn cuda_multi_sgd_matches_the_generic_path() {
     let dev = gpu();
     for (momentum, nesterov, wd) in [(0.0, false, 0.0), (0.9, false, 0.01), (0.9, true, 0.0)] {
         let sizes = sizes(true);
-        let p0: Vec<Tensor> = sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| values(n, i as f32, &dev))
-            .collect();
-        let fused_p: Vec<Var> = p0
-            .iter()
-            .map(|t| Var::from_tensor(&t.copy().unwrap()).unwrap())
-            .collect();
-        let bufs: Vec<Var> = p0
-            .iter()
-            .map(|t| Var::from_tensor(&t.zeros_like().unwrap()).unwrap())
-            .collect();
+        let (p0, fused_p) = start(&sizes, &dev);
+        let bufs = zeroed(&p0);
         let mut generic_p = p0.clone();
         let mut states = vec![TensorState::default(); sizes.len()];
         let hp = SgdStep {

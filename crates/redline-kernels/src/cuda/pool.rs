@@ -1,7 +1,7 @@
 //! The CNN block's bias, max pooling and ReLU on the GPU (`cuda/pool.cu`),
 //! after candle's convolution: one launch forward, two backward.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -140,7 +140,7 @@ impl CustomOp2 for BiasPoolRelu {
         // SAFETY: the kernel's arguments in order; `conv` holds N*C*H*W f32,
         // `bias` C, `y` and `arg` one per pooled value.
         unsafe { b.launch(grid(d.pooled())) }.map_err(msg)?;
-        *self.argmax.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(arg));
+        crate::slices::keep(&self.argmax, Arc::new(arg));
         let shape = Shape::from((d.n as usize, d.c as usize, d.ph as usize, d.pw as usize));
         Ok((CudaStorage::wrap_cuda_slice(y, dev), shape))
     }
@@ -152,14 +152,7 @@ impl CustomOp2 for BiasPoolRelu {
         _res: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let saved = self
-            .argmax
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let Some(argmax) = saved else {
-            bail!("{}: backward before forward", self.name())
-        };
+        let argmax = crate::slices::saved(&self.argmax, self.name())?;
         let d = Dims::new(conv.layout(), self.k)?;
         let flat = grad
             .contiguous()?

@@ -3,6 +3,8 @@
 //! * [`Device`] / [`DeviceSpec`]: which accelerator a run uses (`auto | cpu | cuda:N`).
 //! * [`Precision`]: the dtype policy (one place picks parameter and compute dtypes).
 //! * [`MatmulPrecision`]: fp32 or TF32 matrix products on a GPU (`--matmul-precision`).
+//! * [`files`]: inputs read only from regular files within a limit, outputs written whole
+//!   only to regular files, safe path components from names.
 //! * [`host`]: every read of a tensor back to the host goes through here and is counted.
 //! * [`threads`]: the process's one thread policy (compute threads = free cores).
 //! * [`memory`]: device memory stats, pool trim (`empty_cache`), out-of-memory recognition.
@@ -14,6 +16,7 @@ pub mod cuda;
 mod device;
 mod dtype;
 mod error;
+pub mod files;
 pub mod host;
 mod matmul;
 pub mod memory;

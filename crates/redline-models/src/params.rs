@@ -201,12 +201,12 @@ impl Params {
 
     /// Loads all parameters from a safetensors file (any float dtype is converted).
     pub fn load_safetensors(&self, path: &Path) -> Result<()> {
-        if !path.is_file() {
-            return Err(Error::Io {
-                path: path.to_path_buf(),
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such weights file"),
-            });
-        }
+        // A regular file only: the file is mapped, and a device or FIFO has no
+        // end to map. A regular file's size bounds what is read.
+        redline_core::files::open_input(path, u64::MAX).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let device = self
             .entries
             .first()
@@ -224,9 +224,10 @@ impl Params {
     }
 
     /// Writes all parameters to a safetensors file, atomically: a temporary file
-    /// beside it is renamed over the target, so a crash never leaves half a file.
+    /// beside it is renamed over the target, so a crash or a full disk never
+    /// leaves half a file (nor the temporary one). Only a regular file (or a
+    /// new path) is written: a device node or FIFO there is refused by name.
     pub fn save_safetensors(&self, path: &Path) -> Result<()> {
-        let tmp = path.with_extension("safetensors.tmp");
         let io = |source| Error::Io {
             path: path.to_path_buf(),
             source,
@@ -245,8 +246,7 @@ impl Params {
             msg: format!("cannot be serialised: {e}"),
             hint: "a parameter has a dtype safetensors cannot store".into(),
         })?;
-        std::fs::write(&tmp, bytes).map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)
+        redline_core::files::write_atomic(path, &bytes).map_err(io)
     }
 }
 

@@ -312,15 +312,13 @@ fn to_json<T: Serialize>(what: &'static str, v: &T) -> Result<String> {
     serde_json::to_string_pretty(v).map_err(|source| Error::Json { what, source })
 }
 
-/// Writes via a temporary file and a rename, so a reader never sees half a file.
+/// Writes whole (a temporary file, `fsync`, a rename; no temporary left on
+/// failure), so a reader never sees half a file.
 fn write_file(path: &Path, text: &str) -> Result<PathBuf> {
-    let tmp = path.with_extension("tmp");
-    let err = |source| Error::Write {
+    redline_core::files::write_atomic(path, text.as_bytes()).map_err(|source| Error::Write {
         path: path.to_path_buf(),
         source,
-    };
-    std::fs::write(&tmp, text).map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(err)?;
+    })?;
     Ok(path.to_path_buf())
 }
 

@@ -1,7 +1,6 @@
 //! `report.html`: one self-contained page (inline CSS and SVG, no network).
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use plotters::style::RGBColor;
@@ -249,27 +248,15 @@ pub fn render_html(run: &RunData) -> Result<String> {
     Ok(page)
 }
 
-/// Reads the run in `dir` and writes `dir/report.html` atomically (a temp file
-/// in the same folder, then a rename), so a reader never sees half a page.
+/// Reads the run in `dir` and writes `dir/report.html` whole (a temporary
+/// file in the same folder, `fsync`, a rename; none left behind on failure),
+/// so a reader never sees half a page. The page gets the mode any file the
+/// user writes gets (0666 less the umask).
 pub fn write_report(dir: &Path) -> Result<PathBuf> {
     let run = RunData::load(dir)?;
     let html = render_html(&run)?;
     let path = dir.join("report.html");
-    let mut builder = tempfile::Builder::new();
-    builder.prefix(".report.html.");
-    // Temp files are 0600; the page should be readable like any file the run
-    // wrote (0666 less the umask).
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        builder.permissions(std::fs::Permissions::from_mode(0o666));
-    }
-    let mut tmp = builder.tempfile_in(dir).map_err(Error::io(dir))?;
-    tmp.write_all(html.as_bytes())
-        .and_then(|()| tmp.as_file().sync_all())
-        .map_err(Error::io(tmp.path()))?;
-    tmp.persist(&path)
-        .map_err(|e| Error::io(path.clone())(e.error))?;
+    redline_core::files::write_atomic(&path, html.as_bytes()).map_err(Error::io(path.clone()))?;
     Ok(path)
 }
 

@@ -33,10 +33,17 @@ pub struct RunData {
     pub notes: Vec<String>,
 }
 
-/// Reads `path` to a string; `Ok(None)` when it does not exist.
-fn read_optional(path: &Path) -> Result<Option<String>> {
-    match std::fs::read_to_string(path) {
-        Ok(s) => Ok(Some(s)),
+/// The most a run-folder file may hold: `metrics.jsonl` of a week-long run
+/// with a system sample a second is about 300 MB.
+pub(crate) const MAX_RUN_FILE: u64 = 1 << 30;
+
+/// Reads `path` to a string; `Ok(None)` when it does not exist. A run folder
+/// may have been edited or copied by hand: a file that is not a regular file
+/// (a FIFO, a link to `/dev/zero`) or larger than [`MAX_RUN_FILE`] is an
+/// error naming it, never an endless read.
+pub(crate) fn read_optional(path: &Path) -> Result<Option<String>> {
+    match redline_core::files::read_input(path, MAX_RUN_FILE) {
+        Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(Error::io(path)(e)),
     }

@@ -5,7 +5,7 @@ use std::path::Path;
 use crate::error::{Error, Result};
 use crate::records::Summary;
 use crate::records::{Breakdown, Category};
-use crate::run::load_json;
+use crate::run::{load_json, read_optional};
 
 /// One run of the listing. Numbers are `None` where the run did not record them.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -83,11 +83,15 @@ fn alive(pid: u32) -> bool {
 /// A run folder without `summary.json`: still running (its `pid` file names a
 /// live process), else killed before it could write one.
 fn unfinished(dir: &Path, name: String) -> RunRow {
-    let pid = std::fs::read_to_string(dir.join("pid"))
+    let pid = read_optional(&dir.join("pid"))
         .ok()
+        .flatten()
         .and_then(|s| s.trim().parse::<u32>().ok());
     let running = pid.is_some_and(alive);
-    let config = std::fs::read_to_string(dir.join("config.toml")).unwrap_or_default();
+    let config = read_optional(&dir.join("config.toml"))
+        .ok()
+        .flatten()
+        .unwrap_or_default();
     let model = config
         .lines()
         .find_map(|l| l.strip_prefix("model = "))

@@ -4,9 +4,10 @@
 //! and the file is rewritten; rows are few (log points and epochs), so this
 //! is cheap and the file is always a complete, valid CSV.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
+
+use redline_core::files::LineFile;
 
 use serde_json::{Map, Value};
 
@@ -15,7 +16,7 @@ pub struct CsvLog {
     path: PathBuf,
     header: Vec<String>,
     rows: Vec<Map<String, Value>>,
-    out: BufWriter<File>,
+    out: LineFile,
 }
 
 /// A cell: numbers and strings as they are, null and absent keys empty.
@@ -34,15 +35,10 @@ impl CsvLog {
             path: path.to_path_buf(),
             header: header.iter().map(|h| h.to_string()).collect(),
             rows: Vec::new(),
-            out: BufWriter::new(File::create(path)?),
+            out: LineFile::create(path)?,
         };
-        log.write_line(&log.header.join(","))?;
+        log.out.append(&log.header.join(","))?;
         Ok(log)
-    }
-
-    fn write_line(&mut self, line: &str) -> std::io::Result<()> {
-        writeln!(self.out, "{line}")?;
-        self.out.flush()
     }
 
     fn render(&self, row: &Map<String, Value>) -> String {
@@ -64,24 +60,35 @@ impl CsvLog {
             .filter(|k| !self.header.contains(k))
             .cloned()
             .collect();
-        self.rows.push(row.clone());
         if new.is_empty() {
             let line = self.render(row);
-            return self.write_line(&line);
+            self.out.append(&line)?;
+            self.rows.push(row.clone());
+            return Ok(());
         }
+        let (rows, header) = (self.rows.len(), self.header.len());
+        self.rows.push(row.clone());
         self.header.extend(new);
-        let tmp = self.path.with_extension("csv.tmp");
-        {
-            let mut w = BufWriter::new(File::create(&tmp)?);
+        // Whole or not at all: on failure the file and the header stay as they were.
+        let written = redline_core::files::write_atomic_with(&self.path, |w| {
             writeln!(w, "{}", self.header.join(","))?;
             for r in &self.rows {
                 writeln!(w, "{}", self.render(r))?;
             }
-            w.flush()?;
+            Ok(())
+        })
+        .and_then(|()| LineFile::append_to(&self.path));
+        match written {
+            Ok(out) => {
+                self.out = out;
+                Ok(())
+            }
+            Err(e) => {
+                self.rows.truncate(rows);
+                self.header.truncate(header);
+                Err(e)
+            }
         }
-        std::fs::rename(&tmp, &self.path)?;
-        self.out = BufWriter::new(File::options().append(true).open(&self.path)?);
-        Ok(())
     }
 }
 

@@ -30,6 +30,10 @@ pub enum Error {
         /// The cause.
         source: serde_json::Error,
     },
+    /// The run's end could not be written whole; `summary.json` says `failed`
+    /// with this message.
+    #[error("{0}")]
+    Unfinished(String),
     /// The TensorBoard event file could not be written.
     #[error("the TensorBoard event file: {0}")]
     Tensorboard(#[from] redline_tensorboard::Error),

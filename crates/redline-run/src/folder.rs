@@ -14,7 +14,9 @@ pub fn utc_stamp(unix: f64) -> (String, String) {
 
 /// Picks and creates the run folder: `explicit` when given (refused if it
 /// already holds a run, so nothing is overwritten), else
-/// `<base>/<stamp>-<model>` (with `-2`, `-3`, ... when taken).
+/// `<base>/<stamp>-<model>` (with `-2`, `-3`, ... when taken). `model` may
+/// come from a file (a model file's `name`), so it is made one safe path
+/// component first: the folder is always a child of `base`.
 pub fn create(
     explicit: Option<&Path>,
     base: &Path,
@@ -30,6 +32,7 @@ pub fn create(
         }
         None => {
             let stamp = utc_stamp(started_unix).0;
+            let model = redline_core::files::safe_component(model);
             let first = base.join(format!("{stamp}-{model}"));
             let mut dir = first.clone();
             let mut n = 1;
@@ -44,12 +47,11 @@ pub fn create(
     Ok(dir)
 }
 
-/// Writes `text` to `path` through a temporary file and a rename, so a
-/// reader (or a crash) never sees half a file.
+/// Writes `text` to `path` through a temporary file, `fsync` and a rename,
+/// so a reader (or a crash, or a full disk) never sees half a file, and no
+/// temporary file is left behind on failure.
 pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).map_err(Error::io("writing", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(Error::io("writing", path))
+    redline_core::files::write_atomic(path, text.as_bytes()).map_err(Error::io("writing", path))
 }
 
 #[cfg(test)]
@@ -76,6 +78,17 @@ mod tests {
         let b = create(None, t.path(), "mlp", 0.0)?;
         assert_eq!(a, t.path().join("19700101-000000-mlp"));
         assert_eq!(b, t.path().join("19700101-000000-mlp-2"));
+        Ok(())
+    }
+
+    #[test]
+    fn a_model_name_from_a_file_never_leaves_the_base_folder() -> Result<()> {
+        let t = tempfile::tempdir().map_err(Error::io("creating", "a temp folder"))?;
+        let base = t.path().join("runs");
+        for name in ["../../..", "/etc", "a/../../b", "..", ""] {
+            let dir = create(None, &base, name, 0.0)?;
+            assert_eq!(dir.parent(), Some(base.as_path()), "{name:?}: {dir:?}");
+        }
         Ok(())
     }
 }

@@ -1,9 +1,9 @@
 //! The records a run writes as it goes (format: docs/run-dir.md): metrics as
 //! JSON lines, CSV and TensorBoard scalars, and system samples.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+
+use redline_core::files::LineFile;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -32,7 +32,7 @@ const CSV_HEADER: [&str; 10] = [
 
 struct Writers {
     dir: PathBuf,
-    jsonl: BufWriter<File>,
+    jsonl: LineFile,
     csv: CsvLog,
     tb: EventWriter,
 }
@@ -42,8 +42,7 @@ impl Writers {
     /// (with `step` set on records that lack it).
     fn line(&mut self, v: &Value, csv: Option<usize>) -> std::result::Result<(), String> {
         let err = |e: std::io::Error| format!("{}: {e}", self.dir.display());
-        writeln!(self.jsonl, "{v}").map_err(err)?;
-        self.jsonl.flush().map_err(err)?;
+        self.jsonl.append(&v.to_string()).map_err(err)?;
         if let Some(step) = csv {
             let mut row = v.clone();
             if let Value::Object(m) = &mut row {
@@ -69,9 +68,7 @@ impl RunLog {
     pub fn create(dir: &Path) -> Result<Self> {
         let open = |name: &str| {
             let p = dir.join(name);
-            File::create(&p)
-                .map(BufWriter::new)
-                .map_err(Error::io("creating", p))
+            LineFile::create(&p).map_err(Error::io("creating", p))
         };
         let csv_path = dir.join("metrics.csv");
         let csv =
@@ -143,6 +140,12 @@ fn write_system(w: &mut Writers, s: &Sample, step: usize) -> std::result::Result
 impl Callback for RunLog {
     fn name(&self) -> &str {
         "run folder"
+    }
+
+    /// The run's records: a run that cannot write them (a full disk) fails
+    /// and says so, rather than finishing with half its records.
+    fn required(&self) -> bool {
+        true
     }
 
     fn on_event(&mut self, event: &Event<'_>) -> std::result::Result<(), String> {

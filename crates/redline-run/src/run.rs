@@ -86,6 +86,9 @@ impl Run {
     pub fn create_in(dir: Option<&Path>, base: &Path, model: &str) -> Result<Self> {
         let started = unix_now();
         let dir = folder::create(dir, base, model, started)?;
+        // Space kept for the end: on a disk that fills up mid-run, `finish`
+        // frees it first, so `summary.json` can still say `failed` and why.
+        write_atomic(&dir.join(RESERVE), &"\0".repeat(RESERVE_BYTES))?;
         let log = RunLog::create(&dir)?;
         // Until `finish`: `redline runs` tells a live run from a killed one by it.
         write_atomic(&dir.join("pid"), &std::process::id().to_string())?;
@@ -155,6 +158,7 @@ impl Run {
     /// failure too: a failed run's folder says why.
     pub fn finish(mut self, trainer: &mut Trainer, ending: Ending<'_>) -> Result<Finished> {
         self.done = true;
+        self.free_reserve();
         let samples = self.sampler.take().map_or(0, |s| s.stop().len());
         let mut header = std::mem::take(&mut self.header);
         if let Ok(Some(mem)) = trainer.memory() {
@@ -164,11 +168,21 @@ impl Run {
             .entry("device")
             .or_insert_with(|| json!(trainer.device().to_string()));
         let profile = trainer.finish_profile();
-        if let Some(p) = &profile {
-            p.write(&self.dir)?;
-        }
+        // A profile that cannot be written (a full disk) fails the run, and
+        // the summary still says so.
+        let not_written = profile
+            .as_ref()
+            .and_then(|p| p.write(&self.dir).err())
+            .map(|e| format!("the run folder's profile was not written: {e}"));
+        let ending = match &not_written {
+            Some(why) if !matches!(ending, Ending::Failed(_)) => Ending::Failed(why),
+            _ => ending,
+        };
         let summary = summarize(header, ending, samples)?;
         write_summary(&self.dir, &summary)?;
+        if let Some(why) = not_written {
+            return Err(Error::Unfinished(why));
+        }
         let report = self.report.take().map(|render| render(&self.dir));
         let pid = self.dir.join("pid");
         std::fs::remove_file(&pid).map_err(Error::io("removing", pid))?;
@@ -181,6 +195,19 @@ impl Run {
     }
 }
 
+/// The file that keeps space for the end of a run (see [`Run::create`]).
+const RESERVE: &str = ".space-reserve";
+
+/// Its size: more than `summary.json` and the breakdown need.
+const RESERVE_BYTES: usize = 256 << 10;
+
+impl Run {
+    /// Frees the space kept for the end of the run.
+    fn free_reserve(&self) {
+        let _ = std::fs::remove_file(self.dir.join(RESERVE));
+    }
+}
+
 impl Drop for Run {
     /// A run dropped before [`Run::finish`] (an early `?` or a panic in the
     /// program) still says so: `summary.json` with status `failed`.
@@ -188,6 +215,7 @@ impl Drop for Run {
         if self.done {
             return;
         }
+        self.free_reserve();
         let samples = self.sampler.take().map_or(0, |s| s.stop().len());
         let ending = Ending::Failed(
             "the program ended the run before it finished (an error before or after the fit, \

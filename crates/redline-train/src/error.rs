@@ -44,6 +44,15 @@ pub enum Error {
         /// Learning rate at that point.
         lr: f64,
     },
+    /// A writer of a result the user asked for (the run folder's records,
+    /// `--metrics`) failed, e.g. on a full disk.
+    #[error("{callback}: {message}\nHINT: free space on that disk (or write elsewhere) and run again")]
+    Output {
+        /// The callback's name.
+        callback: String,
+        /// What failed.
+        message: String,
+    },
     /// The fit was asked to stop (a signal): it ended after a whole step.
     #[error("interrupted after step {step} (epoch {epoch})")]
     Interrupted {

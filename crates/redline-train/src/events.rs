@@ -154,10 +154,18 @@ pub enum Event<'a> {
 }
 
 /// An observer of training events. A callback that returns an error is
-/// reported once and then detached: observers never break training.
+/// reported once and then detached: observers never break training. A
+/// callback that writes a result the user asked for says so with
+/// [`Callback::required`]; its failure (a full disk) ends the fit instead,
+/// so the run says `failed` with the cause rather than finishing without it.
 pub trait Callback: Send {
     /// A short name for messages.
     fn name(&self) -> &str;
     /// Handles one event.
     fn on_event(&mut self, event: &Event<'_>) -> std::result::Result<(), String>;
+    /// Whether the run fails when this callback fails (default: no, it is
+    /// detached with a warning).
+    fn required(&self) -> bool {
+        false
+    }
 }

@@ -4,9 +4,9 @@
 //! epoch end and `{"kind":"test",...}` after a test pass, flushed as written
 //! so a killed run keeps what it logged.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+
+use redline_core::files::LineFile;
 
 use serde_json::json;
 
@@ -16,7 +16,7 @@ use crate::events::{Callback, EpochLog, EvalResult, Event, MetricValues, StepLog
 /// Writes metrics as JSON lines.
 pub struct JsonlMetrics {
     path: PathBuf,
-    out: BufWriter<File>,
+    out: LineFile,
 }
 
 impl JsonlMetrics {
@@ -26,18 +26,19 @@ impl JsonlMetrics {
             std::fs::create_dir_all(dir)
                 .map_err(|e| Error::Config(format!("--metrics {}: {e}", path.display())))?;
         }
-        let f = File::create(path)
+        // Only a regular file: a device or FIFO at the path is refused by name.
+        let out = LineFile::create(path)
             .map_err(|e| Error::Config(format!("--metrics {}: {e}", path.display())))?;
         Ok(Self {
             path: path.to_path_buf(),
-            out: BufWriter::new(f),
+            out,
         })
     }
 
     fn write(&mut self, v: serde_json::Value) -> std::result::Result<(), String> {
-        writeln!(self.out, "{v}")
-            .and_then(|_| self.out.flush())
-            .map_err(|e| format!("{}: {e}", self.path.display()))
+        self.out
+            .append(&v.to_string())
+            .map_err(|e| format!("--metrics {}: {e}", self.path.display()))
     }
 }
 
@@ -122,6 +123,11 @@ pub fn test_record(t: &EvalResult) -> serde_json::Value {
 impl Callback for JsonlMetrics {
     fn name(&self) -> &str {
         "metrics"
+    }
+
+    /// The file the user asked for: a run that cannot write it fails.
+    fn required(&self) -> bool {
+        true
     }
 
     fn on_event(&mut self, event: &Event<'_>) -> std::result::Result<(), String> {

@@ -320,16 +320,26 @@ impl Trainer {
         self.module.params()
     }
 
-    /// Sends an event to every live callback; a failing one is reported and detached.
-    fn emit(&mut self, event: &Event<'_>) {
+    /// Sends an event to every live callback. A failing observer is reported
+    /// and detached; a failing writer of a result the user asked for
+    /// ([`Callback::required`]: the run folder's records, `--metrics`) ends
+    /// the fit with [`Error::Output`].
+    fn emit(&mut self, event: &Event<'_>) -> Result<()> {
         for slot in &mut self.callbacks {
             if let Some(cb) = slot {
                 if let Err(e) = cb.on_event(event) {
+                    if cb.required() {
+                        return Err(Error::Output {
+                            callback: cb.name().to_string(),
+                            message: e,
+                        });
+                    }
                     tracing::warn!("callback `{}` failed and was detached: {e}", cb.name());
                     *slot = None;
                 }
             }
         }
+        Ok(())
     }
 
     /// Trains on `train`, validating on `val` after each epoch when given.
@@ -425,7 +435,7 @@ impl Trainer {
             epochs,
             steps_per_epoch,
             total_steps,
-        });
+        })?;
 
         // Graph mode is decided once, before any step: `--cuda-graph on` that
         // cannot capture stops here, `auto` runs eagerly and says why.
@@ -472,7 +482,7 @@ impl Trainer {
                 break;
             }
             prof.switch(Action::Logging);
-            self.emit(&Event::EpochStart { epoch });
+            self.emit(&Event::EpochStart { epoch })?;
             prof.switch(Action::Other);
             let epoch_start = Instant::now();
             epoch_sums.reset()?;
@@ -522,7 +532,7 @@ impl Trainer {
             let eval = match val.filter(|_| self.cfg.validate) {
                 Some(v) => {
                     prof.switch(Action::Logging);
-                    self.emit(&Event::ValidationStart { epoch });
+                    self.emit(&Event::ValidationStart { epoch })?;
                     prof.switch(Action::Validation);
                     Some(self.validate(v)?)
                 }
@@ -540,7 +550,7 @@ impl Trainer {
                 samples: epoch_sums.samples,
             };
             eval_s_total += log.eval_s;
-            self.emit(&Event::EpochEnd(&log));
+            self.emit(&Event::EpochEnd(&log))?;
             logs.push(log);
         }
         #[cfg(feature = "cuda")]
@@ -592,7 +602,7 @@ impl Trainer {
             matmul_precision: (!self.device.is_cpu()).then(redline_core::matmul_precision),
         };
         prof.switch(Action::Logging);
-        self.emit(&Event::FitEnd(&summary));
+        self.emit(&Event::FitEnd(&summary))?;
         Ok(summary)
     }
 
@@ -682,14 +692,14 @@ impl Trainer {
         prof.switch(Action::Logging);
         st.step += 1;
         let step = st.step;
-        self.emit(&Event::StepEnd { step, epoch });
+        self.emit(&Event::StepEnd { step, epoch })?;
         if step.is_multiple_of(self.cfg.log_every) || step == st.total_steps {
             prof.switch(Action::HostSync);
             let log = self.log_point(&st.window, step, epoch, st.window_start, st.fit_start)?;
             self.check_divergence(log.loss, &st.first_loss, &mut st.start_loss, step, epoch)?;
             prof.sync_device_clock();
             prof.switch(Action::Logging);
-            self.emit(&Event::Log(&log));
+            self.emit(&Event::Log(&log))?;
             prof.switch(Action::Other);
             st.window.reset()?;
             st.window_start = Instant::now();
@@ -812,7 +822,7 @@ impl Trainer {
     /// After a fit, the pass is profiled (as validation) by the fit's profiler.
     pub fn test(&mut self, loader: &Loader) -> Result<EvalResult> {
         let result = self.after_fit(Action::Validation, |t| t.validate(loader))?;
-        self.emit(&Event::Test(&result));
+        self.emit(&Event::Test(&result))?;
         Ok(result)
     }
 

@@ -259,6 +259,9 @@ pub struct TrainArgs {
     pub config: Option<PathBuf>,
 }
 
+/// The largest `--config` file read.
+const MAX_CONFIG_FILE: u64 = 1 << 20;
+
 /// The flags a `--config` file contributed: the file and its keys.
 #[derive(Debug, Clone, Default)]
 pub struct ConfigFlags {
@@ -287,7 +290,8 @@ pub fn expand_config(argv: Vec<OsString>) -> anyhow::Result<(Vec<OsString>, Conf
     let Some(file) = file else {
         return Ok((argv, ConfigFlags::default()));
     };
-    let text = std::fs::read_to_string(&file)
+    // A config is a page of flags; a device or FIFO is refused, not read forever.
+    let text = redline_core::files::read_input_text(&file, MAX_CONFIG_FILE)
         .with_context(|| format!("--config {}: cannot read it", file.display()))?;
     let table: toml::Table = toml::from_str(&text).with_context(|| {
         format!(

@@ -200,12 +200,19 @@ struct FileModel {
     layers: Vec<LayerSpec>,
 }
 
+/// The largest model file read (`--model FILE.toml`).
+pub const MAX_MODEL_FILE: u64 = 1 << 20;
+
 impl SequentialConfig {
     /// Reads the `[model]` table of a TOML file, shaped for the data.
     pub fn from_file(path: &Path, input_dims: &[usize], outputs: usize) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
+        // A model file is a page of layers: 1 MiB is far more than any needs,
+        // and a device or FIFO named as one is refused, not read forever.
+        let text = redline_core::files::read_input_text(path, MAX_MODEL_FILE).map_err(|source| {
+            Error::Io {
+                path: path.to_path_buf(),
+                source,
+            }
         })?;
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
         Self::from_toml(&text, stem, input_dims, outputs)

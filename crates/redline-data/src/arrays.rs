@@ -38,6 +38,10 @@ fn invalid(path: &Path, msg: impl Into<String>) -> Error {
 /// Reads every array of `path` (an `.npz`, a `.safetensors` or a folder of `.npy`).
 pub fn read_all(path: &Path) -> Result<HashMap<String, Tensor>> {
     let candle = |e: candle_core::Error| invalid(path, format!("cannot be read: {e}"));
+    if !path.is_dir() {
+        // A regular file only: a device or FIFO has no end to read or map.
+        regular(path)?;
+    }
     if path.is_dir() {
         let mut out = HashMap::new();
         let entries = std::fs::read_dir(path).map_err(|source| Error::Io {
@@ -59,80 +63,111 @@ pub fn read_all(path: &Path) -> Result<HashMap<String, Tensor>> {
     } else if path.extension().is_some_and(|e| e == "safetensors") {
         candle_core::safetensors::load(path, &Device::Cpu).map_err(candle)
     } else {
-        Ok(Tensor::read_npz(path)
-            .map_err(candle)?
-            .into_iter()
-            .collect())
+        read_npz(path)
     }
 }
 
-/// Refuses an `.npy` whose header declares more data than the file holds,
-/// before anything is allocated from that header.
-fn check_npy(path: &Path) -> Result<()> {
-    let io = |source| Error::Io {
+/// Opens `path` when it is a regular file (links followed).
+fn regular(path: &Path) -> Result<(std::fs::File, u64)> {
+    redline_core::files::open_input(path, u64::MAX).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
-        hint: "check the file's permissions".into(),
-    };
-    let size = std::fs::metadata(path).map_err(io)?.len();
-    let mut f = std::fs::File::open(path).map_err(io)?;
+        hint: "--data takes regular files (not devices, FIFOs or sockets)".into(),
+    })
+}
+
+/// Refuses an `.npy` whose header declares more data than the file holds,
+/// or a type Redline does not read, before anything is allocated from that
+/// header.
+fn check_npy(path: &Path) -> Result<()> {
+    let (f, size) = regular(path)?;
+    check_npy_header(f, size).map_err(|why| invalid(path, why))
+}
+
+/// Checks an `.npy` stream of `size` bytes (a file, or an `.npz` member):
+/// magic, header, dtype, and that the data the header declares is there.
+fn check_npy_header(mut f: impl Read, size: u64) -> std::result::Result<(), String> {
     let mut head = [0u8; 10];
-    f.read_exact(&mut head).map_err(|_| {
-        invalid(
-            path,
-            format!("{size} bytes is too short for an .npy header"),
-        )
-    })?;
+    f.read_exact(&mut head)
+        .map_err(|_| format!("{size} bytes is too short for an .npy header"))?;
     if &head[..6] != b"\x93NUMPY" {
-        return Err(invalid(path, "not an .npy file (no \\x93NUMPY magic)"));
+        return Err("not an .npy file (no \\x93NUMPY magic)".into());
     }
     let (len, skip) = if head[6] == 1 {
         (u16::from_le_bytes([head[8], head[9]]) as u64, 10)
     } else {
         let mut more = [0u8; 2];
         f.read_exact(&mut more)
-            .map_err(|_| invalid(path, "truncated .npy header"))?;
+            .map_err(|_| "truncated .npy header".to_string())?;
         (
             u32::from_le_bytes([head[8], head[9], more[0], more[1]]) as u64,
             12,
         )
     };
     if len > 1 << 20 || skip + len > size {
-        return Err(invalid(
-            path,
-            format!("header length {len} does not fit the file's {size} bytes"),
+        return Err(format!(
+            "header length {len} does not fit the file's {size} bytes"
         ));
     }
     let mut text = vec![0u8; len as usize];
     f.read_exact(&mut text)
-        .map_err(|_| invalid(path, "truncated .npy header"))?;
+        .map_err(|_| "truncated .npy header".to_string())?;
     let text = String::from_utf8_lossy(&text);
     // Read exactly as candle's reader will (its parser, last key wins), so the
     // size checked here is the size it allocates.
-    let (width, dims) = npy_header(&text)
-        .ok_or_else(|| invalid(path, format!("unreadable .npy header: {text:?}")))?;
+    let (width, dims) = npy_header(&text)?;
     let need = dims
         .iter()
         .try_fold(width, |a, &d| a.checked_mul(d))
-        .ok_or_else(|| invalid(path, format!("shape {dims:?} overflows")))?;
+        .ok_or_else(|| format!("shape {dims:?} overflows"))?;
     let data = size.saturating_sub(skip + len);
     if need > data {
-        return Err(invalid(
-            path,
-            format!(
-                "the header declares shape {dims:?} ({need} bytes) but the file holds {data} bytes \
-                 of data (truncated?)"
-            ),
+        return Err(format!(
+            "the header declares shape {dims:?} ({need} bytes) but the file holds {data} bytes \
+             of data (truncated?)"
         ));
     }
     Ok(())
 }
 
+/// Reads every array of an `.npz`, checking each member's header against the
+/// bytes it holds first (a member shorter than its header is named, and
+/// nothing is allocated from a header that lies).
+fn read_npz(path: &Path) -> Result<HashMap<String, Tensor>> {
+    let (file, _) = regular(path)?;
+    let zip_err = |e: zip::result::ZipError| invalid(path, format!("not a readable .npz: {e}"));
+    let mut zip = zip::ZipArchive::new(std::io::BufReader::new(file)).map_err(zip_err)?;
+    for i in 0..zip.len() {
+        let member = zip.by_index(i).map_err(zip_err)?;
+        let name = member.name().map_err(zip_err)?.to_string();
+        let size = member.size();
+        check_npy_header(member, size).map_err(|why| {
+            invalid(
+                path,
+                format!("array `{}`: {why}", name.trim_end_matches(".npy")),
+            )
+        })?;
+    }
+    let npz = candle_core::npy::NpzTensors::new(path)
+        .map_err(|e| invalid(path, format!("cannot be read: {e}")))?;
+    let mut out = HashMap::new();
+    for name in npz.names() {
+        let t = npz
+            .get(name)
+            .map_err(|e| invalid(path, format!("array `{name}`: {e}")))?;
+        if let Some(t) = t {
+            out.insert(name.clone(), t);
+        }
+    }
+    Ok(out)
+}
+
 /// The element width and shape an `.npy` header declares, parsed as candle
 /// parses it: the dict split at top-level commas, each part exactly
 /// `key: value`, quotes and blanks trimmed, the last of a repeated key wins.
-/// `None` where candle would refuse the header.
-fn npy_header(text: &str) -> Option<(u64, Vec<u64>)> {
+/// An error says why where candle would refuse the header.
+fn npy_header(text: &str) -> std::result::Result<(u64, Vec<u64>), String> {
+    let unreadable = || format!("unreadable .npy header: {text:?}");
     let body = text.trim_matches(|c: char| c == '{' || c == '}' || c == ',' || c.is_whitespace());
     let mut parts = Vec::new();
     let (mut start, mut depth) = (0usize, 0i64);
@@ -151,7 +186,7 @@ fn npy_header(text: &str) -> Option<(u64, Vec<u64>)> {
     let mut map = HashMap::new();
     for part in parts.iter().map(|p| p.trim()).filter(|p| !p.is_empty()) {
         let [key, value] = part.split(':').collect::<Vec<_>>()[..] else {
-            return None;
+            return Err(unreadable());
         };
         let trim = |s: &str| {
             s.trim_matches(|c: char| c == '\'' || c.is_whitespace())
@@ -159,16 +194,23 @@ fn npy_header(text: &str) -> Option<(u64, Vec<u64>)> {
         };
         map.insert(trim(key), trim(value));
     }
-    let descr = map.get("descr")?;
+    let descr = map.get("descr").ok_or_else(unreadable)?;
     let width = match descr.trim_matches(|c: char| c == '=' || c == '<' || c == '|') {
         "B" | "u1" | "?" | "b1" => 1,
         "e" | "f2" | "h" | "i2" => 2,
         "f" | "f4" | "i" | "i4" | "I" | "u4" => 4,
         "d" | "f8" | "q" | "i8" => 8,
-        _ => return None,
+        other => {
+            return Err(format!(
+                "its dtype `{other}` is not one Redline reads (bool, uint8, int16/32/64, uint32, \
+                 float16/32/64, little-endian)\nHINT: convert it with numpy, e.g. \
+                 `np.save(f, a.astype(np.float32))`"
+            ))
+        }
     };
     let shape = map
-        .get("shape")?
+        .get("shape")
+        .ok_or_else(unreadable)?
         .trim_matches(|c: char| c == '(' || c == ')' || c == ',')
         .to_string();
     let dims = if shape.is_empty() {
@@ -177,9 +219,10 @@ fn npy_header(text: &str) -> Option<(u64, Vec<u64>)> {
         shape
             .split(',')
             .map(|v| v.trim().parse::<u64>().ok())
-            .collect::<Option<Vec<u64>>>()?
+            .collect::<Option<Vec<u64>>>()
+            .ok_or_else(unreadable)?
     };
-    Some((width, dims))
+    Ok((width, dims))
 }
 
 /// Inputs as f32: bytes are pixels (normalised), others are converted as they are.
@@ -235,13 +278,29 @@ fn targets(path: &Path, name: &str, t: &Tensor) -> Result<RawTargets> {
         }
     };
     let integer = !t.dtype().is_float();
-    let values = t
+    let wide = t
         .flatten_all()
         .and_then(|t| t.to_dtype(DType::F64))
         .and_then(|t| t.to_vec1::<f64>())
         .map_err(|e| invalid(path, format!("`{name}`: {e}")))?;
+    // Checked now, naming the array: a NaN target would otherwise surface as
+    // a NaN loss blamed on the learning rate.
+    if let Some(i) = wide
+        .iter()
+        .position(|v| !v.is_finite() || v.abs() > f32::MAX as f64)
+    {
+        return Err(invalid(
+            path,
+            format!(
+                "`{name}` holds {} at flat index {i}, not a finite fp32 value
+HINT: drop or fill                  those samples, or rescale the targets",
+                wide[i]
+            ),
+        ));
+    }
     Ok(RawTargets {
-        values,
+        whole: wide.iter().all(|v| v.fract() == 0.0),
+        values: wide.iter().map(|&v| v as f32).collect(),
         width,
         integer,
         name: name.to_string(),
@@ -287,7 +346,23 @@ pub fn load(path: &Path, norm: Normalize) -> Result<(RawSplit, Option<RawSplit>)
             )
         })?,
     };
-    Ok((train, split("x_test", "y_test")?))
+    // Half a test split is a mistake, not "no test split".
+    match (arrays.contains_key("x_test"), arrays.contains_key("y_test")) {
+        (true, false) | (false, true) => {
+            let (has, lacks) = match arrays.contains_key("x_test") {
+                true => ("x_test", "y_test"),
+                false => ("y_test", "x_test"),
+            };
+            Err(invalid(
+                path,
+                format!(
+                    "holds `{has}` but no `{lacks}`: a test split needs both
+HINT: add                      `{lacks}`, or remove `{has}` to train without a test split"
+                ),
+            ))
+        }
+        _ => Ok((train, split("x_test", "y_test")?)),
+    }
 }
 
 /// Where a folder of `.npy` files is recognised: it holds `x.npy` or `x_train.npy`.

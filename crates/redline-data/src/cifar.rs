@@ -120,7 +120,8 @@ pub fn load(dir: &Path, variant: Variant, kind: SplitKind, norm: Normalize) -> R
     let (mut pixels, mut labels) = (Vec::new(), Vec::new());
     for name in variant.files(kind) {
         let path = dir.join(name);
-        let bytes = std::fs::read(&path).map_err(|source| Error::Io {
+        // A regular file of at most 1 GiB (a CIFAR batch is 30 MB).
+        let bytes = redline_core::files::read_input(&path, 1 << 30).map_err(|source| Error::Io {
             path: path.clone(),
             source,
             hint: format!(

@@ -226,6 +226,42 @@ impl HostData {
         })
     }
 
+    /// Splits the samples at `taken` (sorted, distinct indices) off into a
+    /// second set, keeping the rest in order. The kept samples are moved down
+    /// in place, so the peak is the data plus the taken part, not two copies.
+    pub fn split_rows(mut self, taken: &[u32]) -> Result<(Self, Self)> {
+        let taken_set = self.subset(taken)?;
+        let r = row(&self);
+        let width = self.y.values() / self.len().max(1);
+        let (mut next, mut keep) = (taken.iter().peekable(), 0usize);
+        for i in 0..self.len() {
+            if next.peek().is_some_and(|&&t| t as usize == i) {
+                next.next();
+                continue;
+            }
+            // keep <= i: copying down never overwrites a row still to be read.
+            self.x.copy_within(i * r..(i + 1) * r, keep * r);
+            match &mut self.y {
+                Targets::Classes(v) => v.copy_within(i * width..(i + 1) * width, keep * width),
+                Targets::Values(v) => v.copy_within(i * width..(i + 1) * width, keep * width),
+            }
+            keep += 1;
+        }
+        self.x.truncate(keep * r);
+        self.x.shrink_to_fit();
+        match &mut self.y {
+            Targets::Classes(v) => {
+                v.truncate(keep * width);
+                v.shrink_to_fit();
+            }
+            Targets::Values(v) => {
+                v.truncate(keep * width);
+                v.shrink_to_fit();
+            }
+        }
+        Ok((self, taken_set))
+    }
+
     /// Bytes the inputs and targets take.
     pub fn bytes(&self) -> u64 {
         (self.x.len() * 4 + self.y.values() * 4) as u64

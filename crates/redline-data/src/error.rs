@@ -29,6 +29,9 @@ pub enum Error {
     /// The background prefetch thread stopped unexpectedly.
     #[error("loader: the prefetch thread stopped: {0}")]
     Prefetch(String),
+    /// Reading was stopped (a signal while the data loaded).
+    #[error("stopped while reading the data")]
+    Interrupted,
     /// A tensor operation failed.
     #[error("tensor operation failed: {0}")]
     Candle(#[from] candle_core::Error),

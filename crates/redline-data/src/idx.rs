@@ -96,7 +96,8 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<IdxArray> {
 /// the header declares (plus one byte, to notice trailing data), so a small
 /// file that inflates to gigabytes costs no more memory than its header says.
 pub fn read(path: &Path) -> Result<IdxArray> {
-    let file = std::fs::File::open(path).map_err(|e| {
+    // A regular file only: a FIFO or device has no end.
+    let (file, _) = redline_core::files::open_input(path, u64::MAX).map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::NotFound {
             "check --data: it must be a folder holding the four MNIST-format files \
              (train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k-...)"

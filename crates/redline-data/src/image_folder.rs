@@ -6,6 +6,7 @@
 //! Classes are the sub-folder names in sorted order, as in torchvision.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 
@@ -29,7 +30,34 @@ fn io(path: &Path, source: std::io::Error) -> Error {
     }
 }
 
-/// Sorted sub-folders of `dir` that hold at least one image, with their images.
+/// How deep images may sit under a class folder (a link loop ends here).
+const MAX_DEPTH: usize = 8;
+
+/// The images under `dir`, at any depth (torchvision walks the class folder
+/// the same way), sorted.
+fn images_under(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(Error::Invalid {
+            path: dir.to_path_buf(),
+            msg: format!(
+                "folders nested deeper than {MAX_DEPTH} levels under a class folder (a loop of \
+                 symbolic links?)"
+            ),
+        });
+    }
+    for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))?.flatten() {
+        let p = entry.path();
+        if p.is_dir() {
+            images_under(&p, depth + 1, out)?;
+        } else if p.is_file() && is_image(&p) {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// Sorted sub-folders of `dir` with their images (at any depth; a folder
+/// may hold none).
 fn classes(dir: &Path) -> Result<Vec<(String, Vec<PathBuf>)>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))?.flatten() {
@@ -37,17 +65,11 @@ fn classes(dir: &Path) -> Result<Vec<(String, Vec<PathBuf>)>> {
         if !p.is_dir() {
             continue;
         }
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&p)
-            .map_err(|e| io(&p, e))?
-            .flatten()
-            .map(|e| e.path())
-            .filter(|f| f.is_file() && is_image(f))
-            .collect();
-        if !files.is_empty() {
-            files.sort();
-            let name = entry.file_name().to_string_lossy().into_owned();
-            out.push((name, files));
-        }
+        let mut files = Vec::new();
+        images_under(&p, 0, &mut files)?;
+        files.sort();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        out.push((name, files));
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(out)
@@ -55,7 +77,9 @@ fn classes(dir: &Path) -> Result<Vec<(String, Vec<PathBuf>)>> {
 
 /// The layout of an image folder: `(train, test)` class roots.
 pub fn detect(dir: &Path) -> Option<(PathBuf, Option<PathBuf>)> {
-    let has = |d: &Path| d.is_dir() && classes(d).is_ok_and(|c| !c.is_empty());
+    let has = |d: &Path| {
+        d.is_dir() && classes(d).is_ok_and(|c| c.iter().any(|(_, files)| !files.is_empty()))
+    };
     let (train, test) = (dir.join("train"), dir.join("test"));
     if has(&train) {
         return Some((train, has(&test).then_some(test)));
@@ -97,9 +121,21 @@ pub fn load(
     names: Option<&[String]>,
     size: Option<u32>,
     norm: Normalize,
+    stop: &AtomicBool,
 ) -> Result<(HostData, Vec<String>)> {
     check_norm(norm)?;
     let found = classes(root)?;
+    // A class without images would be a class the model never sees, with
+    // every id after it shifted: refused, as torchvision's ImageFolder does.
+    if let Some((name, _)) = found.iter().find(|(_, files)| files.is_empty()) {
+        return Err(Error::Invalid {
+            path: root.join(name),
+            msg: format!(
+                "class folder `{name}` holds no PNG or JPEG images\nHINT: add its images, or \
+                 remove the folder if `{name}` is not a class"
+            ),
+        });
+    }
     let names: Vec<String> = match names {
         Some(n) => n.to_vec(),
         None => found.iter().map(|(n, _)| n.clone()).collect(),
@@ -132,7 +168,10 @@ pub fn load(
     let (w0, h0) = size.map_or((probe.width(), probe.height()), |s| (s, s));
     let decoded: Vec<Result<(u32, u32, Vec<u8>)>> = files
         .par_iter()
-        .map(|(p, _)| decode(p, channels, size))
+        .map(|(p, _)| match stop.load(Ordering::Relaxed) {
+            true => Err(Error::Interrupted),
+            false => decode(p, channels, size),
+        })
         .collect();
     let mut pixels = Vec::with_capacity(files.len() * channels * (w0 * h0) as usize);
     for ((path, _), d) in files.iter().zip(decoded) {
@@ -185,9 +224,10 @@ mod tests {
             mean: 0.0,
             std: 1.0,
         };
-        let err = load(&train, None, None, none).err().map(|e| e.to_string());
+        let go = AtomicBool::new(false);
+        let err = load(&train, None, None, none, &go).err().map(|e| e.to_string());
         assert!(err.is_some_and(|m| m.contains("is 8x8 while") && m.contains("--image-size")));
-        let (data, names) = load(&train, None, Some(4), none)?;
+        let (data, names) = load(&train, None, Some(4), none, &go)?;
         assert_eq!(names, vec!["ant", "zebra"]);
         assert_eq!(data.input_dims, vec![3, 4, 4]);
         assert_eq!(data.y, Targets::Classes(vec![0, 0, 1]));
@@ -199,6 +239,7 @@ mod tests {
             Some(&names),
             Some(4),
             none,
+            &go,
         )?;
         assert_eq!(t.y, Targets::Classes(vec![1]));
         Ok(())
@@ -210,11 +251,35 @@ mod tests {
         write(&tmp.path().join("cat/a.png"), 2, 2, [1, 2, 3])?;
         std::fs::write(tmp.path().join("cat/b.png"), b"not a png")
             .map_err(|e| io(tmp.path(), e))?;
-        let m = load(tmp.path(), None, None, Normalize::default())
+        let m = load(
+            tmp.path(),
+            None,
+            None,
+            Normalize::default(),
+            &AtomicBool::new(false),
+        )
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(m.contains("b.png: cannot be decoded as an image"), "{m}");
+        Ok(())
+    }
+
+    #[test]
+    fn nested_images_count_and_an_empty_class_is_named() -> Result<()> {
+        let tmp = tempfile::tempdir().map_err(|e| io(Path::new("tmp"), e))?;
+        let d = tmp.path();
+        write(&d.join("cat/a.png"), 2, 2, [1, 2, 3])?;
+        write(&d.join("dog/2024/june/b.png"), 2, 2, [1, 2, 3])?;
+        let go = AtomicBool::new(false);
+        let (data, names) = load(d, None, None, Normalize::default(), &go)?;
+        assert_eq!((names, data.y), (vec!["cat".into(), "dog".into()], Targets::Classes(vec![0, 1])));
+        std::fs::create_dir_all(d.join("emu")).map_err(|e| io(d, e))?;
+        let m = load(d, None, None, Normalize::default(), &go)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(m.contains("class folder `emu` holds no PNG or JPEG images"), "{m}");
         Ok(())
     }
 }

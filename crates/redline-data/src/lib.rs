@@ -34,6 +34,6 @@ pub use error::{Error, Result};
 pub use loader::{Batch, Loader, LoaderConfig};
 pub use mnist::{Normalize, SplitKind};
 pub use place::{place, DataOnDevice, Placement};
-pub use source::{prepare, DataOptions, Format, Prepared, Task};
+pub use source::{peek_inputs, prepare, prepare_until, DataOptions, Format, Prepared, Task};
 pub use split::Split;
-pub use table::TargetColumn;
+pub use table::{Header, TargetColumn};

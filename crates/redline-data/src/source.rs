@@ -10,6 +10,7 @@
 //! | a folder of class sub-folders of PNG/JPEG (optionally under `train/`, `test/`) | image folder |
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -21,17 +22,21 @@ use crate::dataset::{Dataset, HostData, TargetKind, Targets};
 use crate::error::{Error, Result};
 use crate::image_folder;
 use crate::mnist::{self, Normalize, SplitKind};
-use crate::table::{Standardize, Table, TargetColumn};
+use crate::table::{self, Header, Layout, Standardize, TargetColumn};
 
 /// Targets as a file stores them, before the task decides what they are.
 #[derive(Debug, Clone)]
 pub struct RawTargets {
-    /// Values, `n * width`.
-    pub values: Vec<f64>,
+    /// Values, `n * width`, in fp32 (the type training uses; readers refuse
+    /// values beyond its range).
+    pub values: Vec<f32>,
     /// Values per sample.
     pub width: usize,
     /// Stored with an integer type (a strong hint of class ids).
     pub integer: bool,
+    /// Every value is a whole number as the file holds it (checked before the
+    /// conversion to fp32, which would round 3.0000001 to 3).
+    pub whole: bool,
     /// The column or array name, for messages.
     pub name: String,
 }
@@ -100,6 +105,8 @@ pub struct DataOptions {
     pub classes: Option<usize>,
     /// The target column of a table.
     pub target: TargetColumn,
+    /// Whether a table's first row is its header.
+    pub header: Header,
     /// Pixel normalisation of images (IDX, CIFAR, byte arrays).
     pub norm: Normalize,
     /// Standardise table features with the training rows' statistics.
@@ -119,6 +126,7 @@ impl Default for DataOptions {
             task: Task::Auto,
             classes: None,
             target: TargetColumn::Last,
+            header: Header::Auto,
             norm: Normalize::default(),
             standardize: true,
             val_split: None,
@@ -231,8 +239,32 @@ pub fn detect(path: &Path) -> Result<(Format, PathBuf)> {
     }
 }
 
+/// The input shape of one sample of `--data`, where it can be read without
+/// reading the data (a table's first row): enough to check the model the data
+/// implies before materialising a large file. `None` for other formats.
+pub fn peek_inputs(path: &Path, opts: &DataOptions) -> Result<Option<Vec<usize>>> {
+    match detect(path)? {
+        (Format::Csv, at) => {
+            let layout = Layout::read(&at, opts.header)?;
+            Ok(Some(vec![layout.columns.saturating_sub(1).max(1)]))
+        }
+        _ => Ok(None),
+    }
+}
+
 /// Reads `--data`, decides the task and prepares train, validation and test splits.
 pub fn prepare(path: &Path, opts: &DataOptions) -> Result<Prepared> {
+    prepare_until(path, opts, &AtomicBool::new(false))
+}
+
+/// [`prepare`], giving up with [`Error::Interrupted`] once `stop` is set (a
+/// signal while a large file loads): looked at while a table is parsed and
+/// images are decoded, and after each phase of the others.
+pub fn prepare_until(path: &Path, opts: &DataOptions, stop: &AtomicBool) -> Result<Prepared> {
+    let stopped = || match stop.load(Ordering::Relaxed) {
+        true => Err(Error::Interrupted),
+        false => Ok(()),
+    };
     let (format, at) = detect(path)?;
     let mut notes = Vec::new();
     let (train, test) = match format {
@@ -248,6 +280,7 @@ pub fn prepare(path: &Path, opts: &DataOptions) -> Result<Prepared> {
                 _ => mnist::load(&at, kind, classes, opts.norm),
             };
             let train = load(SplitKind::Train, opts.classes)?;
+            stopped()?;
             let test = load(SplitKind::Test, train.target.classes())?;
             (train, Some(test))
         }
@@ -262,7 +295,8 @@ pub fn prepare(path: &Path, opts: &DataOptions) -> Result<Prepared> {
                     path: at.clone(),
                     msg: "no class sub-folders of images".into(),
                 })?;
-            let (train, names) = image_folder::load(&train_dir, None, opts.image_size, opts.norm)?;
+            let (train, names) =
+                image_folder::load(&train_dir, None, opts.image_size, opts.norm, stop)?;
             let shown: Vec<&str> = names.iter().take(10).map(String::as_str).collect();
             notes.push(format!(
                 "classes (sorted folder names): {}{}",
@@ -271,16 +305,19 @@ pub fn prepare(path: &Path, opts: &DataOptions) -> Result<Prepared> {
             ));
             let size = train.input_dims.get(1).map(|&s| s as u32);
             let test = test_dir
-                .map(|d| image_folder::load(&d, Some(&names), size, opts.norm).map(|t| t.0))
+                .map(|d| image_folder::load(&d, Some(&names), size, opts.norm, stop).map(|t| t.0))
                 .transpose()?;
             (train, test)
         }
         Format::Csv => {
-            let raw = Table::read(&at)?.split(&opts.target)?;
+            let layout = Layout::read(&at, opts.header)?;
+            notes.push(layout.note.clone());
+            let raw = table::read(&at, &layout, &opts.target, stop)?;
             (host(&at, raw, opts, &mut notes)?, None)
         }
         Format::Arrays => {
             let (train, test) = arrays::load(&at, opts.norm)?;
+            stopped()?;
             let first = train.y.name.clone();
             let train = host(&at, train, opts, &mut notes)?;
             let test = test
@@ -289,6 +326,7 @@ pub fn prepare(path: &Path, opts: &DataOptions) -> Result<Prepared> {
             (train, test)
         }
     };
+    stopped()?;
     let (train, val, test) = match (opts.val_split, test) {
         (None, Some(test)) => (train, None, Some(test)),
         (frac, test) => {
@@ -342,28 +380,57 @@ pub fn prepare(path: &Path, opts: &DataOptions) -> Result<Prepared> {
     })
 }
 
-/// Whole numbers >= 0 that fit a class id.
-fn class_ids(values: &[f64]) -> bool {
-    values
-        .iter()
-        .all(|&v| v >= 0.0 && v.fract() == 0.0 && v < u32::MAX as f64)
+/// Why `raw`'s values cannot be class ids, or `None` when they can.
+fn not_class_ids(raw: &RawTargets) -> Option<String> {
+    if raw.width != 1 {
+        return Some(format!("{} values per sample", raw.width));
+    }
+    if !raw.whole {
+        return Some("values that are not whole numbers".into());
+    }
+    let min = raw.values.iter().fold(f32::INFINITY, |m, &v| m.min(v));
+    if min < 0.0 {
+        return Some(format!(
+            "the negative value {min} (class ids are 0, 1, ..., K-1)"
+        ));
+    }
+    let max = raw.values.iter().fold(0f32, |m, &v| m.max(v));
+    if max as f64 >= MAX_CLASSES as f64 {
+        return Some(format!(
+            "the value {max}, beyond the {MAX_CLASSES} classes a head can have"
+        ));
+    }
+    None
 }
+
+/// The most classes a classification target may imply (a head of this many
+/// outputs is already far beyond any data set's).
+const MAX_CLASSES: u32 = 1 << 24;
+
+/// Value targets whose square overflows fp32 (the MSE) are refused: the loss
+/// would be infinite, and blamed on the learning rate.
+const MAX_TARGET: f32 = 1.0e18;
+
+/// Regression targets beyond this magnitude get a warning: the loss is of
+/// the order of their square and Adam's steps of the order of the rate.
+const LARGE_TARGET: f32 = 1.0e4;
 
 /// Decides the target kind of the training split (`notes` says why).
 fn decide(raw: &RawTargets, opts: &DataOptions, notes: &mut Vec<String>) -> Result<TargetKind> {
     let n = raw.values.len() / raw.width.max(1);
     let distinct = || {
-        let mut v: Vec<u64> = raw.values.iter().map(|v| v.to_bits()).collect();
+        let mut v: Vec<u32> = raw.values.iter().map(|v| v.to_bits()).collect();
         v.sort_unstable();
         v.dedup();
         v.len()
     };
-    let max = raw.values.iter().fold(0f64, |m, &v| m.max(v));
+    let max = raw.values.iter().fold(0f32, |m, &v| m.max(v));
     let as_classes = || -> Result<TargetKind> {
-        if raw.width != 1 || !class_ids(&raw.values) {
+        if let Some(why) = not_class_ids(raw) {
             return Err(Error::Config(format!(
-                "--task classification: target `{}` is not one whole number >= 0 per sample\n\
-                 HINT: use --task regression for value targets",
+                "--task classification: target `{}` holds {why}; classes are one whole number \
+                 0..K-1 per sample\nHINT: map the labels to 0..K-1, or use --task regression \
+                 for value targets",
                 raw.name
             )));
         }
@@ -376,32 +443,65 @@ fn decide(raw: &RawTargets, opts: &DataOptions, notes: &mut Vec<String>) -> Resu
         }
         Ok(TargetKind::Classes(classes))
     };
+    let regression = |notes: &mut Vec<String>| -> Result<TargetKind> {
+        let peak = raw.values.iter().fold(0f32, |m, &v| m.max(v.abs()));
+        if peak > MAX_TARGET {
+            return Err(Error::Config(format!(
+                "target `{}` reaches {peak:e}: its squared error overflows fp32, where the loss \
+                 is computed\nHINT: rescale the target (divide it by a constant, or take its \
+                 logarithm)",
+                raw.name
+            )));
+        }
+        if peak > LARGE_TARGET {
+            notes.push(format!(
+                "warning: target `{}` reaches {peak:e}; the loss will be of the order of its \
+                 square and training slow to converge: rescale it to about 1 for a stable fit",
+                raw.name
+            ));
+        }
+        Ok(TargetKind::Values(raw.width))
+    };
     match opts.task {
         Task::Classification => as_classes(),
-        Task::Regression => Ok(TargetKind::Values(raw.width)),
+        Task::Regression => regression(notes),
         Task::Auto => {
             // As AutoGluon: integer targets with few distinct values are classes.
             let d = distinct();
             let few = d <= 100 && d * 10 <= n.max(20);
-            if raw.width == 1 && class_ids(&raw.values) && (raw.integer || few) {
+            let why_not = not_class_ids(raw);
+            if why_not.is_none() && (raw.integer || few) {
                 let kind = as_classes()?;
                 notes.push(format!(
-                    "task: classification, {kind} (auto: target `{}` holds whole numbers; \
-                     --task regression to change)",
-                    raw.name
+                    "task: classification, {kind} (auto: target `{}` holds {}whole numbers from \
+                     0 to {max}; --task regression to change)",
+                    raw.name,
+                    if raw.integer {
+                        "integer-typed ".to_string()
+                    } else {
+                        format!("{d} distinct ")
+                    }
                 ));
                 Ok(kind)
             } else {
+                let why = why_not.unwrap_or_else(|| {
+                    format!("{d} distinct whole numbers, too many for classes")
+                });
+                // Integer-typed or few whole values that still cannot be
+                // classes: the user most likely meant classes. Said loudly.
+                let looks_like_classes = raw.width == 1 && raw.whole && (raw.integer || few);
                 notes.push(format!(
-                    "task: regression (auto: target `{}` holds {}; --task classification to change)",
+                    "{}task: regression (auto: target `{}` holds {why}; --task classification \
+                     to change{})",
+                    if looks_like_classes { "warning: " } else { "" },
                     raw.name,
-                    if raw.width > 1 {
-                        format!("{} values per sample", raw.width)
+                    if looks_like_classes {
+                        " after mapping the labels to 0..K-1"
                     } else {
-                        "continuous values".into()
+                        ""
                     }
                 ));
-                Ok(TargetKind::Values(raw.width))
+                regression(notes)
             }
         }
     }
@@ -411,18 +511,19 @@ fn decide(raw: &RawTargets, opts: &DataOptions, notes: &mut Vec<String>) -> Resu
 fn finish(path: &Path, raw: RawSplit, kind: TargetKind, first: &str) -> Result<HostData> {
     let y = match kind {
         TargetKind::Classes(_) => {
-            if !class_ids(&raw.y.values) {
+            if let Some(why) = not_class_ids(&raw.y) {
                 return Err(Error::Invalid {
                     path: path.to_path_buf(),
                     msg: format!(
-                        "`{}` holds values that are not class ids while `{}` does",
-                        raw.y.name, first
+                        "`{}` holds {why} while `{first}` holds class ids",
+                        raw.y.name
                     ),
                 });
             }
-            Targets::Classes(raw.y.values.iter().map(|&v| v as u32).collect())
+            // In place: f32 and u32 have one layout.
+            Targets::Classes(raw.y.values.into_iter().map(|v| v as u32).collect())
         }
-        TargetKind::Values(_) => Targets::Values(raw.y.values.iter().map(|&v| v as f32).collect()),
+        TargetKind::Values(_) => Targets::Values(raw.y.values),
     };
     HostData::new(raw.x, raw.input_dims, y, kind, path.to_path_buf())
 }
@@ -460,10 +561,9 @@ pub fn holdout(data: HostData, frac: f64, seed: u64) -> Result<(HostData, Option
     // A stream apart from the loader's epoch streams.
     rng.set_stream(u64::MAX);
     idx.shuffle(&mut rng);
-    let (val, train) = idx.split_at(k);
-    let (mut val, mut train) = (val.to_vec(), train.to_vec());
+    let mut val = idx[..k].to_vec();
     // File order within each part, so unshuffled runs stay in file order.
     val.sort_unstable();
-    train.sort_unstable();
-    Ok((data.subset(&train)?, Some(data.subset(&val)?)))
+    let (train, val) = data.split_rows(&val)?;
+    Ok((train, Some(val)))
 }

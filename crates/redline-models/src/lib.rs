@@ -96,7 +96,24 @@ impl ModelConfig {
     /// The zoo's model `name` shaped for the data: inputs of `input_dims` per
     /// sample (`[C, H, W]` images for the CNN, anything for the MLP, which
     /// flattens), `outputs` values out, and optional hidden widths.
+    /// A model file's last layer must give `outputs` values (checked here).
     pub fn for_data(
+        name: &str,
+        input_dims: &[usize],
+        outputs: usize,
+        hidden: Option<&[usize]>,
+    ) -> Result<Self> {
+        let cfg = Self::for_inputs(name, input_dims, outputs, hidden)?;
+        if let Self::Sequential(c) = &cfg {
+            c.check_head()?;
+        }
+        Ok(cfg)
+    }
+
+    /// [`ModelConfig::for_data`] without the check of a model file's head
+    /// against `outputs`: for sizing the model from the inputs alone, before
+    /// the targets (and so the outputs) are read.
+    pub fn for_inputs(
         name: &str,
         input_dims: &[usize],
         outputs: usize,

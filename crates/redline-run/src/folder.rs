@@ -47,6 +47,29 @@ pub fn create(
     Ok(dir)
 }
 
+/// The files a run folder holds (docs/run-dir.md): an output the user names
+/// (`--save`, `--metrics`) must not be one of them.
+const RUN_FILES: [&str; 13] = [
+    "config.toml",
+    "model.toml",
+    "metrics.jsonl",
+    "metrics.csv",
+    "summary.json",
+    "breakdown.json",
+    "profile.json",
+    "profile.txt",
+    "trace.json",
+    "report.html",
+    "pid",
+    ".space-reserve",
+    "checkpoints",
+];
+
+/// Whether a run folder writes a file of this name itself.
+pub fn is_run_file(name: &str) -> bool {
+    RUN_FILES.contains(&name) || name.starts_with("events.out.tfevents.")
+}
+
 /// Writes `text` to `path` through a temporary file, `fsync` and a rename,
 /// so a reader (or a crash, or a full disk) never sees half a file, and no
 /// temporary file is left behind on failure.

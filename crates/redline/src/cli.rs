@@ -93,6 +93,10 @@ pub struct TrainArgs {
     /// Target column of a table: a header name or an index (negative from the end) [default: the last].
     #[arg(long, value_name = "COLUMN", allow_hyphen_values = true)]
     pub target: Option<String>,
+    /// Whether a table's first row is its header: auto (names, or the column indices
+    /// 0,1,2,...; said on the startup line), yes or no.
+    #[arg(long, default_value = "auto")]
+    pub header: String,
     /// Number of classes the labels must lie in [default: the largest label + 1].
     #[arg(long)]
     pub classes: Option<usize>,

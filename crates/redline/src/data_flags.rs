@@ -15,15 +15,33 @@ pub fn data_options(args: &TrainArgs) -> anyhow::Result<DataOptions> {
             Some(t) => t.parse()?,
             None => Default::default(),
         },
-        norm: Normalize {
-            mean: args.mean,
-            std: args.std,
-        },
+        header: args.header.parse()?,
+        norm: normalisation(args.mean, args.std)?,
         standardize: !args.no_standardize,
         val_split: args.val_split,
         seed: args.seed,
         image_size: args.image_size,
     })
+}
+
+/// `--mean`/`--std`, refused when dividing by the std would turn pixels into
+/// infinities or flip their sign (the loss would later be blamed instead).
+fn normalisation(mean: f32, std: f32) -> anyhow::Result<Normalize> {
+    if !mean.is_finite() || mean.abs() > 1e6 {
+        bail!("--mean {mean}: give a finite mean of the pixels in [0, 1], e.g. 0.5");
+    }
+    if !(std.is_finite() && std >= 1e-6 && std <= 1e6) {
+        bail!(
+            "--std {std}: give the pixels' standard deviation, a positive number between 1e-6 \
+             and 1e6 (e.g. 0.5); dividing by {std} would make the inputs {}",
+            if std <= 0.0 || std.is_nan() {
+                "meaningless (zero, negative or NaN scale)"
+            } else {
+                "enormous or infinite"
+            }
+        );
+    }
+    Ok(Normalize { mean, std })
 }
 
 /// `--augment flip,crop=4` as the transforms (`None` without the flag).

@@ -97,6 +97,9 @@ fn optimizer(args: &TrainArgs) -> anyhow::Result<OptimizerConfig> {
 
 /// Runs `redline train`.
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
+    // First of all: a signal at any phase (loading, building, training,
+    // writing) stops the run the same way, never is ignored.
+    let stop = stop_on_signals()?;
     if let Some(n) = args.threads {
         redline_core::threads::check(n).map_err(anyhow::Error::msg)?;
     }
@@ -134,13 +137,41 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     }
     for (flag, path) in [("--save", &args.save), ("--metrics", &args.metrics)] {
         if let Some(path) = path {
-            check_writable(flag, path)?;
+            check_writable(flag, path, args.run_dir.as_deref())?;
+        }
+    }
+    if let (Some(s), Some(m)) = (&args.save, &args.metrics) {
+        if std::path::absolute(s)? == std::path::absolute(m)? {
+            bail!(
+                "--save and --metrics both name {}: one would overwrite the other
+HINT: give                  them different files",
+                s.display()
+            );
         }
     }
 
     let data = data_options(args)?;
-    let prepared = redline_data::prepare(&data_dir, &data)
-        .with_context(|| format!("--data {}", data_dir.display()))?;
+    // The model a table implies, checked from its first row before the table
+    // is read: a file of 50 million columns is refused in a moment.
+    if let Some(inputs) = redline_data::peek_inputs(&data_dir, &data)
+        .with_context(|| format!("--data {}", data_dir.display()))?
+    {
+        ModelConfig::for_inputs(&args.model, &inputs, 1, hidden(args)?.as_deref())
+            .and_then(|m| m.build(&redline_core::Device::cpu(), Precision::Fp32, 0))
+            .with_context(|| {
+                format!(
+                    "--data {}: its {} features imply a model too large for this machine",
+                    data_dir.display(),
+                    inputs.iter().product::<usize>()
+                )
+            })?;
+    }
+    println!("loading {} ...", data_dir.display());
+    let prepared = match redline_data::prepare_until(&data_dir, &data, &stop.flag) {
+        Err(redline_data::Error::Interrupted) => return Err(stop.stopped("reading the data")),
+        other => other.with_context(|| format!("--data {}", data_dir.display()))?,
+    };
+    stop.check("reading the data")?;
     let (inputs, target) = (prepared.train.input_dims.clone(), prepared.train.target);
     let model_cfg = ModelConfig::for_data(
         &args.model,
@@ -237,6 +268,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if let Some(init) = &args.init {
         model.params().load_safetensors(init).context("--init")?;
     }
+    stop.check("building the model")?;
     println!(
         "redline: {} ({} params) on {} ({} compute threads), {} batch {}, lr {}, loss {}",
         model_cfg.name(),
@@ -363,7 +395,6 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.metrics {
         builder = builder.callback(Box::new(JsonlMetrics::create(path)?));
     }
-    let stop = stop_on_signals()?;
     builder = builder.stop_when(Arc::clone(&stop.flag));
     let mut trainer = builder.build(step_kind.step(model), device)?;
     // Lightning's `trainer.test` after `fit`: the test split, reported as test_*.
@@ -375,6 +406,15 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                 test_loader.as_ref().map(|t| trainer.test(t)).transpose()?,
             ))
         });
+    // A signal after the last step: the run's records are complete, but it
+    // ends as interrupted and --save is left alone, as during training.
+    let fit = match fit {
+        Ok((f, _)) if stop.flag.load(Ordering::Relaxed) => Err(redline_train::Error::Interrupted {
+            step: f.steps,
+            epoch: f.epochs,
+        }),
+        other => other,
+    };
     let saved = match (&fit, &args.save) {
         (Ok(_), Some(path)) => Some(trainer.save_weights(path).context("--save").map(|()| path)),
         _ => None,
@@ -395,6 +435,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                 signal: stop.signal.load(Ordering::Relaxed) as i32,
                 step,
                 epoch,
+                during: None,
             }))
         }
         (Err(e), _) => Err(anyhow::Error::from(e)),
@@ -484,12 +525,30 @@ const MAX_IMAGE_SIZE: u32 = 4096;
 const MAX_PREFETCH: usize = 64;
 
 /// Refuses an output path that cannot be written, before any training (a
-/// folder, a read-only place): creates and removes a probe file beside it.
-/// Missing parent folders are created, as writing the file would.
-fn check_writable(flag: &str, path: &Path) -> anyhow::Result<()> {
+/// folder, a device or FIFO, a read-only place, a file the run folder
+/// itself writes): creates and removes a probe file beside it. Missing
+/// parent folders are created, as writing the file would.
+fn check_writable(flag: &str, path: &Path, run_dir: Option<&Path>) -> anyhow::Result<()> {
     let hint = "HINT: give a file path in a folder you can write";
     if path.is_dir() {
         bail!("{flag} {}: is a folder, not a file\n{hint}", path.display());
+    }
+    // Only regular files are written: /dev/full or a FIFO is refused by
+    // name, never replaced by a file.
+    redline_core::files::output_target(path)
+        .with_context(|| format!("{flag} {}\n{hint}", path.display()))?;
+    if let (Some(dir), Some(name)) = (run_dir, path.file_name()) {
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        let same = std::path::absolute(parent.unwrap_or(Path::new(".")))?
+            == std::path::absolute(dir)?;
+        if same && redline_run::folder::is_run_file(&name.to_string_lossy()) {
+            bail!(
+                "{flag} {}: the run folder writes this file itself\nHINT: give another name, \
+                 e.g. {}",
+                path.display(),
+                dir.join("weights.safetensors").display()
+            );
+        }
     }
     let parent = path
         .parent()
@@ -523,6 +582,8 @@ pub struct Stopped {
     pub step: usize,
     /// Its epoch.
     pub epoch: usize,
+    /// The phase before training it came in (`reading the data`), when it did.
+    pub during: Option<&'static str>,
 }
 
 impl std::fmt::Display for Stopped {
@@ -532,6 +593,13 @@ impl std::fmt::Display for Stopped {
             signal_hook::consts::SIGTERM => "SIGTERM",
             _ => "a signal",
         };
+        if let Some(phase) = self.during {
+            return write!(
+                f,
+                "interrupted by {name} while {phase}: stopped before training; no run folder \
+                 was made and --save was not written"
+            );
+        }
         write!(
             f,
             "interrupted by {name} after step {} (epoch {}): the run folder has its records, \
@@ -547,6 +615,26 @@ impl std::error::Error for Stopped {}
 struct StopFlags {
     flag: Arc<AtomicBool>,
     signal: Arc<AtomicUsize>,
+}
+
+impl StopFlags {
+    /// The stop of a run that a signal ended `during` a phase before training.
+    fn stopped(&self, during: &'static str) -> anyhow::Error {
+        anyhow::Error::new(Stopped {
+            signal: self.signal.load(Ordering::Relaxed) as i32,
+            step: 0,
+            epoch: 0,
+            during: Some(during),
+        })
+    }
+
+    /// `Err` once a signal came, at the end of a phase before training.
+    fn check(&self, during: &'static str) -> anyhow::Result<()> {
+        match self.flag.load(Ordering::Relaxed) {
+            true => Err(self.stopped(during)),
+            false => Ok(()),
+        }
+    }
 }
 
 /// Turns the first SIGINT/SIGTERM into a graceful stop (the current step

@@ -261,6 +261,21 @@ impl SequentialConfig {
         Ok(out)
     }
 
+    /// Refuses a model whose last layer's width is not the data's outputs:
+    /// the loss compares the two, so it is said now, with both numbers.
+    pub fn check_head(&self) -> Result<()> {
+        let shape = self.shapes()?.pop().unwrap_or_default();
+        if shape != [self.outputs] {
+            return Err(Error::Config(format!(
+                "the model ends in {shape:?} per sample but the data needs {} outputs (its \
+                 classes or target values)\nHINT: end with {{ type = \"linear\" }} without \
+                 `out`: it takes the data's width",
+                self.outputs
+            )));
+        }
+        Ok(())
+    }
+
     /// Builds the model, drawing PyTorch's default initialisation from `init`.
     pub fn build(&self, init: &mut Initializer) -> Result<Sequential> {
         self.shapes()?;
@@ -289,6 +304,9 @@ fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Result<Vec<us
         }
     };
     Ok(match spec {
+        LayerSpec::Linear { out: Some(0) } => {
+            return bad("out = 0: a linear layer needs at least one output".into())
+        }
         LayerSpec::Linear { out } => match input {
             [_] => vec![out.unwrap_or(outputs)],
             _ => {

@@ -41,6 +41,17 @@ def npy(arr):
     return buf.getvalue()
 
 
+def npz(members):
+    """An uncompressed .npz (what np.savez writes) of name -> array."""
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for name, arr in members.items():
+            z.writestr(name + ".npy", npy(arr))
+    return buf.getvalue()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--long", required=True)
@@ -55,6 +66,15 @@ def main():
     write("npy", "f32.npy", npy(np.arange(6, dtype=np.float32).reshape(3, 2)))
     write("npy", "u8.npy", npy(np.arange(4, dtype=np.uint8)))
     write("npy", "i64.npy", npy(np.array([3, 1, 2], dtype=np.int64)))
+    f32 = np.arange(6, dtype=np.float32).reshape(3, 2)
+    u8, i64 = np.arange(4, dtype=np.uint8), np.array([3, 1, 2], dtype=np.int64)
+    write("npz", "xy.npz", npz({"x": f32, "y": i64}))
+    write("npz", "train-test.npz", npz({"x_train": u8, "y_train": i64, "x_test": u8, "y_test": i64}))
+    repo = os.path.join(OUT, "../..")
+    for model in ["examples/models/residual-mlp.toml", "examples/models/small-cnn.toml",
+                  "crates/redline-models/src/resnet.toml"]:
+        os.makedirs(os.path.join(OUT, "model"), exist_ok=True)
+        shutil.copy(os.path.join(repo, model), os.path.join(OUT, "model"))
     write("csv", "header.csv", b"a,b,target\n1,2.5,0\n-3,4e2,1\n5,6,2\n")
     write("csv", "plain.csv", b"0.1,0.2,1\n0.3,0.4,0\n")
     write("csv", "quoted.csv", b'"x","y"\n"1","2"\n3,4\n')

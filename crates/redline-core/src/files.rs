@@ -80,8 +80,7 @@ pub fn open_input(path: &Path, limit: u64) -> io::Result<(File, u64)> {
 pub fn read_input(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
     let (file, len) = open_input(path, limit)?;
     let mut bytes = Vec::with_capacity(len as usize);
-    file.take(limit.saturating_add(1))
-        .read_to_end(&mut bytes)?;
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > limit {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,

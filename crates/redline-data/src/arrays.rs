@@ -367,5 +367,6 @@ HINT: add                      `{lacks}`, or remove `{has}` to train without a t
 
 /// Where a folder of `.npy` files is recognised: it holds `x.npy` or `x_train.npy`.
 pub fn is_npy_dir(dir: &Path) -> bool {
-    dir.join("x.npy").is_file() || dir.join("x_train.npy").is_file()
+    // `exists`, not `is_file`: an `x.npy` that is a device is then named as one.
+    dir.join("x.npy").exists() || dir.join("x_train.npy").exists()
 }

@@ -121,14 +121,15 @@ pub fn load(dir: &Path, variant: Variant, kind: SplitKind, norm: Normalize) -> R
     for name in variant.files(kind) {
         let path = dir.join(name);
         // A regular file of at most 1 GiB (a CIFAR batch is 30 MB).
-        let bytes = redline_core::files::read_input(&path, 1 << 30).map_err(|source| Error::Io {
-            path: path.clone(),
-            source,
-            hint: format!(
-                "a {variant:?} folder holds {} (the binary version)",
-                variant.files(kind).join(", ")
-            ),
-        })?;
+        let bytes =
+            redline_core::files::read_input(&path, 1 << 30).map_err(|source| Error::Io {
+                path: path.clone(),
+                source,
+                hint: format!(
+                    "a {variant:?} folder holds {} (the binary version)",
+                    variant.files(kind).join(", ")
+                ),
+            })?;
         decode(&path, &bytes, variant, &mut pixels, &mut labels)?;
     }
     HostData::new(

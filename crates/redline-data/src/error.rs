@@ -24,7 +24,7 @@ pub enum Error {
         msg: String,
     },
     /// A loader setting that cannot work (e.g. batch size 0).
-    #[error("loader: {0}")]
+    #[error("{0}")]
     Config(String),
     /// The background prefetch thread stopped unexpectedly.
     #[error("loader: the prefetch thread stopped: {0}")]

@@ -225,7 +225,9 @@ mod tests {
             std: 1.0,
         };
         let go = AtomicBool::new(false);
-        let err = load(&train, None, None, none, &go).err().map(|e| e.to_string());
+        let err = load(&train, None, None, none, &go)
+            .err()
+            .map(|e| e.to_string());
         assert!(err.is_some_and(|m| m.contains("is 8x8 while") && m.contains("--image-size")));
         let (data, names) = load(&train, None, Some(4), none, &go)?;
         assert_eq!(names, vec!["ant", "zebra"]);
@@ -258,9 +260,9 @@ mod tests {
             Normalize::default(),
             &AtomicBool::new(false),
         )
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
         assert!(m.contains("b.png: cannot be decoded as an image"), "{m}");
         Ok(())
     }
@@ -273,13 +275,22 @@ mod tests {
         write(&d.join("dog/2024/june/b.png"), 2, 2, [1, 2, 3])?;
         let go = AtomicBool::new(false);
         let (data, names) = load(d, None, None, Normalize::default(), &go)?;
-        assert_eq!((names, data.y), (vec!["cat".into(), "dog".into()], Targets::Classes(vec![0, 1])));
+        assert_eq!(
+            (names, data.y),
+            (
+                vec!["cat".into(), "dog".into()],
+                Targets::Classes(vec![0, 1])
+            )
+        );
         std::fs::create_dir_all(d.join("emu")).map_err(|e| io(d, e))?;
         let m = load(d, None, None, Normalize::default(), &go)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(m.contains("class folder `emu` holds no PNG or JPEG images"), "{m}");
+        assert!(
+            m.contains("class folder `emu` holds no PNG or JPEG images"),
+            "{m}"
+        );
         Ok(())
     }
 }

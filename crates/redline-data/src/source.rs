@@ -485,7 +485,10 @@ fn decide(raw: &RawTargets, opts: &DataOptions, notes: &mut Vec<String>) -> Resu
                 Ok(kind)
             } else {
                 let why = why_not.unwrap_or_else(|| {
-                    format!("{d} distinct whole numbers, too many for classes")
+                    format!(
+                        "{d} distinct whole numbers in {n} samples: auto takes whole numbers as \
+                         classes when there are at most 100 and a tenth of the samples"
+                    )
                 });
                 // Integer-typed or few whole values that still cannot be
                 // classes: the user most likely meant classes. Said loudly.

@@ -96,13 +96,12 @@ struct Cells {
 impl Cells {
     fn open(path: &Path) -> Result<Self> {
         // A regular file only: /dev/zero or a FIFO would never end.
-        let (file, _) = redline_core::files::open_input(path, u64::MAX).map_err(|source| {
-            Error::Io {
+        let (file, _) =
+            redline_core::files::open_input(path, u64::MAX).map_err(|source| Error::Io {
                 path: path.to_path_buf(),
                 source,
                 hint: "--data takes a regular .csv/.tsv file".into(),
-            }
-        })?;
+            })?;
         let tab = path.extension().is_some_and(|e| e == "tsv");
         Ok(Self {
             path: path.to_path_buf(),
@@ -230,7 +229,10 @@ impl Layout {
         let first = first_row(path)?;
         let (is_header, note) = match header {
             Header::Yes => (true, "header: the first row (--header yes)".to_string()),
-            Header::No => (false, "header: none, the first row is data (--header no)".into()),
+            Header::No => (
+                false,
+                "header: none, the first row is data (--header no)".into(),
+            ),
             Header::Auto if !first.numeric => {
                 (true, "header: the first row (auto: it holds names)".into())
             }
@@ -505,8 +507,14 @@ mod tests {
             (s.x, s.y.values),
             (vec![2.0, 3.0, 5.0, 6.0], vec![1.0, 4.0])
         );
-        assert_eq!(table("a,b,c\n1,2,3\n4,5,6\n", Header::Auto, "1")?.y.values, vec![2.0, 5.0]);
-        assert_eq!(table("a,b,c\n1,2,3\n4,5,6\n", Header::Auto, "-3")?.y.values, vec![1.0, 4.0]);
+        assert_eq!(
+            table("a,b,c\n1,2,3\n4,5,6\n", Header::Auto, "1")?.y.values,
+            vec![2.0, 5.0]
+        );
+        assert_eq!(
+            table("a,b,c\n1,2,3\n4,5,6\n", Header::Auto, "-3")?.y.values,
+            vec![1.0, 4.0]
+        );
         // The column as the user wrote it, and the table's.
         let m = err(table("a,b,price\n1,2,3\n", Header::Auto, "cost"));
         assert!(
@@ -524,13 +532,27 @@ mod tests {
         let s = table("0,1,2\n5,6,1\n7,8,0\n", Header::Auto, "-1")?;
         assert_eq!((s.y.values, s.y.name), (vec![1.0, 0.0], "2".into()));
         // Two columns `0,1` is as likely a data row.
-        assert_eq!(table("0,1\n5,6\n", Header::Auto, "-1")?.y.values, vec![1.0, 6.0]);
+        assert_eq!(
+            table("0,1\n5,6\n", Header::Auto, "-1")?.y.values,
+            vec![1.0, 6.0]
+        );
         // Other numbers are data, and --header decides either way.
-        assert_eq!(table("3,1,2\n5,6,1\n", Header::Auto, "-1")?.y.values, vec![2.0, 1.0]);
-        assert_eq!(table("0,1,2\n5,6,1\n", Header::No, "-1")?.y.values, vec![2.0, 1.0]);
-        assert_eq!(table("3,1,2\n5,6,1\n", Header::Yes, "-1")?.y.values, vec![1.0]);
+        assert_eq!(
+            table("3,1,2\n5,6,1\n", Header::Auto, "-1")?.y.values,
+            vec![2.0, 1.0]
+        );
+        assert_eq!(
+            table("0,1,2\n5,6,1\n", Header::No, "-1")?.y.values,
+            vec![2.0, 1.0]
+        );
+        assert_eq!(
+            table("3,1,2\n5,6,1\n", Header::Yes, "-1")?.y.values,
+            vec![1.0]
+        );
         let (_d, p) = write("0,1,2\n5,6,1\n")?;
-        assert!(Layout::read(&p, Header::Auto)?.note.contains("column indices"));
+        assert!(Layout::read(&p, Header::Auto)?
+            .note
+            .contains("column indices"));
         Ok(())
     }
 
@@ -539,9 +561,15 @@ mod tests {
         let m = err(table("a,b,a\n1,2,3\n", Header::Auto, "-1"));
         assert!(m.contains("columns 0 and 2 are both named `a`"), "{m}");
         let m = err(table("a,b\n1,2\n1e308,3\n", Header::Auto, "-1"));
-        assert!(m.contains("line 3, column `a`: 1e308 is beyond fp32's range"), "{m}");
+        assert!(
+            m.contains("line 3, column `a`: 1e308 is beyond fp32's range"),
+            "{m}"
+        );
         let m = err(table("a,b\n1,nan\n", Header::Auto, "-1"));
-        assert!(m.contains("line 2, column `b`: \"nan\" is not a finite number"), "{m}");
+        assert!(
+            m.contains("line 2, column `b`: \"nan\" is not a finite number"),
+            "{m}"
+        );
     }
 
     #[test]

@@ -42,3 +42,45 @@ fn fuzz_csv_through_prepare() {
         }
     });
 }
+
+#[test]
+fn fuzz_npz_archive() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.npz");
+    fuzz("npz", |bytes| {
+        std::fs::write(&path, bytes).unwrap();
+        let _ = redline_data::arrays::read_all(&path);
+    });
+}
+
+/// Every data reader refuses a path that is not a regular file (a FIFO, a
+/// link to a device, a dangling link, a loop, a folder) within seconds.
+#[test]
+fn special_files_are_refused_by_every_data_reader() {
+    use redline_testkit::fuzz::{special_files, within};
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let limit = Duration::from_secs(30);
+    for name in ["t.csv", "a.npz", "a.safetensors"] {
+        for p in special_files(&dir.path().join(name), name) {
+            let what = format!("--data {}", p.display());
+            let r = within(limit, &what, move || {
+                prepare(&p, &DataOptions::default()).map(|_| ())
+            });
+            assert!(r.is_err(), "{what}");
+        }
+    }
+    for p in special_files(&dir.path().join("npy"), "x.npy") {
+        let folder = p.parent().unwrap().to_path_buf();
+        let what = format!("npy folder with {}", p.display());
+        let r = within(limit, &what, move || {
+            redline_data::arrays::read_all(&folder).map(|_| ())
+        });
+        assert!(r.is_err(), "{what}");
+    }
+    for p in special_files(&dir.path().join("idx"), "train-images-idx3-ubyte") {
+        let what = format!("IDX {}", p.display());
+        let r = within(limit, &what, move || idx::read(&p).map(|_| ()));
+        assert!(r.is_err(), "{what}");
+    }
+}

@@ -93,7 +93,9 @@ fn diabetes_csv_is_regression_and_the_task_and_target_can_be_chosen() {
         task: Task::Classification,
         ..Default::default()
     };
-    assert!(err(prepare(&path, &bad)).contains("`bmi` is not one whole number >= 0"));
+    assert!(
+        err(prepare(&path, &bad)).contains("target `bmi` holds values that are not whole numbers")
+    );
     let bad = DataOptions {
         val_split: Some(1.0),
         ..Default::default()

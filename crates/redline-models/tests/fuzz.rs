@@ -35,3 +35,48 @@ fn fuzz_safetensors_weights() {
         }
     });
 }
+
+/// Model files (`--model FILE.toml`): any text is a model whose every size
+/// was checked, or an error; never a panic. Shaped for images and for a table.
+#[test]
+fn fuzz_model_files() {
+    use redline_models::SequentialConfig;
+    fuzz("model", |bytes| {
+        let Ok(text) = std::str::from_utf8(bytes) else {
+            return;
+        };
+        for (dims, outputs) in [(&[3usize, 32, 32][..], 10), (&[13][..], 3)] {
+            if let Ok(cfg) = SequentialConfig::from_toml(text, "m", dims, outputs) {
+                let _ = cfg.check_head();
+            }
+        }
+    });
+}
+
+/// A model file or weights file that is not a regular file is refused, not
+/// read forever.
+#[test]
+fn special_files_are_refused_as_model_and_weights_files() {
+    use redline_models::SequentialConfig;
+    use redline_testkit::fuzz::{special_files, within};
+    let dir = tempfile::tempdir().unwrap();
+    let limit = std::time::Duration::from_secs(30);
+    for p in special_files(&dir.path().join("m"), "m.toml") {
+        let what = format!("--model {}", p.display());
+        let r = within(limit, &what, move || {
+            SequentialConfig::from_file(&p, &[13], 3).map(|_| ())
+        });
+        assert!(r.is_err(), "{what}");
+    }
+    for p in special_files(&dir.path().join("w"), "w.safetensors") {
+        let what = format!("--init {}", p.display());
+        let r = within(limit, &what, move || {
+            let mut params = Params::new();
+            params
+                .push("b", Var::zeros(2, DType::F32, &Device::Cpu).unwrap())
+                .unwrap();
+            params.load_safetensors(&p).map(|_| ())
+        });
+        assert!(r.is_err(), "{what}");
+    }
+}

@@ -118,25 +118,22 @@ fn unfinished(dir: &Path, name: String) -> RunRow {
     }
 }
 
-/// One row per run folder under `root` (a subfolder with `summary.json` or
-/// `metrics.jsonl`), oldest first (by start time, then by name). A run whose
-/// files do not parse is listed as `unreadable` with the reason, and one that
-/// ended without a summary as `killed`, so no folder is hidden.
+/// One row per run folder under `root`, oldest first (by start time, then by
+/// name). A run folder is one with `summary.json` or `metrics.jsonl`: `root`
+/// itself (`redline runs runs/one`), or a folder up to three levels below
+/// it (a `--run-dir` such as `experiments/lr-0.1/one`). A run whose files do
+/// not parse is listed as `unreadable` with the reason, and one that ended
+/// without a summary as `killed`, so no folder is hidden.
 pub fn list_runs(root: &Path) -> Result<Vec<RunRow>> {
-    let entries = std::fs::read_dir(root).map_err(Error::io(root))?;
     let mut rows = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(Error::io(root))?;
-        let dir = entry.path();
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !dir.is_dir() {
-            continue;
-        }
-        if dir.join("summary.json").is_file() {
-            rows.push(row(&dir, name));
-        } else if dir.join("metrics.jsonl").is_file() {
-            rows.push(unfinished(&dir, name));
-        }
+    if is_run(root) {
+        let name = root.file_name().map_or_else(
+            || root.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        push_run(root, name, &mut rows);
+    } else {
+        collect_runs(root, None, 2, &mut rows)?;
     }
     rows.sort_by(|a, b| {
         let key = |r: &RunRow| r.started_unix.unwrap_or(f64::INFINITY);
@@ -146,6 +143,47 @@ pub fn list_runs(root: &Path) -> Result<Vec<RunRow>> {
             .then_with(|| a.name.cmp(&b.name))
     });
     Ok(rows)
+}
+
+/// Whether `dir` holds a run's records.
+fn is_run(dir: &Path) -> bool {
+    dir.join("summary.json").is_file() || dir.join("metrics.jsonl").is_file()
+}
+
+/// Adds the row of the run folder `dir`.
+fn push_run(dir: &Path, name: String, rows: &mut Vec<RunRow>) {
+    if dir.join("summary.json").is_file() {
+        rows.push(row(dir, name));
+    } else {
+        rows.push(unfinished(dir, name));
+    }
+}
+
+/// The runs among the subfolders of `dir` (named `prefix/name`), looking
+/// `depth` more levels into folders that are not runs.
+fn collect_runs(
+    dir: &Path,
+    prefix: Option<&str>,
+    depth: usize,
+    rows: &mut Vec<RunRow>,
+) -> Result<()> {
+    let entries = std::fs::read_dir(dir).map_err(Error::io(dir))?;
+    for entry in entries {
+        let entry = entry.map_err(Error::io(dir))?;
+        let sub = entry.path();
+        if !sub.is_dir() {
+            continue;
+        }
+        let file = entry.file_name().to_string_lossy().into_owned();
+        let name = prefix.map_or_else(|| file.clone(), |p| format!("{p}/{file}"));
+        if is_run(&sub) {
+            push_run(&sub, name, rows);
+        } else if depth > 0 {
+            // A folder that cannot be listed is not a run: skipped.
+            let _ = collect_runs(&sub, Some(&name), depth - 1, rows);
+        }
+    }
+    Ok(())
 }
 
 fn opt(x: Option<f64>, decimals: usize) -> String {
@@ -234,6 +272,22 @@ mod tests {
         if let Some(b) = breakdown {
             std::fs::write(dir.join("breakdown.json"), b).unwrap();
         }
+    }
+
+    #[test]
+    fn a_run_dir_anywhere_is_listed_from_itself_or_two_levels_up() {
+        let root = tempfile::tempdir().unwrap();
+        let summary = r#"{"model":"mlp","device":"cpu","status":"finished","started_unix":1}"#;
+        write_run(root.path(), "experiments/lr-0.1/one", summary, None);
+        write_run(root.path(), "top", summary, None);
+        let names = |p: &Path| -> Vec<String> {
+            list_runs(p).unwrap().into_iter().map(|r| r.name).collect()
+        };
+        let mut all = names(root.path());
+        all.sort();
+        assert_eq!(all, ["experiments/lr-0.1/one", "top"]);
+        assert_eq!(names(&root.path().join("experiments/lr-0.1/one")), ["one"]);
+        assert_eq!(names(&root.path().join("experiments")), ["lr-0.1/one"]);
     }
 
     #[test]

@@ -52,3 +52,62 @@ fn fuzz_breakdown_json() {
 fn fuzz_profile_json() {
     fuzz_file("profile", "profile.json");
 }
+
+/// `config.toml`, read by the listing (for a run without a summary) and shown
+/// verbatim in the report: any bytes, in a finished and an unfinished run.
+#[test]
+fn fuzz_config_toml() {
+    let root = tempfile::tempdir().unwrap();
+    let (done, killed) = (root.path().join("done"), root.path().join("killed"));
+    for dir in [&done, &killed] {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("metrics.jsonl"), &corpus("metrics")[0]).unwrap();
+    }
+    std::fs::write(done.join("summary.json"), &corpus("summary")[0]).unwrap();
+    fuzz("config", |bytes| {
+        for dir in [&done, &killed] {
+            std::fs::write(dir.join("config.toml"), bytes).unwrap();
+            if let Ok(run) = RunData::load(dir) {
+                let page = render_html(&run);
+                assert!(page.is_err() || page.is_ok_and(|p| p.contains("</html>")));
+            }
+        }
+        assert_eq!(list_runs(root.path()).unwrap().len(), 2);
+    });
+}
+
+/// Any file of a run folder that is not a regular file (a FIFO, a link to
+/// `/dev/zero`, ...) gives an error or a row, within seconds.
+#[test]
+fn special_files_in_a_run_folder_are_refused_not_read_forever() {
+    use redline_testkit::fuzz::{special_files, within};
+    let limit = std::time::Duration::from_secs(30);
+    for file in [
+        "metrics.jsonl",
+        "summary.json",
+        "config.toml",
+        "breakdown.json",
+        "pid",
+    ] {
+        let root = tempfile::tempdir().unwrap();
+        for p in special_files(root.path(), file) {
+            let dir = p.parent().unwrap().to_path_buf();
+            // The other record files, so the folder is a run.
+            for (t, f) in [("metrics", "metrics.jsonl"), ("summary", "summary.json")] {
+                if f != file {
+                    std::fs::write(dir.join(f), &corpus(t)[0]).unwrap();
+                }
+            }
+            let what = format!("{}", p.display());
+            within(limit, &what, move || {
+                let _ = RunData::load(&dir);
+                let _ = redline_report::write_report(&dir);
+            });
+        }
+        let what = format!("redline runs with a special {file}");
+        let root_path = root.path().to_path_buf();
+        within(limit, &what, move || {
+            list_runs(&root_path).map(|r| r.len()).ok()
+        });
+    }
+}

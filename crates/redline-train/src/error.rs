@@ -46,7 +46,9 @@ pub enum Error {
     },
     /// A writer of a result the user asked for (the run folder's records,
     /// `--metrics`) failed, e.g. on a full disk.
-    #[error("{callback}: {message}\nHINT: free space on that disk (or write elsewhere) and run again")]
+    #[error(
+        "{callback}: {message}\nHINT: free space on that disk (or write elsewhere) and run again"
+    )]
     Output {
         /// The callback's name.
         callback: String,

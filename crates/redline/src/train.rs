@@ -539,8 +539,8 @@ fn check_writable(flag: &str, path: &Path, run_dir: Option<&Path>) -> anyhow::Re
         .with_context(|| format!("{flag} {}\n{hint}", path.display()))?;
     if let (Some(dir), Some(name)) = (run_dir, path.file_name()) {
         let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-        let same = std::path::absolute(parent.unwrap_or(Path::new(".")))?
-            == std::path::absolute(dir)?;
+        let same =
+            std::path::absolute(parent.unwrap_or(Path::new(".")))? == std::path::absolute(dir)?;
         if same && redline_run::folder::is_run_file(&name.to_string_lossy()) {
             bail!(
                 "{flag} {}: the run folder writes this file itself\nHINT: give another name, \

@@ -111,7 +111,10 @@ fn data_and_model_mismatches_are_clear_errors() {
         "--target",
         "colour",
     ]);
-    assert!(m.contains("the table's columns are"), "{m}");
+    assert!(
+        m.contains("--target colour: no such column; the table's 14 columns are"),
+        "{m}"
+    );
     let m = fails(&["train", "--data", "Cargo.toml"]);
     assert!(m.contains("unknown data file type"), "{m}");
 }

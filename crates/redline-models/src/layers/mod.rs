@@ -208,12 +208,13 @@ impl SequentialConfig {
     pub fn from_file(path: &Path, input_dims: &[usize], outputs: usize) -> Result<Self> {
         // A model file is a page of layers: 1 MiB is far more than any needs,
         // and a device or FIFO named as one is refused, not read forever.
-        let text = redline_core::files::read_input_text(path, MAX_MODEL_FILE).map_err(|source| {
-            Error::Io {
-                path: path.to_path_buf(),
-                source,
-            }
-        })?;
+        let text =
+            redline_core::files::read_input_text(path, MAX_MODEL_FILE).map_err(|source| {
+                Error::Io {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
         Self::from_toml(&text, stem, input_dims, outputs)
             .map_err(|e| Error::Config(format!("--model {}: {e}", path.display())))
@@ -292,6 +293,35 @@ impl SequentialConfig {
     }
 }
 
+/// The largest size (width, channels, kernel, padding, stride, vocabulary) a
+/// model file may give: far beyond any real layer, and small enough that no
+/// shape arithmetic on it overflows.
+const MAX_SIZE: usize = 1 << 24;
+
+/// The sizes `spec` sets, by name.
+fn sizes(spec: &LayerSpec) -> Vec<(&'static str, usize)> {
+    match spec {
+        LayerSpec::Linear { out } => out.iter().map(|&o| ("out", o)).collect(),
+        LayerSpec::Conv2d {
+            out,
+            kernel,
+            padding,
+            stride,
+            ..
+        } => vec![
+            ("out", *out),
+            ("kernel", *kernel),
+            ("padding", *padding),
+            ("stride", *stride),
+        ],
+        LayerSpec::Maxpool2d { kernel } | LayerSpec::Avgpool2d { kernel } => {
+            vec![("kernel", *kernel)]
+        }
+        LayerSpec::Embedding { num, dim } => vec![("num", *num), ("dim", *dim)],
+        _ => Vec::new(),
+    }
+}
+
 /// The per-sample shape after `spec` given `input`.
 fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Result<Vec<usize>> {
     let bad = |m: String| Err(Error::Config(m));
@@ -303,6 +333,11 @@ fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Result<Vec<us
             ))),
         }
     };
+    if let Some((name, v)) = sizes(spec).into_iter().find(|&(_, v)| v > MAX_SIZE) {
+        return bad(format!(
+            "{name} = {v}: sizes in a model file are at most {MAX_SIZE}"
+        ));
+    }
     Ok(match spec {
         LayerSpec::Linear { out: Some(0) } => {
             return bad("out = 0: a linear layer needs at least one output".into())
@@ -349,7 +384,10 @@ fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Result<Vec<us
             let (c, _, _) = image("adaptiveavgpool2d")?;
             vec![c, 1, 1]
         }
-        LayerSpec::Flatten => vec![input.iter().product()],
+        LayerSpec::Flatten => match input.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) {
+            Some(n) => vec![n],
+            None => return bad(format!("its input {input:?} has more values than memory can hold")),
+        },
         LayerSpec::Relu | LayerSpec::Gelu => input.to_vec(),
         LayerSpec::Dropout { p } => {
             if !(0.0..1.0).contains(p) {

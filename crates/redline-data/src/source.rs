@@ -418,11 +418,17 @@ const LARGE_TARGET: f32 = 1.0e4;
 /// Decides the target kind of the training split (`notes` says why).
 fn decide(raw: &RawTargets, opts: &DataOptions, notes: &mut Vec<String>) -> Result<TargetKind> {
     let n = raw.values.len() / raw.width.max(1);
+    // Distinct values, counted up to 101 only: no copy of the targets (a
+    // table of two columns would otherwise peak a third above its values).
     let distinct = || {
-        let mut v: Vec<u32> = raw.values.iter().map(|v| v.to_bits()).collect();
-        v.sort_unstable();
-        v.dedup();
-        v.len()
+        let mut seen = std::collections::HashSet::new();
+        for v in &raw.values {
+            seen.insert(v.to_bits());
+            if seen.len() > 100 {
+                break;
+            }
+        }
+        seen.len()
     };
     let max = raw.values.iter().fold(0f32, |m, &v| m.max(v));
     let as_classes = || -> Result<TargetKind> {
@@ -476,18 +482,21 @@ fn decide(raw: &RawTargets, opts: &DataOptions, notes: &mut Vec<String>) -> Resu
                     "task: classification, {kind} (auto: target `{}` holds {}whole numbers from \
                      0 to {max}; --task regression to change)",
                     raw.name,
-                    if raw.integer {
-                        "integer-typed ".to_string()
-                    } else {
-                        format!("{d} distinct ")
+                    match raw.integer {
+                        true => "integer-typed ".to_string(),
+                        false => format!("{d} distinct "),
                     }
                 ));
                 Ok(kind)
             } else {
                 let why = why_not.unwrap_or_else(|| {
+                    let count = match d > 100 {
+                        true => "more than 100".to_string(),
+                        false => d.to_string(),
+                    };
                     format!(
-                        "{d} distinct whole numbers in {n} samples: auto takes whole numbers as \
-                         classes when there are at most 100 and a tenth of the samples"
+                        "{count} distinct whole numbers in {n} samples: auto takes whole numbers \
+                         as classes when there are at most 100 and a tenth of the samples"
                     )
                 });
                 // Integer-typed or few whole values that still cannot be

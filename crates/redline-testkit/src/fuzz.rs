@@ -264,6 +264,59 @@ fn mutate(input: &mut Vec<u8>, seeds: &[Vec<u8>], rng: &mut ChaCha8Rng) {
     }
 }
 
+/// Paths that are not regular files, each with `name` (so a reader picks it
+/// by its extension) in its own folder under `dir`: a FIFO, links to
+/// `/dev/zero`, `/dev/urandom` and `/dev/null`, a dangling link, a loop of
+/// links, and a folder. A reader given any of them must refuse it, not
+/// block, read forever or panic.
+pub fn special_files(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut make = |kind: &str, f: &dyn Fn(&Path) -> std::io::Result<()>| {
+        let folder = dir.join(kind);
+        let p = folder.join(name);
+        let made = std::fs::create_dir_all(&folder).and_then(|()| f(&p));
+        if let Err(e) = made {
+            panic!("making the {kind} {}: {e}", p.display());
+        }
+        out.push(p);
+    };
+    make("fifo", &|p| {
+        let status = std::process::Command::new("mkfifo").arg(p).status()?;
+        match status.success() {
+            true => Ok(()),
+            false => Err(std::io::Error::other("mkfifo failed")),
+        }
+    });
+    for dev in ["/dev/zero", "/dev/urandom", "/dev/null"] {
+        let kind = dev.trim_start_matches("/dev/");
+        make(kind, &|p| std::os::unix::fs::symlink(dev, p));
+    }
+    make("dangling", &|p| {
+        std::os::unix::fs::symlink("/nonexistent/redline", p)
+    });
+    make("loop", &|p| std::os::unix::fs::symlink(p, p));
+    make("folder", &|p| std::fs::create_dir_all(p));
+    out
+}
+
+/// Runs `f` on another thread and panics when it has not returned within
+/// `limit`: a reader blocked on a FIFO or reading `/dev/zero` fails the test
+/// instead of hanging it (the stuck thread is left behind).
+pub fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(v) => v,
+        Err(_) => panic!("{what}: no answer within {limit:?} (blocked or reading forever)"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,53 +347,5 @@ mod tests {
         assert!(r.runs > 100, "{r}");
         assert!(seen.borrow().contains(&0) && seen.borrow().contains(&16));
         assert!(r.secs < 5.0);
-    }
-}
-
-/// Paths that are not regular files, each with `name` (so a reader picks it
-/// by its extension) in its own folder under `dir`: a FIFO, links to
-/// `/dev/zero`, `/dev/urandom` and `/dev/null`, a dangling link, a loop of
-/// links, and a folder. A reader given any of them must refuse it, not
-/// block, read forever or panic.
-pub fn special_files(dir: &Path, name: &str) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut make = |kind: &str, f: &dyn Fn(&Path)| {
-        let folder = dir.join(kind);
-        let _ = std::fs::create_dir_all(&folder);
-        let p = folder.join(name);
-        f(&p);
-        out.push(p);
-    };
-    make("fifo", &|p| {
-        let ok = std::process::Command::new("mkfifo").arg(p).status();
-        assert!(ok.is_ok_and(|s| s.success()), "mkfifo {}", p.display());
-    });
-    for dev in ["/dev/zero", "/dev/urandom", "/dev/null"] {
-        let kind = dev.trim_start_matches("/dev/");
-        make(kind, &|p| std::os::unix::fs::symlink(dev, p).unwrap());
-    }
-    make("dangling", &|p| {
-        std::os::unix::fs::symlink("/nonexistent/redline", p).unwrap()
-    });
-    make("loop", &|p| std::os::unix::fs::symlink(p, p).unwrap());
-    make("folder", &|p| std::fs::create_dir_all(p).unwrap());
-    out
-}
-
-/// Runs `f` on another thread and panics when it has not returned within
-/// `limit`: a reader blocked on a FIFO or reading `/dev/zero` fails the test
-/// instead of hanging it (the stuck thread is left behind).
-pub fn within<T: Send + 'static>(
-    limit: Duration,
-    what: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(v) => v,
-        Err(_) => panic!("{what}: no answer within {limit:?} (blocked or reading forever)"),
     }
 }

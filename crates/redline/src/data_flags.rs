@@ -30,7 +30,7 @@ fn normalisation(mean: f32, std: f32) -> anyhow::Result<Normalize> {
     if !mean.is_finite() || mean.abs() > 1e6 {
         bail!("--mean {mean}: give a finite mean of the pixels in [0, 1], e.g. 0.5");
     }
-    if !(std.is_finite() && std >= 1e-6 && std <= 1e6) {
+    if !(std.is_finite() && (1e-6..=1e6).contains(&std)) {
         bail!(
             "--std {std}: give the pixels' standard deviation, a positive number between 1e-6 \
              and 1e6 (e.g. 0.5); dividing by {std} would make the inputs {}",

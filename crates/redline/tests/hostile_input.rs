@@ -489,26 +489,27 @@ fn non_finite_and_enormous_inputs_are_named_where_they_are_read() {
 #[test]
 fn every_size_in_a_model_file_is_checked_before_training() {
     let t = tempfile::tempdir().unwrap();
-    let zero = file(
-        t.path(),
-        "zero.toml",
-        "[model]\nlayers = [{ type = \"linear\", out = 0 }, { type = \"linear\" }]\n",
-    );
-    let (ok, _, se) = train(&["--data", &wine(), "--model", &zero]);
-    assert!(
-        !ok && se.contains("out = 0: a linear layer needs at least one output"),
-        "{se}"
-    );
-    let head = file(
-        t.path(),
-        "head.toml",
-        "[model]\nlayers = [{ type = \"linear\", out = 2 }]\n",
-    );
-    let (ok, _, se) = train(&["--data", &wine(), "--model", &head]);
-    assert!(
-        !ok && se.contains("the model ends in [2] per sample but the data needs 3 outputs"),
-        "{se}"
-    );
+    for (name, layers, error) in [
+        (
+            "zero.toml",
+            "{ type = \"linear\", out = 0 }, { type = \"linear\" }",
+            "out = 0: a linear layer needs at least one output",
+        ),
+        (
+            "head.toml",
+            "{ type = \"linear\", out = 2 }",
+            "the model ends in [2] per sample but the data needs 3 outputs",
+        ),
+        (
+            "huge.toml",
+            "{ type = \"linear\", out = 4294967296 }, { type = \"linear\" }",
+            "out = 4294967296: sizes in a model file are at most 16777216",
+        ),
+    ] {
+        let model = file(t.path(), name, &format!("[model]\nlayers = [{layers}]\n"));
+        let (ok, _, se) = train(&["--data", &wine(), "--model", &model]);
+        assert!(!ok && se.contains(error), "{name}: {se}");
+    }
 }
 
 /// The table of 50 million columns in the issue peaked at 5.9 GB before the

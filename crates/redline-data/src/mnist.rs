@@ -146,12 +146,29 @@ pub fn from_idx(
     check_norm(norm)?;
     let classes =
         classes.unwrap_or_else(|| labels.data.iter().max().map_or(1, |&l| l as usize + 1));
+    // Checked here, naming the labels file; the split itself is named by its
+    // images file, so a later shape error names the file at fault.
+    if let Some((i, l)) = labels
+        .data
+        .iter()
+        .enumerate()
+        .find(|(_, &l)| l as usize >= classes)
+    {
+        return Err(bad(
+            lbl_path,
+            format!(
+                "label {l} at index {i} is >= the {classes} classes\nHINT: pass --classes {} or \
+                 check the file",
+                *l as usize + 1
+            ),
+        ));
+    }
     HostData::new(
         normalise(&images.data, norm),
         vec![1, h, w],
         Targets::Classes(labels.data.iter().map(|&l| l as u32).collect()),
         TargetKind::Classes(classes),
-        lbl_path.to_path_buf(),
+        img_path.to_path_buf(),
     )
 }
 

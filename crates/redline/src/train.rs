@@ -143,8 +143,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if let (Some(s), Some(m)) = (&args.save, &args.metrics) {
         if std::path::absolute(s)? == std::path::absolute(m)? {
             bail!(
-                "--save and --metrics both name {}: one would overwrite the other
-HINT: give                  them different files",
+                "--save and --metrics both name {}: one would overwrite the other\nHINT: give them \
+                 different files",
                 s.display()
             );
         }
@@ -156,8 +156,10 @@ HINT: give                  them different files",
     if let Some(inputs) = redline_data::peek_inputs(&data_dir, &data)
         .with_context(|| format!("--data {}", data_dir.display()))?
     {
-        ModelConfig::for_inputs(&args.model, &inputs, 1, hidden(args)?.as_deref())
-            .and_then(|m| m.build(&redline_core::Device::cpu(), Precision::Fp32, 0))
+        // A model that does not fit the data says so as it would later; one
+        // too large for memory is refused before any allocation.
+        ModelConfig::for_inputs(&args.model, &inputs, 1, hidden(args)?.as_deref())?
+            .build(&redline_core::Device::cpu(), Precision::Fp32, 0)
             .with_context(|| {
                 format!(
                     "--data {}: its {} features imply a model too large for this machine",

@@ -231,33 +231,12 @@ impl HostData {
     /// in place, so the peak is the data plus the taken part, not two copies.
     pub fn split_rows(mut self, taken: &[u32]) -> Result<(Self, Self)> {
         let taken_set = self.subset(taken)?;
-        let r = row(&self);
-        let width = self.y.values() / self.len().max(1);
-        let (mut next, mut keep) = (taken.iter().peekable(), 0usize);
-        for i in 0..self.len() {
-            if next.peek().is_some_and(|&&t| t as usize == i) {
-                next.next();
-                continue;
-            }
-            // keep <= i: copying down never overwrites a row still to be read.
-            self.x.copy_within(i * r..(i + 1) * r, keep * r);
-            match &mut self.y {
-                Targets::Classes(v) => v.copy_within(i * width..(i + 1) * width, keep * width),
-                Targets::Values(v) => v.copy_within(i * width..(i + 1) * width, keep * width),
-            }
-            keep += 1;
-        }
-        self.x.truncate(keep * r);
-        self.x.shrink_to_fit();
+        let (n, r) = (self.len(), row(&self));
+        let width = self.y.values() / n.max(1);
+        keep_rows(&mut self.x, r, n, taken);
         match &mut self.y {
-            Targets::Classes(v) => {
-                v.truncate(keep * width);
-                v.shrink_to_fit();
-            }
-            Targets::Values(v) => {
-                v.truncate(keep * width);
-                v.shrink_to_fit();
-            }
+            Targets::Classes(v) => keep_rows(v, width, n, taken),
+            Targets::Values(v) => keep_rows(v, width, n, taken),
         }
         Ok((self, taken_set))
     }
@@ -266,6 +245,23 @@ impl HostData {
     pub fn bytes(&self) -> u64 {
         (self.x.len() * 4 + self.y.values() * 4) as u64
     }
+}
+
+/// Keeps the rows of `width` values of `v` (`n` rows) that are not in `taken`
+/// (sorted), moved down in place, and gives back the rest of the buffer.
+fn keep_rows<T: Copy>(v: &mut Vec<T>, width: usize, n: usize, taken: &[u32]) {
+    let (mut next, mut keep) = (taken.iter().peekable(), 0usize);
+    for i in 0..n {
+        if next.peek().is_some_and(|&&t| t as usize == i) {
+            next.next();
+            continue;
+        }
+        // keep <= i: copying down never overwrites a row still to be read.
+        v.copy_within(i * width..(i + 1) * width, keep * width);
+        keep += 1;
+    }
+    v.truncate(keep * width);
+    v.shrink_to_fit();
 }
 
 impl Dataset for HostData {

@@ -12,10 +12,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// The binary with `args`, run in `cwd`.
-fn command(cwd: &Path, args: &[&str]) -> Command {
+/// The flags every run here starts with: the CPU, no system sampling.
+const TRAIN: [&str; 5] = ["train", "--device", "cpu", "--monitor-interval", "0"];
+
+/// `redline train` on the CPU without system sampling, with `extra`, in `cwd`.
+fn command(cwd: &Path, extra: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_redline"));
-    cmd.args(args).current_dir(cwd);
+    cmd.args(TRAIN).args(extra).current_dir(cwd);
     cmd
 }
 
@@ -36,9 +39,7 @@ fn wait_within(mut child: Child, limit: Duration, what: &str) -> Output {
 /// `redline train` on the CPU with `extra` in `cwd`; expected to fail within
 /// a minute without a panic; returns stderr.
 fn refused_in(cwd: &Path, extra: &[&str]) -> String {
-    let mut args = vec!["train", "--device", "cpu", "--monitor-interval", "0"];
-    args.extend_from_slice(extra);
-    let child = command(cwd, &args)
+    let child = command(cwd, extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -82,19 +83,7 @@ fn a_name_from_a_model_file_never_leaves_the_runs_folder() {
     .unwrap();
     let out = command(
         &cwd,
-        &[
-            "train",
-            "--device",
-            "cpu",
-            "--monitor-interval",
-            "0",
-            "--max-steps",
-            "2",
-            "--data",
-            &wine(),
-            "--model",
-            "m.toml",
-        ],
+        &["--max-steps", "2", "--data", &wine(), "--model", "m.toml"],
     )
     .output()
     .unwrap();
@@ -258,11 +247,6 @@ fn a_signal_while_the_data_loads_stops_the_run() {
     let mut child = command(
         t.path(),
         &[
-            "train",
-            "--device",
-            "cpu",
-            "--monitor-interval",
-            "0",
             "--data",
             table.to_str().unwrap(),
             "--run-dir",
@@ -306,16 +290,7 @@ fn a_signal_while_the_data_loads_stops_the_run() {
 /// (success, stdout, stderr).
 fn train(extra: &[&str]) -> (bool, String, String) {
     let t = tempfile::tempdir().unwrap();
-    let mut args = vec![
-        "train",
-        "--device",
-        "cpu",
-        "--monitor-interval",
-        "0",
-        "--max-steps",
-        "2",
-        "--run-dir",
-    ];
+    let mut args = vec!["--max-steps", "2", "--run-dir"];
     let run = t.path().join("run");
     args.push(run.to_str().unwrap());
     args.extend_from_slice(extra);
@@ -578,11 +553,6 @@ fn a_disk_that_fills_mid_run_leaves_a_failed_run_that_says_why() {
         let out = command(
             &common::root(),
             &[
-                "train",
-                "--device",
-                "cpu",
-                "--monitor-interval",
-                "0",
                 "--data",
                 &wine(),
                 "--epochs",

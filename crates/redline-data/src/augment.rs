@@ -7,13 +7,17 @@
 //! prefetch thread while the device computes, and a loader over it streams.
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::dataset::{Dataset, TargetKind, TargetsMut};
 use crate::error::{Error, Result};
+
+/// Words of the random stream each sample's draws may use (two offsets and
+/// a coin take at most a few; rejection sampling rarely more).
+const WORDS_PER_SAMPLE: u128 = 16;
 
 /// Which random transforms to apply to each sample.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -29,15 +33,19 @@ pub struct Augment {
 }
 
 /// An image data set whose samples are transformed as they are gathered.
+/// The draws for sample `i` in epoch `e` come from their own place in one
+/// seeded stream, so they are the same whatever batch or order gathers it
+/// (prefetching, resuming mid-epoch).
 pub struct Augmented<D> {
     inner: D,
     aug: Augment,
-    rng: Mutex<ChaCha8Rng>,
+    rng: ChaCha8Rng,
+    epoch: AtomicUsize,
 }
 
 impl<D: Dataset> Augmented<D> {
     /// Wraps `inner`, whose inputs must be images `(C, H, W)`; the draws come
-    /// from `seed` in the order batches are gathered.
+    /// from `seed`, the epoch and the sample's index.
     pub fn new(inner: D, aug: Augment, seed: u64) -> Result<Self> {
         if inner.input_dims().len() != 3 {
             return Err(Error::Config(format!(
@@ -51,7 +59,8 @@ impl<D: Dataset> Augmented<D> {
         Ok(Self {
             inner,
             aug,
-            rng: Mutex::new(rng),
+            rng,
+            epoch: AtomicUsize::new(0),
         })
     }
 }
@@ -105,12 +114,14 @@ impl<D: Dataset> Dataset for Augmented<D> {
         };
         let row = c * h * w;
         let p = self.aug.crop_padding as i64;
-        let mut rng = self
-            .rng
-            .lock()
-            .map_err(|_| Error::Prefetch("augmentation state poisoned".into()))?;
+        let mut rng = self.rng.clone();
+        let (epoch, n) = (
+            self.epoch.load(Ordering::Relaxed) as u128,
+            self.inner.len() as u128,
+        );
         let mut scratch = Vec::with_capacity(row);
-        for sample in x.chunks_exact_mut(row).take(idx.len()) {
+        for (sample, &i) in x.chunks_exact_mut(row).zip(idx) {
+            rng.set_word_pos((epoch * n + u128::from(i)) * WORDS_PER_SAMPLE);
             // Offset of the crop within the padded image, relative to the original.
             let shift = if p > 0 {
                 let (dy, dx) = (rng.random_range(0..=2 * p), rng.random_range(0..=2 * p));
@@ -128,6 +139,11 @@ impl<D: Dataset> Dataset for Augmented<D> {
 
     fn source(&self) -> &Path {
         self.inner.source()
+    }
+
+    fn set_epoch(&self, epoch: usize) {
+        self.epoch.store(epoch, Ordering::Relaxed);
+        self.inner.set_epoch(epoch);
     }
 }
 
@@ -170,7 +186,8 @@ mod tests {
             let a = Augmented::new(data.clone(), aug, seed)?;
             let (mut x, mut y) = (vec![0.0; 32], vec![0u32; 2]);
             let mut out = Vec::new();
-            for _ in 0..8 {
+            for epoch in 0..8 {
+                a.set_epoch(epoch);
                 a.gather(&[0, 1], &mut x, TargetsMut::Classes(&mut y))?;
                 out.extend_from_slice(&x);
                 assert_eq!(y, vec![0, 1], "targets untouched");
@@ -186,6 +203,36 @@ mod tests {
             .step_by(2)
             .all(|s| s.iter().all(|&v| v == 0.0 || (1.0..=16.0).contains(&v))));
         assert!(a.contains(&0.0), "some crop shifted in padding");
+        Ok(())
+    }
+
+    #[test]
+    fn a_samples_draws_do_not_depend_on_its_batch() -> Result<()> {
+        let data = crate::dataset::HostData::new(
+            (0..3 * 16).map(|v| v as f32 + 1.0).collect(),
+            vec![1, 4, 4],
+            crate::dataset::Targets::Classes(vec![0, 1, 2]),
+            TargetKind::Classes(3),
+            "imgs".into(),
+        )?;
+        let aug = Augment {
+            flip: true,
+            crop_padding: 2,
+            fill: 0.0,
+        };
+        let a = Augmented::new(data, aug, 5)?;
+        let gather = |idx: &[u32]| -> Result<Vec<f32>> {
+            let (mut x, mut y) = (vec![0.0; 16 * idx.len()], vec![0u32; idx.len()]);
+            a.gather(idx, &mut x, TargetsMut::Classes(&mut y))?;
+            Ok(x)
+        };
+        a.set_epoch(4);
+        let all = gather(&[0, 1, 2])?;
+        // Sample 2 alone, or first in another order: the same pixels.
+        assert_eq!(gather(&[2])?, all[32..]);
+        assert_eq!(gather(&[2, 0])?[..16], all[32..]);
+        a.set_epoch(5);
+        assert_ne!(gather(&[0, 1, 2])?, all, "a new epoch draws anew");
         Ok(())
     }
 }

@@ -120,6 +120,11 @@ pub trait Dataset: Send + Sync {
     fn gather(&self, idx: &[u32], x: &mut [f32], y: TargetsMut<'_>) -> Result<()>;
     /// Where the data came from, for messages.
     fn source(&self) -> &Path;
+    /// Called by the loader before it gathers `epoch`'s batches (0-based),
+    /// as PyTorch's `set_epoch`: a data set whose samples are random (an
+    /// augmentation) draws from it, so that an epoch's samples do not depend
+    /// on the order they are gathered in, and a resumed run sees the same.
+    fn set_epoch(&self, _epoch: usize) {}
 }
 
 /// Values in one input.

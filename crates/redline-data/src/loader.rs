@@ -249,8 +249,15 @@ impl Loader {
 
     /// Iterates over the batches of `epoch`, prefetching when configured.
     pub fn epoch(&self, epoch: usize) -> EpochIter {
+        self.epoch_from(epoch, 0)
+    }
+
+    /// Iterates over the batches of `epoch` from batch `first` on (the
+    /// same batches [`Loader::epoch`] yields there, with their indices): how
+    /// a resumed run continues mid-epoch without gathering what it skips.
+    pub fn epoch_from(&self, epoch: usize, first: usize) -> EpochIter {
         match self.source(epoch) {
-            Ok(source) => self.iterate(source),
+            Ok(source) => self.iterate(source, first),
             Err(e) => EpochIter(Inner::Failed(Some(e))),
         }
     }
@@ -274,6 +281,7 @@ impl Loader {
                 device,
                 stages,
             } => {
+                host.set_epoch(epoch);
                 let stage = match stages.lock().ok().and_then(|mut p| p.pop()) {
                     Some(s) => s,
                     None => stage_for(device, host.as_ref(), batch_size, self.cfg.prefetch + 1)?,
@@ -294,9 +302,12 @@ impl Loader {
         })
     }
 
-    fn iterate(&self, mut source: BatchSource) -> EpochIter {
+    fn iterate(&self, mut source: BatchSource, first: usize) -> EpochIter {
         if self.cfg.prefetch == 0 {
-            return EpochIter(Inner::Inline { source, next: 0 });
+            return EpochIter(Inner::Inline {
+                source,
+                next: first,
+            });
         }
         let (tx, rx) = sync_channel(self.cfg.prefetch);
         // Traced with the thread that iterates (`--profiler detailed`).
@@ -306,7 +317,7 @@ impl Loader {
             .spawn(move || {
                 redline_core::trace::name_thread("loader/prefetch");
                 let _traced = tracer.as_ref().map(redline_core::trace::Tracer::attach);
-                for b in 0..source.batches {
+                for b in first..source.batches {
                     let batch = {
                         let _span = redline_core::trace::span("loader", "assemble batch");
                         source.batch(b)
@@ -527,6 +538,24 @@ mod tests {
         let inline = Loader::new(split(37)?, cfg(true, 0))?;
         let ahead = Loader::new(split(37)?, cfg(true, 3))?;
         assert_eq!(pixels(&inline, 2)?, pixels(&ahead, 2)?);
+        Ok(())
+    }
+
+    #[test]
+    fn epoch_from_continues_where_the_epoch_was() -> Result<()> {
+        for prefetch in [0, 2] {
+            let l = Loader::new(split(37)?, cfg(true, prefetch))?;
+            let whole: Vec<(usize, Vec<f32>)> = l
+                .epoch(3)
+                .map(|b| b.and_then(|b| Ok((b.index, b.x.flatten_all()?.to_vec1()?))))
+                .collect::<Result<_>>()?;
+            let tail: Vec<(usize, Vec<f32>)> = l
+                .epoch_from(3, 2)
+                .map(|b| b.and_then(|b| Ok((b.index, b.x.flatten_all()?.to_vec1()?))))
+                .collect::<Result<_>>()?;
+            assert!(whole.len() > 2);
+            assert_eq!(tail, whole[2..]);
+        }
         Ok(())
     }
 

@@ -111,8 +111,9 @@ pub struct DataOptions {
     pub norm: Normalize,
     /// Standardise table features with the training rows' statistics.
     pub standardize: bool,
-    /// Fraction of the training samples held out for validation; `None`
-    /// validates on the test split, or holds out 10% when there is none.
+    /// Fraction of the training samples held out for validation (seeded,
+    /// stratified by class); `None`: [`DEFAULT_VAL_SPLIT`]. The test split is
+    /// never used for validation.
     pub val_split: Option<f64>,
     /// Seed of the hold-out draw.
     pub seed: u64,
@@ -143,12 +144,9 @@ pub struct Prepared {
     pub format: Format,
     /// Training samples.
     pub train: HostData,
-    /// Validation samples held out of the training data (`None` with
-    /// [`Prepared::val_is_test`]: validate on the test split).
+    /// Validation samples held out of the training data (`None`:
+    /// `--val-split 0`, no validation).
     pub val: Option<HostData>,
-    /// Validation runs on the test split (the tutorial's setup when the data
-    /// has a test split and no `--val-split` was given).
-    pub val_is_test: bool,
     /// The test split the file provides, for the test pass after fit.
     pub test: Option<HostData>,
     /// What was decided and why (task, hold-out, scaling), for the run's header.
@@ -327,20 +325,24 @@ pub fn prepare_until(path: &Path, opts: &DataOptions, stop: &AtomicBool) -> Resu
         }
     };
     stopped()?;
-    let (train, val, test) = match (opts.val_split, test) {
-        (None, Some(test)) => (train, None, Some(test)),
-        (frac, test) => {
-            let frac = frac.unwrap_or(0.1);
-            let (train, val) = holdout(train, frac, opts.seed)?;
-            notes.push(format!(
-                "validation: {} samples held out ({:.0}% of the training data, seed {})",
-                val.as_ref().map_or(0, |v| v.len()),
-                frac * 100.0,
-                opts.seed
-            ));
-            (train, val, test)
-        }
-    };
+    // Validation is never the test split: the test split is read only by
+    // the test pass after training.
+    let frac = opts.val_split.unwrap_or(DEFAULT_VAL_SPLIT);
+    let (train, val) = holdout(train, frac, opts.seed)?;
+    notes.push(match &val {
+        Some(v) => format!(
+            "validation: {} samples held out of the training split ({}%, {}seed {};              --val-split sets the fraction)",
+            v.len(),
+            frac * 100.0,
+            if v.target.classes().is_some() {
+                "stratified by class, "
+            } else {
+                ""
+            },
+            opts.seed
+        ),
+        None => "validation: none (--val-split 0)".into(),
+    });
     let (mut train, mut val, mut test) = (train, val, test);
     if format == Format::Csv && opts.standardize {
         let cols = train.input_dims.iter().product();
@@ -373,7 +375,6 @@ pub fn prepare_until(path: &Path, opts: &DataOptions, stop: &AtomicBool) -> Resu
     Ok(Prepared {
         format,
         train,
-        val_is_test: val.is_none() && opts.val_split.is_none() && test.is_some(),
         val,
         test,
         notes,
@@ -551,7 +552,12 @@ fn host(
     finish(path, raw, kind, &first)
 }
 
-/// Splits off `frac` of the samples (a seeded draw) for validation.
+/// The fraction of the training split held out for validation by default.
+pub const DEFAULT_VAL_SPLIT: f64 = 0.1;
+
+/// Splits off `frac` of the samples (a seeded draw) for validation. Class
+/// ids are stratified: each class gives its share (largest remainders make
+/// up the rounding), so a rare class is in both parts when it can be.
 pub fn holdout(data: HostData, frac: f64, seed: u64) -> Result<(HostData, Option<HostData>)> {
     if !(0.0..1.0).contains(&frac) {
         return Err(Error::Config(format!(
@@ -568,14 +574,56 @@ pub fn holdout(data: HostData, frac: f64, seed: u64) -> Result<(HostData, Option
             "--val-split {frac} leaves no training samples out of {n}"
         )));
     }
-    let mut idx: Vec<u32> = (0..n as u32).collect();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     // A stream apart from the loader's epoch streams.
     rng.set_stream(u64::MAX);
-    idx.shuffle(&mut rng);
-    let mut val = idx[..k].to_vec();
+    let mut val = match &data.y {
+        Targets::Classes(ids) => stratified(ids, k, &mut rng),
+        Targets::Values(_) => {
+            let mut idx: Vec<u32> = (0..n as u32).collect();
+            idx.shuffle(&mut rng);
+            idx.truncate(k);
+            idx
+        }
+    };
     // File order within each part, so unshuffled runs stay in file order.
     val.sort_unstable();
     let (train, val) = data.split_rows(&val)?;
     Ok((train, Some(val)))
+}
+
+/// `k` sample indices drawn from `ids`' classes in proportion to their
+/// sizes: each class gives the floor of its share, and the classes with the
+/// largest remainders (then the lower ids) one more, until `k` are drawn.
+fn stratified(ids: &[u32], k: usize, rng: &mut ChaCha8Rng) -> Vec<u32> {
+    let mut by_class: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+    for (i, &c) in ids.iter().enumerate() {
+        by_class.entry(c).or_default().push(i as u32);
+    }
+    let n = ids.len() as f64;
+    let mut take: Vec<(u32, usize, f64)> = by_class
+        .iter()
+        .map(|(&c, members)| {
+            let share = members.len() as f64 * k as f64 / n;
+            (c, share.floor() as usize, share - share.floor())
+        })
+        .collect();
+    let mut left = k.saturating_sub(take.iter().map(|t| t.1).sum::<usize>());
+    let mut order: Vec<usize> = (0..take.len()).collect();
+    order.sort_by(|&a, &b| take[b].2.total_cmp(&take[a].2).then(a.cmp(&b)));
+    for i in order {
+        if left == 0 {
+            break;
+        }
+        take[i].1 += 1;
+        left -= 1;
+    }
+    let mut val = Vec::with_capacity(k);
+    for (c, count, _) in take {
+        if let Some(members) = by_class.get_mut(&c) {
+            members.shuffle(rng);
+            val.extend_from_slice(&members[..count.min(members.len())]);
+        }
+    }
+    val
 }

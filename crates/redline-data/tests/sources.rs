@@ -32,7 +32,6 @@ fn wine_csv_is_a_standardised_three_class_table_with_a_holdout() {
         (p.train.len(), val.len(), p.test.is_none()),
         (160, 18, true)
     );
-    assert!(!p.val_is_test);
     // Each feature of the training rows now has mean 0 and std 1.
     for c in 0..13 {
         let col: Vec<f64> = p
@@ -105,12 +104,32 @@ fn diabetes_csv_is_regression_and_the_task_and_target_can_be_chosen() {
 
 #[test]
 fn digits_npz_has_a_test_split_and_keeps_float_pixels() {
-    let p = prepare(&tables().join("digits.npz"), &DataOptions::default()).unwrap();
+    let held = prepare(&tables().join("digits.npz"), &DataOptions::default()).unwrap();
+    let whole = DataOptions {
+        val_split: Some(0.0),
+        ..Default::default()
+    };
+    let p = prepare(&tables().join("digits.npz"), &whole).unwrap();
+    assert!(p.val.is_none(), "--val-split 0: no validation");
+    assert_eq!((p.train.len(), p.test.as_ref().unwrap().len()), (1500, 297));
     assert_eq!(p.format, Format::Arrays);
     assert_eq!(p.train.input_dims, vec![1, 8, 8]);
     assert_eq!(p.train.target, TargetKind::Classes(10));
-    assert_eq!((p.train.len(), p.test.as_ref().unwrap().len()), (1500, 297));
-    assert!(p.val_is_test && p.val.is_none());
+    // Validation is held out of the training split (10%), never the test split.
+    let val = held.val.as_ref().unwrap();
+    assert_eq!(
+        (held.train.len(), val.len(), held.test.as_ref().unwrap().len()),
+        (1350, 150, 297)
+    );
+    // Stratified: each class gives its share of the 150, within one.
+    let count = |d: &redline_data::HostData, c: u32| match &d.y {
+        redline_data::Targets::Classes(ids) => ids.iter().filter(|&&i| i == c).count(),
+        redline_data::Targets::Values(_) => 0,
+    };
+    for c in 0..10 {
+        let (v, t) = (count(val, c) as f64, count(&held.train, c) as f64);
+        assert!((v - (v + t) * 0.1).abs() <= 1.0, "class {c}: {v} of {}", v + t);
+    }
     // scikit-learn's digits.images[0][0] / 16: 0 0 5 13 9 1 0 0.
     let want: Vec<f32> = [0., 0., 5., 13., 9., 1., 0., 0.]
         .iter()
@@ -207,7 +226,11 @@ fn cifar10_binary_folder_reads_all_five_batches_and_the_test_file() {
         std::fs::write(bin.join(format!("data_batch_{b}.bin")), bytes).unwrap();
     }
     std::fs::write(bin.join("test_batch.bin"), record(3, 51)).unwrap();
-    let p = prepare(dir.path(), &DataOptions::default()).unwrap();
+    let whole = DataOptions {
+        val_split: Some(0.0),
+        ..Default::default()
+    };
+    let p = prepare(dir.path(), &whole).unwrap();
     assert_eq!(p.format.to_string(), "CIFAR-10");
     assert_eq!(
         (p.train.len(), p.train.input_dims.clone()),
@@ -368,13 +391,25 @@ fn an_image_folder_of_real_pngs_reads_back_the_idx_pixels() {
             mean: 0.0,
             std: 1.0 / 255.0,
         },
+        val_split: Some(0.0),
         ..Default::default()
     };
+    let held = prepare(
+        dir.path(),
+        &DataOptions {
+            val_split: None,
+            ..opts.clone()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        (held.train.len(), held.val.as_ref().map(|v| v.len())),
+        (108, Some(12))
+    );
     let p = prepare(dir.path(), &opts).unwrap();
     assert_eq!(p.format, Format::Images);
     assert_eq!(p.train.input_dims, vec![1, 28, 28]);
     assert_eq!(p.train.target, TargetKind::Classes(10));
-    assert!(p.val_is_test);
     assert_eq!(p.test.as_ref().unwrap().len(), 30);
     // Files are read class by class: compare each image with its IDX original
     // through its label and position within the class.

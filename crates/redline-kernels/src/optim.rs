@@ -92,8 +92,14 @@ pub fn sgd_step(
     update(param, grad, state, Kind::Sgd(hp))
 }
 
+/// Whether the fused in-place update covers `param` (its state then lives
+/// in a [`SlotState`]; otherwise in a [`TensorState`]).
+pub fn fused_covers(param: &Tensor) -> bool {
+    fused_cpu(param) && param.is_contiguous()
+}
+
 fn update(param: &Tensor, grad: GradRef<'_>, state: &mut SlotState, kind: Kind) -> Result<bool> {
-    if !(fused_cpu(param) && param.is_contiguous()) {
+    if !fused_covers(param) {
         return Ok(false);
     }
     let op = Update {

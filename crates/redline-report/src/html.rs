@@ -183,6 +183,9 @@ fn header(run: &RunData) -> String {
     // How the device was chosen and whether the step ran as a CUDA graph
     // (the latter only on a GPU, where it is a question).
     let device_notes = [
+        s.validation.as_ref().map(|v| format!("validation: {v}")),
+        s.lr_schedule.as_ref().map(|v| format!("lr schedule: {v}")),
+        s.stopped_early.clone(),
         s.device_choice.clone(),
         gpu_busy_note(run),
         s.cuda_graph

@@ -129,6 +129,15 @@ pub struct Summary {
     /// times it measured (absent when there was no choice to make).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_choice: Option<String>,
+    /// Where validation came from (held out of the training split, and how).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub validation: Option<String>,
+    /// The learning-rate schedule (`--lr-schedule`), when not constant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lr_schedule: Option<String>,
+    /// Why the fit ended before its planned epochs (`--early-stop`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_early: Option<String>,
     /// Whether the step ran as a replayed CUDA graph, or why not (`--cuda-graph`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cuda_graph: Option<String>,

@@ -271,6 +271,19 @@ pub fn summarize(mut m: Map<String, Value>, ending: Ending<'_>, samples: usize) 
         ] {
             m.insert(k.into(), v);
         }
+        if let Some(why) = &f.stopped_early {
+            m.insert(
+                "stopped_early".into(),
+                json!(format!("stopped after epoch {}: {}", why.epoch, why.message)),
+            );
+        }
+        if let Some(c) = &f.checkpoints {
+            m.insert("checkpoints".into(), json!(c));
+        }
+        if let Some(best) = &f.best {
+            m.insert("best_epoch".into(), json!(best.best_epoch));
+            m.insert("best_value".into(), num(best.best));
+        }
         if let Some(p) = f.matmul_precision {
             m.insert("matmul_precision".into(), json!(p.describe()));
         }

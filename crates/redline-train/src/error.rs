@@ -55,6 +55,14 @@ pub enum Error {
         /// What failed.
         message: String,
     },
+    /// A checkpoint could not be written or read, or does not fit this run.
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint {
+        /// The file or folder at fault.
+        path: std::path::PathBuf,
+        /// What was wrong.
+        message: String,
+    },
     /// The fit was asked to stop (a signal): it ended after a whole step.
     #[error("interrupted after step {step} (epoch {epoch})")]
     Interrupted {

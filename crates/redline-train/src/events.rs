@@ -3,7 +3,7 @@
 //! Values in events are host numbers read at log points only; per-step events
 //! carry counters, never tensor reads, so observing them costs no device sync.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One logged training point (every `log_every` steps).
 #[derive(Debug, Clone, Serialize)]
@@ -26,7 +26,7 @@ pub struct StepLog {
 }
 
 /// Named metric values, in the order the step returned them.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MetricValues(pub Vec<(String, f64)>);
 
 impl MetricValues {
@@ -42,7 +42,7 @@ impl MetricValues {
 }
 
 /// Result of a validation or test pass.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EvalResult {
     /// Mean loss.
     pub loss: f64,
@@ -55,7 +55,7 @@ pub struct EvalResult {
 }
 
 /// The end of one epoch.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EpochLog {
     /// Epoch, 1-based.
     pub epoch: usize,
@@ -98,6 +98,12 @@ pub struct FitSummary {
     pub host_syncs_per_step: f64,
     /// Per-epoch logs.
     pub epochs_log: Vec<EpochLog>,
+    /// The early stop's best epoch and value, when `--early-stop` monitored one.
+    pub best: Option<crate::early_stop::EarlyStopState>,
+    /// Why the fit ended before its planned epochs (`--early-stop`).
+    pub stopped_early: Option<crate::early_stop::StopReason>,
+    /// What the fit's checkpoints came to, when it wrote any.
+    pub checkpoints: Option<crate::trainer::CheckpointLog>,
     /// Whether the step ran as a replayed CUDA graph, and why not.
     pub cuda_graph: crate::graph::GraphStatus,
     /// On a GPU: how long kernels ran over the fit's wall time, or why that

@@ -9,8 +9,10 @@
 //! * [`clip`]: gradient clipping (norm, value) and the gradient norm.
 //! * [`metrics`]: the JSON-lines metrics writer.
 
+pub mod checkpoint;
 pub mod clip;
 mod device_clock;
+pub mod early_stop;
 mod error;
 pub mod events;
 pub mod graph;
@@ -22,10 +24,13 @@ pub mod optim;
 mod optim_gpu;
 pub mod probe;
 mod running;
+pub mod schedule;
 pub mod step;
-mod trainer;
+pub(crate) mod trainer;
 
 pub use clip::GradClip;
+pub use early_stop::EarlyStop;
+pub use schedule::LrSchedule;
 pub use error::{Error, Result};
 pub use events::{Callback, EpochLog, EvalResult, Event, FitSummary, MetricValues, StepLog};
 pub use graph::{GraphMode, GraphStatus};
@@ -34,4 +39,4 @@ pub use metrics::{epoch_record, prefixed, step_record, test_record, JsonlMetrics
 pub use optim::{Optimizer, OptimizerConfig};
 pub use redline_profile::{GpuBusy, Mode as ProfilerMode, Profile};
 pub use step::{Classifier, Metric, RegressionLoss, Regressor, StepOutput, TrainStep};
-pub use trainer::{TrainConfig, Trainer, TrainerBuilder};
+pub use trainer::{CheckpointLog, TrainConfig, Trainer, TrainerBuilder};

@@ -367,6 +367,120 @@ impl Optimizer {
     }
 }
 
+/// An optimizer's state on the host: what a checkpoint saves and
+/// [`Optimizer::load_state`] restores (PyTorch's `optimizer.state_dict()`:
+/// per parameter index, `exp_avg`/`exp_avg_sq` for Adam and AdamW,
+/// `momentum_buffer` for SGD).
+#[derive(Debug, Clone)]
+pub struct OptimizerState {
+    /// Steps taken.
+    pub steps: u64,
+    /// The learning rate of the last step.
+    pub lr: f64,
+    /// `("{index}.{buffer}", tensor on the CPU)`, parameters in order.
+    pub buffers: Vec<(String, Tensor)>,
+}
+
+impl Optimizer {
+    /// The state as host tensors (a copy; a device sync on a GPU).
+    pub fn state(&self) -> Result<OptimizerState> {
+        let names = self.buffer_names();
+        let mut buffers = Vec::new();
+        for (i, slot) in self.state.iter().enumerate() {
+            let shape = slot.param.as_tensor().shape().clone();
+            let host = [&slot.fused.a, &slot.fused.b];
+            let generic = [&slot.generic.a, &slot.generic.b];
+            for (k, name) in names.iter().enumerate() {
+                let t = match (host[k], generic[k]) {
+                    (h, _) if !h.is_empty() => {
+                        Tensor::from_slice(h, shape.clone(), &candle_core::Device::Cpu)?
+                    }
+                    (_, Some(v)) => v
+                        .as_tensor()
+                        .to_device(&candle_core::Device::Cpu)?
+                        .to_dtype(DType::F32)?,
+                    // No step yet: PyTorch's state is empty too.
+                    _ => continue,
+                };
+                buffers.push((format!("{i}.{name}"), t));
+            }
+        }
+        Ok(OptimizerState {
+            steps: self.step,
+            lr: self.lr(),
+            buffers,
+        })
+    }
+
+    /// Restores a [`Optimizer::state`] of an optimizer of the same kind over
+    /// parameters of the same shapes; a buffer that does not fit is an error
+    /// naming it, and nothing is changed then.
+    pub fn load_state(&mut self, st: &OptimizerState) -> Result<()> {
+        let names = self.buffer_names();
+        let mut staged: Vec<(usize, usize, Tensor)> = Vec::new();
+        for (key, t) in &st.buffers {
+            let bad = |why: String| Error::Config(format!("optimizer state `{key}`: {why}"));
+            let (i, name) = key
+                .split_once('.')
+                .ok_or_else(|| bad("not <index>.<buffer>".into()))?;
+            let i: usize = i.parse().map_err(|_| bad("not <index>.<buffer>".into()))?;
+            let k = names
+                .iter()
+                .position(|n| *n == name)
+                .ok_or_else(|| bad(format!("this optimizer keeps {}", names.join(", "))))?;
+            let slot = self.state.get(i).ok_or_else(|| {
+                bad(format!("there are {} parameters", self.state.len()))
+            })?;
+            let p = slot.param.as_tensor();
+            if t.dims() != p.dims() {
+                return Err(bad(format!(
+                    "shape {:?}, but parameter {i} is {:?}",
+                    t.dims(),
+                    p.dims()
+                )));
+            }
+            staged.push((i, k, t.clone()));
+        }
+        for slot in &mut self.state {
+            slot.fused = SlotState::default();
+            slot.generic = TensorState::default();
+        }
+        for (i, k, t) in staged {
+            let Some(slot) = self.state.get_mut(i) else {
+                continue;
+            };
+            let p = slot.param.as_tensor();
+            if redline_kernels::optim::fused_covers(p) {
+                let v = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+                match k {
+                    0 => slot.fused.a = v,
+                    _ => slot.fused.b = v,
+                }
+            } else {
+                let v = candle_core::Var::from_tensor(&t.to_device(p.device())?.to_dtype(p.dtype())?)?;
+                match k {
+                    0 => slot.generic.a = Some(v),
+                    _ => slot.generic.b = Some(v),
+                }
+            }
+        }
+        self.step = st.steps;
+        // Made again at the next step, at the restored count.
+        self.hyper = None;
+        self.set_lr(st.lr)
+    }
+
+    /// The state buffers of this optimizer kind, PyTorch's names.
+    fn buffer_names(&self) -> Vec<&'static str> {
+        match self.cfg {
+            OptimizerConfig::Adam { .. } | OptimizerConfig::AdamW { .. } => {
+                vec!["exp_avg", "exp_avg_sq"]
+            }
+            OptimizerConfig::Sgd { .. } => vec!["momentum_buffer"],
+        }
+    }
+}
+
 /// A step's hyperparameters.
 #[derive(Clone, Copy)]
 pub(crate) enum StepParams {

@@ -13,6 +13,7 @@ use std::borrow::Cow;
 
 use candle_core::{DType, Device, Tensor, Var};
 use redline_core::host::HostReads;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::events::MetricValues;
@@ -99,6 +100,30 @@ pub(crate) struct Running {
     pub samples: usize,
     /// Sums are buffers updated in place (see the module docs).
     in_place: bool,
+}
+
+/// One running sum as a checkpoint holds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SumState {
+    /// The metric's name.
+    pub name: String,
+    /// Its sum (f32, as the device holds it; exact in JSON).
+    pub sum: f32,
+    /// Its count.
+    pub count: f64,
+}
+
+/// A [`Running`]'s sums and counts, read back for a checkpoint.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RunningState {
+    /// Sum of per-sample losses.
+    pub loss_sum: f32,
+    /// The step's metrics.
+    pub metrics: Vec<SumState>,
+    /// The loop's own metrics (`grad_norm`).
+    pub extras: Vec<SumState>,
+    /// Samples added.
+    pub samples: usize,
 }
 
 /// What a [`Running`] reads back: the mean loss and each metric's value.
@@ -305,6 +330,59 @@ impl Running {
         }
         let m = self.read_sums(reads, self.extras.iter())?;
         Ok((m.loss, m.metrics))
+    }
+
+    /// The sums and counts as they stand (one host sync): what a
+    /// checkpoint saves of a partial epoch or log window.
+    pub fn state(&self, reads: &HostReads) -> Result<RunningState> {
+        let tensors: Vec<&Tensor> = std::iter::once(&self.loss_sum)
+            .chain(self.metrics.iter().chain(&self.extras).map(|s| &s.sum))
+            .collect();
+        let all = reads.vec::<f32>(&Tensor::stack(&tensors, 0)?)?;
+        let named = |sums: &[Sum], values: &[f32]| -> Vec<SumState> {
+            sums.iter()
+                .zip(values)
+                .map(|(s, &v)| SumState {
+                    name: s.name.to_string(),
+                    sum: v,
+                    count: s.count,
+                })
+                .collect()
+        };
+        let m = self.metrics.len();
+        Ok(RunningState {
+            loss_sum: all.first().copied().unwrap_or(0.0),
+            metrics: named(&self.metrics, all.get(1..1 + m).unwrap_or_default()),
+            extras: named(&self.extras, all.get(1 + m..).unwrap_or_default()),
+            samples: self.samples,
+        })
+    }
+
+    /// Sets the sums and counts to `st` (a [`Running::state`]), on `device`:
+    /// the same values, bit for bit, so later sums are the same too.
+    pub fn load_state(&mut self, st: &RunningState, device: &Device) -> Result<()> {
+        let in_place = self.in_place;
+        let value = |v: f32| -> Result<Tensor> {
+            let mut t = zero(device, in_place)?;
+            accumulate(&mut t, &Tensor::new(v, device)?, in_place)?;
+            Ok(t)
+        };
+        let sums = |v: &[SumState]| -> Result<Vec<Sum>> {
+            v.iter()
+                .map(|s| {
+                    Ok(Sum {
+                        name: Cow::Owned(s.name.clone()),
+                        sum: value(s.sum)?,
+                        count: s.count,
+                    })
+                })
+                .collect()
+        };
+        self.loss_sum = value(st.loss_sum)?;
+        self.metrics = sums(&st.metrics)?;
+        self.extras = sums(&st.extras)?;
+        self.samples = st.samples;
+        Ok(())
     }
 
     /// The loss and `sums` as means, in one host sync.

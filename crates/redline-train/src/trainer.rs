@@ -12,7 +12,10 @@ use redline_models::Params;
 use redline_profile::{Action, Mode, Profile, Profiler};
 use serde::{Deserialize, Serialize};
 
+use crate::checkpoint::{CheckpointConfig, CheckpointMeta};
 use crate::clip::{self, GradClip};
+use crate::early_stop::{EarlyStop, EarlyStopState};
+use crate::schedule::LrSchedule;
 use crate::error::{Error, Result};
 use crate::events::{Callback, EpochLog, EvalResult, Event, FitSummary, StepLog};
 use crate::graph::{GraphMode, GraphStatus};
@@ -21,8 +24,11 @@ use crate::optim::{Optimizer, OptimizerConfig};
 use crate::running::{batch_loss_sum, Running};
 use crate::step::{StepOutput, TrainStep};
 
+mod checkpointing;
 #[cfg(feature = "cuda")]
 mod graph_run;
+
+pub use checkpointing::CheckpointLog;
 
 /// Loop settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,6 +76,13 @@ pub struct TrainConfig {
     /// [`crate::graph::AUTO_FUSES`] is set; the CPU always uses its own.
     #[serde(default)]
     pub fused_kernels: GraphMode,
+    /// The learning rate's schedule over the run (`--lr-schedule`); the
+    /// optimizer's rate is its base.
+    #[serde(default)]
+    pub schedule: LrSchedule,
+    /// Stop when a logged metric stops improving (`--early-stop`).
+    #[serde(default)]
+    pub early_stop: Option<EarlyStop>,
 }
 
 impl Default for TrainConfig {
@@ -87,6 +100,8 @@ impl Default for TrainConfig {
             cuda_graph: GraphMode::default(),
             kernel_trace: true,
             fused_kernels: GraphMode::default(),
+            schedule: LrSchedule::default(),
+            early_stop: None,
         }
     }
 }
@@ -129,6 +144,10 @@ impl TrainConfig {
         if let Some(c) = &self.clip {
             c.check()?;
         }
+        self.schedule.check()?;
+        if let Some(es) = &self.early_stop {
+            es.check()?;
+        }
         if let Some(f) = self.divergence_threshold {
             if !(f.is_finite() && f > 1.0) {
                 return Err(Error::Config(format!(
@@ -149,9 +168,16 @@ pub struct TrainerBuilder {
     profiler: Mode,
     stop: Option<Arc<AtomicBool>>,
     threads: Option<usize>,
+    checkpoints: Option<CheckpointConfig>,
 }
 
 impl TrainerBuilder {
+    /// Writes checkpoints as configured (docs/checkpoints.md); none without.
+    pub fn checkpoints(mut self, cfg: CheckpointConfig) -> Self {
+        self.checkpoints = Some(cfg);
+        self
+    }
+
     /// Compute threads for this trainer's fused kernels, on the thread that
     /// calls `fit`/`validate`/`test` and only while they run (default: the
     /// process's setting, `redline_core::threads::configure`). Two trainers in
@@ -241,6 +267,9 @@ impl TrainerBuilder {
     /// model, or the user's own) on `device`.
     pub fn build<S: TrainStep + 'static>(self, module: S, device: Device) -> Result<Trainer> {
         self.cfg.check()?;
+        if let Some(c) = &self.checkpoints {
+            c.check()?;
+        }
         if let Some(n) = self.threads {
             redline_core::threads::check(n).map_err(Error::Config)?;
         }
@@ -265,6 +294,10 @@ impl TrainerBuilder {
             reads: HostReads::new(),
             stop: self.stop,
             threads: self.threads,
+            base_lr: self.optimizer.lr(),
+            checkpoints: self.checkpoints,
+            writer: checkpointing::Writer::default(),
+            resume: None,
         })
     }
 }
@@ -289,6 +322,14 @@ pub struct Trainer {
     stop: Option<Arc<AtomicBool>>,
     /// This trainer's compute threads, if it has its own count.
     threads: Option<usize>,
+    /// The optimizer's configured rate: the schedule's base.
+    base_lr: f64,
+    /// Where and when to checkpoint.
+    checkpoints: Option<CheckpointConfig>,
+    /// The checkpoint writer's thread and record.
+    writer: checkpointing::Writer,
+    /// The loop position to continue from ([`Trainer::resume_from`]).
+    resume: Option<CheckpointMeta>,
 }
 
 impl Trainer {
@@ -307,6 +348,7 @@ impl Trainer {
             profiler: Mode::Off,
             stop: None,
             threads: None,
+            checkpoints: None,
         }
     }
 
@@ -455,6 +497,19 @@ impl Trainer {
             Ok(()) => Some(graph_run::Engine::new(train, &self.device)?),
             Err(_) => None,
         };
+        let resume = self.resume.take();
+        // The graph's device cursor starts an epoch at its first batch.
+        let plan = match (&resume, plan) {
+            (Some(r), Ok(())) if r.batch > 0 => Err(format!(
+                "resumed mid-epoch (epoch {}, batch {}): the captured step starts epochs at \
+                 batch 0",
+                r.epoch, r.batch
+            )),
+            (_, plan) => plan,
+        };
+        if let (Err(why), GraphStatus::Unknown) = (&plan, &graph_status) {
+            graph_status = GraphStatus::Off(why.clone());
+        }
         // A captured step adds into the same buffers at every replay.
         let in_place = plan.is_ok();
         let candle_dev = self.device.candle().clone();
@@ -466,10 +521,37 @@ impl Trainer {
             window: Running::with(&candle_dev, in_place)?,
             window_start: Instant::now(),
             fit_start,
+            epochs,
+            batch: 0,
+            epoch_start: Instant::now(),
+            epoch_s_before: 0.0,
+            done: Done {
+                early: self
+                    .cfg
+                    .early_stop
+                    .as_ref()
+                    .map(|es| EarlyStopState::new(es.mode)),
+                ..Done::default()
+            },
         };
+        let mut stopped_early = None;
         let mut epoch_sums = Running::with(&candle_dev, in_place)?;
-        let mut logs = Vec::new();
-        let (mut train_s, mut eval_s_total, mut samples) = (0.0, 0.0, 0usize);
+        let mut first_epoch = 1;
+        if let Some(r) = &resume {
+            st.step = r.step;
+            st.start_loss = r.start_loss;
+            st.done = Done {
+                logs: r.logs.clone(),
+                train_s: r.train_s,
+                eval_s: r.eval_s,
+                samples: r.samples,
+                early: match (&self.cfg.early_stop, &r.early_stop) {
+                    (Some(_), Some(e)) => Some(e.clone()),
+                    _ => st.done.early.take(),
+                },
+            };
+            first_epoch = r.epoch;
+        }
         // Dropped unfinished on an error, which stops it.
         let trace = KernelTrace::start(&self.device, self.cfg.kernel_trace);
         let trace_start = Instant::now();
@@ -477,18 +559,28 @@ impl Trainer {
         if let (Some(engine), KernelTrace::Unavailable(_)) = (engine.as_mut(), &trace) {
             engine.time_replays();
         }
-        for epoch in 1..=epochs {
+        for epoch in first_epoch..=epochs {
             if st.step >= total_steps {
                 break;
             }
             prof.switch(Action::Logging);
             self.emit(&Event::EpochStart { epoch })?;
             prof.switch(Action::Other);
-            let epoch_start = Instant::now();
+            self.apply_schedule(&st, epoch)?;
+            st.epoch_start = Instant::now();
             epoch_sums.reset()?;
             st.window.reset()?;
             st.window_start = Instant::now();
-            let first_step = st.step;
+            st.batch = 0;
+            st.epoch_s_before = 0.0;
+            // Resumed mid-epoch: that epoch's sums and position come back.
+            if let Some(r) = resume.as_ref().filter(|r| r.epoch == epoch && r.batch > 0) {
+                epoch_sums.load_state(&r.epoch_sums, &candle_dev)?;
+                st.window.load_state(&r.window, &candle_dev)?;
+                st.batch = r.batch;
+                st.epoch_s_before = r.epoch_s;
+            }
+            let first_step = st.step - st.batch.div_ceil(self.cfg.accumulate);
             #[cfg(feature = "cuda")]
             let graphed = match engine.as_mut() {
                 Some(engine) => {
@@ -519,12 +611,12 @@ impl Trainer {
                 engine.collect_replay_time()?;
             }
             let train = epoch_sums.read(&self.reads)?;
-            let epoch_s = epoch_start.elapsed().as_secs_f64();
+            let epoch_s = st.epoch_start.elapsed().as_secs_f64() + st.epoch_s_before;
             let step = st.step;
             check_finite(train.loss, step, epoch, self.optimizer.lr())?;
             self.check_divergence(train.loss, &st.first_loss, &mut st.start_loss, step, epoch)?;
-            train_s += epoch_s;
-            samples += epoch_sums.samples;
+            st.done.train_s += epoch_s;
+            st.done.samples += epoch_sums.samples;
             if self.cfg.empty_cache {
                 redline_core::memory::empty_cache(&self.device)?;
             }
@@ -549,9 +641,18 @@ impl Trainer {
                 steps: epoch_steps,
                 samples: epoch_sums.samples,
             };
-            eval_s_total += log.eval_s;
+            st.done.eval_s += log.eval_s;
             self.emit(&Event::EpochEnd(&log))?;
-            logs.push(log);
+            let stop = match (&self.cfg.early_stop, st.done.early.as_mut()) {
+                (Some(es), Some(state)) => es.update(state, &log)?,
+                _ => None,
+            };
+            st.done.logs.push(log.clone());
+            self.epoch_checkpoint(&st, &log)?;
+            if let Some(reason) = stop {
+                stopped_early = Some(reason);
+                break;
+            }
         }
         #[cfg(feature = "cuda")]
         if let Some(engine) = &engine {
@@ -582,6 +683,14 @@ impl Trainer {
             Some(Err(why)) => tracing::info!("GPU busy not measured: {why}"),
             None => {}
         }
+        self.writer.wait();
+        let Done {
+            logs,
+            train_s,
+            eval_s: eval_s_total,
+            samples,
+            early,
+        } = std::mem::take(&mut st.done);
         let summary = FitSummary {
             epochs: logs.len(),
             steps: step,
@@ -598,6 +707,12 @@ impl Trainer {
             host_syncs_per_step: (self.reads.count() - reads_before) as f64 / step.max(1) as f64,
             epochs_log: logs,
             cuda_graph: graph_status,
+            best: early.filter(|e| e.best_epoch > 0),
+            stopped_early,
+            checkpoints: self
+                .checkpoints
+                .is_some()
+                .then(|| std::mem::take(&mut self.writer.log)),
             gpu_busy,
             matmul_precision: (!self.device.is_cpu()).then(redline_core::matmul_precision),
         };
@@ -617,9 +732,10 @@ impl Trainer {
         epoch_sums: &mut Running,
         prof: &mut Profiler,
     ) -> Result<()> {
-        let mut batches = train.epoch(epoch - 1);
+        // A resumed epoch continues at its batch `st.batch`.
+        let mut batches = train.epoch_from(epoch - 1, st.batch);
         // Micro-batches this epoch, and since the last optimizer step.
-        let (mut seen, mut pending) = (0usize, 0usize);
+        let (mut seen, mut pending) = (st.batch, 0usize);
         loop {
             // The step: batch, forward, loss, backward (N times when
             // accumulating), update. Each switch tells the profiler what
@@ -635,9 +751,19 @@ impl Trainer {
             }
             pending = 0;
             self.optimizer_step(st, epoch_sums, prof)?;
-            if self.after_step(st, epoch, prof)? {
+            st.batch = seen;
+            let done = match self.after_step(st, epoch, prof) {
+                // A signal: the loop's state is written before the fit ends.
+                Err(e @ Error::Interrupted { .. }) => {
+                    self.stop_checkpoint(st, epoch, epoch_sums)?;
+                    return Err(e);
+                }
+                other => other?,
+            };
+            if done {
                 break;
             }
+            self.step_checkpoint(st, epoch, epoch_sums)?;
         }
         Ok(())
     }
@@ -704,9 +830,27 @@ impl Trainer {
             st.window.reset()?;
             st.window_start = Instant::now();
         }
+        self.apply_schedule(st, epoch)?;
         prof.end_step();
         self.check_stop(step, epoch)?;
         Ok(step >= st.total_steps)
+    }
+
+    /// Sets the rate of the next step from the schedule: after `st.step`
+    /// steps, in `epoch` (1-based). A no-op for the constant rate.
+    fn apply_schedule(&mut self, st: &LoopState, epoch: usize) -> Result<()> {
+        let s = &self.cfg.schedule;
+        if s.is_constant() {
+            return Ok(());
+        }
+        let lr = s.lr(
+            self.base_lr,
+            st.step,
+            epoch.saturating_sub(1),
+            st.total_steps,
+            st.epochs,
+        );
+        self.optimizer.set_lr(lr)
     }
 
     /// [`Error::Interrupted`] once the stop flag is set.
@@ -861,6 +1005,31 @@ struct LoopState {
     window_start: Instant,
     /// When the fit started.
     fit_start: Instant,
+    /// Epochs the fit will run.
+    epochs: usize,
+    /// Batches of the current epoch trained on.
+    batch: usize,
+    /// When the current epoch started (in this process).
+    epoch_start: Instant,
+    /// Seconds the current epoch trained before a resume.
+    epoch_s_before: f64,
+    /// The finished epochs.
+    done: Done,
+}
+
+/// What the finished epochs add up to (restored on resume).
+#[derive(Default)]
+struct Done {
+    /// Their logs.
+    logs: Vec<EpochLog>,
+    /// Training seconds.
+    train_s: f64,
+    /// Validation seconds.
+    eval_s: f64,
+    /// Training samples.
+    samples: usize,
+    /// The early stop's standing.
+    early: Option<EarlyStopState>,
 }
 
 /// Refuses a step output the loop cannot use (host-side shape checks only).

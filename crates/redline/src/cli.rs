@@ -100,8 +100,9 @@ pub struct TrainArgs {
     /// Number of classes the labels must lie in [default: the largest label + 1].
     #[arg(long)]
     pub classes: Option<usize>,
-    /// Hold out this fraction of the training data for validation [default: validate on
-    /// the test split; 0.1 when the data has none].
+    /// Hold out this fraction of the training split for validation (seeded, stratified by
+    /// class; 0: no validation). The test split is only read by the test pass after training.
+    /// [default: 0.1]
     #[arg(long, value_name = "FRACTION")]
     pub val_split: Option<f64>,
     /// Resize every image of an image folder to N x N [default: the images' own size].
@@ -177,6 +178,31 @@ pub struct TrainArgs {
         value_name = "F"
     )]
     pub divergence_threshold: f64,
+    /// Learning-rate schedule after the base --lr: constant, step:size=N[:gamma=G],
+    /// multistep:milestones=A/B, exp:gamma=G, cosine[:t_max=N], cosine-restarts:t0=N[:mult=M],
+    /// onecycle[:max_lr=X]; each may add :warmup=N and :interval=step|epoch (docs/schedules.md).
+    #[arg(long, default_value = "constant", value_name = "SCHEDULE")]
+    pub lr_schedule: String,
+    /// Stop when a logged metric stops improving, as Lightning's EarlyStopping:
+    /// METRIC[:min|max][:patience=N][:min_delta=X], e.g. val_loss:min:patience=3.
+    #[arg(long, value_name = "SPEC")]
+    pub early_stop: Option<String>,
+    /// Write a checkpoint into RUN_DIR/checkpoints every N optimizer steps [default: at
+    /// each epoch end]; written atomically on a background thread.
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every: Option<usize>,
+    /// Keep the newest K checkpoints (and the best by --monitor besides).
+    #[arg(long, default_value_t = 2, value_name = "K")]
+    pub keep_last: usize,
+    /// The metric whose best epoch-end checkpoint is kept: val_loss, val_accuracy, train_loss, ...
+    #[arg(long, default_value = "val_loss", value_name = "METRIC")]
+    pub monitor: String,
+    /// Whether --monitor is better smaller or larger [default: max for accuracy, else min].
+    #[arg(long, value_name = "min|max", value_parser = ["min", "max"])]
+    pub mode: Option<String>,
+    /// Write no checkpoints.
+    #[arg(long)]
+    pub no_checkpoint: bool,
     /// Seed for initialisation and shuffling; same seed, machine and threads give the same run bit for bit.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

@@ -101,6 +101,12 @@ pub fn print(s: &FitSummary, test: Option<&EvalResult>, batch_size: usize) -> st
         }
         None => String::new(),
     };
+    if let Some(best) = &s.best {
+        writeln!(out, "best epoch: {} ({:.6})", best.best_epoch, best.best)?;
+    }
+    if let Some(why) = &s.stopped_early {
+        writeln!(out, "stopped after epoch {}: {}", why.epoch, why.message)?;
+    }
     writeln!(
         out,
         "{headline}train {:.3} s/epoch (median) | {:.0} samples/s | batch {} | {} steps | \

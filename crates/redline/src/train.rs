@@ -115,6 +115,15 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     // with a GPU present is settled by timing the job on both, below.
     let selected = redline_core::select(spec, &redline_core::GpuAvailability::probe())?;
     let opt_cfg = optimizer(args)?;
+    if args.keep_last == 0 {
+        bail!("--keep-last 0: keep at least 1 checkpoint (the resume point)\nHINT: --no-checkpoint writes none");
+    }
+    if args.checkpoint_every == Some(0) {
+        bail!("--checkpoint-every 0: give a number of optimizer steps (at least 1)");
+    }
+    let schedule: redline_train::LrSchedule = args.lr_schedule.parse()?;
+    let early_stop: Option<redline_train::EarlyStop> =
+        args.early_stop.as_deref().map(str::parse).transpose()?;
     // Process-wide, as PyTorch's: the device probe below times the same math.
     redline_core::set_matmul_precision(args.matmul_precision.parse()?);
     let data_dir = match &args.data {
@@ -258,11 +267,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             .test
             .map(|t| load(t, eval_cfg.clone()))
             .transpose()?;
-        let val = match prepared.val {
-            Some(v) => Some(load(v, eval_cfg)?),
-            None if prepared.val_is_test => test.clone(),
-            None => None,
-        };
+        let val = prepared.val.map(|v| load(v, eval_cfg)).transpose()?;
         (val, test)
     };
 
@@ -282,25 +287,31 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         args.lr,
         step_kind
     );
+    if !schedule.is_constant() {
+        println!("  lr schedule: {schedule} (base lr {})", args.lr);
+    }
+    if let Some(es) = &early_stop {
+        println!("  early stop: {es}");
+    }
     println!(
-        "data: {} ({}; inputs {:?}, {}): {} train / {} val{} / {} test, {}",
+        "data: {} ({}; inputs {:?}, {}): {} train / {} val / {} test, {}",
         data_dir.display(),
         prepared.format,
         inputs,
         target,
         train_n,
-        if prepared.val_is_test { test_n } else { val_n },
-        if prepared.val_is_test {
-            " (the test split)"
-        } else {
-            ""
-        },
+        val_n,
         test_n,
         train_loader.placement(),
     );
     for note in &prepared.notes {
         println!("  {note}");
     }
+    let validation = prepared
+        .notes
+        .iter()
+        .find_map(|n| n.strip_prefix("validation: "))
+        .map(str::to_string);
 
     // The loop's settings, checked before the run folder exists, so that a bad
     // value leaves nothing behind.
@@ -318,8 +329,11 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         cuda_graph: args.cuda_graph.parse()?,
         kernel_trace: args.kernel_trace == "on",
         fused_kernels: args.fused_kernels.parse()?,
+        schedule,
+        early_stop,
     };
     loop_cfg.check()?;
+    let loop_cfg_schedule = loop_cfg.schedule.clone();
     if args.accumulate > 1 {
         println!(
             "  accumulating {} micro-batches of {} per optimizer step (effective batch {})",
@@ -378,6 +392,11 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             json!(train_loader.placement().to_string()),
         ),
         ("profiler", json!(mode.to_string())),
+        ("validation", json!(validation)),
+        (
+            "lr_schedule",
+            json!((!loop_cfg_schedule.is_constant()).then(|| loop_cfg_schedule.to_string())),
+        ),
         ("device_choice", json!(device_choice)),
         ("gpu_kernels_load_s", json!(device.kernels_load_s())),
     ] {
@@ -387,6 +406,19 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         redline_report::write_report(d).map_err(|e| e.to_string())
     }));
 
+    let checkpoints = checkpoint_config(args, &dir, &recorded)?;
+    if let Some(c) = &checkpoints {
+        println!(
+            "  checkpoints: {} into {} (keep the last {} and the best by {})",
+            c.every
+                .map_or("each epoch end".to_string(), |n| format!("every {n} steps")),
+            c.dir.display(),
+            c.keep_last,
+            c.monitor
+                .as_ref()
+                .map_or("-".to_string(), |(m, d)| format!("{m} ({})", d.as_str()))
+        );
+    }
     let mut builder = Trainer::builder()
         .profiler(mode)
         .callback(run.callback())
@@ -398,6 +430,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         builder = builder.callback(Box::new(JsonlMetrics::create(path)?));
     }
     builder = builder.stop_when(Arc::clone(&stop.flag));
+    if let Some(c) = checkpoints {
+        builder = builder.checkpoints(c);
+    }
     let mut trainer = builder.build(step_kind.step(model), device)?;
     // Lightning's `trainer.test` after `fit`: the test split, reported as test_*.
     let fit = trainer
@@ -463,6 +498,18 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             Some(Err(why)) => println!("GPU busy: not measured: {why}"),
             None => {}
         }
+        if let Some(c) = &fit.checkpoints {
+            println!(
+                "checkpoints: {} written{}",
+                c.written,
+                c.last
+                    .as_ref()
+                    .map_or(String::new(), |p| format!(", the last {}", p.display()))
+            );
+            for f in &c.failed {
+                println!("  checkpoint failed: {f}");
+            }
+        }
         if let Some(path) = &args.save {
             println!("saved weights to {}", path.display());
         }
@@ -509,6 +556,64 @@ fn report(done: &Finished) {
         }
         None => println!("run folder: {}", done.dir.display()),
     }
+}
+
+/// Flags a resumed run may change without changing what it computes (how
+/// long it runs, what it logs and where); every other flag is the run's
+/// identity, which a checkpoint must match.
+const RESUMABLE_FLAGS: &[&str] = &[
+    "epochs",
+    "max-steps",
+    "log-every",
+    "profiler",
+    "monitor-interval",
+    "metrics",
+    "save",
+    "prefetch",
+    "eval-batch-size",
+    "checkpoint-every",
+    "keep-last",
+    "monitor",
+    "mode",
+    "no-checkpoint",
+    "early-stop",
+    "kernel-trace",
+    "no-validate",
+];
+
+/// `--checkpoint-every`, `--keep-last`, `--monitor`, `--mode`: where and
+/// when the run checkpoints (`None` with `--no-checkpoint`).
+fn checkpoint_config(
+    args: &TrainArgs,
+    run_dir: &Path,
+    recorded: &TrainArgs,
+) -> anyhow::Result<Option<redline_train::checkpoint::CheckpointConfig>> {
+    use redline_train::early_stop::Direction;
+    if args.no_checkpoint {
+        return Ok(None);
+    }
+    let mode = match args.mode.as_deref() {
+        Some("max") => Direction::Max,
+        Some(_) => Direction::Min,
+        None if args.monitor.contains("acc") => Direction::Max,
+        None => Direction::Min,
+    };
+    let identity = match serde_json::to_value(recorded)? {
+        serde_json::Value::Object(m) => m
+            .into_iter()
+            .filter(|(k, _)| !RESUMABLE_FLAGS.contains(&k.as_str()))
+            .collect(),
+        _ => Default::default(),
+    };
+    let cfg = redline_train::checkpoint::CheckpointConfig {
+        dir: run_dir.join("checkpoints"),
+        every: args.checkpoint_every,
+        keep_last: args.keep_last,
+        monitor: Some((args.monitor.clone(), mode)),
+        identity,
+    };
+    cfg.check()?;
+    Ok(Some(cfg))
 }
 
 /// `--clip-grad-norm` / `--clip-grad-value` (clap refuses both at once).

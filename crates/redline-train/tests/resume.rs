@@ -1,0 +1,324 @@
+//! Checkpoints and resume with real short fits: a run stopped at any step
+//! and resumed from its checkpoint gives the same losses, validation and
+//! final weights, bit for bit, as the run never stopped; damaged or foreign
+//! checkpoints are refused by name and the resume falls back.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use candle_core::Tensor;
+use redline_core::{Device, Precision};
+use redline_data::{Loader, LoaderConfig, Split, TargetKind};
+use redline_models::{MlpConfig, ModelConfig};
+use redline_train::checkpoint::{self, CheckpointConfig};
+use redline_train::{Callback, Classifier, Event, OptimizerConfig, TrainConfig, Trainer};
+
+type R = anyhow::Result<()>;
+
+/// `n` samples of 4 features: class 1 where the first feature is positive.
+fn classes(n: usize) -> anyhow::Result<Split> {
+    let x: Vec<f32> = (0..n * 4)
+        .map(|i| ((i * 7919) % 13) as f32 / 6.0 - 1.0)
+        .collect();
+    let y: Vec<u32> = (0..n).map(|i| u32::from(x[i * 4] > 0.0)).collect();
+    Ok(Split {
+        x: Tensor::from_vec(x, (n, 1, 2, 2), &candle_core::Device::Cpu)?,
+        y: Tensor::from_vec(y, n, &candle_core::Device::Cpu)?,
+        target: TargetKind::Classes(2),
+        source: PathBuf::from("synthetic"),
+    })
+}
+
+fn loader(n: usize, shuffle: bool, prefetch: usize) -> anyhow::Result<Loader> {
+    Ok(Loader::new(
+        classes(n)?,
+        LoaderConfig {
+            batch_size: 8,
+            shuffle,
+            seed: 3,
+            prefetch,
+            drop_last: false,
+        },
+    )?)
+}
+
+/// The step's losses and rates at every log point, and each epoch's losses.
+#[derive(Default, Debug, Clone, PartialEq)]
+struct Seen {
+    logs: Vec<(usize, u64, u64)>,
+    epochs: Vec<(usize, u64, Option<u64>)>,
+}
+
+/// Records what the fit logs; sets `stop` after step `stop_at`.
+struct Watch {
+    seen: Arc<Mutex<Seen>>,
+    stop: Arc<AtomicBool>,
+    stop_at: Option<usize>,
+}
+
+impl Callback for Watch {
+    fn name(&self) -> &str {
+        "watch"
+    }
+    fn on_event(&mut self, e: &Event<'_>) -> Result<(), String> {
+        let mut seen = self.seen.lock().map_err(|e| e.to_string())?;
+        match e {
+            Event::Log(s) => seen.logs.push((s.step, s.loss.to_bits(), s.lr.to_bits())),
+            Event::EpochEnd(e) => seen.epochs.push((
+                e.epoch,
+                e.train_loss.to_bits(),
+                e.val.as_ref().map(|v| v.loss.to_bits()),
+            )),
+            Event::StepEnd { step, .. } if Some(*step) == self.stop_at => {
+                self.stop.store(true, Ordering::Relaxed)
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+fn identity() -> BTreeMap<String, serde_json::Value> {
+    BTreeMap::from([("model".to_string(), serde_json::json!("mlp 4-8-2"))])
+}
+
+/// A trainer of the test's model, optionally checkpointing into `dir`.
+fn trainer(
+    ckpt: Option<(&Path, Option<usize>)>,
+    stop_at: Option<usize>,
+    accumulate: usize,
+) -> anyhow::Result<(Trainer, Arc<Mutex<Seen>>)> {
+    let model = ModelConfig::Mlp(MlpConfig {
+        in_features: 4,
+        hidden: vec![8],
+        classes: 2,
+    })
+    .build(&Device::cpu(), Precision::Fp32, 1)?;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut b = Trainer::builder()
+        .config(TrainConfig {
+            epochs: 3,
+            log_every: 2,
+            accumulate,
+            schedule: "cosine:warmup=3:interval=step".parse()?,
+            log_grad_norm: true,
+            ..TrainConfig::default()
+        })
+        .optimizer(OptimizerConfig::by_name("adamw", 0.01)?)
+        .stop_when(Arc::clone(&stop))
+        .callback(Box::new(Watch {
+            seen: seen.clone(),
+            stop,
+            stop_at,
+        }));
+    if let Some((dir, every)) = ckpt {
+        b = b.checkpoints(CheckpointConfig {
+            dir: dir.to_path_buf(),
+            every,
+            keep_last: 100,
+            monitor: Some(("val_loss".into(), redline_train::early_stop::Direction::Min)),
+            identity: identity(),
+        });
+    }
+    Ok((b.build(Classifier::new(model), Device::cpu())?, seen))
+}
+
+fn weights(t: &Trainer) -> anyhow::Result<Vec<(String, Vec<u32>)>> {
+    t.params()
+        .state()
+        .map(|(n, v)| {
+            let bits = v
+                .as_tensor()
+                .flatten_all()?
+                .to_vec1::<f32>()?
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            Ok((n.to_string(), bits))
+        })
+        .collect()
+}
+
+fn params_of(t: &Trainer) -> Vec<(String, Vec<usize>)> {
+    t.params()
+        .state()
+        .map(|(n, v)| (n.to_string(), v.as_tensor().dims().to_vec()))
+        .collect()
+}
+
+/// Stops a checkpointing run after `stop_at`, resumes from the checkpoint
+/// `pick` chooses, and compares with a run never stopped.
+fn stop_and_resume(
+    stop_at: usize,
+    every: Option<usize>,
+    accumulate: usize,
+    pick: impl Fn(&Path),
+) -> R {
+    let (train, val) = (loader(100, true, 2)?, loader(30, false, 0)?);
+    let (mut whole, whole_seen) = trainer(None, None, accumulate)?;
+    let want = whole.fit(&train, Some(&val))?;
+    let dir = tempfile::tempdir()?;
+    let (mut first, _) = trainer(Some((dir.path(), every)), Some(stop_at), accumulate)?;
+    let err = first.fit(&train, Some(&val)).err();
+    assert!(
+        matches!(err, Some(redline_train::Error::Interrupted { .. })),
+        "{err:?}"
+    );
+    pick(dir.path());
+    let (mut second, seen) = trainer(Some((dir.path(), every)), None, accumulate)?;
+    let (loaded, refused) = checkpoint::latest_good(dir.path(), &identity(), &params_of(&second))?;
+    assert!(refused.is_empty(), "{refused:?}");
+    let from = loaded.meta.step;
+    second.resume_from(loaded)?;
+    let got = second.fit(&train, Some(&val))?;
+    assert_eq!(weights(&second)?, weights(&whole)?, "stopped at {stop_at}, resumed at {from}");
+    let whole_seen = whole_seen.lock().map_err(|e| anyhow::anyhow!("{e}"))?.clone();
+    let seen = seen.lock().map_err(|e| anyhow::anyhow!("{e}"))?.clone();
+    let later: Vec<_> = whole_seen
+        .logs
+        .iter()
+        .filter(|l| l.0 > from)
+        .cloned()
+        .collect();
+    assert_eq!(seen.logs, later, "log points after step {from}");
+    let bits = |f: &redline_train::FitSummary| -> Vec<(u64, Option<u64>)> {
+        f.epochs_log
+            .iter()
+            .map(|e| (e.train_loss.to_bits(), e.val.as_ref().map(|v| v.loss.to_bits())))
+            .collect()
+    };
+    assert_eq!(bits(&got), bits(&want), "epoch losses");
+    assert_eq!(got.steps, want.steps);
+    Ok(())
+}
+
+#[test]
+fn a_run_stopped_mid_epoch_resumes_bit_for_bit() -> R {
+    // 13 batches an epoch: step 7 is mid-epoch 1, step 20 mid-epoch 2.
+    for stop_at in [7, 20] {
+        stop_and_resume(stop_at, Some(4), 1, |_| {})?;
+    }
+    Ok(())
+}
+
+#[test]
+fn accumulating_runs_resume_at_a_step_boundary() -> R {
+    stop_and_resume(9, Some(3), 2, |_| {})
+}
+
+#[test]
+fn losing_the_newest_checkpoints_falls_back_to_an_older_one() -> R {
+    // As after `kill -9`: the stop's own checkpoint and the newest periodic
+    // one are gone; the run resumes from an older one and still ends the same.
+    stop_and_resume(22, Some(5), 1, |dir| {
+        let all = checkpoint::list(dir);
+        for (_, p) in all.iter().rev().take(2) {
+            std::fs::remove_dir_all(p).unwrap_or_default();
+        }
+    })
+}
+
+#[test]
+fn epoch_end_checkpoints_resume_at_the_next_epoch() -> R {
+    stop_and_resume(15, None, 1, |dir| {
+        let steps: Vec<usize> = checkpoint::list(dir).iter().map(|c| c.0).collect();
+        // Epoch 1 ended at step 13, then the stop at 15 wrote its own.
+        assert_eq!(steps, [13, 15]);
+        std::fs::remove_dir_all(dir.join(checkpoint::folder_name(15))).unwrap_or_default();
+    })
+}
+
+#[test]
+fn damaged_or_foreign_checkpoints_are_refused_by_name() -> R {
+    let (train, val) = (loader(40, true, 0)?, loader(16, false, 0)?);
+    let dir = tempfile::tempdir()?;
+    let (mut t, _) = trainer(Some((dir.path(), Some(2))), None, 1)?;
+    t.fit(&train, Some(&val))?;
+    let all = checkpoint::list(dir.path());
+    assert!(all.len() >= 3, "{all:?}");
+    let params = params_of(&t);
+    // Truncate the newest weights file: refused, the previous one is used.
+    let (newest, prev) = (&all[all.len() - 1].1, &all[all.len() - 2]);
+    let w = newest.join(checkpoint::WEIGHTS);
+    let bytes = std::fs::read(&w)?;
+    std::fs::write(&w, &bytes[..bytes.len() / 2])?;
+    let (loaded, refused) = checkpoint::latest_good(dir.path(), &identity(), &params)?;
+    assert_eq!(loaded.meta.step, prev.0);
+    assert_eq!(refused.len(), 1);
+    assert!(
+        refused[0].contains("weights.safetensors") && refused[0].contains("truncated"),
+        "{refused:?}"
+    );
+    // A flipped byte in the optimizer state is caught by its CRC.
+    let o = prev.1.join(checkpoint::OPTIMIZER);
+    let mut bytes = std::fs::read(&o)?;
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&o, &bytes)?;
+    let (_, refused) = checkpoint::latest_good(dir.path(), &identity(), &params)?;
+    assert!(refused[1].contains("CRC-32"), "{refused:?}");
+    // Another run's settings or another model: every checkpoint refused, naming what differs.
+    let other = BTreeMap::from([("model".to_string(), serde_json::json!("cnn"))]);
+    let e = checkpoint::latest_good(dir.path(), &other, &params)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("model") && e.contains("\"cnn\" now"), "{e}");
+    let mut wider = params.clone();
+    wider[0].1[0] += 1;
+    let e = checkpoint::latest_good(dir.path(), &identity(), &wider)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("another model"), "{e}");
+    // A truncated state.json is named too.
+    let s = all[0].1.join(checkpoint::STATE);
+    let text = std::fs::read(&s)?;
+    std::fs::write(&s, &text[..text.len() / 3])?;
+    let e = checkpoint::read(&all[0].1, &identity(), &params)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("state.json") && e.contains("truncated"), "{e}");
+    Ok(())
+}
+
+#[test]
+fn keep_last_prunes_all_but_the_newest_and_the_best() -> R {
+    let (train, val) = (loader(40, true, 0)?, loader(16, false, 0)?);
+    let dir = tempfile::tempdir()?;
+    let model = ModelConfig::Mlp(MlpConfig {
+        in_features: 4,
+        hidden: vec![8],
+        classes: 2,
+    })
+    .build(&Device::cpu(), Precision::Fp32, 1)?;
+    let mut t = Trainer::builder()
+        .config(TrainConfig {
+            epochs: 6,
+            ..TrainConfig::default()
+        })
+        // A rate so high that validation gets worse after the first epochs.
+        .optimizer(OptimizerConfig::by_name("sgd", 5.0)?)
+        .checkpoints(CheckpointConfig {
+            dir: dir.path().to_path_buf(),
+            every: None,
+            keep_last: 2,
+            monitor: Some(("val_loss".into(), redline_train::early_stop::Direction::Min)),
+            identity: identity(),
+        })
+        .build(Classifier::new(model), Device::cpu())?;
+    let fit = t.fit(&train, Some(&val))?;
+    let log = fit.checkpoints.clone().unwrap_or_default();
+    assert_eq!(log.written, 6);
+    let steps: Vec<usize> = checkpoint::list(dir.path()).iter().map(|c| c.0).collect();
+    let (best_step, _) = log.best.unwrap_or_default();
+    let mut want = vec![best_step, 5 * 5, 6 * 5];
+    want.sort_unstable();
+    want.dedup();
+    assert_eq!(steps, want, "best {:?}", log.best);
+    Ok(())
+}

@@ -118,7 +118,11 @@ fn digits_npz_has_a_test_split_and_keeps_float_pixels() {
     // Validation is held out of the training split (10%), never the test split.
     let val = held.val.as_ref().unwrap();
     assert_eq!(
-        (held.train.len(), val.len(), held.test.as_ref().unwrap().len()),
+        (
+            held.train.len(),
+            val.len(),
+            held.test.as_ref().unwrap().len()
+        ),
         (1350, 150, 297)
     );
     // Stratified: each class gives its share of the 150, within one.
@@ -128,7 +132,11 @@ fn digits_npz_has_a_test_split_and_keeps_float_pixels() {
     };
     for c in 0..10 {
         let (v, t) = (count(val, c) as f64, count(&held.train, c) as f64);
-        assert!((v - (v + t) * 0.1).abs() <= 1.0, "class {c}: {v} of {}", v + t);
+        assert!(
+            (v - (v + t) * 0.1).abs() <= 1.0,
+            "class {c}: {v} of {}",
+            v + t
+        );
     }
     // scikit-learn's digits.images[0][0] / 16: 0 0 5 13 9 1 0 0.
     let want: Vec<f32> = [0., 0., 5., 13., 9., 1., 0., 0.]

@@ -53,6 +53,9 @@ pub(crate) fn training(run: &RunData) -> Result<String> {
         None => no_metrics(run, "loss values"),
     };
     out.push_str(&section("loss", "Loss curves", &loss));
+    if let Some(c) = charts::lr(run)? {
+        out.push_str(&section("lr", "Learning rate", &figure(&c)));
+    }
     let acc = match charts::metric(run)? {
         Some(c) => figure(&c),
         None => no_metrics(run, "epoch records with a metric"),

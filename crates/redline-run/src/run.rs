@@ -274,7 +274,10 @@ pub fn summarize(mut m: Map<String, Value>, ending: Ending<'_>, samples: usize) 
         if let Some(why) = &f.stopped_early {
             m.insert(
                 "stopped_early".into(),
-                json!(format!("stopped after epoch {}: {}", why.epoch, why.message)),
+                json!(format!(
+                    "stopped after epoch {}: {}",
+                    why.epoch, why.message
+                )),
             );
         }
         if let Some(c) = &f.checkpoints {

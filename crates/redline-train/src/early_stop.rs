@@ -299,7 +299,10 @@ mod tests {
         // 0.85 is 0.15 better than the best 1.0: the wait starts again.
         let v = [1.0, 0.95, 0.85, 0.84];
         assert_eq!(stops_at("val_loss:patience=2:min_delta=0.1", &v)?, None);
-        assert_eq!(stops_at("val_loss:max:patience=1", &[0.1, 0.2, 0.15])?, Some(3));
+        assert_eq!(
+            stops_at("val_loss:max:patience=1", &[0.1, 0.2, 0.15])?,
+            Some(3)
+        );
         assert_eq!(stops_at("val_loss:patience=9", &[1.0, f64::NAN])?, Some(2));
         Ok(())
     }
@@ -308,15 +311,30 @@ mod tests {
     fn an_unlogged_metric_names_what_was_logged() {
         let e = stops_at("val_f1", &[1.0]).err().map(|e| e.to_string());
         let msg = e.unwrap_or_default();
-        assert!(msg.contains("val_accuracy") && msg.contains("val_loss"), "{msg}");
+        assert!(
+            msg.contains("val_accuracy") && msg.contains("val_loss"),
+            "{msg}"
+        );
     }
 
     #[test]
     fn bad_flags_are_refused() {
-        for s in ["", "patience=3", "val_loss:sideways", "val_loss:patience=x", "val_loss:min_delta=-1"] {
+        for s in [
+            "",
+            "patience=3",
+            "val_loss:sideways",
+            "val_loss:patience=x",
+            "val_loss:min_delta=-1",
+        ] {
             assert!(s.parse::<EarlyStop>().is_err(), "{s}");
         }
         let es: Result<EarlyStop> = "val_accuracy".parse();
-        assert!(matches!(es, Ok(EarlyStop { mode: Direction::Max, .. })));
+        assert!(matches!(
+            es,
+            Ok(EarlyStop {
+                mode: Direction::Max,
+                ..
+            })
+        ));
     }
 }

@@ -30,7 +30,6 @@ pub(crate) mod trainer;
 
 pub use clip::GradClip;
 pub use early_stop::EarlyStop;
-pub use schedule::LrSchedule;
 pub use error::{Error, Result};
 pub use events::{Callback, EpochLog, EvalResult, Event, FitSummary, MetricValues, StepLog};
 pub use graph::{GraphMode, GraphStatus};
@@ -38,5 +37,6 @@ pub use kernel_trace::GpuBusyResult;
 pub use metrics::{epoch_record, prefixed, step_record, test_record, JsonlMetrics};
 pub use optim::{Optimizer, OptimizerConfig};
 pub use redline_profile::{GpuBusy, Mode as ProfilerMode, Profile};
+pub use schedule::LrSchedule;
 pub use step::{Classifier, Metric, RegressionLoss, Regressor, StepOutput, TrainStep};
 pub use trainer::{CheckpointLog, TrainConfig, Trainer, TrainerBuilder};

@@ -428,9 +428,10 @@ impl Optimizer {
                 .iter()
                 .position(|n| *n == name)
                 .ok_or_else(|| bad(format!("this optimizer keeps {}", names.join(", "))))?;
-            let slot = self.state.get(i).ok_or_else(|| {
-                bad(format!("there are {} parameters", self.state.len()))
-            })?;
+            let slot = self
+                .state
+                .get(i)
+                .ok_or_else(|| bad(format!("there are {} parameters", self.state.len())))?;
             let p = slot.param.as_tensor();
             if t.dims() != p.dims() {
                 return Err(bad(format!(
@@ -457,7 +458,8 @@ impl Optimizer {
                     _ => slot.fused.b = v,
                 }
             } else {
-                let v = candle_core::Var::from_tensor(&t.to_device(p.device())?.to_dtype(p.dtype())?)?;
+                let v =
+                    candle_core::Var::from_tensor(&t.to_device(p.device())?.to_dtype(p.dtype())?)?;
                 match k {
                     0 => slot.generic.a = Some(v),
                     _ => slot.generic.b = Some(v),

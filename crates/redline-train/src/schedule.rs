@@ -192,15 +192,21 @@ impl LrSchedule {
     /// The rate of the step that follows `step` optimizer steps in epoch
     /// `epoch` (0-based), for a base rate `base` and a run of `total_steps`
     /// steps in `epochs` epochs (what `Cosine` and `OneCycle` fill).
-    pub fn lr(&self, base: f64, step: usize, epoch: usize, total_steps: usize, epochs: usize) -> f64 {
+    pub fn lr(
+        &self,
+        base: f64,
+        step: usize,
+        epoch: usize,
+        total_steps: usize,
+        epochs: usize,
+    ) -> f64 {
         let (t, total) = match self.interval {
             Interval::Step => (step, total_steps),
             Interval::Epoch => (epoch, epochs),
         };
         if t < self.warmup {
             // LinearLR: start_factor to 1 over `warmup` intervals.
-            let f = self.warmup_start
-                + (1.0 - self.warmup_start) * t as f64 / self.warmup as f64;
+            let f = self.warmup_start + (1.0 - self.warmup_start) * t as f64 / self.warmup as f64;
             return base * f;
         }
         let t = t - self.warmup;
@@ -278,7 +284,8 @@ fn join(v: &[usize]) -> String {
 }
 
 /// The flag's grammar, for messages.
-const GRAMMAR: &str = "HINT: constant | step:size=N[:gamma=G] | multistep:milestones=A/B[:gamma=G] \
+const GRAMMAR: &str =
+    "HINT: constant | step:size=N[:gamma=G] | multistep:milestones=A/B[:gamma=G] \
      | exp:gamma=G | cosine[:t_max=N][:eta_min=X] | cosine-restarts:t0=N[:mult=M][:eta_min=X] \
      | onecycle[:max_lr=X][:pct_start=P][:div=D][:final_div=F][:total=N]; any of them may add \
      :warmup=N[:warmup_start=F] and :interval=step|epoch";
@@ -320,7 +327,8 @@ impl FromStr for LrSchedule {
             .transpose()
         };
         let warmup = count("warmup", take("warmup"))?.unwrap_or(0);
-        let warmup_start = num("warmup_start", take("warmup_start"))?.unwrap_or(DEFAULT_WARMUP_START);
+        let warmup_start =
+            num("warmup_start", take("warmup_start"))?.unwrap_or(DEFAULT_WARMUP_START);
         let interval = match take("interval").as_deref() {
             None => None,
             Some("step") => Some(Interval::Step),
@@ -335,14 +343,13 @@ impl FromStr for LrSchedule {
                 gamma: num("gamma", take("gamma"))?.unwrap_or(0.1),
             },
             "multistep" | "multi-step" => {
-                let m = take("milestones")
-                    .ok_or_else(|| bad("give milestones=A/B/...".into()))?;
+                let m = take("milestones").ok_or_else(|| bad("give milestones=A/B/...".into()))?;
                 let milestones = m
                     .split('/')
                     .map(|x| {
-                        x.trim()
-                            .parse::<usize>()
-                            .map_err(|_| bad(format!("milestones={m}: `{x}` is not a whole number")))
+                        x.trim().parse::<usize>().map_err(|_| {
+                            bad(format!("milestones={m}: `{x}` is not a whole number"))
+                        })
                     })
                     .collect::<Result<Vec<_>>>()?;
                 Shape::MultiStep {
@@ -427,7 +434,11 @@ impl fmt::Display for LrSchedule {
             )?,
         }
         if self.warmup > 0 {
-            write!(f, ":warmup={}:warmup_start={}", self.warmup, self.warmup_start)?;
+            write!(
+                f,
+                ":warmup={}:warmup_start={}",
+                self.warmup, self.warmup_start
+            )?;
         }
         let interval = match self.interval {
             Interval::Step => "step",
@@ -501,9 +512,15 @@ mod tests {
             "cosine:interval=batch",
             "cosine:warmup=5:warmup_start=0",
         ] {
-            let e = s.parse::<LrSchedule>().map(|_| ()).map_err(|e| e.to_string());
+            let e = s
+                .parse::<LrSchedule>()
+                .map(|_| ())
+                .map_err(|e| e.to_string());
             let msg = e.err().unwrap_or_default();
-            assert!(msg.contains("--lr-schedule") && msg.contains("HINT"), "{s}: {msg}");
+            assert!(
+                msg.contains("--lr-schedule") && msg.contains("HINT"),
+                "{s}: {msg}"
+            );
         }
     }
 

@@ -15,13 +15,13 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint::{CheckpointConfig, CheckpointMeta};
 use crate::clip::{self, GradClip};
 use crate::early_stop::{EarlyStop, EarlyStopState};
-use crate::schedule::LrSchedule;
 use crate::error::{Error, Result};
 use crate::events::{Callback, EpochLog, EvalResult, Event, FitSummary, StepLog};
 use crate::graph::{GraphMode, GraphStatus};
 use crate::kernel_trace::KernelTrace;
 use crate::optim::{Optimizer, OptimizerConfig};
 use crate::running::{batch_loss_sum, Running};
+use crate::schedule::LrSchedule;
 use crate::step::{StepOutput, TrainStep};
 
 mod checkpointing;

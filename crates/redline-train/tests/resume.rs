@@ -174,8 +174,15 @@ fn stop_and_resume(
     let from = loaded.meta.step;
     second.resume_from(loaded)?;
     let got = second.fit(&train, Some(&val))?;
-    assert_eq!(weights(&second)?, weights(&whole)?, "stopped at {stop_at}, resumed at {from}");
-    let whole_seen = whole_seen.lock().map_err(|e| anyhow::anyhow!("{e}"))?.clone();
+    assert_eq!(
+        weights(&second)?,
+        weights(&whole)?,
+        "stopped at {stop_at}, resumed at {from}"
+    );
+    let whole_seen = whole_seen
+        .lock()
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .clone();
     let seen = seen.lock().map_err(|e| anyhow::anyhow!("{e}"))?.clone();
     let later: Vec<_> = whole_seen
         .logs
@@ -187,7 +194,12 @@ fn stop_and_resume(
     let bits = |f: &redline_train::FitSummary| -> Vec<(u64, Option<u64>)> {
         f.epochs_log
             .iter()
-            .map(|e| (e.train_loss.to_bits(), e.val.as_ref().map(|v| v.loss.to_bits())))
+            .map(|e| {
+                (
+                    e.train_loss.to_bits(),
+                    e.val.as_ref().map(|v| v.loss.to_bits()),
+                )
+            })
             .collect()
     };
     assert_eq!(bits(&got), bits(&want), "epoch losses");

@@ -51,7 +51,21 @@ fn a_run_leaves_a_complete_run_folder() {
     assert_eq!(summary["steps"], 120);
     assert_eq!(summary["model"], "mlp");
     assert!(summary["test_accuracy"].as_f64().unwrap() > 0.5);
-    assert_eq!(summary["val_accuracy"], summary["test_accuracy"]);
+    // Validation is held out of the training split, not the test split.
+    assert!(summary["val_accuracy"].as_f64().unwrap() > 0.5);
+    assert!(
+        summary["validation"]
+            .as_str()
+            .unwrap()
+            .contains("held out of the training split"),
+        "{summary}"
+    );
+    // The epoch end wrote a checkpoint with PyTorch-named weights.
+    assert_eq!(summary["checkpoints"]["written"], 1);
+    let ckpt = dir.join("checkpoints/step-00000120");
+    for f in ["weights.safetensors", "optimizer.safetensors", "state.json"] {
+        assert!(ckpt.join(f).is_file(), "{f} missing in {}", ckpt.display());
+    }
     assert!(summary["val_loss"].as_f64().unwrap() > 0.0);
 
     let rows = jsonl(&dir.join("metrics.jsonl"));

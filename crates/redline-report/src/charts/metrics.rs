@@ -124,6 +124,30 @@ pub(crate) fn metric(run: &RunData) -> Result<Option<Chart>> {
     }
 }
 
+/// The learning rate at each log point against the step; `None` when it
+/// never changed (a constant rate says nothing a chart would show).
+pub(crate) fn lr(run: &RunData) -> Result<Option<Chart>> {
+    let pts: Vec<(f64, f64)> = run
+        .steps
+        .iter()
+        .filter_map(|s| Some((s.step as f64, s.lr?)))
+        .filter(|p| p.1.is_finite())
+        .collect();
+    if pts.windows(2).all(|w| w[0].1 == w[1].1) {
+        return Ok(None);
+    }
+    let axes = Axes {
+        x: "step",
+        x_whole: true,
+        y: "learning rate",
+        y_from_zero: true,
+        y_max: None,
+        size: HALF,
+    };
+    let series = vec![Series::new("lr (--lr-schedule)", CYCLE[1], Mark::Line).points(pts)];
+    chart("lr", "Learning rate", axes, series)
+}
+
 /// Samples per second of each log window against seconds since training started.
 pub(crate) fn throughput(run: &RunData) -> Result<Option<Chart>> {
     let series = vec![

@@ -100,11 +100,7 @@ impl Trainer {
             .state()
             .map(|(n, v)| Ok((n.to_string(), host_copy(v.as_tensor())?)))
             .collect::<Result<Vec<_>>>()?;
-        let OptimizerState {
-            steps,
-            lr,
-            buffers,
-        } = self.optimizer.state()?;
+        let OptimizerState { steps, lr, buffers } = self.optimizer.state()?;
         let (epoch_sums, window) = match sums {
             Some(s) => (s.state(&self.reads)?, st.window.state(&self.reads)?),
             None => Default::default(),

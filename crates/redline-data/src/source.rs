@@ -331,7 +331,8 @@ pub fn prepare_until(path: &Path, opts: &DataOptions, stop: &AtomicBool) -> Resu
     let (train, val) = holdout(train, frac, opts.seed)?;
     notes.push(match &val {
         Some(v) => format!(
-            "validation: {} samples held out of the training split ({}%, {}seed {};              --val-split sets the fraction)",
+            "validation: {} samples held out of the training split ({}%, {}seed {}; \
+             --val-split sets the fraction)",
             v.len(),
             frac * 100.0,
             if v.target.classes().is_some() {

@@ -46,6 +46,21 @@ pub trait Model: Send + Sync {
     fn capture_safe(&self) -> std::result::Result<(), String> {
         Err("a model of your own: implement Model::capture_safe to declare it capturable".into())
     }
+    /// The positions of the model's random streams (dropout masks), which a
+    /// checkpoint saves so that a resumed run draws the masks the run never
+    /// stopped would; empty for a model without randomness.
+    fn rng_state(&self) -> Vec<u128> {
+        Vec::new()
+    }
+    /// Puts back positions [`Model::rng_state`] gave.
+    fn load_rng_state(&self, state: &[u128]) -> Result<()> {
+        match state.len() {
+            0 => Ok(()),
+            n => Err(Error::Config(format!(
+                "random stream positions: the state holds {n}, this model has none"
+            ))),
+        }
+    }
 }
 
 impl<M: Model + ?Sized> Model for Box<M> {
@@ -57,6 +72,12 @@ impl<M: Model + ?Sized> Model for Box<M> {
     }
     fn params(&self) -> &Params {
         (**self).params()
+    }
+    fn rng_state(&self) -> Vec<u128> {
+        (**self).rng_state()
+    }
+    fn load_rng_state(&self, state: &[u128]) -> Result<()> {
+        (**self).load_rng_state(state)
     }
 }
 

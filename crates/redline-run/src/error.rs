@@ -22,6 +22,18 @@ pub enum Error {
         .0.display()
     )]
     Exists(PathBuf),
+    /// `--resume` named a run folder whose process is still alive.
+    #[error(
+        "--resume {}: this run is still running (pid {pid})\nHINT: stop it first (Ctrl-C or \
+         `kill {pid}` writes a checkpoint), then resume",
+        dir.display()
+    )]
+    Running {
+        /// The run folder.
+        dir: PathBuf,
+        /// Its live process.
+        pid: u32,
+    },
     /// A record could not be written or a field does not fit its record.
     #[error("{what}: {source}")]
     Json {

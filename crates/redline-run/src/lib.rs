@@ -11,10 +11,12 @@ mod error;
 pub mod folder;
 mod log;
 pub mod records;
+mod reopen;
 mod run;
 
 pub use csv::CsvLog;
 pub use error::{Error, Result};
 pub use log::RunLog;
 pub use records::{RunStatus, Summary};
+pub use reopen::{Reopened, ResumePoint};
 pub use run::{summarize, Ending, Finished, ReportFn, Run};

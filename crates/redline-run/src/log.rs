@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use redline_monitor::{Sample, SampleCallback};
 use redline_tensorboard::EventWriter;
 use redline_train::{epoch_record, prefixed, step_record, test_record, Callback, Event};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
+use std::io::Write as _;
 
 use crate::csv::CsvLog;
 use crate::error::{Error, Result};
@@ -82,6 +83,52 @@ impl RunLog {
                 tb,
             })),
             step: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    /// Continues the records of `dir` for a resumed run: `metrics.jsonl` is
+    /// rewritten whole with `records` (those up to the checkpoint at `step`),
+    /// `metrics.csv` rebuilt from them, and a new TensorBoard event file
+    /// opened beside the old ones.
+    pub fn resume(dir: &Path, records: &[Map<String, Value>], step: usize) -> Result<Self> {
+        let jsonl_path = dir.join("metrics.jsonl");
+        redline_core::files::write_atomic_with(&jsonl_path, |w| {
+            for r in records {
+                writeln!(w, "{}", Value::Object(r.clone()))?;
+            }
+            Ok(())
+        })
+        .map_err(Error::io("writing", &jsonl_path))?;
+        let jsonl = LineFile::append_to(&jsonl_path).map_err(Error::io("opening", &jsonl_path))?;
+        let csv_path = dir.join("metrics.csv");
+        let mut csv =
+            CsvLog::create(&csv_path, &CSV_HEADER).map_err(Error::io("creating", &csv_path))?;
+        // The CSV's `step` of an epoch or system row is the step the run had
+        // reached when it was written: the last step record's before it.
+        let mut at = 0;
+        for r in records {
+            if r.get("kind").and_then(Value::as_str) == Some("system") {
+                continue;
+            }
+            let mut row = r.clone();
+            match row.get("step").and_then(Value::as_u64) {
+                Some(s) => at = s,
+                None => {
+                    row.insert("step".into(), json!(at));
+                }
+            }
+            csv.append(&Value::Object(row))
+                .map_err(Error::io("writing", &csv_path))?;
+        }
+        let tb = EventWriter::create(dir)?;
+        Ok(Self {
+            writers: Arc::new(Mutex::new(Writers {
+                dir: dir.to_path_buf(),
+                jsonl,
+                csv,
+                tb,
+            })),
+            step: Arc::new(AtomicUsize::new(step)),
         })
     }
 

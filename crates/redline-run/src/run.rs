@@ -107,6 +107,25 @@ impl Run {
         })
     }
 
+    /// A run over an existing folder, its writers and `summary.json` header
+    /// ready ([`Run::reopen`]).
+    pub(crate) fn from_parts(dir: PathBuf, log: RunLog, header: Map<String, Value>) -> Self {
+        Self {
+            dir,
+            log,
+            sampler: None,
+            header,
+            report: None,
+            done: false,
+        }
+    }
+
+    /// The `summary.json` fields set so far.
+    #[cfg(test)]
+    pub(crate) fn finished_header(&self) -> &Map<String, Value> {
+        &self.header
+    }
+
     /// The run folder.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -196,10 +215,10 @@ impl Run {
 }
 
 /// The file that keeps space for the end of a run (see [`Run::create`]).
-const RESERVE: &str = ".space-reserve";
+pub(crate) const RESERVE: &str = ".space-reserve";
 
 /// Its size: more than `summary.json` and the breakdown need.
-const RESERVE_BYTES: usize = 256 << 10;
+pub(crate) const RESERVE_BYTES: usize = 256 << 10;
 
 impl Run {
     /// Frees the space kept for the end of the run.

@@ -120,6 +120,10 @@ pub struct CheckpointMeta {
     pub early_stop: Option<EarlyStopState>,
     /// The monitored metric's value at this checkpoint (epoch ends only).
     pub monitor: Option<f64>,
+    /// The positions of the model's random streams (dropout), as decimal
+    /// strings (JSON numbers stop at 2^53).
+    #[serde(default)]
+    pub rng: Vec<String>,
     /// When it was written (seconds since the Unix epoch).
     pub written_unix_s: f64,
     /// The tensor files and their check values (filled by [`write`]).
@@ -275,6 +279,39 @@ pub fn prune(dir: &Path, keep_last: usize, best: Option<usize>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Before a resume from the checkpoint at `step`: renames every newer
+/// checkpoint folder (refused by [`latest_good`]) to `refused-step-N`, so
+/// it is kept for a look but never counted, resumed from or pruned in place
+/// of a good one; and removes the temporary folders of writers that are no
+/// longer alive (a `kill -9` mid-write). Returns the renamed folders.
+pub fn set_aside(dir: &Path, step: usize) -> Result<Vec<PathBuf>> {
+    let mut moved = Vec::new();
+    for (s, path) in list(dir).into_iter().filter(|(s, _)| *s > step) {
+        let base = format!("refused-{}", folder_name(s));
+        let mut to = dir.join(&base);
+        let mut n = 1;
+        while to.exists() {
+            n += 1;
+            to = dir.join(format!("{base}-{n}"));
+        }
+        std::fs::rename(&path, &to).map_err(io_err(&path, "setting aside"))?;
+        moved.push(to);
+    }
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix(".tmp-step-")
+            .and_then(|r| r.rsplit('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        let alive = |p: u32| p == std::process::id() || Path::new(&format!("/proc/{p}")).exists();
+        if pid.is_some_and(|p| !alive(p)) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    sync_dir(dir)?;
+    Ok(moved)
 }
 
 /// A checkpoint read back and checked.

@@ -83,6 +83,21 @@ pub trait TrainStep: Send + Sync {
                 .into(),
         )
     }
+    /// The positions of the step's random streams (its model's dropout), saved
+    /// in checkpoints ([`Model::rng_state`]); empty by default.
+    fn rng_state(&self) -> Vec<u128> {
+        Vec::new()
+    }
+    /// Puts back positions [`TrainStep::rng_state`] gave.
+    fn load_rng_state(&self, state: &[u128]) -> Result<()> {
+        match state.len() {
+            0 => Ok(()),
+            n => Err(Error::Config(format!(
+                "the checkpoint holds {n} random stream positions (dropout), but this training \
+                 step declares none: implement TrainStep::rng_state and load_rng_state"
+            ))),
+        }
+    }
 }
 
 impl<S: TrainStep + ?Sized> TrainStep for Box<S> {
@@ -97,6 +112,12 @@ impl<S: TrainStep + ?Sized> TrainStep for Box<S> {
     }
     fn capture_safe(&self) -> std::result::Result<(), String> {
         (**self).capture_safe()
+    }
+    fn rng_state(&self) -> Vec<u128> {
+        (**self).rng_state()
+    }
+    fn load_rng_state(&self, state: &[u128]) -> Result<()> {
+        (**self).load_rng_state(state)
     }
 }
 
@@ -163,6 +184,14 @@ impl<M: Model> TrainStep for Classifier<M> {
 
     fn capture_safe(&self) -> std::result::Result<(), String> {
         self.model.capture_safe()
+    }
+
+    fn rng_state(&self) -> Vec<u128> {
+        self.model.rng_state()
+    }
+
+    fn load_rng_state(&self, state: &[u128]) -> Result<()> {
+        Ok(self.model.load_rng_state(state)?)
     }
 
     fn training_step(&self, batch: &Batch) -> Result<StepOutput> {
@@ -255,6 +284,14 @@ impl<M: Model> TrainStep for Regressor<M> {
 
     fn capture_safe(&self) -> std::result::Result<(), String> {
         self.model.capture_safe()
+    }
+
+    fn rng_state(&self) -> Vec<u128> {
+        self.model.rng_state()
+    }
+
+    fn load_rng_state(&self, state: &[u128]) -> Result<()> {
+        Ok(self.model.load_rng_state(state)?)
     }
 
     fn training_step(&self, batch: &Batch) -> Result<StepOutput> {

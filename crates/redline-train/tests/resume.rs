@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::Tensor;
 use redline_core::{Device, Precision};
 use redline_data::{Loader, LoaderConfig, Split, TargetKind};
-use redline_models::{MlpConfig, ModelConfig};
+use redline_models::{MlpConfig, ModelConfig, SequentialConfig};
 use redline_train::checkpoint::{self, CheckpointConfig};
 use redline_train::{Callback, Classifier, Event, OptimizerConfig, TrainConfig, Trainer};
 
@@ -88,14 +88,28 @@ fn identity() -> BTreeMap<String, serde_json::Value> {
 fn trainer(
     ckpt: Option<(&Path, Option<usize>)>,
     stop_at: Option<usize>,
-    accumulate: usize,
+    (accumulate, dropout): (usize, bool),
 ) -> anyhow::Result<(Trainer, Arc<Mutex<Seen>>)> {
-    let model = ModelConfig::Mlp(MlpConfig {
-        in_features: 4,
-        hidden: vec![8],
-        classes: 2,
-    })
-    .build(&Device::cpu(), Precision::Fp32, 1)?;
+    let cfg = match dropout {
+        false => ModelConfig::Mlp(MlpConfig {
+            in_features: 4,
+            hidden: vec![8],
+            classes: 2,
+        }),
+        // Two dropout streams, one inside a residual block.
+        true => ModelConfig::Sequential(SequentialConfig::from_toml(
+            r#"[model]
+layers = [
+  { type = "flatten" }, { type = "linear", out = 8 }, { type = "relu" }, { type = "dropout", p = 0.3 },
+  { type = "residual", layers = [{ type = "linear", out = 8 }, { type = "dropout", p = 0.5 }] },
+  { type = "linear" },
+]"#,
+            "dropout-mlp",
+            &[1, 2, 2],
+            2,
+        )?),
+    };
+    let model = cfg.build(&Device::cpu(), Precision::Fp32, 1)?;
     let seen = Arc::new(Mutex::new(Seen::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let mut b = Trainer::builder()
@@ -154,21 +168,21 @@ fn params_of(t: &Trainer) -> Vec<(String, Vec<usize>)> {
 fn stop_and_resume(
     stop_at: usize,
     every: Option<usize>,
-    accumulate: usize,
+    case: (usize, bool),
     pick: impl Fn(&Path),
 ) -> R {
     let (train, val) = (loader(100, true, 2)?, loader(30, false, 0)?);
-    let (mut whole, whole_seen) = trainer(None, None, accumulate)?;
+    let (mut whole, whole_seen) = trainer(None, None, case)?;
     let want = whole.fit(&train, Some(&val))?;
     let dir = tempfile::tempdir()?;
-    let (mut first, _) = trainer(Some((dir.path(), every)), Some(stop_at), accumulate)?;
+    let (mut first, _) = trainer(Some((dir.path(), every)), Some(stop_at), case)?;
     let err = first.fit(&train, Some(&val)).err();
     assert!(
         matches!(err, Some(redline_train::Error::Interrupted { .. })),
         "{err:?}"
     );
     pick(dir.path());
-    let (mut second, seen) = trainer(Some((dir.path(), every)), None, accumulate)?;
+    let (mut second, seen) = trainer(Some((dir.path(), every)), None, case)?;
     let (loaded, refused) = checkpoint::latest_good(dir.path(), &identity(), &params_of(&second))?;
     assert!(refused.is_empty(), "{refused:?}");
     let from = loaded.meta.step;
@@ -211,21 +225,30 @@ fn stop_and_resume(
 fn a_run_stopped_mid_epoch_resumes_bit_for_bit() -> R {
     // 13 batches an epoch: step 7 is mid-epoch 1, step 20 mid-epoch 2.
     for stop_at in [7, 20] {
-        stop_and_resume(stop_at, Some(4), 1, |_| {})?;
+        stop_and_resume(stop_at, Some(4), (1, false), |_| {})?;
     }
     Ok(())
 }
 
 #[test]
 fn accumulating_runs_resume_at_a_step_boundary() -> R {
-    stop_and_resume(9, Some(3), 2, |_| {})
+    stop_and_resume(9, Some(3), (2, false), |_| {})
+}
+
+#[test]
+fn dropout_masks_resume_where_they_were() -> R {
+    // Before: a resumed dropout model drew its masks from the stream's start.
+    for stop_at in [5, 14] {
+        stop_and_resume(stop_at, Some(3), (1, true), |_| {})?;
+    }
+    Ok(())
 }
 
 #[test]
 fn losing_the_newest_checkpoints_falls_back_to_an_older_one() -> R {
     // As after `kill -9`: the stop's own checkpoint and the newest periodic
     // one are gone; the run resumes from an older one and still ends the same.
-    stop_and_resume(22, Some(5), 1, |dir| {
+    stop_and_resume(22, Some(5), (1, false), |dir| {
         let all = checkpoint::list(dir);
         for (_, p) in all.iter().rev().take(2) {
             std::fs::remove_dir_all(p).unwrap_or_default();
@@ -235,7 +258,7 @@ fn losing_the_newest_checkpoints_falls_back_to_an_older_one() -> R {
 
 #[test]
 fn epoch_end_checkpoints_resume_at_the_next_epoch() -> R {
-    stop_and_resume(15, None, 1, |dir| {
+    stop_and_resume(15, None, (1, false), |dir| {
         let steps: Vec<usize> = checkpoint::list(dir).iter().map(|c| c.0).collect();
         // Epoch 1 ended at step 13, then the stop at 15 wrote its own.
         assert_eq!(steps, [13, 15]);
@@ -247,7 +270,7 @@ fn epoch_end_checkpoints_resume_at_the_next_epoch() -> R {
 fn damaged_or_foreign_checkpoints_are_refused_by_name() -> R {
     let (train, val) = (loader(40, true, 0)?, loader(16, false, 0)?);
     let dir = tempfile::tempdir()?;
-    let (mut t, _) = trainer(Some((dir.path(), Some(2))), None, 1)?;
+    let (mut t, _) = trainer(Some((dir.path(), Some(2))), None, (1, false))?;
     t.fit(&train, Some(&val))?;
     let all = checkpoint::list(dir.path());
     assert!(all.len() >= 3, "{all:?}");

@@ -287,6 +287,13 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
+    /// Continue a stopped run from its newest good checkpoint, in its own folder, with its
+    /// config.toml: RUN_DIR, or `last` (the newest run under runs/ with a checkpoint). Flags
+    /// that change only how long it runs or what it logs (--epochs, --max-steps, ...) may be
+    /// given too; any other flag must match the run's.
+    #[arg(long, value_name = "RUN_DIR|last", conflicts_with_all = ["run_dir", "config"])]
+    #[serde(skip)]
+    pub resume: Option<PathBuf>,
 }
 
 /// The largest `--config` file read.
@@ -308,14 +315,35 @@ pub fn expand_config(argv: Vec<OsString>) -> anyhow::Result<(Vec<OsString>, Conf
     let Some(train_at) = argv.iter().position(|a| a == "train") else {
         return Ok((argv, ConfigFlags::default()));
     };
+    let mut argv = argv;
     let mut file = None;
+    let mut resume = None;
     for (i, a) in argv.iter().enumerate().skip(train_at + 1) {
         let a = a.to_string_lossy();
         if a == "--config" {
             file = argv.get(i + 1).map(PathBuf::from);
         } else if let Some(v) = a.strip_prefix("--config=") {
             file = Some(PathBuf::from(v));
+        } else if a == "--resume" {
+            resume = argv.get(i + 1).map(|v| (i + 1, PathBuf::from(v)));
+        } else if a.starts_with("--resume=") {
+            resume = Some((i, PathBuf::new()));
         }
+    }
+    // `--resume=RUN` as `--resume RUN`, so the value has a place of its own.
+    if let Some((i, p)) = resume.as_mut().filter(|(_, p)| p.as_os_str().is_empty()) {
+        let v = argv[*i].to_string_lossy()["--resume=".len()..].to_string();
+        argv[*i] = "--resume".into();
+        argv.insert(*i + 1, v.clone().into());
+        *i += 1;
+        *p = PathBuf::from(v);
+    }
+    // `--resume RUN` reads RUN's config.toml as `--config` would (clap then
+    // refuses `--config` beside it); `last` becomes the folder it names.
+    if let (Some((at, run)), None) = (resume, &file) {
+        let dir = crate::resume::run_folder(&run)?;
+        file = Some(dir.join("config.toml"));
+        argv[at] = dir.into_os_string();
     }
     let Some(file) = file else {
         return Ok((argv, ConfigFlags::default()));

@@ -5,6 +5,8 @@ mod auto_device;
 mod cli;
 mod data_flags;
 mod progress;
+mod resume;
+mod signals;
 mod step_kind;
 mod summary;
 mod train;
@@ -65,7 +67,7 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             // A signal's graceful stop: the shell's exit code for it (130, 143).
-            if let Some(stopped) = err.downcast_ref::<train::Stopped>() {
+            if let Some(stopped) = err.downcast_ref::<signals::Stopped>() {
                 eprintln!("{stopped}");
                 return ExitCode::from(u8::try_from(128 + stopped.signal).unwrap_or(1));
             }

@@ -1,7 +1,7 @@
 //! `redline train`: resolve flags into configs, build, fit, report, save.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use serde_json::json;
 use crate::cli::TrainArgs;
 use crate::data_flags::{augment, data_options, hidden};
 use crate::progress::Progress;
+use crate::signals::{stop_on_signals, Stopped};
 use crate::step_kind::StepKind;
 use crate::summary;
 use redline_run::{Ending, Finished, Run};
@@ -275,6 +276,12 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if let Some(init) = &args.init {
         model.params().load_safetensors(init).context("--init")?;
     }
+    // What a checkpoint to resume from must hold: `(name, shape)` in order.
+    let shapes: Vec<(String, Vec<usize>)> = model
+        .params()
+        .state()
+        .map(|(n, v)| (n.to_string(), v.as_tensor().dims().to_vec()))
+        .collect();
     stop.check("building the model")?;
     println!(
         "redline: {} ({} params) on {} ({} compute threads), {} batch {}, lr {}, loss {}",
@@ -343,28 +350,39 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         );
     }
 
-    let mut run = Run::create(args.run_dir.as_deref(), model_cfg.name())?;
+    // A resumed run reopens its folder at the checkpoint; a new one makes its own.
+    let (mut run, resume_from) = match args.resume.as_deref() {
+        None => (
+            Run::create(args.run_dir.as_deref(), model_cfg.name())?,
+            None,
+        ),
+        Some(dir) => {
+            let recorded = recorded_args(args, &data_dir, dir)?;
+            let (loaded, at) =
+                crate::resume::load(dir, &crate::resume::identity(&recorded)?, &shapes)?;
+            let (run, kept) = Run::reopen(dir, model_cfg.name(), &at)?;
+            println!("  {}", kept.line());
+            (run, Some(loaded))
+        }
+    };
     let dir = run.dir().to_path_buf();
     // A model file is copied into the run folder, and the config names the
     // copy: the run re-runs from its folder even after the file changes.
-    let mut recorded = args.clone();
-    // Paths are recorded absolute, so the config re-runs from any folder.
-    recorded.data = Some(std::path::absolute(&data_dir)?);
-    if let Some(init) = &args.init {
-        recorded.init = Some(std::path::absolute(init)?);
-    }
-    if args.model.ends_with(".toml") {
-        let copy = std::path::absolute(dir.join("model.toml"))?;
-        std::fs::copy(&args.model, &copy)
+    let recorded = recorded_args(args, &data_dir, &dir)?;
+    if args.model.ends_with(".toml")
+        && std::path::absolute(&args.model)? != Path::new(&recorded.model)
+    {
+        std::fs::copy(&args.model, &recorded.model)
             .with_context(|| format!("--model {}: copying it into the run folder", args.model))?;
-        recorded.model = copy.display().to_string();
     }
     let config = toml::to_string(&recorded).context("serialising the config")?;
     run.write_file(
         "config.toml",
         &format!(
-            "# redline train --config {} runs this again (same seed, data and flags)\n{config}",
-            dir.join("config.toml").display()
+            "# redline train --config {} runs this again (same seed, data and flags); \
+             redline train --resume {} continues it\n{config}",
+            dir.join("config.toml").display(),
+            dir.display()
         ),
     )?;
     // `detailed`: this thread and the monitor's record into one trace, which
@@ -406,7 +424,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         redline_report::write_report(d).map_err(|e| e.to_string())
     }));
 
-    let checkpoints = checkpoint_config(args, &dir, &recorded)?;
+    let checkpoints =
+        crate::resume::checkpoint_config(args, &dir, crate::resume::identity(&recorded)?)?;
+    let resumable = checkpoints.as_ref().map(|_| dir.clone());
     if let Some(c) = &checkpoints {
         println!(
             "  checkpoints: {} into {} (keep the last {} and the best by {})",
@@ -434,6 +454,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         builder = builder.checkpoints(c);
     }
     let mut trainer = builder.build(step_kind.step(model), device)?;
+    if let Some(loaded) = resume_from {
+        trainer.resume_from(loaded)?;
+    }
     // Lightning's `trainer.test` after `fit`: the test split, reported as test_*.
     let fit = trainer
         .fit(&train_loader, val_loader.as_ref())
@@ -473,6 +496,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                 step,
                 epoch,
                 during: None,
+                resume: resumable,
             }))
         }
         (Err(e), _) => Err(anyhow::Error::from(e)),
@@ -558,62 +582,21 @@ fn report(done: &Finished) {
     }
 }
 
-/// Flags a resumed run may change without changing what it computes (how
-/// long it runs, what it logs and where); every other flag is the run's
-/// identity, which a checkpoint must match.
-const RESUMABLE_FLAGS: &[&str] = &[
-    "epochs",
-    "max-steps",
-    "log-every",
-    "profiler",
-    "monitor-interval",
-    "metrics",
-    "save",
-    "prefetch",
-    "eval-batch-size",
-    "checkpoint-every",
-    "keep-last",
-    "monitor",
-    "mode",
-    "no-checkpoint",
-    "early-stop",
-    "kernel-trace",
-    "no-validate",
-];
-
-/// `--checkpoint-every`, `--keep-last`, `--monitor`, `--mode`: where and
-/// when the run checkpoints (`None` with `--no-checkpoint`).
-fn checkpoint_config(
-    args: &TrainArgs,
-    run_dir: &Path,
-    recorded: &TrainArgs,
-) -> anyhow::Result<Option<redline_train::checkpoint::CheckpointConfig>> {
-    use redline_train::early_stop::Direction;
-    if args.no_checkpoint {
-        return Ok(None);
+/// The flags as the run folder's `config.toml` records them: paths
+/// absolute, so the config re-runs from any folder, and a model file named
+/// by its copy in the run folder `dir`.
+fn recorded_args(args: &TrainArgs, data_dir: &Path, dir: &Path) -> anyhow::Result<TrainArgs> {
+    let mut recorded = args.clone();
+    recorded.data = Some(std::path::absolute(data_dir)?);
+    if let Some(init) = &args.init {
+        recorded.init = Some(std::path::absolute(init)?);
     }
-    let mode = match args.mode.as_deref() {
-        Some("max") => Direction::Max,
-        Some(_) => Direction::Min,
-        None if args.monitor.contains("acc") => Direction::Max,
-        None => Direction::Min,
-    };
-    let identity = match serde_json::to_value(recorded)? {
-        serde_json::Value::Object(m) => m
-            .into_iter()
-            .filter(|(k, _)| !RESUMABLE_FLAGS.contains(&k.as_str()))
-            .collect(),
-        _ => Default::default(),
-    };
-    let cfg = redline_train::checkpoint::CheckpointConfig {
-        dir: run_dir.join("checkpoints"),
-        every: args.checkpoint_every,
-        keep_last: args.keep_last,
-        monitor: Some((args.monitor.clone(), mode)),
-        identity,
-    };
-    cfg.check()?;
-    Ok(Some(cfg))
+    if args.model.ends_with(".toml") {
+        recorded.model = std::path::absolute(dir.join("model.toml"))?
+            .display()
+            .to_string();
+    }
+    Ok(recorded)
 }
 
 /// `--clip-grad-norm` / `--clip-grad-value` (clap refuses both at once).
@@ -677,87 +660,4 @@ fn check_writable(flag: &str, path: &Path, run_dir: Option<&Path>) -> anyhow::Re
     std::fs::remove_file(&probe)
         .with_context(|| format!("{flag}: removing the probe {}", probe.display()))?;
     Ok(())
-}
-
-/// A run stopped by SIGINT or SIGTERM after a whole step; the process exits
-/// with 128 + the signal number, as a shell reports a killed command.
-#[derive(Debug)]
-pub struct Stopped {
-    /// The signal (2: SIGINT, 15: SIGTERM).
-    pub signal: i32,
-    /// The last step completed (0 in a validation or test pass).
-    pub step: usize,
-    /// Its epoch.
-    pub epoch: usize,
-    /// The phase before training it came in (`reading the data`), when it did.
-    pub during: Option<&'static str>,
-}
-
-impl std::fmt::Display for Stopped {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let name = match self.signal {
-            signal_hook::consts::SIGINT => "SIGINT",
-            signal_hook::consts::SIGTERM => "SIGTERM",
-            _ => "a signal",
-        };
-        if let Some(phase) = self.during {
-            return write!(
-                f,
-                "interrupted by {name} while {phase}: stopped before training; no run folder \
-                 was made and --save was not written"
-            );
-        }
-        write!(
-            f,
-            "interrupted by {name} after step {} (epoch {}): the run folder has its records, \
-             summary and report; --save was not written",
-            self.step, self.epoch
-        )
-    }
-}
-
-impl std::error::Error for Stopped {}
-
-/// The flag the training loop polls, set by SIGINT or SIGTERM, and which one.
-struct StopFlags {
-    flag: Arc<AtomicBool>,
-    signal: Arc<AtomicUsize>,
-}
-
-impl StopFlags {
-    /// The stop of a run that a signal ended `during` a phase before training.
-    fn stopped(&self, during: &'static str) -> anyhow::Error {
-        anyhow::Error::new(Stopped {
-            signal: self.signal.load(Ordering::Relaxed) as i32,
-            step: 0,
-            epoch: 0,
-            during: Some(during),
-        })
-    }
-
-    /// `Err` once a signal came, at the end of a phase before training.
-    fn check(&self, during: &'static str) -> anyhow::Result<()> {
-        match self.flag.load(Ordering::Relaxed) {
-            true => Err(self.stopped(during)),
-            false => Ok(()),
-        }
-    }
-}
-
-/// Turns the first SIGINT/SIGTERM into a graceful stop (the current step
-/// finishes, everything is written); a second one exits at once.
-fn stop_on_signals() -> anyhow::Result<StopFlags> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let flags = StopFlags {
-        flag: Arc::new(AtomicBool::new(false)),
-        signal: Arc::new(AtomicUsize::new(0)),
-    };
-    for sig in [SIGINT, SIGTERM] {
-        // Registered first, so it sees the flag as the previous signal left it.
-        signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(&flags.flag))
-            .context("installing the signal handlers")?;
-        signal_hook::flag::register(sig, Arc::clone(&flags.flag))?;
-        signal_hook::flag::register_usize(sig, Arc::clone(&flags.signal), sig as usize)?;
-    }
-    Ok(flags)
 }

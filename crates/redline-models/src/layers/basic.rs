@@ -139,6 +139,26 @@ impl Dropout {
 }
 
 impl Layer for Dropout {
+    fn rng_state(&self, out: &mut Vec<u128>) {
+        out.push(
+            self.rng
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get_word_pos(),
+        );
+    }
+
+    fn load_rng_state(&self, from: &mut dyn Iterator<Item = u128>) -> Result<()> {
+        let pos = from.next().ok_or_else(|| {
+            Error::Config("random stream positions: fewer than the model's dropout layers".into())
+        })?;
+        self.rng
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .set_word_pos(pos);
+        Ok(())
+    }
+
     fn capture_safe(&self) -> std::result::Result<(), String> {
         if self.p == 0.0 {
             return Ok(());

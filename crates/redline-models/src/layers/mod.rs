@@ -50,6 +50,12 @@ pub trait Layer: Send + Sync {
     fn capture_safe(&self) -> std::result::Result<(), String> {
         Ok(())
     }
+    /// Appends the positions of this layer's random streams (dropout's) to `out`.
+    fn rng_state(&self, _out: &mut Vec<u128>) {}
+    /// Takes back, in order, the positions [`Layer::rng_state`] gave.
+    fn load_rng_state(&self, _from: &mut dyn Iterator<Item = u128>) -> Result<()> {
+        Ok(())
+    }
 }
 
 fn default_eps() -> f64 {
@@ -578,6 +584,26 @@ impl Model for Sequential {
 
     fn params(&self) -> &Params {
         &self.params
+    }
+
+    fn rng_state(&self) -> Vec<u128> {
+        let mut out = Vec::new();
+        norm::chain_rng_state(&self.body, &mut out);
+        out
+    }
+
+    fn load_rng_state(&self, state: &[u128]) -> Result<()> {
+        let mut it = state.iter().copied();
+        norm::chain_load_rng_state(&self.body, &mut it)?;
+        let want = self.rng_state().len();
+        if want != state.len() {
+            return Err(Error::Config(format!(
+                "random stream positions: this model has {want} (dropout layers), the state \
+                 holds {}",
+                state.len()
+            )));
+        }
+        Ok(())
     }
 }
 

@@ -112,6 +112,24 @@ impl Layer for Embedding {
 /// Named layers applied in order.
 pub(super) type Chain = Vec<(String, Box<dyn Layer>)>;
 
+/// The random stream positions of `chain`'s layers, in order.
+pub(super) fn chain_rng_state(chain: &Chain, out: &mut Vec<u128>) {
+    for (_, layer) in chain {
+        layer.rng_state(out);
+    }
+}
+
+/// Puts back positions [`chain_rng_state`] gave.
+pub(super) fn chain_load_rng_state(
+    chain: &Chain,
+    from: &mut dyn Iterator<Item = u128>,
+) -> Result<()> {
+    for (_, layer) in chain {
+        layer.load_rng_state(from)?;
+    }
+    Ok(())
+}
+
 /// The first layer of `chain` that cannot be captured, named.
 pub(super) fn chain_capture_safe(chain: &Chain) -> std::result::Result<(), String> {
     for (name, layer) in chain {
@@ -144,6 +162,16 @@ impl Layer for Residual {
     fn capture_safe(&self) -> std::result::Result<(), String> {
         chain_capture_safe(&self.body)?;
         chain_capture_safe(&self.shortcut)
+    }
+
+    fn rng_state(&self, out: &mut Vec<u128>) {
+        chain_rng_state(&self.body, out);
+        chain_rng_state(&self.shortcut, out);
+    }
+
+    fn load_rng_state(&self, from: &mut dyn Iterator<Item = u128>) -> Result<()> {
+        chain_load_rng_state(&self.body, from)?;
+        chain_load_rng_state(&self.shortcut, from)
     }
 
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {

@@ -137,6 +137,12 @@ impl Trainer {
             eval_s: st.done.eval_s,
             samples: st.done.samples,
             early_stop: st.done.early.clone(),
+            rng: self
+                .module
+                .rng_state()
+                .iter()
+                .map(u128::to_string)
+                .collect(),
             monitor,
             written_unix_s: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -240,6 +246,17 @@ impl Trainer {
                 path: loaded.dir.join(checkpoint::OPTIMIZER),
                 message: e.to_string(),
             })?;
+        let rng = loaded
+            .meta
+            .rng
+            .iter()
+            .map(|s| s.parse::<u128>())
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::Checkpoint {
+                path: loaded.dir.join(checkpoint::STATE),
+                message: format!("`rng`: not a stream position: {e}"),
+            })?;
+        self.module.load_rng_state(&rng)?;
         self.resume = Some(loaded.meta);
         Ok(())
     }

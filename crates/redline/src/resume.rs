@@ -1,0 +1,207 @@
+//! `redline train --resume RUN_DIR|last`: which run folder, which of its
+//! checkpoints, and what a checkpoint must match (the run's identity: every
+//! flag but those that only change how long it runs or what it logs).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use redline_train::checkpoint::{self, CheckpointConfig, Loaded};
+use redline_train::early_stop::Direction;
+use serde_json::Value;
+
+use crate::cli::TrainArgs;
+
+/// Flags a resumed run may change without changing what it computes (how
+/// long it runs, what it logs and where); every other flag is the run's
+/// identity, which a checkpoint must match.
+pub const RESUMABLE_FLAGS: &[&str] = &[
+    "epochs",
+    "max-steps",
+    "log-every",
+    "profiler",
+    "monitor-interval",
+    "metrics",
+    "save",
+    "prefetch",
+    "eval-batch-size",
+    "checkpoint-every",
+    "keep-last",
+    "monitor",
+    "mode",
+    "no-checkpoint",
+    "early-stop",
+    "kernel-trace",
+    "no-validate",
+];
+
+/// Where `runs` keeps its run folders (as `redline runs` lists them).
+const RUNS: &str = "runs";
+
+/// The run folder `--resume` names: a folder with a `config.toml`, or
+/// `last`, the newest run under `runs/` (by its config's time) that holds
+/// a checkpoint.
+pub fn run_folder(arg: &Path) -> anyhow::Result<PathBuf> {
+    if arg == Path::new("last") && !arg.is_dir() {
+        return newest(Path::new(RUNS));
+    }
+    if !arg.is_dir() {
+        bail!(
+            "--resume {}: no such run folder\nHINT: give a folder under runs/ (`redline runs` \
+             lists them), or `--resume last`",
+            arg.display()
+        );
+    }
+    if !arg.join("config.toml").is_file() {
+        bail!(
+            "--resume {}: not a run folder (it has no config.toml)\nHINT: give the folder a \
+             `redline train` wrote, e.g. runs/<date-time>-<model>",
+            arg.display()
+        );
+    }
+    Ok(arg.to_path_buf())
+}
+
+/// The newest run under `root` with a checkpoint.
+fn newest(root: &Path) -> anyhow::Result<PathBuf> {
+    let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
+    for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        let dir = e.path();
+        let Ok(config) = std::fs::metadata(dir.join("config.toml")) else {
+            continue;
+        };
+        if checkpoint::list(&dir.join("checkpoints")).is_empty() {
+            continue;
+        }
+        let when = config.modified().unwrap_or(std::time::UNIX_EPOCH);
+        if best.as_ref().is_none_or(|(t, _)| when > *t) {
+            best = Some((when, dir));
+        }
+    }
+    best.map(|(_, d)| d).with_context(|| {
+        format!(
+            "--resume last: no run under {}/ holds a checkpoint\nHINT: runs write one at each \
+             epoch end (unless --no-checkpoint); give a run folder with --resume RUN_DIR",
+            root.display()
+        )
+    })
+}
+
+/// The flags that make a run what it is: `recorded` (the config as
+/// `config.toml` holds it) without [`RESUMABLE_FLAGS`].
+pub fn identity(recorded: &TrainArgs) -> anyhow::Result<BTreeMap<String, Value>> {
+    Ok(match serde_json::to_value(recorded)? {
+        Value::Object(m) => m
+            .into_iter()
+            .filter(|(k, _)| !RESUMABLE_FLAGS.contains(&k.as_str()))
+            .collect(),
+        _ => BTreeMap::new(),
+    })
+}
+
+/// `--checkpoint-every`, `--keep-last`, `--monitor`, `--mode`: where and
+/// when the run checkpoints (`None` with `--no-checkpoint`).
+pub fn checkpoint_config(
+    args: &TrainArgs,
+    run_dir: &Path,
+    identity: BTreeMap<String, Value>,
+) -> anyhow::Result<Option<CheckpointConfig>> {
+    if args.no_checkpoint {
+        return Ok(None);
+    }
+    let mode = match args.mode.as_deref() {
+        Some("max") => Direction::Max,
+        Some(_) => Direction::Min,
+        None if args.monitor.contains("acc") => Direction::Max,
+        None => Direction::Min,
+    };
+    let cfg = CheckpointConfig {
+        dir: run_dir.join("checkpoints"),
+        every: args.checkpoint_every,
+        keep_last: args.keep_last,
+        monitor: Some((args.monitor.clone(), mode)),
+        identity,
+    };
+    cfg.check()?;
+    Ok(Some(cfg))
+}
+
+/// The newest good checkpoint of the run folder `dir` for a model with
+/// `params` (`(name, shape)`): says which it resumes from and why it
+/// skipped any newer one, and sets those aside (`refused-step-N`).
+pub fn load(
+    dir: &Path,
+    identity: &BTreeMap<String, Value>,
+    params: &[(String, Vec<usize>)],
+) -> anyhow::Result<(Loaded, redline_run::ResumePoint)> {
+    let folder = dir.join("checkpoints");
+    let (loaded, refused) = checkpoint::latest_good(&folder, identity, params)
+        .map_err(anyhow::Error::from)
+        .with_context(|| {
+            format!(
+                "--resume {}: nothing to resume from\nHINT: flags other than {} must be the \
+                 run's own (its config.toml); a run with no good checkpoint starts again \
+                 without --resume",
+                dir.display(),
+                RESUMABLE_FLAGS
+                    .iter()
+                    .map(|f| format!("--{f}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?;
+    for why in &refused {
+        println!("  checkpoint refused: {why}");
+    }
+    let m = &loaded.meta;
+    if !refused.is_empty() {
+        println!(
+            "  falling back to the newest good checkpoint, {}",
+            loaded.dir.display()
+        );
+        for p in checkpoint::set_aside(&folder, m.step)? {
+            println!("  set aside: {}", p.display());
+        }
+    } else {
+        checkpoint::set_aside(&folder, m.step)?;
+    }
+    println!(
+        "resuming {} from {} (step {}, epoch {}, {} batches into it)",
+        dir.display(),
+        loaded.dir.display(),
+        m.step,
+        m.epoch,
+        m.batch
+    );
+    let at = redline_run::ResumePoint {
+        step: m.step,
+        epochs: m.logs.len(),
+        written_unix_s: m.written_unix_s,
+        checkpoint: loaded.dir.display().to_string(),
+    };
+    Ok((loaded, at))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_is_the_newest_run_with_a_checkpoint() -> anyhow::Result<()> {
+        let t = tempfile::tempdir()?;
+        let err = newest(t.path()).err().map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.contains("holds a checkpoint")));
+        for (name, ckpt) in [("a", true), ("b", true), ("c", false)] {
+            let d = t.path().join(name);
+            std::fs::create_dir_all(d.join("checkpoints"))?;
+            std::fs::write(d.join("config.toml"), "")?;
+            if ckpt {
+                std::fs::create_dir(d.join("checkpoints").join("step-00000001"))?;
+            }
+            // Distinct modification times.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(newest(t.path())?, t.path().join("b"));
+        Ok(())
+    }
+}

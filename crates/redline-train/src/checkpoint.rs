@@ -131,6 +131,48 @@ pub struct CheckpointMeta {
     pub files: Vec<FileSum>,
 }
 
+impl CheckpointMeta {
+    /// Whether a loop of `batches_per_epoch` batches, stepping every
+    /// `accumulate`, can be where this checkpoint says it was; `Err` says
+    /// what does not fit.
+    pub fn check_position(
+        &self,
+        batches_per_epoch: usize,
+        accumulate: usize,
+    ) -> std::result::Result<(), String> {
+        let accumulate = accumulate.max(1);
+        if self.epoch == 0 {
+            return Err("`epoch` 0: epochs count from 1".into());
+        }
+        if self.logs.len() != self.epoch - 1 {
+            return Err(format!(
+                "`epoch` {} but `logs` holds {} finished epochs (it must hold {})",
+                self.epoch,
+                self.logs.len(),
+                self.epoch - 1
+            ));
+        }
+        if self.batch >= batches_per_epoch.max(1) || self.batch % accumulate != 0 {
+            return Err(format!(
+                "`batch` {}: an epoch of this data has {batches_per_epoch} batches, and a step \
+                 every {accumulate} (was the data or --batch-size changed?)",
+                self.batch
+            ));
+        }
+        if self.step < self.batch / accumulate {
+            return Err(format!(
+                "`step` {} is fewer than the {} steps of the epoch so far",
+                self.step,
+                self.batch / accumulate
+            ));
+        }
+        if !(self.lr.is_finite() && self.lr >= 0.0) {
+            return Err(format!("`lr` {}: not a learning rate", self.lr));
+        }
+        Ok(())
+    }
+}
+
 /// A checkpoint in memory: host copies of the tensors, taken on the loop's
 /// thread so that training can go on while another thread writes them.
 pub struct Snapshot {

@@ -329,7 +329,7 @@ pub struct Trainer {
     /// The checkpoint writer's thread and record.
     writer: checkpointing::Writer,
     /// The loop position to continue from ([`Trainer::resume_from`]).
-    resume: Option<CheckpointMeta>,
+    resume: Option<(std::path::PathBuf, CheckpointMeta)>,
 }
 
 impl Trainer {
@@ -497,7 +497,19 @@ impl Trainer {
             Ok(()) => Some(graph_run::Engine::new(train, &self.device)?),
             Err(_) => None,
         };
-        let resume = self.resume.take();
+        let resume = match self.resume.take() {
+            Some((dir, meta)) => {
+                // A state.json someone edited may name any position: one this
+                // loop cannot be at is refused by name, before any step.
+                meta.check_position(batches_per_epoch, self.cfg.accumulate)
+                    .map_err(|message| Error::Checkpoint {
+                        path: dir.join(crate::checkpoint::STATE),
+                        message,
+                    })?;
+                Some(meta)
+            }
+            None => None,
+        };
         // The graph's device cursor starts an epoch at its first batch.
         let plan = match (&resume, plan) {
             (Some(r), Ok(())) if r.batch > 0 => Err(format!(

@@ -357,3 +357,47 @@ fn keep_last_prunes_all_but_the_newest_and_the_best() -> R {
     assert_eq!(steps, want, "best {:?}", log.best);
     Ok(())
 }
+
+/// Fuzzing a checkpoint's `state.json` (`redline_testkit::fuzz`, seeded by a
+/// real mid-epoch checkpoint, whose tensor files stay whole so that mutants
+/// reach the resume): reading it gives a checkpoint or an error naming the
+/// file, and a checkpoint that reads resumes and fits, or errs, never panics.
+#[test]
+fn fuzz_checkpoint_state_json() -> R {
+    let (train, val) = (loader(40, true, 0)?, loader(16, false, 0)?);
+    let dir = tempfile::tempdir()?;
+    let (mut t, _) = trainer(Some((dir.path(), Some(3))), Some(7), (1, true))?;
+    let _ = t.fit(&train, Some(&val));
+    let params = params_of(&t);
+    let (_, ckpt) = checkpoint::list(dir.path())
+        .into_iter()
+        .find(|(s, _)| *s == 6)
+        .ok_or_else(|| anyhow::anyhow!("no checkpoint at step 6"))?;
+    let state = ckpt.join(checkpoint::STATE);
+    let mut seeds = vec![std::fs::read(&state)?];
+    let regressions = redline_testkit::fuzz::corpus_dir("checkpoint");
+    if regressions.is_dir() {
+        seeds.extend(redline_testkit::fuzz::corpus("checkpoint"));
+    }
+    let report = redline_testkit::fuzz::fuzz_seeds(
+        "checkpoint",
+        &seeds,
+        redline_testkit::fuzz::budget(),
+        |bytes| {
+            std::fs::write(&state, bytes).unwrap_or_default();
+            match checkpoint::read(&ckpt, &identity(), &params) {
+                Err(e) => assert!(e.to_string().contains(&*ckpt.to_string_lossy())),
+                Ok(loaded) => {
+                    let Ok((mut t, _)) = trainer(None, None, (1, true)) else {
+                        return;
+                    };
+                    if t.resume_from(loaded).is_ok() {
+                        let _ = t.fit(&train, Some(&val));
+                    }
+                }
+            }
+        },
+    );
+    eprintln!("{report}");
+    Ok(())
+}

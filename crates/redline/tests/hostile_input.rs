@@ -607,3 +607,76 @@ fn a_disk_that_fills_mid_run_leaves_a_failed_run_that_says_why() {
         let _ = std::fs::remove_file(&metrics);
     }
 }
+
+/// A checkpoint that does not fit on the disk fails alone: the previous one
+/// stays the newest, whole, no temporary folder is left, the run goes on and
+/// its summary says which checkpoints failed and why.
+#[test]
+fn a_disk_too_full_for_a_checkpoint_keeps_the_previous_one() {
+    let t = tempfile::tempdir().unwrap();
+    let disk = t.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    // The MLP's checkpoint is 1.2 MB (weights and Adam's moments): one fits
+    // beside the run's records, a second does not.
+    if !mount_tmpfs(&disk, "2200k") {
+        eprintln!("note: not root (or no tmpfs): the full-disk checkpoint is not tried");
+        return;
+    }
+    let _mounted = Mounted(disk.clone());
+    let run = disk.join("run");
+    let out = command(
+        &common::root(),
+        &[
+            "--threads",
+            "1",
+            "--max-steps",
+            "300",
+            "--checkpoint-every",
+            "100",
+            "--run-dir",
+            run.to_str().unwrap(),
+        ],
+    )
+    .output()
+    .unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{so}\n{se}");
+    assert!(
+        so.contains("checkpoint failed") && so.contains("No space left on device"),
+        "{so}"
+    );
+    let summary = common::json(&run.join("summary.json"));
+    assert_eq!(summary["status"], "finished", "{summary}");
+    let failed = summary["checkpoints"]["failed"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(!failed.is_empty(), "{summary}");
+    let names: Vec<String> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        ["step-00000100"],
+        "only the checkpoint that fitted, whole"
+    );
+    // The newest is whole: a copy on a roomy disk resumes from it, refusing nothing.
+    let copy = t.path().join("copy");
+    assert!(Command::new("cp")
+        .args(["-r", run.to_str().unwrap(), copy.to_str().unwrap()])
+        .status()
+        .unwrap()
+        .success());
+    let out = Command::new(env!("CARGO_BIN_EXE_redline"))
+        .current_dir(common::root())
+        .args(["train", "--resume", copy.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{so}");
+    assert!(so.contains("(step 100,") && !so.contains("refused"), "{so}");
+}

@@ -257,7 +257,7 @@ impl Trainer {
                 message: format!("`rng`: not a stream position: {e}"),
             })?;
         self.module.load_rng_state(&rng)?;
-        self.resume = Some(loaded.meta);
+        self.resume = Some((loaded.dir, loaded.meta));
         Ok(())
     }
 }

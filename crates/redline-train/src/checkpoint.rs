@@ -152,7 +152,7 @@ impl CheckpointMeta {
                 self.epoch - 1
             ));
         }
-        if self.batch >= batches_per_epoch.max(1) || self.batch % accumulate != 0 {
+        if self.batch >= batches_per_epoch.max(1) || !self.batch.is_multiple_of(accumulate) {
             return Err(format!(
                 "`batch` {}: an epoch of this data has {batches_per_epoch} batches, and a step \
                  every {accumulate} (was the data or --batch-size changed?)",

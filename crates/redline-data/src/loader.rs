@@ -99,6 +99,8 @@ enum Feed {
 pub struct Loader {
     cfg: LoaderConfig,
     feed: Feed,
+    /// At most this many batches an epoch ([`Loader::limit_batches`]).
+    limit: Option<usize>,
 }
 
 impl std::fmt::Debug for Loader {
@@ -119,6 +121,7 @@ impl Loader {
         Ok(Self {
             cfg,
             feed: Feed::Resident(split),
+            limit: None,
         })
     }
 
@@ -138,6 +141,7 @@ impl Loader {
                 device: device.clone(),
                 stages: Arc::new(Mutex::new(Vec::new())),
             },
+            limit: None,
         })
     }
 
@@ -227,11 +231,25 @@ impl Loader {
     /// Batches one epoch yields.
     pub fn batches_per_epoch(&self) -> usize {
         let (n, b) = (self.len(), self.cfg.batch_size);
-        if self.cfg.drop_last {
+        let all = if self.cfg.drop_last {
             n / b
         } else {
             n.div_ceil(b)
-        }
+        };
+        self.limit.map_or(all, |l| all.min(l))
+    }
+
+    /// Every epoch yields only its first `batches` batches (of that epoch's
+    /// order), as Lightning's `limit_train_batches` and `overfit_batches`;
+    /// [`Loader::batches_per_epoch`] counts them.
+    pub fn limit_batches(mut self, batches: usize) -> Self {
+        self.limit = Some(batches);
+        self
+    }
+
+    /// The limit [`Loader::limit_batches`] set.
+    pub fn limit(&self) -> Option<usize> {
+        self.limit
     }
 
     /// The sample order of `epoch`: identity without shuffling, otherwise a
@@ -508,6 +526,23 @@ mod tests {
             prefetch,
             drop_last: false,
         }
+    }
+
+    #[test]
+    fn a_limit_yields_the_first_batches_of_each_epochs_order() -> Result<()> {
+        for prefetch in [0, 2] {
+            let whole = Loader::new(split(10)?, cfg(true, prefetch))?;
+            let l = Loader::new(split(10)?, cfg(true, prefetch))?.limit_batches(2);
+            assert_eq!(l.batches_per_epoch(), 2);
+            for epoch in 0..3 {
+                let all = pixels(&whole, epoch)?;
+                assert_eq!(pixels(&l, epoch)?, all[..2].to_vec(), "epoch {epoch}");
+            }
+            // A limit past the data's batches changes nothing.
+            let l = Loader::new(split(10)?, cfg(true, prefetch))?.limit_batches(9);
+            assert_eq!(l.batches_per_epoch(), 3);
+        }
+        Ok(())
     }
 
     #[test]

@@ -186,6 +186,8 @@ fn header(run: &RunData) -> String {
         s.validation.as_ref().map(|v| format!("validation: {v}")),
         s.lr_schedule.as_ref().map(|v| format!("lr schedule: {v}")),
         s.stopped_early.clone(),
+        s.short_run.clone(),
+        resumed_note(s),
         s.device_choice.clone(),
         gpu_busy_note(run),
         s.cuda_graph
@@ -202,6 +204,24 @@ fn header(run: &RunData) -> String {
     }
     h.push_str("</header>");
     h
+}
+
+/// `resumed from step N (checkpoint ...)` for each `--resume` of the run,
+/// from `summary.json` `resumed` (an edited entry shows as it is).
+fn resumed_note(s: &crate::records::Summary) -> Option<String> {
+    let list = s.other.get("resumed")?.as_array()?;
+    let parts: Vec<String> = list
+        .iter()
+        .map(
+            |r| match (r.get("step").and_then(|v| v.as_u64()), r.get("at")) {
+                (Some(step), Some(at)) => {
+                    format!("from step {step} at {}", at.as_str().unwrap_or("?"))
+                }
+                _ => r.to_string(),
+            },
+        )
+        .collect();
+    (!parts.is_empty()).then(|| format!("resumed {}", parts.join("; ")))
 }
 
 /// On a GPU run: the kernel trace's busy figure beside NVML's mean

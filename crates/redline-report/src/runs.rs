@@ -58,7 +58,11 @@ fn row(dir: &Path, name: String) -> RunRow {
     };
     RunRow {
         name,
-        status: summary.status.to_string(),
+        // A dev run only checked that training works: marked apart.
+        status: match summary.fast_dev_run {
+            Some(_) => format!("{} (dev run)", summary.status),
+            None => summary.status.to_string(),
+        },
         model: summary.model,
         device: summary.device,
         epochs: summary.epochs,

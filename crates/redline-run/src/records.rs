@@ -135,6 +135,12 @@ pub struct Summary {
     /// The learning-rate schedule (`--lr-schedule`), when not constant.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lr_schedule: Option<String>,
+    /// A short run's limits (`--fast-dev-run`, `--limit-*-batches`, `--overfit-batches`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub short_run: Option<String>,
+    /// `--fast-dev-run N`: the run only checked that training works.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fast_dev_run: Option<u64>,
     /// Why the fit ended before its planned epochs (`--early-stop`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stopped_early: Option<String>,

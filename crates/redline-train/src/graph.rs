@@ -165,6 +165,12 @@ pub(crate) fn loop_eligibility(
             cfg.accumulate
         ));
     }
+    if let Some(n) = train.limit() {
+        return Err(format!(
+            "the epoch is limited to {n} batches (a short run): the captured step walks whole \
+             epochs"
+        ));
+    }
     let full = train.len() / train.config().batch_size.max(1);
     if full <= WARMUP_STEPS {
         return Err(format!(

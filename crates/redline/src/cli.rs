@@ -203,6 +203,25 @@ pub struct TrainArgs {
     /// Write no checkpoints.
     #[arg(long)]
     pub no_checkpoint: bool,
+    /// Check that everything runs, as Lightning's fast_dev_run: N batches (default 1) of
+    /// training, validation and test, one epoch; no checkpoints and --save is not written;
+    /// the run folder is marked as a dev run.
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "1")]
+    pub fast_dev_run: Option<usize>,
+    /// Train on only the first N batches of each epoch, or a fraction of them (0.25).
+    #[arg(long, value_name = "N|FRACTION")]
+    pub limit_train_batches: Option<String>,
+    /// Validate on only N batches, or a fraction of them (0: no validation).
+    #[arg(long, value_name = "N|FRACTION")]
+    pub limit_val_batches: Option<String>,
+    /// Test on only N batches, or a fraction of them (0: no test pass).
+    #[arg(long, value_name = "N|FRACTION")]
+    pub limit_test_batches: Option<String>,
+    /// Train on the same first N batches (or fraction) every epoch, unshuffled, and validate
+    /// on as many: a model that cannot drive their loss down has a bug (Lightning's
+    /// overfit_batches).
+    #[arg(long, value_name = "N|FRACTION")]
+    pub overfit_batches: Option<String>,
     /// Seed for initialisation and shuffling; same seed, machine and threads give the same run bit for bit.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

@@ -6,6 +6,7 @@ mod cli;
 mod data_flags;
 mod progress;
 mod resume;
+mod short_runs;
 mod signals;
 mod step_kind;
 mod summary;

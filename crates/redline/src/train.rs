@@ -160,6 +160,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         }
     }
 
+    let short = crate::short_runs::ShortRun::from_args(args)?;
     let data = data_options(args)?;
     // The model a table implies, checked from its first row before the table
     // is read: a file of 50 million columns is refused in a moment.
@@ -243,7 +244,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     }
     let train_cfg = LoaderConfig {
         batch_size,
-        shuffle: !args.no_shuffle,
+        // Overfitting takes the same batches every epoch.
+        shuffle: !args.no_shuffle && !short.overfit,
         seed: args.seed,
         prefetch: args.prefetch,
         drop_last: false,
@@ -261,14 +263,27 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         )?,
         None => load(prepared.train, train_cfg)?,
     };
+    use crate::short_runs::{apply, Limit};
+    let train_loader = apply("--limit-train-batches", train_loader, short.train)?;
+    // A limit of 0 batches is no pass at all.
+    let none = |l: Option<Limit>| l == Some(Limit::Batches(0));
     let (val_loader, test_loader) = if args.no_validate {
         (None, None)
     } else {
         let test = prepared
             .test
+            .filter(|_| !none(short.test))
             .map(|t| load(t, eval_cfg.clone()))
+            .transpose()?
+            .map(|l| apply("--limit-test-batches", l, short.test))
             .transpose()?;
-        let val = prepared.val.map(|v| load(v, eval_cfg)).transpose()?;
+        let val = prepared
+            .val
+            .filter(|_| !none(short.val))
+            .map(|v| load(v, eval_cfg))
+            .transpose()?
+            .map(|l| apply("--limit-val-batches", l, short.val))
+            .transpose()?;
         (val, test)
     };
 
@@ -314,6 +329,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     for note in &prepared.notes {
         println!("  {note}");
     }
+    if let Some(line) = short.describe() {
+        println!("  {line}");
+    }
     let validation = prepared
         .notes
         .iter()
@@ -323,7 +341,11 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     // The loop's settings, checked before the run folder exists, so that a bad
     // value leaves nothing behind.
     let loop_cfg = TrainConfig {
-        epochs: args.epochs,
+        epochs: if short.fast_dev_run.is_some() {
+            1
+        } else {
+            args.epochs
+        },
         max_steps: args.max_steps,
         log_every: args.log_every,
         accumulate: args.accumulate,
@@ -416,6 +438,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             json!((!loop_cfg_schedule.is_constant()).then(|| loop_cfg_schedule.to_string())),
         ),
         ("device_choice", json!(device_choice)),
+        ("short_run", json!(short.describe())),
+        ("fast_dev_run", json!(short.fast_dev_run)),
         ("gpu_kernels_load_s", json!(device.kernels_load_s())),
     ] {
         run.set(k, v)?;
@@ -424,8 +448,11 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         redline_report::write_report(d).map_err(|e| e.to_string())
     }));
 
-    let checkpoints =
-        crate::resume::checkpoint_config(args, &dir, crate::resume::identity(&recorded)?)?;
+    // A dev run keeps nothing but its marked folder.
+    let checkpoints = match short.fast_dev_run {
+        Some(_) => None,
+        None => crate::resume::checkpoint_config(args, &dir, crate::resume::identity(&recorded)?)?,
+    };
     let resumable = checkpoints.as_ref().map(|_| dir.clone());
     if let Some(c) = &checkpoints {
         println!(
@@ -476,7 +503,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         other => other,
     };
     let saved = match (&fit, &args.save) {
-        (Ok(_), Some(path)) => Some(trainer.save_weights(path).context("--save").map(|()| path)),
+        (Ok(_), Some(path)) if short.fast_dev_run.is_none() => {
+            Some(trainer.save_weights(path).context("--save").map(|()| path))
+        }
         _ => None,
     };
     // After fit the pool was trimmed: peak is the run's high-water mark.
@@ -534,8 +563,13 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                 println!("  checkpoint failed: {f}");
             }
         }
-        if let Some(path) = &args.save {
-            println!("saved weights to {}", path.display());
+        match (&args.save, short.fast_dev_run) {
+            (Some(path), None) => println!("saved weights to {}", path.display()),
+            (Some(path), Some(_)) => println!(
+                "--save {}: not written by a fast dev run (it checks that the run works)",
+                path.display()
+            ),
+            (None, _) => {}
         }
     }
     let message = outcome.as_ref().err().map(|e| format!("{e:#}"));

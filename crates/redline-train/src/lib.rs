@@ -26,6 +26,7 @@ pub mod probe;
 mod running;
 pub mod schedule;
 pub mod step;
+pub mod tune;
 pub(crate) mod trainer;
 
 pub use clip::GradClip;

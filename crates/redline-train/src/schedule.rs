@@ -87,6 +87,18 @@ pub enum Shape {
         /// Intervals in the cycle (`None`: the rest of the run after warmup).
         total: Option<usize>,
     },
+    /// The learning-rate range test (`redline tune lr`), as Lightning 2.x's
+    /// exponential finder: interval 0 at `min_lr`, interval `t >= 1` at
+    /// `min_lr * (max_lr / min_lr)^((t + 1) / steps)`, reaching `max_lr` at
+    /// `steps - 1` and staying there. The base rate is not used.
+    RangeTest {
+        /// The first rate.
+        min_lr: f64,
+        /// The last rate.
+        max_lr: f64,
+        /// Intervals from the first to the last.
+        steps: usize,
+    },
 }
 
 /// A learning-rate schedule: an optional linear warmup, then a [`Shape`].
@@ -186,6 +198,21 @@ impl LrSchedule {
                 positive("div", *div)?;
                 positive("final_div", *final_div)
             }
+            Shape::RangeTest {
+                min_lr,
+                max_lr,
+                steps,
+            } => {
+                positive("min_lr", *min_lr)?;
+                positive("max_lr", *max_lr)?;
+                if min_lr >= max_lr || *steps < 2 {
+                    return bad(format!(
+                        "min_lr={min_lr}, max_lr={max_lr}, steps={steps}: give min_lr < max_lr \
+                         and at least 2 steps"
+                    ));
+                }
+                Ok(())
+            }
         }
     }
 
@@ -226,6 +253,17 @@ impl Shape {
                 base * gamma.powi(milestones.iter().filter(|&&m| m <= t).count() as i32)
             }
             Self::Exponential { gamma } => base * gamma.powi(t as i32),
+            Self::RangeTest {
+                min_lr,
+                max_lr,
+                steps,
+            } => match t {
+                0 => *min_lr,
+                t => {
+                    let r = (t + 1).min(*steps) as f64 / (*steps).max(1) as f64;
+                    min_lr * (max_lr / min_lr).powf(r)
+                }
+            },
             Self::Cosine { t_max, eta_min } => {
                 let t_max = t_max.unwrap_or(rest).max(1) as f64;
                 eta_min + (base - eta_min) * (1.0 + (PI * t as f64 / t_max).cos()) / 2.0
@@ -378,6 +416,11 @@ impl FromStr for LrSchedule {
                 final_div: num("final_div", take("final_div"))?.unwrap_or(1e4),
                 total: count("total", take("total"))?,
             },
+            "range-test" | "range_test" => Shape::RangeTest {
+                min_lr: num("min_lr", take("min_lr"))?.unwrap_or(1e-8),
+                max_lr: num("max_lr", take("max_lr"))?.unwrap_or(1.0),
+                steps: count("steps", take("steps"))?.unwrap_or(100),
+            },
             other => return Err(bad(format!("unknown schedule `{other}`"))),
         };
         if let Some((k, _)) = kv.first() {
@@ -412,6 +455,11 @@ impl fmt::Display for LrSchedule {
                 write!(f, "multistep:milestones={}:gamma={gamma}", join(milestones))?
             }
             Shape::Exponential { gamma } => write!(f, "exp:gamma={gamma}")?,
+            Shape::RangeTest {
+                min_lr,
+                max_lr,
+                steps,
+            } => write!(f, "range-test:min_lr={min_lr}:max_lr={max_lr}:steps={steps}")?,
             Shape::Cosine { t_max, eta_min } => write!(
                 f,
                 "cosine{}:eta_min={eta_min}",

@@ -103,6 +103,22 @@ pub fn memory_stats(dev: &CudaDevice) -> Result<MemoryStats> {
     })
 }
 
+/// Sets the pool's high-water mark of allocated bytes to 0, so that it
+/// next reports the peak from now on (the driver allows only 0 here).
+pub fn reset_peak(dev: &CudaDevice) -> Result<()> {
+    let pool = default_pool(dev)?;
+    let mut zero: u64 = 0;
+    // SAFETY: USED_MEM_HIGH is a cuuint64_t; the pool belongs to a live device.
+    unsafe {
+        result::mem_pool::set_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+            (&mut zero as *mut u64).cast(),
+        )
+    }
+    .map_err(|e| driver("reset pool peak", e))
+}
+
 /// Waits for queued work, then returns every cached free block to the driver.
 pub fn trim_pool(dev: &CudaDevice) -> Result<()> {
     dev.cuda_stream()

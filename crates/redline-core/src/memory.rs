@@ -62,9 +62,51 @@ pub fn empty_cache(device: &Device) -> Result<()> {
     Ok(())
 }
 
+/// Starts a new peak: on a GPU the pool's high-water mark of allocated
+/// bytes is set to what is allocated now; on the CPU (Linux) the process's
+/// peak resident set (`VmHWM`) is reset to its current size through
+/// `/proc/self/clear_refs`. `false` where it cannot be reset.
+pub fn reset_peak(device: &Device) -> bool {
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(d) = device.candle() {
+        return crate::cuda::reset_peak(d).is_ok();
+    }
+    let _ = device;
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// The peak since [`reset_peak`]: on a GPU the pool's most allocated bytes,
+/// on the CPU the process's peak resident set (Linux); `None` elsewhere.
+pub fn peak(device: &Device) -> Option<u64> {
+    if let Ok(Some(s)) = stats(device) {
+        return Some(s.peak_allocated);
+    }
+    host_status_bytes("VmHWM")
+}
+
+/// A `kB` line of `/proc/self/status` in bytes.
+fn host_status_bytes(key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    let kb: u64 = line
+        .trim_start_matches(key)
+        .trim_start_matches(':')
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
 /// Whether a tensor error is the device running out of memory.
 pub fn is_out_of_memory(err: &candle_core::Error) -> bool {
-    let msg = err.to_string();
+    is_out_of_memory_text(&err.to_string())
+}
+
+/// Whether an error's text is the device running out of memory (through
+/// any crate's error that carries the driver's).
+pub fn is_out_of_memory_text(msg: &str) -> bool {
     msg.contains("CUDA_ERROR_OUT_OF_MEMORY")
         || msg.contains("cudaErrorMemoryAllocation")
         || msg.to_ascii_lowercase().contains("out of memory")
@@ -80,6 +122,25 @@ mod tests {
         assert_eq!(stats(&cpu)?, None);
         empty_cache(&cpu)?;
         Ok(())
+    }
+
+    #[test]
+    fn the_host_peak_is_measured_and_reset() {
+        let cpu = Device::cpu();
+        if !reset_peak(&cpu) {
+            return; // not Linux, or no clear_refs: nothing to measure
+        }
+        let before = peak(&cpu).unwrap_or_default();
+        let big = vec![1u8; 64 << 20];
+        let grown = peak(&cpu).unwrap_or_default();
+        assert!(grown >= before + (60 << 20), "{before} -> {grown}");
+        drop(big);
+        assert!(reset_peak(&cpu));
+        let after = peak(&cpu).unwrap_or_default();
+        assert!(
+            after + (60 << 20) <= grown,
+            "{grown} -> {after} after the reset"
+        );
     }
 
     #[test]

@@ -271,6 +271,29 @@ pub fn render_html(run: &RunData) -> Result<String> {
     Ok(page)
 }
 
+/// A page of its own for `redline tune lr`: the range test's curve, the
+/// suggested point marked.
+pub fn lr_finder_page(lr: &[f64], smoothed: &[f64], pick: Option<usize>) -> Result<String> {
+    let smoothed: Vec<Option<f64>> = smoothed.iter().map(|v| Some(*v)).collect();
+    let chart = match crate::charts::lr_finder(lr, &smoothed, pick)? {
+        Some(c) => figure(&c),
+        None => "<p class=\"note\">no finite point to draw</p>".into(),
+    };
+    let said = pick
+        .and_then(|i| lr.get(i))
+        .map_or("no suggestion".to_string(), |l| {
+            format!("suggested learning rate {l:.3e}")
+        });
+    Ok(format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <title>Redline: learning-rate range test</title><style>{CSS}</style></head><body><main>\
+         <header><h1>Learning-rate range test</h1><p class=\"note\">{}: the steepest fall \
+         of the smoothed loss ({} steps)</p></header>{chart}</main></body></html>",
+        esc(&said),
+        lr.len()
+    ))
+}
+
 /// Reads the run in `dir` and writes `dir/report.html` whole (a temporary
 /// file in the same folder, `fsync`, a rename; none left behind on failure),
 /// so a reader never sees half a page. The page gets the mode any file the

@@ -15,7 +15,7 @@ mod sections;
 
 pub use advice::{advice, Advice, Level};
 pub use error::{Error, Result};
-pub use html::{render_html, write_report};
+pub use html::{lr_finder_page, render_html, write_report};
 /// The record types this crate reads, written by `redline-run`.
 pub use redline_run::records;
 pub use redline_run::records::{

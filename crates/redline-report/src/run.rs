@@ -29,8 +29,28 @@ pub struct RunData {
     pub breakdown: Option<Breakdown>,
     /// `profile.json`.
     pub profile: Option<ProfileFile>,
+    /// `tune_lr.json` (`--lr auto`): the range test's curve.
+    pub lr_finder: Option<LrFinderFile>,
     /// What the loader tolerated (an incomplete last line), shown in the report.
     pub notes: Vec<String>,
+}
+
+/// The parts of `tune_lr.json` the report draws.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+pub struct LrFinderFile {
+    /// The curve.
+    pub curve: LrFinderCurve,
+    /// The suggested step.
+    pub index: Option<usize>,
+}
+
+/// The range test's rates and smoothed losses.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+pub struct LrFinderCurve {
+    /// The rate of each step.
+    pub lr: Vec<f64>,
+    /// The smoothed loss of each step (null where it was not finite).
+    pub smoothed: Vec<Option<f64>>,
 }
 
 /// The most a run-folder file may hold: `metrics.jsonl` of a week-long run
@@ -135,6 +155,17 @@ impl RunData {
         };
         let breakdown = load_json::<Breakdown>(&dir.join("breakdown.json"))?;
         let profile = load_json::<ProfileFile>(&dir.join("profile.json"))?;
+        let mut notes = metrics.notes;
+        // The finder's curve is an extra: a damaged file is a note, not a failed report.
+        let lr_finder = match load_json::<LrFinderFile>(&dir.join("tune_lr.json")) {
+            Ok(f) => f,
+            Err(e) => {
+                notes.push(format!(
+                    "the learning-rate finder's curve is not shown: {e}"
+                ));
+                None
+            }
+        };
         if summary.is_none() && config.is_none() && metrics_text.is_none() && breakdown.is_none() {
             return Err(Error::NotARunDir {
                 dir: dir.to_path_buf(),
@@ -150,7 +181,8 @@ impl RunData {
             system: metrics.system,
             breakdown,
             profile,
-            notes: metrics.notes,
+            lr_finder,
+            notes,
         })
     }
 

@@ -56,6 +56,15 @@ pub(crate) fn training(run: &RunData) -> Result<String> {
     if let Some(c) = charts::lr(run)? {
         out.push_str(&section("lr", "Learning rate", &figure(&c)));
     }
+    if let Some(f) = &run.lr_finder {
+        if let Some(c) = charts::lr_finder(&f.curve.lr, &f.curve.smoothed, f.index)? {
+            out.push_str(&section(
+                "lr-finder",
+                "Learning-rate finder (--lr auto)",
+                &figure(&c),
+            ));
+        }
+    }
     let acc = match charts::metric(run)? {
         Some(c) => figure(&c),
         None => no_metrics(run, "epoch records with a metric"),

@@ -26,8 +26,8 @@ pub mod probe;
 mod running;
 pub mod schedule;
 pub mod step;
-pub mod tune;
 pub(crate) mod trainer;
+pub mod tune;
 
 pub use clip::GradClip;
 pub use early_stop::EarlyStop;

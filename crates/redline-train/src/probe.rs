@@ -1,5 +1,6 @@
-//! Timing a job's training step on a device, for `--device auto`: fresh
-//! steps from the caller, so the probe trains nothing the run keeps.
+//! Timing a job's training step on a device, for `--device auto` and the
+//! batch-size finder: fresh steps from the caller, so the probe trains
+//! nothing the run keeps.
 
 use redline_core::Device;
 use redline_data::Loader;
@@ -9,6 +10,16 @@ use crate::graph::GraphMode;
 use crate::optim::OptimizerConfig;
 use crate::step::TrainStep;
 use crate::trainer::{TrainConfig, Trainer};
+
+/// What [`measure`] timed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Measured {
+    /// Milliseconds per optimizer step.
+    pub step_ms: f64,
+    /// GPU busy % (kernel time / wall) over the timed fit, on a GPU with
+    /// the kernel trace.
+    pub gpu_busy_pct: Option<f64>,
+}
 
 /// Milliseconds per optimizer step of a step from `make` on `device`,
 /// measured over `timed` steps of `train`. A first fit of `warmup` steps, with
@@ -24,7 +35,19 @@ pub fn step_ms(
     warmup: usize,
     timed: usize,
 ) -> Result<f64> {
-    let fit = |steps: usize| -> Result<(usize, f64)> {
+    Ok(measure(make, device, train, optimizer, (warmup, timed), false)?.step_ms)
+}
+
+/// [`step_ms`], and with `kernel_trace` on a GPU, how busy the GPU was.
+pub fn measure(
+    make: &dyn Fn() -> Result<Box<dyn TrainStep>>,
+    device: &Device,
+    train: &Loader,
+    optimizer: &OptimizerConfig,
+    (warmup, timed): (usize, usize),
+    kernel_trace: bool,
+) -> Result<Measured> {
+    let fit = |steps: usize, trace: bool| -> Result<(usize, f64, Option<f64>)> {
         let cfg = TrainConfig {
             epochs: 0,
             max_steps: Some(steps),
@@ -32,7 +55,7 @@ pub fn step_ms(
             validate: false,
             divergence_threshold: None,
             cuda_graph: GraphMode::Off,
-            kernel_trace: false,
+            kernel_trace: trace,
             ..TrainConfig::default()
         };
         let mut trainer = Trainer::builder()
@@ -40,18 +63,25 @@ pub fn step_ms(
             .optimizer(optimizer.clone())
             .build(make()?, device.clone())?;
         let summary = trainer.fit(train, None)?;
-        Ok((summary.steps, summary.train_s))
+        let busy = match &summary.gpu_busy {
+            Some(Ok(g)) => Some(g.percent),
+            _ => None,
+        };
+        Ok((summary.steps, summary.train_s, busy))
     };
     if warmup > 0 {
-        fit(warmup)?;
+        fit(warmup, false)?;
     }
-    let (steps, secs) = fit(timed.max(1))?;
+    let (steps, secs, gpu_busy_pct) = fit(timed.max(1), kernel_trace)?;
     if steps == 0 || !(secs.is_finite() && secs > 0.0) {
         return Err(Error::Config(format!(
             "the device probe ran {steps} steps in {secs} s: nothing to compare"
         )));
     }
-    Ok(1e3 * secs / steps as f64)
+    Ok(Measured {
+        step_ms: 1e3 * secs / steps as f64,
+        gpu_busy_pct,
+    })
 }
 
 #[cfg(test)]

@@ -459,7 +459,10 @@ impl fmt::Display for LrSchedule {
                 min_lr,
                 max_lr,
                 steps,
-            } => write!(f, "range-test:min_lr={min_lr}:max_lr={max_lr}:steps={steps}")?,
+            } => write!(
+                f,
+                "range-test:min_lr={min_lr}:max_lr={max_lr}:steps={steps}"
+            )?,
             Shape::Cosine { t_max, eta_min } => write!(
                 f,
                 "cosine{}:eta_min={eta_min}",

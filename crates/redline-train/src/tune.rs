@@ -473,10 +473,7 @@ mod tests {
 
     /// A trial of `b` with throughput `sps(b)` and peak `mem(b)`, or out of
     /// memory past `fits`.
-    fn fake(
-        fits: usize,
-        sps: impl Fn(usize) -> f64,
-    ) -> impl FnMut(usize) -> Result<Trial> {
+    fn fake(fits: usize, sps: impl Fn(usize) -> f64) -> impl FnMut(usize) -> Result<Trial> {
         move |b| {
             Ok(match b > fits {
                 true => Trial::OutOfMemory("CUDA_ERROR_OUT_OF_MEMORY".into()),
@@ -498,7 +495,11 @@ mod tests {
         let c = BatchSizeSearch::default().run(fake(1 << 20, sps))?;
         assert_eq!(c.batch_size, 512, "{}", c.table());
         assert_eq!(c.trials.last().map(|t| t.batch_size), Some(1024));
-        assert!(c.stopped.contains("from batch 512 to 1024"), "{}", c.stopped);
+        assert!(
+            c.stopped.contains("from batch 512 to 1024"),
+            "{}",
+            c.stopped
+        );
         Ok(())
     }
 

@@ -109,7 +109,8 @@ fn a_range_test_through_the_trainer_logs_the_scheduled_rates_and_stops_on_diverg
     .unwrap();
     let dev = Device::cpu();
     let make = || -> redline_train::Result<Box<dyn TrainStep>> {
-        let m = ModelConfig::for_data("mlp", &[8], 2, Some(&[16]))?.build(&dev, Precision::Fp32, 0)?;
+        let m =
+            ModelConfig::for_data("mlp", &[8], 2, Some(&[16]))?.build(&dev, Precision::Fp32, 0)?;
         Ok(Box::new(Classifier::new(m)))
     };
     let sgd = OptimizerConfig::by_name("sgd", 1.0).unwrap();
@@ -124,10 +125,7 @@ fn a_range_test_through_the_trainer_logs_the_scheduled_rates_and_stops_on_diverg
     }
     assert_eq!(curve.lr.len(), curve.smoothed.len());
     // Up to a rate of 1e6, SGD blows up: the test ends before its steps, and says why.
-    let wild = LrRangeTest {
-        max_lr: 1e6,
-        ..t
-    };
+    let wild = LrRangeTest { max_lr: 1e6, ..t };
     let curve = wild.run(&make, &dev, &train, &sgd).unwrap();
     assert!(curve.lr.len() < 100, "{}", curve.lr.len());
     assert!(curve.stopped.is_some());

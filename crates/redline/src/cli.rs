@@ -8,6 +8,8 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use serde::{Deserialize, Serialize};
 
+use crate::auto_flag::Auto;
+
 /// Redline: deep-learning training that keeps the accelerator busy.
 #[derive(Debug, Parser)]
 #[command(name = "redline", version, about, propagate_version = true)]
@@ -31,6 +33,49 @@ pub enum Command {
     Report(ReportArgs),
     /// List past runs with their headline numbers.
     Runs(RunsArgs),
+    /// Find the batch size or learning rate by measurement (Lightning's finders).
+    Tune(TuneArgs),
+}
+
+/// `redline tune`.
+#[derive(Debug, Args)]
+pub struct TuneArgs {
+    /// What to find.
+    #[command(subcommand)]
+    pub command: TuneCommand,
+}
+
+/// The finders.
+#[derive(Debug, Subcommand)]
+pub enum TuneCommand {
+    /// Grow the batch (powers of two, then a binary search after running out of memory)
+    /// while it fits and samples/s rises by more than 5%; print and save the table.
+    #[command(name = "batch-size", args_override_self = true)]
+    BatchSize(Box<TuneFlags>),
+    /// The learning-rate range test (exponential, Lightning's lr_find): suggest the rate of
+    /// the steepest fall of the smoothed loss; the curve is saved with a chart (lr.html).
+    #[command(args_override_self = true)]
+    Lr(Box<TuneFlags>),
+}
+
+/// Flags of `redline tune batch-size|lr`: the job's, as `train` takes them.
+#[derive(Debug, Clone, Args)]
+pub struct TuneFlags {
+    /// The job to tune (model, data, optimizer, device, ...).
+    #[command(flatten)]
+    pub train: TrainArgs,
+    /// Folder for the table (and chart) [default: tune/<date-time>-<what>].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// The range test's first rate.
+    #[arg(long, default_value_t = 1e-8)]
+    pub min_lr: f64,
+    /// The range test's last rate.
+    #[arg(long, default_value_t = 1.0)]
+    pub max_lr: f64,
+    /// The range test's steps.
+    #[arg(long, default_value_t = 100)]
+    pub steps: usize,
 }
 
 /// Flags of `redline monitor`.
@@ -125,18 +170,25 @@ pub struct TrainArgs {
     /// Stop after this many optimizer steps.
     #[arg(long, value_name = "N")]
     pub max_steps: Option<usize>,
-    /// Samples per training batch.
-    #[arg(long, default_value_t = 64)]
-    pub batch_size: usize,
+    /// Samples per training batch, or auto: the batch-size finder's choice
+    /// (`redline tune batch-size`), recorded in the run folder.
+    #[arg(long, default_value = "64", value_name = "N|auto")]
+    pub batch_size: Auto<usize>,
     /// Samples per validation batch.
     #[arg(long, default_value_t = 1000)]
     pub eval_batch_size: usize,
     /// Optimizer: adam, adamw or sgd (PyTorch defaults).
     #[arg(long, default_value = "adam")]
     pub optimizer: String,
-    /// Learning rate.
-    #[arg(long, allow_negative_numbers = true, default_value_t = 1e-3)]
-    pub lr: f64,
+    /// Learning rate, or auto: the range test's suggestion (`redline tune lr`), recorded in
+    /// the run folder.
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        default_value = "0.001",
+        value_name = "LR|auto"
+    )]
+    pub lr: Auto<f64>,
     /// Momentum (sgd).
     #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
     pub momentum: f64,

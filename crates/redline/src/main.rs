@@ -2,8 +2,10 @@
 //! the only place that turns errors into output and exit codes.
 
 mod auto_device;
+mod auto_flag;
 mod cli;
 mod data_flags;
+mod plan;
 mod progress;
 mod resume;
 mod short_runs;
@@ -11,6 +13,7 @@ mod signals;
 mod step_kind;
 mod summary;
 mod train;
+mod tune;
 
 #[cfg(test)]
 mod hostile_tests;
@@ -27,6 +30,7 @@ fn dispatch(command: cli::Command) -> anyhow::Result<()> {
         cli::Command::Monitor(m) => cli::monitor(&m),
         cli::Command::Report(r) => cli::report(&r),
         cli::Command::Runs(r) => cli::runs(&r),
+        cli::Command::Tune(t) => tune::run(&t),
     }
 }
 

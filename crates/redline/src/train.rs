@@ -1,216 +1,53 @@
 //! `redline train`: resolve flags into configs, build, fit, report, save.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use redline_core::{DeviceSpec, Precision};
+use redline_core::Precision;
 use redline_data::{
     place, Augmented, DataOnDevice, Dataset, HostData, Loader, LoaderConfig, Placement,
 };
-use redline_models::ModelConfig;
 use redline_profile::Mode;
-use redline_train::{GradClip, JsonlMetrics, OptimizerConfig, TrainConfig, Trainer};
+use redline_train::{GradClip, JsonlMetrics, TrainConfig, Trainer};
 use serde_json::json;
 
+use crate::auto_flag::Auto;
 use crate::cli::TrainArgs;
-use crate::data_flags::{augment, data_options, hidden};
+use crate::data_flags::augment;
+use crate::plan::Plan;
 use crate::progress::Progress;
-use crate::signals::{stop_on_signals, Stopped};
-use crate::step_kind::StepKind;
+use crate::signals::Stopped;
 use crate::summary;
 use redline_run::{Ending, Finished, Run};
 
-/// The shipped Fashion-MNIST: `./data/fashion-mnist` from the repository root,
-/// else the copy beside the sources this binary was built from.
-fn default_data_dir() -> anyhow::Result<PathBuf> {
-    let candidates = [
-        PathBuf::from("data/fashion-mnist"),
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fashion-mnist"),
-    ];
-    candidates
-        .iter()
-        .find(|p| p.is_dir())
-        .cloned()
-        .with_context(|| {
-            format!(
-                "the shipped Fashion-MNIST was not found (looked in {})\nHINT: run from the \
-                 repository root or pass --data DIR",
-                candidates
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })
-}
-
-/// Builds the optimizer config from the flags.
-fn optimizer(args: &TrainArgs) -> anyhow::Result<OptimizerConfig> {
-    let mut cfg = OptimizerConfig::by_name(&args.optimizer, args.lr)?;
-    match &mut cfg {
-        OptimizerConfig::Adam {
-            betas,
-            eps,
-            weight_decay,
-            ..
-        }
-        | OptimizerConfig::AdamW {
-            betas,
-            eps,
-            weight_decay,
-            ..
-        } => {
-            *betas = (args.beta1, args.beta2);
-            *eps = args.eps;
-            if let Some(wd) = args.weight_decay {
-                *weight_decay = wd;
-            }
-        }
-        OptimizerConfig::Sgd {
-            momentum,
-            nesterov,
-            weight_decay,
-            ..
-        } => {
-            *momentum = args.momentum;
-            *nesterov = args.nesterov;
-            if let Some(wd) = args.weight_decay {
-                *weight_decay = wd;
-            }
-        }
-    }
-    if args.nesterov && !matches!(cfg, OptimizerConfig::Sgd { .. }) {
-        bail!("--nesterov applies to --optimizer sgd only");
-    }
-    if args.momentum != 0.0 && !matches!(cfg, OptimizerConfig::Sgd { .. }) {
-        bail!(
-            "--momentum applies to --optimizer sgd only\nHINT: Adam's momentum is --beta1 (now {})",
-            args.beta1
-        );
-    }
-    // Checked now, before any data is read or a run folder exists.
-    cfg.check()?;
-    Ok(cfg)
-}
-
 /// Runs `redline train`.
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
-    // First of all: a signal at any phase (loading, building, training,
-    // writing) stops the run the same way, never is ignored.
-    let stop = stop_on_signals()?;
-    if let Some(n) = args.threads {
-        redline_core::threads::check(n).map_err(anyhow::Error::msg)?;
-    }
-    if let Some(s) = args
-        .image_size
-        .filter(|s| !(1..=MAX_IMAGE_SIZE).contains(s))
-    {
-        bail!("--image-size {s}: give a side from 1 to {MAX_IMAGE_SIZE} pixels");
-    }
-    let threads = redline_core::threads::configure(args.threads);
-    let spec: DeviceSpec = args.device.parse()?;
-    // An unusable device is refused now, before any data is read; `auto`
-    // with a GPU present is settled by timing the job on both, below.
-    let selected = redline_core::select(spec, &redline_core::GpuAvailability::probe())?;
-    let opt_cfg = optimizer(args)?;
-    if args.keep_last == 0 {
-        bail!("--keep-last 0: keep at least 1 checkpoint (the resume point)\nHINT: --no-checkpoint writes none");
-    }
-    if args.checkpoint_every == Some(0) {
-        bail!("--checkpoint-every 0: give a number of optimizer steps (at least 1)");
-    }
-    let schedule: redline_train::LrSchedule = args.lr_schedule.parse()?;
-    let early_stop: Option<redline_train::EarlyStop> =
-        args.early_stop.as_deref().map(str::parse).transpose()?;
-    // Process-wide, as PyTorch's: the device probe below times the same math.
-    redline_core::set_matmul_precision(args.matmul_precision.parse()?);
-    let data_dir = match &args.data {
-        Some(d) => d.clone(),
-        None => default_data_dir()?,
-    };
-    if args.batch_size == 0 || args.eval_batch_size == 0 {
-        bail!("--batch-size and --eval-batch-size must be at least 1");
-    }
-    let mode: Mode = args.profiler.parse()?;
-    // 0 turns sampling off.
-    let monitor_every = crate::cli::seconds("--monitor-interval", args.monitor_interval)?;
-    if args.prefetch > MAX_PREFETCH {
-        bail!(
-            "--prefetch {}: at most {MAX_PREFETCH} batches ahead (each one is a whole batch held \
-             in memory)\nHINT: 2 to 4 keeps a device fed; more only helps a loader that stalls \
-             now and then",
-            args.prefetch
-        );
-    }
-    for (flag, path) in [("--save", &args.save), ("--metrics", &args.metrics)] {
-        if let Some(path) = path {
-            check_writable(flag, path, args.run_dir.as_deref())?;
-        }
-    }
-    if let (Some(s), Some(m)) = (&args.save, &args.metrics) {
-        if std::path::absolute(s)? == std::path::absolute(m)? {
-            bail!(
-                "--save and --metrics both name {}: one would overwrite the other\nHINT: give them \
-                 different files",
-                s.display()
-            );
-        }
-    }
-
-    let short = crate::short_runs::ShortRun::from_args(args)?;
-    let data = data_options(args)?;
-    // The model a table implies, checked from its first row before the table
-    // is read: a file of 50 million columns is refused in a moment.
-    if let Some(inputs) = redline_data::peek_inputs(&data_dir, &data)
-        .with_context(|| format!("--data {}", data_dir.display()))?
-    {
-        // A model that does not fit the data says so as it would later; one
-        // too large for memory is refused before any allocation.
-        ModelConfig::for_inputs(&args.model, &inputs, 1, hidden(args)?.as_deref())?
-            .build(&redline_core::Device::cpu(), Precision::Fp32, 0)
-            .with_context(|| {
-                format!(
-                    "--data {}: its {} features imply a model too large for this machine",
-                    data_dir.display(),
-                    inputs.iter().product::<usize>()
-                )
-            })?;
-    }
-    println!("loading {} ...", data_dir.display());
-    let prepared = match redline_data::prepare_until(&data_dir, &data, &stop.flag) {
-        Err(redline_data::Error::Interrupted) => return Err(stop.stopped("reading the data")),
-        other => other.with_context(|| format!("--data {}", data_dir.display()))?,
-    };
-    stop.check("reading the data")?;
+    let mut plan = crate::plan::prepare(args)?;
+    // `auto` flags are settled by measurement on this very job.
+    let tuned = crate::tune::resolve(args, &mut plan)?;
+    let Plan {
+        stop,
+        threads,
+        opt_cfg,
+        lr,
+        batch_size: wanted_batch,
+        schedule,
+        early_stop,
+        data_dir,
+        mode,
+        monitor_every,
+        short,
+        prepared,
+        model_cfg,
+        step_kind,
+        device,
+        device_choice,
+        seed: _,
+    } = plan;
     let (inputs, target) = (prepared.train.input_dims.clone(), prepared.train.target);
-    let model_cfg = ModelConfig::for_data(
-        &args.model,
-        &inputs,
-        target.classes().unwrap_or(target.width()),
-        hidden(args)?.as_deref(),
-    )?;
-    let step_kind = StepKind::resolve(&args.loss, target)?;
-    let job = crate::auto_device::Job {
-        train: &prepared.train,
-        model: &model_cfg,
-        step: step_kind,
-        optimizer: &opt_cfg,
-        batch_size: args.batch_size,
-        seed: args.seed,
-    };
-    let (device, device_choice) = crate::auto_device::choose(spec, selected, &job)?;
-    if let Some(line) = &device_choice {
-        println!("{line}");
-    }
-    if let Some(s) = device.kernels_load_s().filter(|&s| s >= 1.0) {
-        println!(
-            "GPU kernels: compiled for this GPU in {s:.1} s before training (a first run on \
-             this machine; the driver caches them)"
-        );
-    }
     let policy: DataOnDevice = args.data_on_device.parse()?;
     // Read on the host, then placed: uploaded once, or streamed per batch.
     let mut device_free = redline_core::memory::stats(&device)?.map(|m| m.device_free);
@@ -234,12 +71,12 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         prepared.test.as_ref().map_or(0, |t| t.len()),
     );
     // A stated clamp: a batch larger than the data is the whole data.
-    let batch_size = args.batch_size.min(train_n.max(1));
-    if batch_size < args.batch_size {
+    let batch_size = wanted_batch.min(train_n.max(1));
+    if batch_size < wanted_batch {
         println!(
             "  --batch-size {} is more than the {train_n} training samples: each step uses all \
              {train_n} (batch {batch_size})",
-            args.batch_size
+            wanted_batch
         );
     }
     let train_cfg = LoaderConfig {
@@ -306,11 +143,11 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         threads,
         args.optimizer,
         batch_size,
-        args.lr,
+        lr,
         step_kind
     );
     if !schedule.is_constant() {
-        println!("  lr schedule: {schedule} (base lr {})", args.lr);
+        println!("  lr schedule: {schedule} (base lr {lr})");
     }
     if let Some(es) = &early_stop {
         println!("  early stop: {es}");
@@ -379,7 +216,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             None,
         ),
         Some(dir) => {
-            let recorded = recorded_args(args, &data_dir, dir)?;
+            let recorded = recorded_args(args, &data_dir, dir, (wanted_batch, lr))?;
             let (loaded, at) =
                 crate::resume::load(dir, &crate::resume::identity(&recorded)?, &shapes)?;
             let (run, kept) = Run::reopen(dir, model_cfg.name(), &at)?;
@@ -390,7 +227,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let dir = run.dir().to_path_buf();
     // A model file is copied into the run folder, and the config names the
     // copy: the run re-runs from its folder even after the file changes.
-    let recorded = recorded_args(args, &data_dir, &dir)?;
+    let recorded = recorded_args(args, &data_dir, &dir, (wanted_batch, lr))?;
     if args.model.ends_with(".toml")
         && std::path::absolute(&args.model)? != Path::new(&recorded.model)
     {
@@ -444,6 +281,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     ] {
         run.set(k, v)?;
     }
+    tuned.record(&mut run)?;
     run.report(Box::new(|d| {
         redline_report::write_report(d).map_err(|e| e.to_string())
     }));
@@ -617,10 +455,18 @@ fn report(done: &Finished) {
 }
 
 /// The flags as the run folder's `config.toml` records them: paths
-/// absolute, so the config re-runs from any folder, and a model file named
-/// by its copy in the run folder `dir`.
-fn recorded_args(args: &TrainArgs, data_dir: &Path, dir: &Path) -> anyhow::Result<TrainArgs> {
+/// absolute, so the config re-runs from any folder, a model file named by
+/// its copy in the run folder `dir`, and the batch size and rate used.
+fn recorded_args(
+    args: &TrainArgs,
+    data_dir: &Path,
+    dir: &Path,
+    (batch_size, lr): (usize, f64),
+) -> anyhow::Result<TrainArgs> {
     let mut recorded = args.clone();
+    // `auto` is recorded as what it found: a re-run or resume does not search again.
+    recorded.batch_size = Auto::Value(batch_size);
+    recorded.lr = Auto::Value(lr);
     recorded.data = Some(std::path::absolute(data_dir)?);
     if let Some(init) = &args.init {
         recorded.init = Some(std::path::absolute(init)?);
@@ -640,58 +486,4 @@ fn grad_clip(args: &TrainArgs) -> Option<GradClip> {
         (None, Some(limit)) => Some(GradClip::Value { limit }),
         (None, None) => None,
     }
-}
-
-/// The largest side `--image-size` resizes to.
-const MAX_IMAGE_SIZE: u32 = 4096;
-
-/// The most batches `--prefetch` may keep ahead.
-const MAX_PREFETCH: usize = 64;
-
-/// Refuses an output path that cannot be written, before any training (a
-/// folder, a device or FIFO, a read-only place, a file the run folder
-/// itself writes): creates and removes a probe file beside it. Missing
-/// parent folders are created, as writing the file would.
-fn check_writable(flag: &str, path: &Path, run_dir: Option<&Path>) -> anyhow::Result<()> {
-    let hint = "HINT: give a file path in a folder you can write";
-    if path.is_dir() {
-        bail!("{flag} {}: is a folder, not a file\n{hint}", path.display());
-    }
-    // Only regular files are written: /dev/full or a FIFO is refused by
-    // name, never replaced by a file.
-    redline_core::files::output_target(path)
-        .with_context(|| format!("{flag} {}\n{hint}", path.display()))?;
-    if let (Some(dir), Some(name)) = (run_dir, path.file_name()) {
-        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-        let same =
-            std::path::absolute(parent.unwrap_or(Path::new(".")))? == std::path::absolute(dir)?;
-        if same && redline_run::folder::is_run_file(&name.to_string_lossy()) {
-            bail!(
-                "{flag} {}: the run folder writes this file itself\nHINT: give another name, \
-                 e.g. {}",
-                path.display(),
-                dir.join("weights.safetensors").display()
-            );
-        }
-    }
-    let parent = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).with_context(|| {
-        format!(
-            "{flag} {}: cannot create its folder\n{hint}",
-            path.display()
-        )
-    })?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy())
-        .unwrap_or_default();
-    let probe = parent.join(format!(".{name}.probe-{}", std::process::id()));
-    std::fs::write(&probe, b"")
-        .with_context(|| format!("{flag} {}: cannot write there\n{hint}", path.display()))?;
-    std::fs::remove_file(&probe)
-        .with_context(|| format!("{flag}: removing the probe {}", probe.display()))?;
-    Ok(())
 }

@@ -148,6 +148,39 @@ pub(crate) fn lr(run: &RunData) -> Result<Option<Chart>> {
     chart("lr", "Learning rate", axes, series)
 }
 
+/// The learning-rate range test: smoothed loss against log10 of the rate,
+/// with the suggested point marked.
+pub(crate) fn lr_finder(
+    lr: &[f64],
+    smoothed: &[Option<f64>],
+    pick: Option<usize>,
+) -> Result<Option<Chart>> {
+    let pts: Vec<(f64, f64)> = lr
+        .iter()
+        .zip(smoothed)
+        .filter_map(|(l, s)| Some((l.log10(), (*s)?)))
+        .filter(|p| p.0.is_finite() && p.1.is_finite())
+        .collect();
+    let marked: Vec<(f64, f64)> = pick
+        .and_then(|i| Some((lr.get(i)?.log10(), (*smoothed.get(i)?)?)))
+        .filter(|p| p.0.is_finite() && p.1.is_finite())
+        .into_iter()
+        .collect();
+    let axes = Axes {
+        x: "log10 learning rate",
+        x_whole: false,
+        y: "smoothed loss",
+        y_from_zero: false,
+        y_max: None,
+        size: WIDE,
+    };
+    let series = vec![
+        Series::new("smoothed loss", CYCLE[1], Mark::Line).points(pts),
+        Series::new("suggested rate (steepest fall)", TEST, Mark::LineDots).points(marked),
+    ];
+    chart("lr-finder", "Learning-rate range test", axes, series)
+}
+
 /// Samples per second of each log window against seconds since training started.
 pub(crate) fn throughput(run: &RunData) -> Result<Option<Chart>> {
     let series = vec![

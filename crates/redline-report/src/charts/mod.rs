@@ -8,7 +8,7 @@ mod breakdown;
 mod metrics;
 
 pub(crate) use breakdown::{pie, timeline};
-pub(crate) use metrics::{device_charts, loss, lr, metric, throughput};
+pub(crate) use metrics::{device_charts, loss, lr, lr_finder, metric, throughput};
 
 use std::ops::Range;
 

@@ -1,0 +1,331 @@
+//! The plan of a run: flags checked, data read, model shaped, device
+//! picked. `redline train` and `redline tune` start from the same plan, so a
+//! tuned batch or rate is measured on exactly the job that then trains.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use redline_core::{Device, DeviceSpec, Precision};
+use redline_models::ModelConfig;
+use redline_profile::Mode;
+use redline_train::OptimizerConfig;
+
+use crate::auto_flag::Auto;
+use crate::cli::TrainArgs;
+use crate::data_flags::{data_options, hidden};
+use crate::short_runs::ShortRun;
+use crate::signals::{stop_on_signals, StopFlags};
+use crate::step_kind::StepKind;
+
+/// `--batch-size`'s default, and where `auto` starts timing.
+pub const DEFAULT_BATCH: usize = 64;
+
+/// `--lr`'s default.
+pub const DEFAULT_LR: f64 = 1e-3;
+
+/// The largest side `--image-size` resizes to.
+const MAX_IMAGE_SIZE: u32 = 4096;
+
+/// The most batches `--prefetch` may keep ahead.
+const MAX_PREFETCH: usize = 64;
+
+/// What a run is, resolved from its flags.
+pub struct Plan {
+    /// The signal flags (installed first).
+    pub stop: StopFlags,
+    /// Compute threads.
+    pub threads: usize,
+    /// The optimizer, at [`Plan::lr`].
+    pub opt_cfg: OptimizerConfig,
+    /// The learning rate (`--lr`, or the default until `auto` is found).
+    pub lr: f64,
+    /// Samples per step (`--batch-size`, or the default until `auto` is found).
+    pub batch_size: usize,
+    /// `--lr-schedule`.
+    pub schedule: redline_train::LrSchedule,
+    /// `--early-stop`.
+    pub early_stop: Option<redline_train::EarlyStop>,
+    /// The data folder or file.
+    pub data_dir: PathBuf,
+    /// `--profiler`.
+    pub mode: Mode,
+    /// `--monitor-interval`.
+    pub monitor_every: Duration,
+    /// The short-run limits.
+    pub short: ShortRun,
+    /// The data, read and split.
+    pub prepared: redline_data::Prepared,
+    /// The model, shaped for the data.
+    pub model_cfg: ModelConfig,
+    /// Classification or regression, and the loss.
+    pub step_kind: StepKind,
+    /// The device.
+    pub device: Device,
+    /// For `--device auto` with a choice: what was measured.
+    pub device_choice: Option<String>,
+    /// `--seed`.
+    pub seed: u64,
+}
+
+/// The shipped Fashion-MNIST: `./data/fashion-mnist` from the repository root,
+/// else the copy beside the sources this binary was built from.
+fn default_data_dir() -> anyhow::Result<PathBuf> {
+    let candidates = [
+        PathBuf::from("data/fashion-mnist"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fashion-mnist"),
+    ];
+    candidates
+        .iter()
+        .find(|p| p.is_dir())
+        .cloned()
+        .with_context(|| {
+            format!(
+                "the shipped Fashion-MNIST was not found (looked in {})\nHINT: run from the \
+                 repository root or pass --data DIR",
+                candidates
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+}
+
+/// Builds the optimizer config from the flags.
+pub fn optimizer(args: &TrainArgs, lr: f64) -> anyhow::Result<OptimizerConfig> {
+    let mut cfg = OptimizerConfig::by_name(&args.optimizer, lr)?;
+    match &mut cfg {
+        OptimizerConfig::Adam {
+            betas,
+            eps,
+            weight_decay,
+            ..
+        }
+        | OptimizerConfig::AdamW {
+            betas,
+            eps,
+            weight_decay,
+            ..
+        } => {
+            *betas = (args.beta1, args.beta2);
+            *eps = args.eps;
+            if let Some(wd) = args.weight_decay {
+                *weight_decay = wd;
+            }
+        }
+        OptimizerConfig::Sgd {
+            momentum,
+            nesterov,
+            weight_decay,
+            ..
+        } => {
+            *momentum = args.momentum;
+            *nesterov = args.nesterov;
+            if let Some(wd) = args.weight_decay {
+                *weight_decay = wd;
+            }
+        }
+    }
+    if args.nesterov && !matches!(cfg, OptimizerConfig::Sgd { .. }) {
+        bail!("--nesterov applies to --optimizer sgd only");
+    }
+    if args.momentum != 0.0 && !matches!(cfg, OptimizerConfig::Sgd { .. }) {
+        bail!(
+            "--momentum applies to --optimizer sgd only\nHINT: Adam's momentum is --beta1 (now {})",
+            args.beta1
+        );
+    }
+    // Checked now, before any data is read or a run folder exists.
+    cfg.check()?;
+    Ok(cfg)
+}
+
+/// Checks the flags, reads the data, shapes the model and picks the device:
+/// everything `train` and `tune` do before their first step. Errors come
+/// before any run folder exists.
+pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
+    // First of all: a signal at any phase (loading, building, training,
+    // writing) stops the run the same way, never is ignored.
+    let stop = stop_on_signals()?;
+    if let Some(n) = args.threads {
+        redline_core::threads::check(n).map_err(anyhow::Error::msg)?;
+    }
+    if let Some(s) = args
+        .image_size
+        .filter(|s| !(1..=MAX_IMAGE_SIZE).contains(s))
+    {
+        bail!("--image-size {s}: give a side from 1 to {MAX_IMAGE_SIZE} pixels");
+    }
+    let threads = redline_core::threads::configure(args.threads);
+    let spec: DeviceSpec = args.device.parse()?;
+    // An unusable device is refused now, before any data is read; `auto`
+    // with a GPU present is settled by timing the job on both, below.
+    let selected = redline_core::select(spec, &redline_core::GpuAvailability::probe())?;
+    // `--lr auto` is checked with the default rate; the finder sets it.
+    let lr = args.lr.or(DEFAULT_LR);
+    let opt_cfg = optimizer(args, lr)?;
+    if args.keep_last == 0 {
+        bail!("--keep-last 0: keep at least 1 checkpoint (the resume point)\nHINT: --no-checkpoint writes none");
+    }
+    if args.checkpoint_every == Some(0) {
+        bail!("--checkpoint-every 0: give a number of optimizer steps (at least 1)");
+    }
+    let schedule: redline_train::LrSchedule = args.lr_schedule.parse()?;
+    let early_stop: Option<redline_train::EarlyStop> =
+        args.early_stop.as_deref().map(str::parse).transpose()?;
+    // Process-wide, as PyTorch's: the device probe below times the same math.
+    redline_core::set_matmul_precision(args.matmul_precision.parse()?);
+    let data_dir = match &args.data {
+        Some(d) => d.clone(),
+        None => default_data_dir()?,
+    };
+    if args.batch_size == Auto::Value(0) || args.eval_batch_size == 0 {
+        bail!("--batch-size and --eval-batch-size must be at least 1");
+    }
+    let mode: Mode = args.profiler.parse()?;
+    // 0 turns sampling off.
+    let monitor_every = crate::cli::seconds("--monitor-interval", args.monitor_interval)?;
+    if args.prefetch > MAX_PREFETCH {
+        bail!(
+            "--prefetch {}: at most {MAX_PREFETCH} batches ahead (each one is a whole batch held \
+             in memory)\nHINT: 2 to 4 keeps a device fed; more only helps a loader that stalls \
+             now and then",
+            args.prefetch
+        );
+    }
+    for (flag, path) in [("--save", &args.save), ("--metrics", &args.metrics)] {
+        if let Some(path) = path {
+            check_writable(flag, path, args.run_dir.as_deref())?;
+        }
+    }
+    if let (Some(s), Some(m)) = (&args.save, &args.metrics) {
+        if std::path::absolute(s)? == std::path::absolute(m)? {
+            bail!(
+                "--save and --metrics both name {}: one would overwrite the other\nHINT: give them \
+                 different files",
+                s.display()
+            );
+        }
+    }
+
+    let short = crate::short_runs::ShortRun::from_args(args)?;
+    let data = data_options(args)?;
+    // The model a table implies, checked from its first row before the table
+    // is read: a file of 50 million columns is refused in a moment.
+    if let Some(inputs) = redline_data::peek_inputs(&data_dir, &data)
+        .with_context(|| format!("--data {}", data_dir.display()))?
+    {
+        // A model that does not fit the data says so as it would later; one
+        // too large for memory is refused before any allocation.
+        ModelConfig::for_inputs(&args.model, &inputs, 1, hidden(args)?.as_deref())?
+            .build(&redline_core::Device::cpu(), Precision::Fp32, 0)
+            .with_context(|| {
+                format!(
+                    "--data {}: its {} features imply a model too large for this machine",
+                    data_dir.display(),
+                    inputs.iter().product::<usize>()
+                )
+            })?;
+    }
+    println!("loading {} ...", data_dir.display());
+    let prepared = match redline_data::prepare_until(&data_dir, &data, &stop.flag) {
+        Err(redline_data::Error::Interrupted) => return Err(stop.stopped("reading the data")),
+        other => other.with_context(|| format!("--data {}", data_dir.display()))?,
+    };
+    stop.check("reading the data")?;
+    let (inputs, target) = (prepared.train.input_dims.clone(), prepared.train.target);
+    let model_cfg = ModelConfig::for_data(
+        &args.model,
+        &inputs,
+        target.classes().unwrap_or(target.width()),
+        hidden(args)?.as_deref(),
+    )?;
+    let step_kind = StepKind::resolve(&args.loss, target)?;
+    let job = crate::auto_device::Job {
+        train: &prepared.train,
+        model: &model_cfg,
+        step: step_kind,
+        optimizer: &opt_cfg,
+        // `--batch-size auto` times the device at the default batch.
+        batch_size: args.batch_size.or(DEFAULT_BATCH),
+        seed: args.seed,
+    };
+    let (device, device_choice) = crate::auto_device::choose(spec, selected, &job)?;
+    if let Some(line) = &device_choice {
+        println!("{line}");
+    }
+    if let Some(s) = device.kernels_load_s().filter(|&s| s >= 1.0) {
+        println!(
+            "GPU kernels: compiled for this GPU in {s:.1} s before training (a first run on \
+             this machine; the driver caches them)"
+        );
+    }
+    Ok(Plan {
+        stop,
+        threads,
+        opt_cfg,
+        lr,
+        batch_size: args.batch_size.or(DEFAULT_BATCH),
+        schedule,
+        early_stop,
+        data_dir,
+        mode,
+        monitor_every,
+        short,
+        prepared,
+        model_cfg,
+        step_kind,
+        device,
+        device_choice,
+        seed: args.seed,
+    })
+}
+
+/// Refuses an output path that cannot be written, before any training (a
+/// folder, a device or FIFO, a read-only place, a file the run folder
+/// itself writes): creates and removes a probe file beside it. Missing
+/// parent folders are created, as writing the file would.
+fn check_writable(flag: &str, path: &Path, run_dir: Option<&Path>) -> anyhow::Result<()> {
+    let hint = "HINT: give a file path in a folder you can write";
+    if path.is_dir() {
+        bail!("{flag} {}: is a folder, not a file\n{hint}", path.display());
+    }
+    // Only regular files are written: /dev/full or a FIFO is refused by
+    // name, never replaced by a file.
+    redline_core::files::output_target(path)
+        .with_context(|| format!("{flag} {}\n{hint}", path.display()))?;
+    if let (Some(dir), Some(name)) = (run_dir, path.file_name()) {
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        let same =
+            std::path::absolute(parent.unwrap_or(Path::new(".")))? == std::path::absolute(dir)?;
+        if same && redline_run::folder::is_run_file(&name.to_string_lossy()) {
+            bail!(
+                "{flag} {}: the run folder writes this file itself\nHINT: give another name, \
+                 e.g. {}",
+                path.display(),
+                dir.join("weights.safetensors").display()
+            );
+        }
+    }
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).with_context(|| {
+        format!(
+            "{flag} {}: cannot create its folder\n{hint}",
+            path.display()
+        )
+    })?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    let probe = parent.join(format!(".{name}.probe-{}", std::process::id()));
+    std::fs::write(&probe, b"")
+        .with_context(|| format!("{flag} {}: cannot write there\n{hint}", path.display()))?;
+    std::fs::remove_file(&probe)
+        .with_context(|| format!("{flag}: removing the probe {}", probe.display()))?;
+    Ok(())
+}

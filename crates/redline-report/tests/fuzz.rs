@@ -53,6 +53,24 @@ fn fuzz_profile_json() {
     fuzz_file("profile", "profile.json");
 }
 
+/// `tune_lr.json` (`--lr auto`'s curve), drawn by the report: a damaged one
+/// is a note on the page, never a failed report.
+#[test]
+fn fuzz_tune_lr_json() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("run");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (t, f) in [("metrics", "metrics.jsonl"), ("summary", "summary.json")] {
+        std::fs::write(dir.join(f), &corpus(t)[0]).unwrap();
+    }
+    fuzz("tune_lr", |bytes| {
+        std::fs::write(dir.join("tune_lr.json"), bytes).unwrap();
+        let run = RunData::load(&dir).expect("the finder's file never fails the report");
+        let page = render_html(&run).unwrap();
+        assert!(page.contains("</html>"));
+    });
+}
+
 /// `config.toml`, read by the listing (for a run without a summary) and shown
 /// verbatim in the report: any bytes, in a finished and an unfinished run.
 #[test]
@@ -87,6 +105,7 @@ fn special_files_in_a_run_folder_are_refused_not_read_forever() {
         "summary.json",
         "config.toml",
         "breakdown.json",
+        "tune_lr.json",
         "pid",
     ] {
         let root = tempfile::tempdir().unwrap();

@@ -15,12 +15,13 @@ pub fn root() -> PathBuf {
 }
 
 /// Runs the binary from the repository root. A `train` without `--run-dir`
-/// gets a temporary run folder, so tests leave nothing in `runs/`.
+/// (or `--resume`) gets a temporary run folder, so tests leave nothing in `runs/`.
 pub fn redline(args: &[&str]) -> Output {
     let runs = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_redline"));
     cmd.args(args).current_dir(root());
-    if args.first() == Some(&"train") && !args.contains(&"--run-dir") {
+    if args.first() == Some(&"train") && !args.contains(&"--run-dir") && !args.contains(&"--resume")
+    {
         cmd.arg("--run-dir").arg(runs.path().join("run"));
     }
     cmd.output().unwrap()

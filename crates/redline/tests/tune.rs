@@ -1,0 +1,126 @@
+//! `redline tune batch-size|lr` and `train --batch-size auto --lr auto`
+//! through the binary: the tables and curve are measured and saved, the
+//! choices recorded as numbers, and a resumed tuned run does not search again.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{json, ok, train_in};
+
+const DIGITS: &str = "data/tables/digits.npz";
+
+#[test]
+fn tune_batch_size_prints_and_saves_the_table_of_what_it_measured() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("bs");
+    let so = ok(&[
+        "tune",
+        "batch-size",
+        "--device",
+        "cpu",
+        "--data",
+        DIGITS,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(so.contains("<- chosen") && so.contains("samples/s"), "{so}");
+    let c = json(&out.join("batch_size.json"));
+    let trials = c["trials"].as_array().unwrap();
+    assert!(trials.len() >= 2, "{c}");
+    let chosen = c["batch_size"].as_u64().unwrap();
+    assert!(trials.iter().any(|t| t["batch_size"] == chosen), "{c}");
+    for t in trials {
+        assert!(t["samples_per_s"].as_f64().unwrap() > 0.0, "{t}");
+        assert!(t["peak_bytes"].as_u64().unwrap() > 0, "{t}");
+    }
+    // The search stopped for a stated reason: throughput, memory or the data's size.
+    let why = c["stopped"].as_str().unwrap();
+    assert!(
+        why.contains("samples/s rose") || why.contains("memory") || why.contains("largest"),
+        "{why}"
+    );
+    let csv = std::fs::read_to_string(out.join("batch_size.csv")).unwrap();
+    assert_eq!(csv.lines().count(), trials.len() + 1);
+}
+
+#[test]
+fn tune_lr_saves_the_curve_its_suggestion_and_a_chart() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("lr");
+    let so = ok(&[
+        "tune",
+        "lr",
+        "--device",
+        "cpu",
+        "--data",
+        DIGITS,
+        "--batch-size",
+        "16",
+        "--max-lr",
+        "10",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(so.contains("lr auto:"), "{so}");
+    let f = json(&out.join("lr.json"));
+    let lr = f["curve"]["lr"].as_array().unwrap();
+    let i = f["index"].as_u64().unwrap() as usize;
+    assert!((10..lr.len()).contains(&i), "{f}");
+    assert_eq!(f["lr"], lr[i]);
+    // Rates rise from min_lr by Lightning's exponential rule.
+    assert_eq!(lr[0].as_f64(), Some(1e-8));
+    assert!(lr.windows(2).all(|w| w[1].as_f64() > w[0].as_f64()));
+    let page = std::fs::read_to_string(out.join("lr.html")).unwrap();
+    assert!(page.contains("data-chart=\"lr-finder\"") && page.contains("<svg"));
+}
+
+#[test]
+fn auto_flags_are_measured_recorded_as_numbers_and_not_searched_again_on_resume() {
+    let t = tempfile::tempdir().unwrap();
+    let run = t.path().join("run");
+    let so = train_in(
+        &run,
+        &[
+            "--data",
+            DIGITS,
+            "--batch-size",
+            "auto",
+            "--lr",
+            "auto",
+            "--epochs",
+            "2",
+            "--threads",
+            "1",
+        ],
+    );
+    assert!(
+        so.contains("batch size auto:") && so.contains("lr auto:"),
+        "{so}"
+    );
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    let table: toml::Table = toml::from_str(&config).unwrap();
+    let (batch, lr) = (
+        table["batch-size"].as_integer().unwrap(),
+        table["lr"].as_float().unwrap(),
+    );
+    let s = json(&run.join("summary.json"));
+    assert_eq!(s["batch_size"].as_i64(), Some(batch), "{s}");
+    assert!(
+        s["batch_size_choice"].as_str().unwrap().contains("auto"),
+        "{s}"
+    );
+    assert!(s["lr_choice"].as_str().unwrap().contains("steepest"), "{s}");
+    let found = json(&run.join("tune_lr.json"));
+    assert_eq!(found["lr"].as_f64(), Some(lr));
+    assert!(run.join("tune_batch_size.json").is_file());
+    let page = std::fs::read_to_string(run.join("report.html")).unwrap();
+    assert!(page.contains("data-chart=\"lr-finder\""));
+    // A resume reads the numbers: no search, the same identity.
+    let again = ok(&["train", "--resume", run.to_str().unwrap(), "--epochs", "3"]);
+    assert!(
+        !again.contains("batch size auto:") && !again.contains("lr auto:"),
+        "{again}"
+    );
+    assert!(again.contains("resuming"), "{again}");
+}

@@ -33,8 +33,11 @@ impl Direction {
         }
     }
 
-    /// Whether `value` improves on `best` by more than `min_delta`.
+    /// Whether `value` improves on `best` by more than `min_delta`. As
+    /// Lightning's, which compares the logged float32 tensors: in f32, so a
+    /// difference at the edge of `min_delta` rounds the same way.
     pub fn improves(self, value: f64, best: f64, min_delta: f64) -> bool {
+        let (value, best, min_delta) = (value as f32, best as f32, min_delta as f32);
         match self {
             Self::Min => value + min_delta < best,
             Self::Max => value - min_delta > best,
@@ -285,6 +288,39 @@ mod tests {
             }
         }
         Ok(None)
+    }
+
+    /// Against Lightning's own `EarlyStopping` (48 sequences and settings,
+    /// `tools/reference/make_golden_early_stop.py`): the same stop epoch.
+    #[test]
+    fn stops_where_lightnings_early_stopping_does() -> Result<()> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/golden/early_stop.json");
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Config(e.to_string()))?;
+        let golden: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| Error::Config(e.to_string()))?;
+        let cases = golden["cases"].as_array().cloned().unwrap_or_default();
+        assert_eq!(cases.len(), 48);
+        for c in cases {
+            let values: Vec<f64> = c["values"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|v| match v {
+                    serde_json::Value::String(s) => s.parse().unwrap_or(f64::NAN),
+                    v => v.as_f64().unwrap_or(f64::NAN),
+                })
+                .collect();
+            let flag = format!(
+                "val_loss:{}:patience={}:min_delta={}",
+                c["mode"].as_str().unwrap_or_default(),
+                c["patience"],
+                c["min_delta"]
+            );
+            let want = c["stop_epoch"].as_u64().map(|e| e as usize);
+            assert_eq!(stops_at(&flag, &values)?, want, "{} with {flag}", c["name"]);
+        }
+        Ok(())
     }
 
     #[test]

@@ -34,6 +34,25 @@ fn tune_batch_size_prints_and_saves_the_table_of_what_it_measured() {
         assert!(t["samples_per_s"].as_f64().unwrap() > 0.0, "{t}");
         assert!(t["peak_bytes"].as_u64().unwrap() > 0, "{t}");
     }
+    // Memory grows with the batch, and the choice is within 5% of the best throughput.
+    let mut by_batch: Vec<(u64, u64, f64)> = trials
+        .iter()
+        .map(|t| {
+            (
+                t["batch_size"].as_u64().unwrap(),
+                t["peak_bytes"].as_u64().unwrap(),
+                t["samples_per_s"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    by_batch.sort_by_key(|t| t.0);
+    assert!(
+        by_batch.windows(2).all(|w| w[1].1 >= w[0].1),
+        "peak memory not monotone in the batch: {by_batch:?}"
+    );
+    let best = by_batch.iter().map(|t| t.2).fold(0.0, f64::max);
+    let picked = by_batch.iter().find(|t| t.0 == chosen).unwrap().2;
+    assert!(picked * 1.05 >= best, "chose {chosen} at {picked}/s, best {best}/s");
     // The search stopped for a stated reason: throughput, memory or the data's size.
     let why = c["stopped"].as_str().unwrap();
     assert!(

@@ -230,6 +230,8 @@ def run_redline(job: Job, args: argparse.Namespace, workdir: Path) -> None:
         "--seed", str(args.seed),
         "--device", "cpu",
         "--data", str(args.data),
+        # All 60,000 training images, as PyTorch trains on: no validation hold-out.
+        "--val-split", "0",
         "--metrics", str(metrics),
     ] + shlex.split(args.redline_args)
     log(f"\n=== {job.label}: {job.name}\n$ (cd {workdir}) {shlex.join(cmd)}")

@@ -294,7 +294,10 @@ mod tests {
     /// `tools/reference/make_golden_early_stop.py`): the same stop epoch.
     #[test]
     fn stops_where_lightnings_early_stopping_does() -> Result<()> {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/golden/early_stop.json");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../testdata/golden/early_stop.json"
+        );
         let text = std::fs::read_to_string(path).map_err(|e| Error::Config(e.to_string()))?;
         let golden: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| Error::Config(e.to_string()))?;

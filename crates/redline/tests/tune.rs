@@ -52,7 +52,10 @@ fn tune_batch_size_prints_and_saves_the_table_of_what_it_measured() {
     );
     let best = by_batch.iter().map(|t| t.2).fold(0.0, f64::max);
     let picked = by_batch.iter().find(|t| t.0 == chosen).unwrap().2;
-    assert!(picked * 1.05 >= best, "chose {chosen} at {picked}/s, best {best}/s");
+    assert!(
+        picked * 1.05 >= best,
+        "chose {chosen} at {picked}/s, best {best}/s"
+    );
     // The search stopped for a stated reason: throughput, memory or the data's size.
     let why = c["stopped"].as_str().unwrap();
     assert!(

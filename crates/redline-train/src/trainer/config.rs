@@ -1,0 +1,312 @@
+//! The loop's settings ([`TrainConfig`]) and the by-value builder that
+//! assembles a [`Trainer`] from them.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use redline_core::host::HostReads;
+use redline_core::Device;
+use redline_profile::Mode;
+use serde::{Deserialize, Serialize};
+
+use super::{checkpointing, Trainer};
+use crate::checkpoint::CheckpointConfig;
+use crate::clip::GradClip;
+use crate::early_stop::EarlyStop;
+use crate::error::{Error, Result};
+use crate::events::Callback;
+use crate::graph::GraphMode;
+use crate::optim::OptimizerConfig;
+use crate::schedule::LrSchedule;
+use crate::step::TrainStep;
+
+/// Loop settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// Epochs to run.
+    pub epochs: usize,
+    /// Stop after this many optimizer steps (overrides `epochs` when reached first).
+    pub max_steps: Option<usize>,
+    /// Read the running loss back every this many optimizer steps.
+    pub log_every: usize,
+    /// Micro-batches whose gradients add up before each optimizer step
+    /// (Lightning's `accumulate_grad_batches`); each micro-batch's loss is
+    /// divided by it, so N micro-batches of B step as one batch of N*B.
+    #[serde(default = "one")]
+    pub accumulate: usize,
+    /// Gradient clipping before each optimizer step.
+    #[serde(default)]
+    pub clip: Option<GradClip>,
+    /// Log the total gradient norm before clipping (`grad_norm`); always
+    /// logged when clipping by norm, which computes it anyway.
+    #[serde(default)]
+    pub log_grad_norm: bool,
+    /// Stop when a logged loss exceeds this many times the fit's first step's
+    /// loss (Lightning's `EarlyStopping(divergence_threshold=...)`, relative);
+    /// `None` turns the check off. Non-finite losses always stop the fit.
+    #[serde(default = "default_divergence")]
+    pub divergence_threshold: Option<f64>,
+    /// Validate after each epoch when a validation loader is given.
+    pub validate: bool,
+    /// Return the device memory pool's cached blocks after each epoch's
+    /// training pass (`--empty-cache`); the pool is always trimmed after fit.
+    #[serde(default)]
+    pub empty_cache: bool,
+    /// Capture the training step as one CUDA graph and replay it
+    /// (`--cuda-graph`; docs/cuda-graphs.md).
+    #[serde(default)]
+    pub cuda_graph: GraphMode,
+    /// On a GPU, record when every kernel ran (CUPTI) to report GPU busy %
+    /// (`--kernel-trace`); no effect on the CPU.
+    #[serde(default = "yes")]
+    pub kernel_trace: bool,
+    /// On a CUDA device, run the steps Redline has fused GPU kernels for
+    /// with them (`--fused-kernels`: the optimizer update, the cross-entropy,
+    /// linear layers and the CNN block; docs/gpu-kernels.md). `auto` uses them once
+    /// [`crate::graph::AUTO_FUSES`] is set; the CPU always uses its own.
+    #[serde(default)]
+    pub fused_kernels: GraphMode,
+    /// The learning rate's schedule over the run (`--lr-schedule`); the
+    /// optimizer's rate is its base.
+    #[serde(default)]
+    pub schedule: LrSchedule,
+    /// Stop when a logged metric stops improving (`--early-stop`).
+    #[serde(default)]
+    pub early_stop: Option<EarlyStop>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            epochs: 5,
+            max_steps: None,
+            log_every: 50,
+            accumulate: 1,
+            clip: None,
+            log_grad_norm: false,
+            divergence_threshold: default_divergence(),
+            validate: true,
+            empty_cache: false,
+            cuda_graph: GraphMode::default(),
+            kernel_trace: true,
+            fused_kernels: GraphMode::default(),
+            schedule: LrSchedule::default(),
+            early_stop: None,
+        }
+    }
+}
+
+fn one() -> usize {
+    1
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A loss a thousand times its start has left any sane training curve; a
+/// slow drift upward never gets there.
+fn default_divergence() -> Option<f64> {
+    Some(1e3)
+}
+
+impl TrainConfig {
+    /// Refuses settings the loop cannot run (zero counts, a bad clip or
+    /// divergence factor), naming the flag; [`TrainerBuilder::build`] calls
+    /// it, and a caller can call it before doing any work.
+    pub fn check(&self) -> Result<()> {
+        if self.log_every == 0 {
+            return Err(Error::Config("--log-every must be at least 1".into()));
+        }
+        if self.epochs == 0 && self.max_steps.is_none() {
+            return Err(Error::Config(
+                "--epochs must be at least 1 (or give --max-steps)".into(),
+            ));
+        }
+        if self.max_steps == Some(0) {
+            return Err(Error::Config("--max-steps must be at least 1".into()));
+        }
+        if self.accumulate == 0 {
+            return Err(Error::Config(
+                "--accumulate 0: must be at least 1 (1: no accumulation)".into(),
+            ));
+        }
+        if let Some(c) = &self.clip {
+            c.check()?;
+        }
+        self.schedule.check()?;
+        if let Some(es) = &self.early_stop {
+            es.check()?;
+        }
+        if let Some(f) = self.divergence_threshold {
+            if !(f.is_finite() && f > 1.0) {
+                return Err(Error::Config(format!(
+                    "--divergence-threshold {f}: give a factor > 1, or 0 to turn the check off"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Assembles a [`Trainer`].
+pub struct TrainerBuilder {
+    cfg: TrainConfig,
+    optimizer: OptimizerConfig,
+    callbacks: Vec<Box<dyn Callback>>,
+    model_name: String,
+    profiler: Mode,
+    stop: Option<Arc<AtomicBool>>,
+    threads: Option<usize>,
+    checkpoints: Option<CheckpointConfig>,
+}
+
+impl TrainerBuilder {
+    /// PyTorch-tutorial defaults (5 epochs, Adam 1e-3): [`Trainer::builder`].
+    pub(super) fn new() -> Self {
+        Self {
+            cfg: TrainConfig::default(),
+            optimizer: OptimizerConfig::Adam {
+                lr: 1e-3,
+                betas: (0.9, 0.999),
+                eps: 1e-8,
+                weight_decay: 0.0,
+            },
+            callbacks: Vec::new(),
+            model_name: "model".into(),
+            profiler: Mode::Off,
+            stop: None,
+            threads: None,
+            checkpoints: None,
+        }
+    }
+
+    /// Writes checkpoints as configured (docs/training-control.md); none without.
+    pub fn checkpoints(mut self, cfg: CheckpointConfig) -> Self {
+        self.checkpoints = Some(cfg);
+        self
+    }
+
+    /// Compute threads for this trainer's fused kernels, on the thread that
+    /// calls `fit`/`validate`/`test` and only while they run (default: the
+    /// process's setting, `redline_core::threads::configure`). Two trainers in
+    /// one process can so run with different counts.
+    pub fn threads(mut self, n: usize) -> Self {
+        self.threads = Some(n);
+        self
+    }
+
+    /// A flag the loop polls after every step (and validation batch): once
+    /// set, the fit ends with [`Error::Interrupted`] (the CLI sets it from
+    /// SIGINT/SIGTERM).
+    pub fn stop_when(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.stop = Some(flag);
+        self
+    }
+
+    /// What the profiler records (the breakdown is always measured).
+    pub fn profiler(mut self, mode: Mode) -> Self {
+        self.profiler = mode;
+        self
+    }
+
+    /// Loop settings.
+    pub fn config(mut self, cfg: TrainConfig) -> Self {
+        self.cfg = cfg;
+        self
+    }
+
+    /// Epochs to run.
+    pub fn epochs(mut self, epochs: usize) -> Self {
+        self.cfg.epochs = epochs;
+        self
+    }
+
+    /// Step limit.
+    pub fn max_steps(mut self, steps: Option<usize>) -> Self {
+        self.cfg.max_steps = steps;
+        self
+    }
+
+    /// Log interval in steps.
+    pub fn log_every(mut self, steps: usize) -> Self {
+        self.cfg.log_every = steps;
+        self
+    }
+
+    /// Micro-batches per optimizer step.
+    pub fn accumulate(mut self, micro_batches: usize) -> Self {
+        self.cfg.accumulate = micro_batches;
+        self
+    }
+
+    /// Gradient clipping before each step.
+    pub fn clip(mut self, clip: Option<GradClip>) -> Self {
+        self.cfg.clip = clip;
+        self
+    }
+
+    /// The optimizer to build over the model's parameters.
+    pub fn optimizer(mut self, optimizer: OptimizerConfig) -> Self {
+        self.optimizer = optimizer;
+        self
+    }
+
+    /// Adds an observer.
+    pub fn callback(mut self, cb: Box<dyn Callback>) -> Self {
+        self.callbacks.push(cb);
+        self
+    }
+
+    /// CUDA graph mode (default `auto`, which captures only once
+    /// [`crate::graph::AUTO_CAPTURES`] is set; `on` captures now).
+    pub fn cuda_graph(mut self, mode: GraphMode) -> Self {
+        self.cfg.cuda_graph = mode;
+        self
+    }
+
+    /// The model's name, for events.
+    pub fn model_name(mut self, name: impl Into<String>) -> Self {
+        self.model_name = name.into();
+        self
+    }
+
+    /// Validates the settings and builds the trainer around `module` (a
+    /// [`TrainStep`]: a [`crate::Classifier`] or [`crate::Regressor`] around a
+    /// model, or the user's own) on `device`.
+    pub fn build<S: TrainStep + 'static>(self, module: S, device: Device) -> Result<Trainer> {
+        self.cfg.check()?;
+        if let Some(c) = &self.checkpoints {
+            c.check()?;
+        }
+        if let Some(n) = self.threads {
+            redline_core::threads::check(n).map_err(Error::Config)?;
+        }
+        let optimizer = self.optimizer.build(module.params().to_vec())?;
+        // The fused GPU kernels (optimizer, loss, layers) read one process-wide
+        // switch; the CPU always uses its own.
+        if !device.is_cpu() {
+            redline_kernels::fused_gpu::set_enabled(crate::graph::fused_kernels_on(
+                self.cfg.fused_kernels,
+            ));
+        }
+        Ok(Trainer {
+            cfg: self.cfg,
+            module: Box::new(module),
+            optimizer,
+            callbacks: self.callbacks.into_iter().map(Some).collect(),
+            device,
+            model_name: self.model_name,
+            profile_mode: self.profiler,
+            profiler: None,
+            gpu_busy: None,
+            reads: HostReads::new(),
+            stop: self.stop,
+            threads: self.threads,
+            base_lr: self.optimizer.lr(),
+            checkpoints: self.checkpoints,
+            writer: checkpointing::Writer::default(),
+            resume: None,
+        })
+    }
+}

@@ -97,18 +97,11 @@ impl Run {
         header.insert("started".into(), json!(utc_stamp(started).1));
         header.insert("started_unix".into(), json!(started));
         header.insert("run_dir".into(), json!(dir.display().to_string()));
-        Ok(Self {
-            dir,
-            log,
-            sampler: None,
-            header,
-            report: None,
-            done: false,
-        })
+        Ok(Self::from_parts(dir, log, header))
     }
 
-    /// A run over an existing folder, its writers and `summary.json` header
-    /// ready ([`Run::reopen`]).
+    /// A run over a folder whose writers and `summary.json` header are ready
+    /// ([`Run::create`], [`Run::reopen`]).
     pub(crate) fn from_parts(dir: PathBuf, log: RunLog, header: Map<String, Value>) -> Self {
         Self {
             dir,

@@ -147,6 +147,10 @@ pub fn batch_size(plan: &Plan, mut search: BatchSizeSearch) -> anyhow::Result<Ba
     let train = &plan.prepared.train;
     search.max = search.max.min(train.len().max(1));
     let make = step_maker(plan);
+    // The training split on the device once, as training holds it: every
+    // trial reads it, so each peak is the real job's (data and step).
+    let split = redline_data::Split::from_host(train, plan.device.candle())
+        .context("the batch-size search: placing the training split on the device")?;
     // What the trials may peak at: what the process holds now and most of
     // what is free (on a GPU, its memory; out-of-memory is caught too).
     memory::reset_peak(&plan.device);
@@ -157,17 +161,8 @@ pub fn batch_size(plan: &Plan, mut search: BatchSizeSearch) -> anyhow::Result<Ba
             .map(|free| now + (free as f64 * MEMORY_SHARE) as u64),
     };
     let trial = |b: usize| -> anyhow::Result<Trial> {
-        // A head of the data, resident, enough for a few batches: every
-        // batch size reads the same samples.
-        let n = train
-            .len()
-            .min(b.saturating_mul(16))
-            .max(b.min(train.len()));
-        let head: Vec<u32> = (0..n as u32).collect();
-        let loader = Loader::placed_host(
-            train.subset(&head)?,
-            plan.device.candle(),
-            Placement::Resident,
+        let loader = Loader::new(
+            split.clone(),
             LoaderConfig {
                 batch_size: b,
                 shuffle: false,
@@ -175,14 +170,7 @@ pub fn batch_size(plan: &Plan, mut search: BatchSizeSearch) -> anyhow::Result<Ba
                 prefetch: 0,
                 drop_last: false,
             },
-        );
-        let loader = match loader {
-            Ok(l) => l,
-            Err(e) if memory::is_out_of_memory_text(&e.to_string()) => {
-                return Ok(Trial::OutOfMemory(e.to_string()))
-            }
-            Err(e) => return Err(e.into()),
-        };
+        )?;
         memory::reset_peak(&plan.device);
         let first = probe::measure(&make, &plan.device, &loader, &plan.opt_cfg, (2, 3), false);
         let est = match first {

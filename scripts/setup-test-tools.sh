@@ -3,7 +3,10 @@
 # environment variables that point the tests at them:
 #   - Chromium (Debian package), for tests that render HTML reports headless;
 #   - a Python venv with TensorBoard, for the event-file test that reads our
-#     files with TensorBoard's own EventAccumulator.
+#     files with TensorBoard's own EventAccumulator;
+#   - OpenMPI (Debian's openmpi-bin and libopenmpi-dev) and libclang-dev, for
+#     the `mpi` feature (the `mpi` crate generates its bindings with bindgen)
+#     and the tests that run real `mpirun -n 2` jobs.
 # Idempotent: anything already in place is left alone. Progress goes to stderr,
 # the export lines to stdout, so this works:
 #   eval "$(scripts/setup-test-tools.sh)"
@@ -46,6 +49,25 @@ else
         apt_install_chromium
     fi
     [ -x "$CHROMIUM" ] || { log "chromium: apt-get succeeded but $CHROMIUM is missing"; exit 1; }
+fi
+
+MPI_PACKAGES=(openmpi-bin libopenmpi-dev libclang-dev)
+mpi_ok() {
+    command -v mpirun >/dev/null 2>&1 && command -v mpicc >/dev/null 2>&1 &&
+        ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1
+}
+if mpi_ok; then
+    log "openmpi: present ($(mpirun --version 2>/dev/null | head -1))"
+else
+    log "openmpi: installing ${MPI_PACKAGES[*]} with apt-get"
+    if ! as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        "${MPI_PACKAGES[@]}" >&2; then
+        log "openmpi: install failed; running apt-get update and retrying"
+        as_root apt-get update >&2
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+            "${MPI_PACKAGES[@]}" >&2
+    fi
+    mpi_ok || { log "openmpi: apt-get succeeded but mpirun, mpicc or libclang is missing"; exit 1; }
 fi
 
 tensorboard_ok() {

@@ -123,3 +123,28 @@ pub fn need_chromium() -> Option<PathBuf> {
 fn need(found: Result<PathBuf, String>, what: &str) -> Option<PathBuf> {
     found.map_err(|why| missing(what, &why)).ok()
 }
+
+/// `mpirun -n <ranks>` (OpenMPI's, from `scripts/setup-test-tools.sh`) set up
+/// for tests: `--oversubscribe` (this machine may have fewer cores than
+/// ranks) and allowed to run as root (containers and CI run as root).
+/// Panics with the fix when `mpirun` is missing: the tests that call this
+/// are built only with the `mpi` feature, which needs MPI installed.
+pub fn mpirun(ranks: usize) -> Command {
+    let found = Command::new("mpirun").arg("--version").output();
+    if !found.is_ok_and(|o| o.status.success()) {
+        panic!(
+            "no mpirun on PATH, but this test was built with the `mpi` feature. \
+             HINT: run scripts/setup-test-tools.sh (it installs Debian's openmpi-bin)"
+        );
+    }
+    let mut cmd = Command::new("mpirun");
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        // Shared memory and loopback TCP only; no probing for fabrics the
+        // machine does not have.
+        .env("OMPI_MCA_btl", "self,vader,tcp")
+        .env("OMPI_MCA_btl_tcp_if_include", "lo")
+        .env("OMPI_MCA_oob_tcp_if_include", "lo")
+        .args(["--oversubscribe", "-n", &ranks.to_string()]);
+    cmd
+}

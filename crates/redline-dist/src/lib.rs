@@ -1,0 +1,51 @@
+//! Ranks and collectives for data-parallel training (Redline's
+//! `--strategy ddp`).
+//!
+//! - [`Launch`]: which rank this process is, from the launcher's environment
+//!   (`mpirun`, `mpiexec`, `torchrun`, `srun`);
+//! - [`Collectives`]: the all-reduce, broadcast, all-gather and barrier the
+//!   training loop needs, with a timeout that turns a dead or hung rank into
+//!   an error naming where the job stopped;
+//! - backends: [`Single`] (a world of one, free) and, with the `mpi` feature,
+//!   [`MpiComm`] over the system's MPI (OpenMPI on Debian).
+
+mod comm;
+mod error;
+mod launch;
+#[cfg(feature = "mpi")]
+mod mpi_comm;
+
+pub use comm::{Collectives, Single};
+pub use error::{Error, Result};
+pub use launch::{Launch, Launcher};
+#[cfg(feature = "mpi")]
+pub use mpi_comm::MpiComm;
+
+/// Whether this build can join several ranks (the `mpi` feature).
+pub const MPI_BUILT: bool = cfg!(feature = "mpi");
+
+/// The communicator for `launch`: [`Single`] for a world of one; MPI for
+/// several ranks (an error naming the fix when this build has no MPI).
+pub fn connect(launch: &Launch, timeout: std::time::Duration) -> Result<Box<dyn Collectives>> {
+    if launch.world_size == 1 {
+        return Ok(Box::new(Single));
+    }
+    #[cfg(feature = "mpi")]
+    {
+        Ok(Box::new(MpiComm::init(launch, timeout)?))
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let _ = timeout;
+        Err(Error::Unsupported {
+            what: format!(
+                "{} started {} ranks, but this redline was built without MPI",
+                launch.launcher.name(),
+                launch.world_size
+            ),
+            hint: "build with `cargo build --release --features redline/mpi` (Debian: \
+                   apt-get install libopenmpi-dev openmpi-bin libclang-dev)"
+                .into(),
+        })
+    }
+}

@@ -1,0 +1,461 @@
+//! [`Collectives`] over MPI (the `mpi` crate on the system's MPI; OpenMPI on
+//! Debian), for ranks started by `mpirun`, `mpiexec` or `srun --mpi=pmix`.
+//!
+//! Every collective is started non-blocking and polled against a deadline
+//! (`--dist-timeout`), as PyTorch's NCCL watchdog does: a rank that died or
+//! hangs turns into an error on the others that names the collective, the
+//! step and the last collective every rank completed, never a silent hang.
+//! A collective that timed out cannot be cancelled, so its buffers are the
+//! communicator's own and are never touched again: the communicator is
+//! poisoned and, when dropped, aborts the job (`MPI_Abort`) rather than
+//! finalizing with a collective in flight.
+
+use std::cell::RefCell;
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mpi::collective::{CommunicatorCollectives, Root, SystemOperation};
+use mpi::environment::Universe;
+use mpi::point_to_point::{Destination, Source};
+use mpi::request::{Request, Scope};
+use mpi::topology::{Communicator, SimpleCommunicator};
+
+use crate::comm::Collectives;
+use crate::error::{Error, Result};
+use crate::launch::Launch;
+
+/// How long a collective may wait after the interrupt flag is set: long
+/// enough for ranks that all got the signal to finish the step together.
+const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
+
+/// Message tags of the roll call a timed-out rank makes to name the ranks
+/// that are gone: the question, and the answer (`[rank, completed]`).
+const ROLL_CALL: mpi::Tag = 0x7e11;
+const ROLL_ANSWER: mpi::Tag = 0x7e12;
+
+/// How long a timed-out rank waits for the roll call's answers. Live ranks
+/// answer from their own polling loop within milliseconds.
+const ROLL_CALL_WAIT: Duration = Duration::from_secs(3);
+
+/// The world communicator of an MPI job.
+pub struct MpiComm {
+    world: ManuallyDrop<SimpleCommunicator>,
+    universe: ManuallyDrop<Universe>,
+    rank: usize,
+    size: usize,
+    timeout: Duration,
+    interrupt: Option<Arc<AtomicBool>>,
+    state: RefCell<State>,
+}
+
+/// Buffers the collectives run on (owned here, so that a collective that
+/// timed out never writes into memory someone else freed) and the record
+/// of what completed.
+#[derive(Default)]
+struct State {
+    send32: Vec<f32>,
+    recv32: Vec<f32>,
+    send64: Vec<f64>,
+    recv64: Vec<f64>,
+    bytes: Vec<u8>,
+    gathered: Vec<u8>,
+    /// The last collective that completed.
+    last: String,
+    /// Collectives completed so far (the roll call compares them).
+    completed: u64,
+    /// The first failure; every later call is refused.
+    failed: Option<String>,
+}
+
+impl std::fmt::Debug for MpiComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiComm")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl MpiComm {
+    /// Initializes MPI and checks that it sees the ranks `launch` describes.
+    pub fn init(launch: &Launch, timeout: Duration) -> Result<Self> {
+        let universe = mpi::initialize()
+            .ok_or_else(|| Error::Mpi("MPI was already initialized in this process".into()))?;
+        let world = universe.world();
+        let (rank, size) = (world.rank() as usize, world.size() as usize);
+        if size != launch.world_size || rank != launch.rank {
+            return Err(Error::Unsupported {
+                what: format!(
+                    "{} says rank {} of {}, but MPI sees rank {rank} of {size}",
+                    launch.launcher.name(),
+                    launch.rank,
+                    launch.world_size
+                ),
+                hint: "Redline's collectives run over MPI: start the ranks with `mpirun -n N` \
+                       (or `srun --mpi=pmix` under Slurm), not with torchrun"
+                    .into(),
+            });
+        }
+        Ok(Self {
+            world: ManuallyDrop::new(world),
+            universe: ManuallyDrop::new(universe),
+            rank,
+            size,
+            timeout,
+            interrupt: None,
+            state: RefCell::new(State {
+                last: "MPI initialization".into(),
+                ..State::default()
+            }),
+        })
+    }
+
+    /// The MPI library's version string (`Open MPI v4.1.4, ...`).
+    pub fn library_version() -> String {
+        mpi::environment::library_version().unwrap_or_else(|_| "unknown MPI".into())
+    }
+
+    /// Refuses calls after a failure.
+    fn check(&self, st: &State, op: &str) -> Result<()> {
+        match &st.failed {
+            Some(first) => Err(Error::Poisoned {
+                rank: self.rank,
+                op: op.into(),
+                first: first.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Polls `req` until it completes, the timeout passes or the interrupt
+    /// flag has been set for [`INTERRUPT_GRACE`]. On failure the request is
+    /// abandoned (its buffers are `st`'s, never touched again).
+    fn wait<'a, D: ?Sized, S: Scope<'a>>(
+        &self,
+        mut req: Request<'a, D, S>,
+        op: &str,
+        last: &str,
+        completed: u64,
+        failed: &mut Option<String>,
+    ) -> Result<()> {
+        let start = Instant::now();
+        let mut interrupted_at: Option<Instant> = None;
+        let mut polls = 0u64;
+        loop {
+            match req.test() {
+                Ok(_) => return Ok(()),
+                Err(r) => req = r,
+            }
+            polls += 1;
+            let waited = start.elapsed();
+            if polls.is_multiple_of(256) {
+                self.answer_roll_calls(completed);
+            }
+            let err = if waited > self.timeout {
+                Some(Error::Timeout {
+                    rank: self.rank,
+                    op: op.into(),
+                    timeout_s: self.timeout.as_secs_f64(),
+                    missing: self.roll_call(completed),
+                    last: last.into(),
+                })
+            } else if let Some(at) = interrupted_at {
+                (at.elapsed() > INTERRUPT_GRACE).then(|| Error::Interrupted {
+                    rank: self.rank,
+                    op: op.into(),
+                    waited_s: waited.as_secs_f64(),
+                    last: last.into(),
+                })
+            } else {
+                if self
+                    .interrupt
+                    .as_ref()
+                    .is_some_and(|f| f.load(Ordering::Relaxed))
+                {
+                    interrupted_at = Some(Instant::now());
+                }
+                None
+            };
+            if let Some(e) = err {
+                // The collective cannot be cancelled: forget it, keep its
+                // buffers (they are `State`'s and never touched again).
+                // SAFETY: the buffers outlive the process (the communicator is
+                // poisoned, and aborts the job instead of dropping them).
+                let _ = unsafe { req.into_raw() };
+                *failed = Some(e.to_string());
+                return Err(e);
+            }
+            // Short waits spin (an all-reduce over shared memory takes
+            // microseconds); long ones give the core to the other ranks and
+            // threads (2 ranks on 2 cores are oversubscribed).
+            if polls < 64 {
+                std::hint::spin_loop();
+            } else if waited < Duration::from_millis(50) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+}
+
+impl MpiComm {
+    /// Answers every pending roll call with this rank and the collectives
+    /// it completed.
+    fn answer_roll_calls(&self, completed: u64) {
+        while let Some((msg, status)) = self
+            .world
+            .any_process()
+            .immediate_matched_probe_with_tag(ROLL_CALL)
+        {
+            let mut asker = [0u64; 2];
+            msg.matched_receive_into(&mut asker[..]);
+            let answer = [self.rank as u64, completed];
+            self.world
+                .process_at_rank(status.source_rank())
+                .send_with_tag(&answer[..], ROLL_ANSWER);
+        }
+    }
+
+    /// Asks every other rank to answer, waits [`ROLL_CALL_WAIT`], and says
+    /// which did not (gone or hung outside any collective) and which are
+    /// waiting in a different collective than this rank.
+    fn roll_call(&self, completed: u64) -> String {
+        let me = [self.rank as u64, completed];
+        for r in (0..self.size).filter(|&r| r != self.rank) {
+            // Small messages are sent eagerly: this returns even if `r` hangs.
+            self.world
+                .process_at_rank(r as i32)
+                .send_with_tag(&me[..], ROLL_CALL);
+        }
+        let mut answered: Vec<Option<u64>> = vec![None; self.size];
+        answered[self.rank] = Some(completed);
+        let start = Instant::now();
+        while start.elapsed() < ROLL_CALL_WAIT && answered.iter().any(Option::is_none) {
+            self.answer_roll_calls(completed);
+            match self
+                .world
+                .any_process()
+                .immediate_matched_probe_with_tag(ROLL_ANSWER)
+            {
+                Some((msg, _)) => {
+                    let mut a = [0u64; 2];
+                    msg.matched_receive_into(&mut a[..]);
+                    if let (Some(&r), Some(&c)) = (a.first(), a.get(1)) {
+                        if let Some(slot) = answered.get_mut(r as usize) {
+                            *slot = Some(c);
+                        }
+                    }
+                }
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        describe_roll_call(&answered, completed)
+    }
+}
+
+/// The roll call's finding as the timeout error's clause.
+fn describe_roll_call(answered: &[Option<u64>], completed: u64) -> String {
+    let list = |rs: &[usize]| -> String {
+        let names: Vec<String> = rs.iter().map(ToString::to_string).collect();
+        format!(
+            "{} {}",
+            if rs.len() == 1 { "rank" } else { "ranks" },
+            names.join(", ")
+        )
+    };
+    let silent: Vec<usize> = (0..answered.len())
+        .filter(|&r| answered[r].is_none())
+        .collect();
+    let elsewhere: Vec<usize> = (0..answered.len())
+        .filter(|&r| answered[r].is_some_and(|c| c != completed))
+        .collect();
+    let mut parts = Vec::new();
+    if !silent.is_empty() {
+        parts.push(format!(
+            "{} did not answer (died, or hangs outside communication)",
+            list(&silent)
+        ));
+    }
+    if !elsewhere.is_empty() {
+        parts.push(format!(
+            "{} waits in a different collective (the ranks' calls diverged)",
+            list(&elsewhere)
+        ));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", parts.join("; "))
+    }
+}
+
+impl Collectives for MpiComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.size
+    }
+
+    fn backend(&self) -> &'static str {
+        "mpi"
+    }
+
+    fn all_reduce_sum(&self, buf: &mut [f32], op: &str) -> Result<()> {
+        let mut st = self.state.borrow_mut();
+        self.check(&st, op)?;
+        let st = &mut *st;
+        st.send32.clear();
+        st.send32.extend_from_slice(buf);
+        st.recv32.resize(buf.len(), 0.0);
+        let (send, recv, last, failed) = (&st.send32, &mut st.recv32, &st.last, &mut st.failed);
+        let completed = st.completed;
+        mpi::request::scope(|scope| {
+            let req = self.world.immediate_all_reduce_into(
+                scope,
+                &send[..],
+                &mut recv[..],
+                SystemOperation::sum(),
+            );
+            self.wait(req, op, last, completed, failed)
+        })?;
+        buf.copy_from_slice(&st.recv32);
+        st.last = op.to_string();
+        st.completed += 1;
+        Ok(())
+    }
+
+    fn all_reduce_sum_f64(&self, buf: &mut [f64], op: &str) -> Result<()> {
+        let mut st = self.state.borrow_mut();
+        self.check(&st, op)?;
+        let st = &mut *st;
+        st.send64.clear();
+        st.send64.extend_from_slice(buf);
+        st.recv64.resize(buf.len(), 0.0);
+        let (send, recv, last, failed) = (&st.send64, &mut st.recv64, &st.last, &mut st.failed);
+        let completed = st.completed;
+        mpi::request::scope(|scope| {
+            let req = self.world.immediate_all_reduce_into(
+                scope,
+                &send[..],
+                &mut recv[..],
+                SystemOperation::sum(),
+            );
+            self.wait(req, op, last, completed, failed)
+        })?;
+        buf.copy_from_slice(&st.recv64);
+        st.last = op.to_string();
+        st.completed += 1;
+        Ok(())
+    }
+
+    fn broadcast(&self, buf: &mut [f32], root: usize, op: &str) -> Result<()> {
+        let mut st = self.state.borrow_mut();
+        self.check(&st, op)?;
+        if root >= self.size {
+            return Err(Error::Mpi(format!(
+                "{op}: root {root} of {} ranks",
+                self.size
+            )));
+        }
+        let st = &mut *st;
+        st.recv32.clear();
+        st.recv32.extend_from_slice(buf);
+        let (data, last, failed) = (&mut st.recv32, &st.last, &mut st.failed);
+        let completed = st.completed;
+        mpi::request::scope(|scope| {
+            let req = self
+                .world
+                .process_at_rank(root as i32)
+                .immediate_broadcast_into(scope, &mut data[..]);
+            self.wait(req, op, last, completed, failed)
+        })?;
+        buf.copy_from_slice(&st.recv32);
+        st.last = op.to_string();
+        st.completed += 1;
+        Ok(())
+    }
+
+    fn all_gather_bytes(&self, mine: &[u8], op: &str) -> Result<Vec<Vec<u8>>> {
+        let mut st = self.state.borrow_mut();
+        self.check(&st, op)?;
+        let st = &mut *st;
+        // The lengths first, then every rank's bytes padded to the longest.
+        st.send64.clear();
+        st.send64.resize(self.size, 0.0);
+        st.send64[self.rank] = mine.len() as f64;
+        let mut lens = st.send64.clone();
+        let (send, recv, last, failed) = (&st.send64, &mut st.recv64, &st.last, &mut st.failed);
+        let completed = st.completed;
+        recv.resize(self.size, 0.0);
+        mpi::request::scope(|scope| {
+            let req = self.world.immediate_all_reduce_into(
+                scope,
+                &send[..],
+                &mut recv[..],
+                SystemOperation::sum(),
+            );
+            self.wait(req, op, last, completed, failed)
+        })?;
+        lens.copy_from_slice(&st.recv64[..self.size]);
+        let longest = lens.iter().fold(0usize, |m, &l| m.max(l as usize));
+        st.bytes.clear();
+        st.bytes.extend_from_slice(mine);
+        st.bytes.resize(longest, 0);
+        st.gathered.resize(longest * self.size, 0);
+        let (send, recv, last, failed) = (&st.bytes, &mut st.gathered, &st.last, &mut st.failed);
+        let completed = st.completed;
+        mpi::request::scope(|scope| {
+            let req = self
+                .world
+                .immediate_all_gather_into(scope, &send[..], &mut recv[..]);
+            self.wait(req, op, last, completed, failed)
+        })?;
+        st.last = op.to_string();
+        st.completed += 1;
+        Ok(lens
+            .iter()
+            .enumerate()
+            .map(|(r, &l)| st.gathered[r * longest..r * longest + l as usize].to_vec())
+            .collect())
+    }
+
+    fn barrier(&self, op: &str) -> Result<()> {
+        let mut st = self.state.borrow_mut();
+        self.check(&st, op)?;
+        let st = &mut *st;
+        let (last, failed) = (&st.last, &mut st.failed);
+        let completed = st.completed;
+        let req = self.world.immediate_barrier();
+        self.wait(req, op, last, completed, failed)?;
+        st.last = op.to_string();
+        st.completed += 1;
+        Ok(())
+    }
+
+    fn set_interrupt(&mut self, flag: Arc<AtomicBool>) {
+        self.interrupt = Some(flag);
+    }
+}
+
+impl Drop for MpiComm {
+    fn drop(&mut self) {
+        let failed = self.state.borrow().failed.is_some();
+        if failed {
+            // A collective is still in flight on this rank: finalizing would
+            // wait for it forever. End the whole job, as NCCL's watchdog does.
+            self.world.abort(1);
+        }
+        // SAFETY: each is dropped once, here; the world communicator before
+        // the universe that finalizes MPI.
+        unsafe {
+            ManuallyDrop::drop(&mut self.world);
+            ManuallyDrop::drop(&mut self.universe);
+        }
+    }
+}

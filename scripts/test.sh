@@ -11,4 +11,4 @@ cd "$(dirname "$0")/.."
 eval "$(scripts/setup-test-tools.sh)"
 export REDLINE_TB_PYTHON REDLINE_CHROMIUM
 export REDLINE_REQUIRE_TOOLS=1
-exec cargo test --workspace --features redline-dist/mpi "$@"
+exec cargo test --workspace --features redline/mpi,redline-dist/mpi "$@"

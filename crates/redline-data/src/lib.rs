@@ -31,7 +31,7 @@ pub use augment::{Augment, Augmented};
 pub use cursor::DeviceCursor;
 pub use dataset::{Dataset, HostData, TargetKind, Targets, TargetsMut};
 pub use error::{Error, Result};
-pub use loader::{Batch, Loader, LoaderConfig};
+pub use loader::{Batch, Loader, LoaderConfig, Shard};
 pub use mnist::{Normalize, SplitKind};
 pub use place::{place, DataOnDevice, Placement};
 pub use source::{peek_inputs, prepare, prepare_until, DataOptions, Format, Prepared, Task};

@@ -101,6 +101,22 @@ pub struct Loader {
     feed: Feed,
     /// At most this many batches an epoch ([`Loader::limit_batches`]).
     limit: Option<usize>,
+    /// This rank's part of every epoch ([`Loader::shard`]).
+    shard: Option<Shard>,
+}
+
+/// A rank's part of each epoch's order (PyTorch's `DistributedSampler`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world: usize,
+    /// Pad the order to a multiple of `world` by repeating its start, so
+    /// every rank gets the same number of samples (training: every rank
+    /// takes the same steps); without it the ranks' parts differ by at most
+    /// one sample and cover each sample once (evaluation: exact sums).
+    pub pad: bool,
 }
 
 impl std::fmt::Debug for Loader {
@@ -122,6 +138,7 @@ impl Loader {
             cfg,
             feed: Feed::Resident(split),
             limit: None,
+            shard: None,
         })
     }
 
@@ -142,6 +159,7 @@ impl Loader {
                 stages: Arc::new(Mutex::new(Vec::new())),
             },
             limit: None,
+            shard: None,
         })
     }
 
@@ -215,12 +233,42 @@ impl Loader {
         &self.cfg
     }
 
-    /// Samples in the data set.
+    /// Samples one epoch yields: the data set's, or this rank's part of it
+    /// when sharded.
     pub fn len(&self) -> usize {
+        let n = self.data_len();
+        match self.shard {
+            None => n,
+            Some(s) if s.pad => n.div_ceil(s.world),
+            Some(s) => n.saturating_sub(s.rank).div_ceil(s.world),
+        }
+    }
+
+    /// Samples in the data set (all ranks together).
+    pub fn data_len(&self) -> usize {
         match &self.feed {
             Feed::Resident(s) => s.len(),
             Feed::Streaming { host, .. } => host.len(),
         }
+    }
+
+    /// Every epoch yields only rank `shard.rank`'s part of its order:
+    /// positions `rank, rank + world, ...` of the (padded) order, as
+    /// PyTorch's `DistributedSampler`. Refuses a rank outside the world.
+    pub fn shard(mut self, shard: Shard) -> Result<Self> {
+        if shard.world == 0 || shard.rank >= shard.world {
+            return Err(Error::Config(format!(
+                "rank {} of a world of {}",
+                shard.rank, shard.world
+            )));
+        }
+        self.shard = (shard.world > 1).then_some(shard);
+        Ok(self)
+    }
+
+    /// The sharding [`Loader::shard`] set (none for a world of one).
+    pub fn sharding(&self) -> Option<Shard> {
+        self.shard
     }
 
     /// True when the data set is empty.
@@ -255,14 +303,31 @@ impl Loader {
     /// The sample order of `epoch`: identity without shuffling, otherwise a
     /// Fisher-Yates permutation from ChaCha8 seeded by `seed`, stream `epoch`
     /// (independent of every other epoch, so a resumed run draws the same order).
+    ///
+    /// Sharded, it is this rank's part of that order (same seed on every
+    /// rank, so the parts are disjoint).
     pub fn order(&self, epoch: usize) -> Vec<u32> {
-        let mut idx: Vec<u32> = (0..self.len() as u32).collect();
+        let mut idx: Vec<u32> = (0..self.data_len() as u32).collect();
         if self.cfg.shuffle {
             let mut rng = ChaCha8Rng::seed_from_u64(self.cfg.seed);
             rng.set_stream(epoch as u64);
             idx.shuffle(&mut rng);
         }
-        idx
+        match self.shard {
+            None => idx,
+            Some(s) => {
+                let total = if s.pad {
+                    self.len() * s.world
+                } else {
+                    idx.len()
+                };
+                // Padding repeats the order's start (again, for tiny sets).
+                (s.rank..total)
+                    .step_by(s.world)
+                    .filter_map(|i| idx.get(i % idx.len().max(1)).copied())
+                    .collect()
+            }
+        }
     }
 
     /// Iterates over the batches of `epoch`, prefetching when configured.
@@ -281,7 +346,7 @@ impl Loader {
     }
 
     fn source(&self, epoch: usize) -> Result<BatchSource> {
-        let order = self.cfg.shuffle.then(|| self.order(epoch));
+        let order = (self.cfg.shuffle || self.shard.is_some()).then(|| self.order(epoch));
         let (batch_size, batches, len) =
             (self.cfg.batch_size, self.batches_per_epoch(), self.len());
         let how = match &self.feed {
@@ -526,6 +591,63 @@ mod tests {
             prefetch,
             drop_last: false,
         }
+    }
+
+    /// PyTorch's `DistributedSampler` on 5 samples and 2 ranks: padded,
+    /// `[0, 2, 4]` and `[1, 3, 0]`; unpadded, `[0, 2, 4]` and `[1, 3]`. The
+    /// batches of every feed hold exactly the samples of the rank's order.
+    #[test]
+    fn shards_split_each_epochs_order_as_distributed_sampler() -> Result<()> {
+        let shard = |l: Loader, rank, pad| {
+            l.shard(Shard {
+                rank,
+                world: 2,
+                pad,
+            })
+        };
+        let plain = |pad, rank| -> Result<Vec<u32>> {
+            Ok(shard(Loader::new(split(5)?, cfg(false, 0))?, rank, pad)?.order(0))
+        };
+        assert_eq!(
+            (plain(true, 0)?, plain(true, 1)?),
+            (vec![0, 2, 4], vec![1, 3, 0])
+        );
+        assert_eq!(
+            (plain(false, 0)?, plain(false, 1)?),
+            (vec![0, 2, 4], vec![1, 3])
+        );
+        for (shuffle, prefetch, streaming) in [(true, 0, false), (true, 2, true), (false, 2, true)]
+        {
+            let whole = Loader::new(split(37)?, cfg(shuffle, 0))?;
+            let mut seen = Vec::new();
+            for rank in 0..2 {
+                let base = if streaming {
+                    Loader::streaming(split(37)?, &Device::Cpu, cfg(shuffle, prefetch))?
+                } else {
+                    Loader::new(split(37)?, cfg(shuffle, prefetch))?
+                };
+                let l = shard(base, rank, false)?;
+                let order = l.order(3);
+                assert_eq!(l.len(), order.len());
+                let got: Vec<u32> = pixels(&l, 3)?.into_iter().map(|b| b[0]).collect();
+                // The first pixel of each batch is its first sample's index.
+                let firsts: Vec<u32> = order.chunks(4).map(|c| c[0]).collect();
+                assert_eq!(got, firsts, "rank {rank} shuffle {shuffle}");
+                seen.extend(order);
+            }
+            seen.sort_unstable();
+            let mut all = whole.order(3);
+            all.sort_unstable();
+            assert_eq!(seen, all, "the two parts cover the epoch once");
+        }
+        assert!(Loader::new(split(5)?, cfg(false, 0))?
+            .shard(Shard {
+                rank: 2,
+                world: 2,
+                pad: true
+            })
+            .is_err());
+        Ok(())
     }
 
     #[test]

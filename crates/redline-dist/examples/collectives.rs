@@ -50,7 +50,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut last = vec![1.0f32];
     if let Err(e) = comm.all_reduce_sum(&mut last, "the last all-reduce (step 7)") {
-        eprintln!("{e}");
+        // One write: the ranks share the terminal, and a message written in
+        // pieces interleaves with another rank's.
+        use std::io::Write;
+        let _ = std::io::stderr().write_all(format!("{e}\n").as_bytes());
         std::process::exit(2);
     }
     println!("rank {rank}/{n} ok ({})", comm.backend());

@@ -63,6 +63,23 @@ pub enum Error {
         /// The last collective that completed on this rank.
         last: String,
     },
+    /// A signal came while waiting in a collective, and a roll call found
+    /// ranks gone (the launcher is ending the job because one died).
+    #[error(
+        "rank {rank}: {op} cannot complete{missing}; the last operation every rank completed was \
+         {last}\nHINT: look for that rank's error above (and the launcher's message naming \
+         it); a run with checkpoints continues with `redline train --resume RUN_DIR`"
+    )]
+    RankLost {
+        /// This rank.
+        rank: usize,
+        /// The collective that was waiting.
+        op: String,
+        /// ": rank 1 did not answer (...)".
+        missing: String,
+        /// The last collective that completed on this rank.
+        last: String,
+    },
     /// A collective after an earlier one failed: the communicator is unusable.
     #[error("rank {rank}: {op}: the communicator failed earlier ({first})")]
     Poisoned {

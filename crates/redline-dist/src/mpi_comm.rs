@@ -39,6 +39,11 @@ const ROLL_ANSWER: mpi::Tag = 0x7e12;
 /// answer from their own polling loop within milliseconds.
 const ROLL_CALL_WAIT: Duration = Duration::from_secs(3);
 
+/// The roll call a rank makes when a signal comes while it waits: short,
+/// because a launcher tearing the job down (mpirun sends SIGTERM, then
+/// SIGKILL a second later) leaves little time to write the run folder.
+const QUICK_ROLL_CALL_WAIT: Duration = Duration::from_millis(300);
+
 /// The world communicator of an MPI job.
 pub struct MpiComm {
     world: ManuallyDrop<SimpleCommunicator>,
@@ -176,8 +181,21 @@ impl MpiComm {
                     .is_some_and(|f| f.load(Ordering::Relaxed))
                 {
                     interrupted_at = Some(Instant::now());
+                    // A signal while waiting: if a rank is gone, the
+                    // launcher is ending the job; say who at once.
+                    let answered = self.roll_call_answers(completed, QUICK_ROLL_CALL_WAIT);
+                    answered
+                        .iter()
+                        .any(Option::is_none)
+                        .then(|| Error::RankLost {
+                            rank: self.rank,
+                            op: op.into(),
+                            missing: describe_roll_call(&answered, completed),
+                            last: last.into(),
+                        })
+                } else {
+                    None
                 }
-                None
             };
             if let Some(e) = err {
                 // The collective cannot be cancelled: forget it, keep its
@@ -224,6 +242,15 @@ impl MpiComm {
     /// which did not (gone or hung outside any collective) and which are
     /// waiting in a different collective than this rank.
     fn roll_call(&self, completed: u64) -> String {
+        describe_roll_call(
+            &self.roll_call_answers(completed, ROLL_CALL_WAIT),
+            completed,
+        )
+    }
+
+    /// Each rank's completed count as it answered the roll call within
+    /// `wait` (`None`: no answer).
+    fn roll_call_answers(&self, completed: u64, wait: Duration) -> Vec<Option<u64>> {
         let me = [self.rank as u64, completed];
         for r in (0..self.size).filter(|&r| r != self.rank) {
             // Small messages are sent eagerly: this returns even if `r` hangs.
@@ -234,7 +261,7 @@ impl MpiComm {
         let mut answered: Vec<Option<u64>> = vec![None; self.size];
         answered[self.rank] = Some(completed);
         let start = Instant::now();
-        while start.elapsed() < ROLL_CALL_WAIT && answered.iter().any(Option::is_none) {
+        while start.elapsed() < wait && answered.iter().any(Option::is_none) {
             self.answer_roll_calls(completed);
             match self
                 .world
@@ -253,7 +280,7 @@ impl MpiComm {
                 None => std::thread::sleep(Duration::from_millis(1)),
             }
         }
-        describe_roll_call(&answered, completed)
+        answered
     }
 }
 

@@ -228,6 +228,41 @@ impl GradBuffer {
         Ok(())
     }
 
+    /// Replaces the gradient with `src`, `param`'s elements flattened (the
+    /// all-reduced gradient of data-parallel training): into the host buffer
+    /// where the gradient is held there, as a tensor of the held one's shape,
+    /// device and dtype otherwise; an empty buffer gets it on the host for a
+    /// CPU parameter, as a tensor on `param`'s device for others.
+    pub fn overwrite(&self, src: &[f32], param: &Tensor) -> Result<()> {
+        if src.len() != param.elem_count() {
+            return Err(candle_core::Error::Msg(format!(
+                "a gradient of {} elements for a parameter of {}",
+                src.len(),
+                param.elem_count()
+            ))
+            .into());
+        }
+        let mut buf = self.lock();
+        let buf = &mut *buf;
+        match &mut buf.held {
+            Held::Tensor(t) => {
+                *t = Tensor::from_slice(src, t.shape(), t.device())?.to_dtype(t.dtype())?;
+            }
+            Held::Empty if !param.device().is_cpu() => {
+                buf.held = Held::Tensor(
+                    Tensor::from_slice(src, param.shape(), param.device())?
+                        .to_dtype(param.dtype())?,
+                );
+            }
+            Held::Host | Held::Empty => {
+                buf.host.clear();
+                buf.host.extend_from_slice(src);
+                buf.held = Held::Host;
+            }
+        }
+        Ok(())
+    }
+
     /// Drops the accumulated gradient (`zero_grad`).
     pub fn clear(&self) {
         self.lock().held = Held::Empty;
@@ -337,6 +372,32 @@ mod tests {
         buf.absorb(&t(&[1.0, -1.0])?)?;
         assert_eq!(host(&buf), Some(vec![3.5, 2.5]));
         assert!(buf.absorb(&t(&[1.0])?).is_err(), "size mismatch");
+        Ok(())
+    }
+
+    #[test]
+    fn overwrite_keeps_each_kind_where_it_is() -> Result<()> {
+        let p = Tensor::zeros((2, 1), DType::F32, &Device::Cpu)?;
+        let host_buf = GradBuffer::new();
+        host_buf.add(&[3.0, -4.0]);
+        host_buf.overwrite(&[1.0, 2.0], &p)?;
+        assert_eq!(host(&host_buf), Some(vec![1.0, 2.0]));
+        let dev_buf = GradBuffer::new();
+        dev_buf.absorb(&Tensor::new(&[[6.0f32], [8.0]], &Device::Cpu)?)?;
+        dev_buf.overwrite(&[5.0, 7.0], &p)?;
+        let kept = dev_buf.with(|g| match g {
+            GradRef::Tensor(t) => t.dims().to_vec(),
+            GradRef::Host(_) => vec![],
+        });
+        assert_eq!(
+            kept,
+            Some(vec![2, 1]),
+            "still a tensor of the gradient's shape"
+        );
+        let empty = GradBuffer::new();
+        empty.overwrite(&[0.5, 0.25], &p)?;
+        assert_eq!(host(&empty), Some(vec![0.5, 0.25]));
+        assert!(empty.overwrite(&[1.0], &p).is_err(), "size mismatch");
         Ok(())
     }
 

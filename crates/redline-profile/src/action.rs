@@ -23,6 +23,9 @@ pub enum Action {
     Backward,
     /// The optimizer step.
     OptimizerStep,
+    /// Averaging gradients across data-parallel ranks (the part of the
+    /// all-reduce the step waits for).
+    AllReduce,
     /// Accumulating running metrics on the device (no read-back).
     Metrics,
     /// Reading metric values back to the host (a device sync).
@@ -39,12 +42,13 @@ pub enum Action {
 
 impl Action {
     /// Every action, in table order.
-    pub const ALL: [Action; 11] = [
+    pub const ALL: [Action; 12] = [
         Action::DataWait,
         Action::Transfer,
         Action::TrainingStep,
         Action::Backward,
         Action::OptimizerStep,
+        Action::AllReduce,
         Action::Metrics,
         Action::HostSync,
         Action::Logging,
@@ -66,6 +70,7 @@ impl Action {
             Action::TrainingStep => "training_step",
             Action::Backward => "backward",
             Action::OptimizerStep => "optimizer step",
+            Action::AllReduce => "gradient all-reduce",
             Action::Metrics => "metric accumulation (on device)",
             Action::HostSync => "metric read-back (host sync)",
             Action::Logging => "logging/callbacks",
@@ -86,6 +91,7 @@ impl Action {
             Action::DataWait => Category::DataWait,
             Action::Transfer => Category::Transfer,
             Action::HostSync => Category::HostSync,
+            Action::AllReduce => Category::Communication,
             Action::Logging | Action::Checkpointing | Action::Other => Category::Overhead,
         }
     }
@@ -103,6 +109,9 @@ pub enum Category {
     Transfer,
     /// Read-backs that make the host wait for the device.
     HostSync,
+    /// Data-parallel ranks exchanging gradients: the all-reduce the step
+    /// waits for (none in one process).
+    Communication,
     /// Framework work on the host: logging, callbacks, checkpoints, bookkeeping.
     Overhead,
     /// Wall time in no action at all: the loop had handed control to nothing.
@@ -111,11 +120,12 @@ pub enum Category {
 
 impl Category {
     /// Every category, in breakdown order.
-    pub const ALL: [Category; 6] = [
+    pub const ALL: [Category; 7] = [
         Category::Compute,
         Category::DataWait,
         Category::Transfer,
         Category::HostSync,
+        Category::Communication,
         Category::Overhead,
         Category::Idle,
     ];
@@ -132,6 +142,7 @@ impl Category {
             Category::DataWait => "data_wait",
             Category::Transfer => "transfer",
             Category::HostSync => "host_sync",
+            Category::Communication => "communication",
             Category::Overhead => "overhead",
             Category::Idle => "idle",
         }
@@ -144,6 +155,7 @@ impl Category {
             Category::DataWait => "data wait",
             Category::Transfer => "transfer",
             Category::HostSync => "host sync",
+            Category::Communication => "communication",
             Category::Overhead => "overhead",
             Category::Idle => "idle",
         }

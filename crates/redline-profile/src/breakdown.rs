@@ -56,19 +56,23 @@ pub struct TimelineRow {
     /// Host sync.
     #[serde(deserialize_with = "nullable")]
     pub host_sync_ms: f64,
+    /// Gradient all-reduce (data-parallel; absent in older records: 0).
+    #[serde(deserialize_with = "nullable")]
+    pub communication_ms: f64,
     /// Overhead.
     #[serde(deserialize_with = "nullable")]
     pub overhead_ms: f64,
 }
 
 impl TimelineRow {
-    /// The five per-step values in [`Category::ALL`] order (idle is not per step).
-    pub fn values_ms(&self) -> [f64; 5] {
+    /// The six per-step values in [`Category::ALL`] order (idle is not per step).
+    pub fn values_ms(&self) -> [f64; 6] {
         [
             self.compute_ms,
             self.data_wait_ms,
             self.transfer_ms,
             self.host_sync_ms,
+            self.communication_ms,
             self.overhead_ms,
         ]
     }
@@ -97,6 +101,7 @@ impl Timeline {
         data_wait_ms: f64,
         transfer_ms: f64,
         host_sync_ms: f64,
+        communication_ms: f64,
         overhead_ms: f64,
     ) {
         self.rows.push(TimelineRow {
@@ -106,6 +111,7 @@ impl Timeline {
             data_wait_ms,
             transfer_ms,
             host_sync_ms,
+            communication_ms,
             overhead_ms,
         });
     }
@@ -145,7 +151,7 @@ impl Breakdown {
         wall_s: f64,
         steps: usize,
         device: &str,
-        seconds: [f64; 6],
+        seconds: [f64; 7],
         timeline: Timeline,
     ) -> Self {
         let categories = Category::ALL
@@ -196,8 +202,10 @@ impl Breakdown {
 
     /// The one line printed at the end of every run.
     pub fn line(&self) -> String {
+        // Communication only where ranks exchanged anything.
         let parts: Vec<String> = Category::ALL
             .iter()
+            .filter(|c| **c != Category::Communication || self.seconds(**c) > 0.0)
             .map(|c| format!("{} {:.1}%", c.label(), self.percent(*c)))
             .collect();
         let per_step = if self.steps > 0 {
@@ -240,10 +248,20 @@ mod tests {
             bin_steps: 1,
             rows: vec![],
         };
-        let b = Breakdown::new(2.0, 4, "cpu", [1.0, 0.5, 0.0, 0.1, 0.3, 0.1], t);
+        let b = Breakdown::new(
+            2.0,
+            4,
+            "cpu",
+            [1.0, 0.5, 0.0, 0.1, 0.0, 0.3, 0.1],
+            t.clone(),
+        );
         assert!((b.percent(Category::Compute) - 50.0).abs() < 1e-9);
         assert!((b.seconds(Category::Idle) - 0.1).abs() < 1e-9);
         let line = b.line();
+        // One process exchanges nothing: no communication in the line.
+        assert!(!line.contains("communication"), "{line}");
+        let ddp = Breakdown::new(2.0, 4, "cpu", [1.0, 0.2, 0.0, 0.1, 0.3, 0.3, 0.1], t);
+        assert!(ddp.line().contains("communication 15.0%"), "{}", ddp.line());
         assert!(line.contains("compute 50.0%"), "{line}");
         assert!(line.contains("data wait 25.0%"), "{line}");
         assert!(line.contains("500.000 ms/step"), "{line}");
@@ -258,7 +276,13 @@ mod tests {
     fn a_kernel_trace_splits_compute() {
         // The H100 run: compute 95.8% of wall, kernels 32%.
         let t = Timeline::default();
-        let mut b = Breakdown::new(10.0, 100, "cuda:0", [9.58, 0.0, 0.0, 0.1, 0.3, 0.02], t);
+        let mut b = Breakdown::new(
+            10.0,
+            100,
+            "cuda:0",
+            [9.58, 0.0, 0.0, 0.1, 0.0, 0.3, 0.02],
+            t,
+        );
         let mut tally = crate::KernelTally::new(0);
         let k = tally.name_id("k");
         tally.add(&mut [crate::KernelSpan {

@@ -25,7 +25,7 @@ use crate::report::{ActionRow, Profile};
 /// Steps are grouped into at most this many timeline bins.
 const MAX_BINS: usize = 400;
 /// Per-step categories (idle is not per step).
-const STEP_CATS: usize = 5;
+const STEP_CATS: usize = 6;
 
 /// A clock on the device's queue (CUDA events on a GPU). The profiler marks a
 /// boundary at every switch, without waiting; at log points it drains the
@@ -193,9 +193,16 @@ impl Profiler {
             mean[2],
             mean[3],
             mean[4],
+            mean[5],
         );
         self.bin_ms = [0.0; STEP_CATS];
         self.bin_first = self.steps + 1;
+    }
+
+    /// Seconds in each category so far, in [`Category::ALL`] order (idle:
+    /// the wall time no action covered).
+    pub fn category_seconds(&self) -> [f64; 7] {
+        self.category_seconds_at(self.elapsed_s())
     }
 
     /// Seconds since the profiler started.
@@ -277,8 +284,8 @@ impl Profiler {
         }
     }
 
-    fn category_seconds_at(&self, wall_s: f64) -> [f64; 6] {
-        let mut out = [0.0; 6];
+    fn category_seconds_at(&self, wall_s: f64) -> [f64; 7] {
+        let mut out = [0.0; 7];
         for a in Action::ALL {
             out[a.category().index()] += self.totals[a.index()];
         }

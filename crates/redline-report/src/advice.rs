@@ -53,6 +53,8 @@ const SYNCS_WARN: f64 = 0.5;
 const HOST_SYNC_WARN: f64 = 5.0;
 /// Framework overhead at or above this percent of wall time.
 const OVERHEAD_WARN: f64 = 15.0;
+/// Percent of wall time in the gradient all-reduce that earns a warning.
+const COMMUNICATION_WARN: f64 = 20.0;
 /// Idle at or above this percent of wall time.
 const IDLE_WARN: f64 = 20.0;
 /// Mean GPU utilization below this percent.
@@ -250,6 +252,14 @@ pub fn advice(run: &RunData) -> Vec<Advice> {
             HOST_SYNC_WARN,
             "host sync",
             "the host blocks on device results; read values back less often",
+        ));
+        out.extend(category_warn(
+            b,
+            Category::Communication,
+            COMMUNICATION_WARN,
+            "gradient all-reduce",
+            "each step waits for the ranks to exchange gradients; a larger per-rank \
+             --batch-size, or --accumulate N (one all-reduce per N micro-batches), spreads it",
         ));
         out.extend(category_warn(
             b,

@@ -136,7 +136,89 @@ pub(crate) fn breakdown(run: &RunData) -> Result<String> {
     if let Some(g) = &b.gpu {
         body.push_str(&gpu_kernels(g));
     }
+    if let Some(table) = rank_table(run) {
+        body.push_str(&table);
+    }
     Ok(section("breakdown", "Time breakdown", &body))
+}
+
+/// One rank of a data-parallel run as `summary.json`'s `ranks` holds it.
+#[derive(serde::Deserialize)]
+struct RankRow {
+    rank: usize,
+    train_s: f64,
+    seconds: Vec<(String, f64)>,
+}
+
+/// Data-parallel runs: each rank's seconds per category, and which rank
+/// the others waited for (the one that spent least time in the all-reduce:
+/// the others waited there for it) and in what it spent the difference.
+/// `None` for one process or a `ranks` field that does not parse.
+fn rank_table(run: &RunData) -> Option<String> {
+    let value = run.summary.as_ref()?.other.get("ranks")?;
+    let rows: Vec<RankRow> = serde_json::from_value(value.clone()).ok()?;
+    if rows.len() < 2 {
+        return None;
+    }
+    let get = |r: &RankRow, key: &str| {
+        r.seconds
+            .iter()
+            .find(|(k, _)| k == key)
+            .map_or(0.0, |(_, s)| *s)
+    };
+    let mut h = String::from(
+        r#"<h3>Ranks</h3><table class="legend-table"><tr><th>rank</th><th class="n">train s</th>"#,
+    );
+    for cat in Category::ALL {
+        let _ = write!(h, r#"<th class="n">{}</th>"#, cat.key());
+    }
+    h.push_str("</tr>");
+    for r in &rows {
+        let _ = write!(
+            h,
+            r#"<tr><td>{}</td><td class="n">{:.3}</td>"#,
+            r.rank, r.train_s
+        );
+        for cat in Category::ALL {
+            let _ = write!(h, r#"<td class="n">{:.3}</td>"#, get(r, cat.key()));
+        }
+        h.push_str("</tr>");
+    }
+    h.push_str("</table>");
+    let comm = Category::Communication.key();
+    let slowest = rows
+        .iter()
+        .filter(|r| get(r, comm).is_finite())
+        .min_by(|a, b| get(a, comm).total_cmp(&get(b, comm)))?;
+    let waited = rows
+        .iter()
+        .map(|r| get(r, comm))
+        .filter(|s| s.is_finite())
+        .fold(f64::NEG_INFINITY, f64::max);
+    // Where the slowest rank spent the time the others waited: the category
+    // it spent most more in than the rank that waited longest.
+    let fastest = rows
+        .iter()
+        .find(|r| get(r, comm) == waited)
+        .unwrap_or(slowest);
+    let why = Category::ALL
+        .iter()
+        .filter(|c| **c != Category::Communication && **c != Category::Idle)
+        .map(|c| (c.key(), get(slowest, c.key()) - get(fastest, c.key())))
+        .filter(|(_, d)| d.is_finite())
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    let _ = write!(
+        h,
+        "<p class=\"note\">The slowest rank is rank {}: the others waited for it in the \
+         gradient all-reduce (up to {:.3} s more than it did){}.</p>",
+        slowest.rank,
+        (waited - get(slowest, comm)).max(0.0),
+        match why {
+            Some((key, d)) if d > 0.0 => format!("; it spent {d:.3} s more in {key}"),
+            _ => String::new(),
+        }
+    );
+    Some(h)
 }
 
 /// The GPU's kernel time and its longest-running kernels (`breakdown.json` `gpu`).

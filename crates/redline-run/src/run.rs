@@ -295,6 +295,9 @@ pub fn summarize(mut m: Map<String, Value>, ending: Ending<'_>, samples: usize) 
         if let Some(c) = &f.checkpoints {
             m.insert("checkpoints".into(), json!(c));
         }
+        if !f.ranks.is_empty() {
+            m.insert("ranks".into(), json!(f.ranks));
+        }
         if let Some(best) = &f.best {
             m.insert("best_epoch".into(), json!(best.best_epoch));
             m.insert("best_value".into(), num(best.best));

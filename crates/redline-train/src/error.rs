@@ -99,6 +99,9 @@ pub enum Error {
     /// An error from a fused kernel or its fallback.
     #[error(transparent)]
     Kernels(#[from] redline_kernels::Error),
+    /// A collective of data-parallel training failed (a rank died or hangs).
+    #[error(transparent)]
+    Dist(#[from] redline_dist::Error),
     /// A tensor operation failed.
     #[error("tensor operation failed: {0}")]
     Candle(#[from] candle_core::Error),

@@ -112,6 +112,9 @@ pub struct FitSummary {
     /// On a GPU: how its fp32 matrix products were computed
     /// (`--matmul-precision`); `None` on the CPU, where they are always fp32.
     pub matmul_precision: Option<redline_core::MatmulPrecision>,
+    /// Data-parallel: every rank's training time and breakdown (empty in one
+    /// process); the slowest rank is the one the others waited for.
+    pub ranks: Vec<crate::strategy::RankTimes>,
 }
 
 /// An event of the training loop.

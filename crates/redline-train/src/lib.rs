@@ -8,6 +8,7 @@
 //! * [`optim`]: Adam, AdamW and SGD with PyTorch's update rules.
 //! * [`clip`]: gradient clipping (norm, value) and the gradient norm.
 //! * [`metrics`]: the JSON-lines metrics writer.
+//! * [`strategy`]: one process or data-parallel ranks (`--strategy ddp`).
 
 pub mod checkpoint;
 pub mod clip;
@@ -26,6 +27,7 @@ pub mod probe;
 mod running;
 pub mod schedule;
 pub mod step;
+pub mod strategy;
 pub(crate) mod trainer;
 pub mod tune;
 
@@ -40,4 +42,5 @@ pub use optim::{Optimizer, OptimizerConfig};
 pub use redline_profile::{GpuBusy, Mode as ProfilerMode, Profile};
 pub use schedule::LrSchedule;
 pub use step::{Classifier, Metric, RegressionLoss, Regressor, StepOutput, TrainStep};
+pub use strategy::Strategy;
 pub use trainer::{CheckpointLog, TrainConfig, Trainer, TrainerBuilder};

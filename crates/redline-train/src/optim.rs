@@ -206,6 +206,11 @@ impl Optimizer {
         Ok(())
     }
 
+    /// The configuration, at the current learning rate.
+    pub fn config(&self) -> &OptimizerConfig {
+        &self.cfg
+    }
+
     /// Steps taken so far.
     pub fn steps(&self) -> u64 {
         self.step

@@ -130,6 +130,8 @@ pub struct RunningState {
 pub(crate) struct Means {
     pub loss: f64,
     pub metrics: MetricValues,
+    /// Samples the means are over (all ranks' when read across them).
+    pub samples: usize,
 }
 
 impl Running {
@@ -313,6 +315,7 @@ impl Running {
             return Ok(Means {
                 loss: f64::NAN,
                 metrics: MetricValues::default(),
+                samples: 0,
             });
         }
         self.read_sums(reads, self.metrics.iter().chain(&self.extras))
@@ -330,6 +333,75 @@ impl Running {
         }
         let m = self.read_sums(reads, self.extras.iter())?;
         Ok((m.loss, m.metrics))
+    }
+
+    /// [`Running::read`] (all sums) or [`Running::read_loss_and_extras`]
+    /// (`metrics: false`) summed over every rank of `strategy` first: the
+    /// ranks' metric names are gathered, so a rank that saw no batch (a
+    /// small evaluation shard) still adds its zeros. Every rank must call it
+    /// at the same point; `what` names the collective.
+    pub fn read_across(
+        &self,
+        reads: &HostReads,
+        strategy: &crate::strategy::Strategy,
+        metrics: bool,
+        what: &str,
+    ) -> Result<Means> {
+        if !strategy.is_distributed() {
+            return if metrics {
+                self.read(reads)
+            } else {
+                let (loss, metrics) = self.read_loss_and_extras(reads)?;
+                Ok(Means {
+                    loss,
+                    metrics,
+                    samples: self.samples,
+                })
+            };
+        }
+        let sums: Vec<&Sum> = if metrics {
+            self.metrics.iter().chain(&self.extras).collect()
+        } else {
+            self.extras.iter().collect()
+        };
+        let names: Vec<&str> = sums.iter().map(|s| s.name.as_ref()).collect();
+        let gathered = strategy.comm().all_gather_bytes(
+            names.join("\n").as_bytes(),
+            &format!("{what} (metric names)"),
+        )?;
+        let mut union: Vec<String> = Vec::new();
+        for rank_names in &gathered {
+            for n in String::from_utf8_lossy(rank_names).split('\n') {
+                if !n.is_empty() && !union.iter().any(|u| u == n) {
+                    union.push(n.to_string());
+                }
+            }
+        }
+        let tensors: Vec<&Tensor> = std::iter::once(&self.loss_sum)
+            .chain(sums.iter().map(|s| &s.sum))
+            .collect();
+        let host = reads.vec::<f32>(&Tensor::stack(&tensors, 0)?)?;
+        // [loss sum, samples, (sum, count) per name]
+        let mut v = vec![0f64; 2 + 2 * union.len()];
+        v[0] = f64::from(host[0]);
+        v[1] = self.samples as f64;
+        for (j, name) in union.iter().enumerate() {
+            if let Some(k) = names.iter().position(|n| n == name) {
+                v[2 + 2 * j] = f64::from(host[1 + k]);
+                v[3 + 2 * j] = sums[k].count;
+            }
+        }
+        strategy.reduce_sums(&mut v, what)?;
+        let metrics = union
+            .into_iter()
+            .enumerate()
+            .map(|(j, name)| (name, v[2 + 2 * j] / v[3 + 2 * j]))
+            .collect();
+        Ok(Means {
+            loss: if v[1] > 0.0 { v[0] / v[1] } else { f64::NAN },
+            metrics: MetricValues(metrics),
+            samples: v[1] as usize,
+        })
     }
 
     /// The sums and counts as they stand (one host sync): what a
@@ -402,6 +474,7 @@ impl Running {
         Ok(Means {
             loss: all[0] as f64 / self.samples as f64,
             metrics: MetricValues(metrics),
+            samples: self.samples,
         })
     }
 }

@@ -19,8 +19,9 @@ use crate::events::{Callback, EpochLog, EvalResult, Event, FitSummary, StepLog};
 use crate::graph::GraphStatus;
 use crate::kernel_trace::KernelTrace;
 use crate::optim::Optimizer;
-use crate::running::{batch_loss_sum, Running};
+use crate::running::{batch_loss_sum, Means, Running};
 use crate::step::{StepOutput, TrainStep};
+use crate::strategy::Strategy;
 
 mod checkpointing;
 mod config;
@@ -58,6 +59,11 @@ pub struct Trainer {
     writer: checkpointing::Writer,
     /// The loop position to continue from ([`Trainer::resume_from`]).
     resume: Option<(std::path::PathBuf, CheckpointMeta)>,
+    /// One process or data-parallel ranks ([`TrainerBuilder::strategy`]).
+    strategy: Strategy,
+    /// Whether any rank asked to stop, as the last gradient all-reduce
+    /// said: ranks stop after the same step.
+    ranks_stop: bool,
 }
 
 impl Trainer {
@@ -122,6 +128,11 @@ impl Trainer {
         Ok(summary)
     }
 
+    /// How the fit spreads over processes.
+    pub fn strategy(&self) -> &Strategy {
+        &self.strategy
+    }
+
     /// The device the trainer runs on.
     pub fn device(&self) -> &Device {
         &self.device
@@ -182,6 +193,7 @@ impl Trainer {
             self.cfg.epochs
         };
         let (name, dev) = (self.model_name.clone(), self.device.to_string());
+        self.join_ranks(train, batches_per_epoch)?;
         prof.plan(total_steps);
         prof.switch(Action::Logging);
         self.emit(&Event::FitStart {
@@ -202,6 +214,16 @@ impl Trainer {
             &self.cfg,
             self.module.as_ref(),
         )?;
+        // The gradient all-reduce runs on the host between backward and the
+        // update: a data-parallel fit steps eagerly.
+        let plan = match plan {
+            Ok(()) if self.strategy.is_distributed() => Err(format!(
+                "data-parallel over {} ranks: the gradient all-reduce runs between backward and \
+                 the update, outside a captured graph",
+                self.strategy.world_size()
+            )),
+            other => other,
+        };
         let mut graph_status = match &plan {
             Err(why) => GraphStatus::Off(why.clone()),
             Ok(()) => GraphStatus::Unknown,
@@ -336,13 +358,19 @@ impl Trainer {
             if let Some(engine) = engine.as_mut() {
                 engine.collect_replay_time()?;
             }
-            let train = epoch_sums.read(&self.reads)?;
+            let train = epoch_sums.read_across(
+                &self.reads,
+                &self.strategy,
+                true,
+                &format!("the sums of epoch {epoch}"),
+            )?;
             let epoch_s = st.epoch_start.elapsed().as_secs_f64() + st.epoch_s_before;
             let step = st.step;
             check_finite(train.loss, step, epoch, self.optimizer.lr())?;
             self.check_divergence(train.loss, &st.first_loss, &mut st.start_loss, step, epoch)?;
             st.done.train_s += epoch_s;
-            st.done.samples += epoch_sums.samples;
+            // Every rank's samples (the sums were read across the ranks).
+            st.done.samples += train.samples;
             if self.cfg.empty_cache {
                 redline_core::memory::empty_cache(&self.device)?;
             }
@@ -365,7 +393,7 @@ impl Trainer {
                 val: eval,
                 epoch_s,
                 steps: epoch_steps,
-                samples: epoch_sums.samples,
+                samples: train.samples,
             };
             st.done.eval_s += log.eval_s;
             self.emit(&Event::EpochEnd(&log))?;
@@ -410,6 +438,9 @@ impl Trainer {
             None => {}
         }
         self.writer.wait();
+        let ranks = self
+            .strategy
+            .gather_times(st.done.train_s, prof.category_seconds())?;
         let Done {
             logs,
             train_s,
@@ -441,10 +472,56 @@ impl Trainer {
                 .then(|| std::mem::take(&mut self.writer.log)),
             gpu_busy,
             matmul_precision: (!self.device.is_cpu()).then(redline_core::matmul_precision),
+            ranks,
         };
         prof.switch(Action::Logging);
         self.emit(&Event::FitEnd(&summary))?;
         Ok(summary)
+    }
+
+    /// Data-parallel start (PyTorch DDP's constructor): the training loader
+    /// must be this rank's shard; every rank must run the same configuration
+    /// on the same model and data (compared by an all-gather, the first
+    /// difference named); rank 0's parameters and buffers are copied to all.
+    fn join_ranks(&mut self, train: &Loader, batches_per_epoch: usize) -> Result<()> {
+        if !self.strategy.is_distributed() {
+            return Ok(());
+        }
+        let (rank, world) = (self.strategy.rank(), self.strategy.world_size());
+        match train.sharding() {
+            Some(s) if s.rank == rank && s.world == world => {}
+            other => {
+                return Err(Error::Config(format!(
+                    "data-parallel rank {rank} of {world} was given a training loader {}\nHINT: \
+                     shard it with `loader.shard(Shard {{ rank: {rank}, world: {world}, pad: \
+                     true }})` (PyTorch's DistributedSampler)",
+                    match other {
+                        Some(s) => format!("sharded for rank {} of {}", s.rank, s.world),
+                        None => "that is not sharded".to_string(),
+                    }
+                )))
+            }
+        }
+        let mut text = format!(
+            "model {}\nloop {:?}\noptimizer {:?}\ntraining samples {} (batch {}, {} batches an \
+             epoch)\n",
+            self.model_name,
+            self.cfg,
+            self.optimizer.config(),
+            train.data_len(),
+            train.config().batch_size,
+            batches_per_epoch
+        );
+        for (name, var) in self.module.params().state() {
+            text.push_str(&format!(
+                "parameter {name} {:?} {:?}\n",
+                var.as_tensor().dims(),
+                var.as_tensor().dtype()
+            ));
+        }
+        self.strategy
+            .check_same("configurations, models or data", &text)?;
+        self.strategy.broadcast_params(self.module.params())
     }
 
     /// One epoch of eagerly launched steps over the loader's batches
@@ -523,6 +600,17 @@ impl Trainer {
         epoch_sums: &mut Running,
         prof: &mut Profiler,
     ) -> Result<()> {
+        if self.strategy.is_distributed() {
+            prof.switch(Action::AllReduce);
+            let params: Vec<&redline_kernels::grad::Param> = self.optimizer.params().collect();
+            let local = self
+                .stop
+                .as_ref()
+                .is_some_and(|f| f.load(Ordering::Relaxed));
+            self.ranks_stop = self
+                .strategy
+                .reduce_gradients(&params, local, st.step + 1)?;
+        }
         prof.switch(Action::OptimizerStep);
         if let Some(norm) = self.update()? {
             prof.switch(Action::Metrics);
@@ -579,8 +667,15 @@ impl Trainer {
         self.optimizer.set_lr(lr)
     }
 
-    /// [`Error::Interrupted`] once the stop flag is set.
+    /// [`Error::Interrupted`] once the stop flag is set (data-parallel: once
+    /// any rank's was, as the last gradient all-reduce said).
     fn check_stop(&self, step: usize, epoch: usize) -> Result<()> {
+        if self.strategy.is_distributed() && step > 0 {
+            return match self.ranks_stop {
+                true => Err(Error::Interrupted { step, epoch }),
+                false => Ok(()),
+            };
+        }
         match &self.stop {
             Some(flag) if flag.load(Ordering::Relaxed) => Err(Error::Interrupted { step, epoch }),
             _ => Ok(()),
@@ -603,10 +698,13 @@ impl Trainer {
         let first = match (*start, first) {
             (Some(v), _) => v,
             (None, Some(t)) => {
-                let v = f64::from(
+                let mut v = [f64::from(
                     self.reads
                         .scalar::<f32>(&t.to_dtype(candle_core::DType::F32)?)?,
-                );
+                )];
+                // Every rank measures against the same start: the ranks' mean.
+                self.strategy.reduce_sums(&mut v, "the first step's loss")?;
+                let v = v[0] / self.strategy.world_size() as f64;
                 *start = Some(v);
                 v
             }
@@ -661,7 +759,16 @@ impl Trainer {
         window_start: Instant,
         fit_start: Instant,
     ) -> Result<StepLog> {
-        let (loss, grad_norm) = window.read_loss_and_extras(&self.reads)?;
+        let Means {
+            loss,
+            metrics: grad_norm,
+            samples,
+        } = window.read_across(
+            &self.reads,
+            &self.strategy,
+            false,
+            &format!("the log point of step {step}"),
+        )?;
         check_finite(loss, step, epoch, self.optimizer.lr())?;
         let secs = window_start.elapsed().as_secs_f64();
         Ok(StepLog {
@@ -671,7 +778,7 @@ impl Trainer {
             grad_norm: grad_norm.get("grad_norm"),
             lr: self.optimizer.lr(),
             samples_per_s: if secs > 0.0 {
-                window.samples as f64 / secs
+                samples as f64 / secs
             } else {
                 f64::NAN
             },
@@ -705,11 +812,17 @@ impl Trainer {
             let loss_sum = batch_loss_sum(&out.loss, out.samples)?;
             sums.add(&loss_sum, out.samples, &out.metrics)?;
         }
-        let means = sums.read(&self.reads)?;
+        // A sharded loader saw this rank's part: the ranks' sums add up to
+        // the whole split's (an unsharded one saw all of it on every rank).
+        let means = match loader.sharding() {
+            Some(_) => sums.read_across(&self.reads, &self.strategy, true, "evaluation")?,
+            None => sums.read(&self.reads)?,
+        };
+        let samples = means.samples;
         Ok(EvalResult {
             loss: means.loss,
             metrics: means.metrics,
-            samples: sums.samples,
+            samples,
             seconds: start.elapsed().as_secs_f64(),
         })
     }

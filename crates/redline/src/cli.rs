@@ -164,6 +164,21 @@ pub struct TrainArgs {
     /// Device: auto (best present), cpu, or cuda:N.
     #[arg(long, default_value = "auto")]
     pub device: String,
+    /// How the fit spreads over processes: auto (data-parallel when a launcher started several
+    /// ranks: `mpirun -n N`, `srun`), single, or ddp (DistributedDataParallel: each rank trains
+    /// on its shard of every epoch, gradients averaged across ranks each step; --batch-size
+    /// is per rank). dp (DataParallel) is not built: the error says why. docs/scaling.md.
+    #[arg(long, default_value = "auto", value_name = "auto|single|ddp")]
+    pub strategy: String,
+    /// Seconds a rank waits for the others in any collective before it stops the job with an
+    /// error naming the rank that did not answer (PyTorch's NCCL watchdog).
+    #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
+    pub dist_timeout: f64,
+    /// Start N data-parallel ranks on this machine through `mpirun -n N` (OpenMPI), each
+    /// running this same command with --strategy ddp; under a launcher, N must be its number
+    /// of ranks.
+    #[arg(long, value_name = "N")]
+    pub devices: Option<usize>,
     /// Epochs to train.
     #[arg(long, default_value_t = 5)]
     pub epochs: usize,

@@ -5,6 +5,7 @@ mod auto_device;
 mod auto_flag;
 mod cli;
 mod data_flags;
+mod dist;
 mod plan;
 mod progress;
 mod resume;
@@ -76,10 +77,14 @@ fn main() -> ExitCode {
                 eprintln!("{stopped}");
                 return ExitCode::from(u8::try_from(128 + stopped.signal).unwrap_or(1));
             }
-            eprintln!("error: {err}");
+            // One write: data-parallel ranks share the terminal, and a
+            // message written in pieces interleaves with another rank's.
+            let mut msg = format!("error: {err}\n");
             for cause in err.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                msg.push_str(&format!("  caused by: {cause}\n"));
             }
+            use std::io::Write;
+            let _ = std::io::stderr().write_all(msg.as_bytes());
             ExitCode::FAILURE
         }
     }

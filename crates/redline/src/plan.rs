@@ -66,6 +66,8 @@ pub struct Plan {
     pub device_choice: Option<String>,
     /// `--seed`.
     pub seed: u64,
+    /// This process's rank and the strategy joining the ranks.
+    pub ranks: crate::dist::Ranks,
 }
 
 /// The shipped Fashion-MNIST: `./data/fashion-mnist` from the repository root,
@@ -151,13 +153,39 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
     if let Some(n) = args.threads {
         redline_core::threads::check(n).map_err(anyhow::Error::msg)?;
     }
+    // Every rank joins the others before it does anything that may fail on
+    // one rank only; ranks other than 0 print nothing.
+    let ranks = crate::dist::join(&args.strategy, args.dist_timeout, &stop.flag)?;
+    if !ranks.is_global_zero() {
+        crate::dist::quiet_stdout()?;
+    }
+    if let Some(line) = &ranks.line {
+        println!("{line}");
+    }
     if let Some(s) = args
         .image_size
         .filter(|s| !(1..=MAX_IMAGE_SIZE).contains(s))
     {
         bail!("--image-size {s}: give a side from 1 to {MAX_IMAGE_SIZE} pixels");
     }
-    let threads = redline_core::threads::configure(args.threads);
+    // Ranks on one machine share its cores (measuring free cores would see
+    // them all free at once and oversubscribe).
+    let (usable, online) = (
+        redline_core::threads::usable_cores(),
+        crate::dist::online_cores(),
+    );
+    let threads = redline_core::threads::configure(
+        args.threads
+            .or_else(|| ranks.default_threads(usable, online)),
+    );
+    if ranks.is_distributed() && args.threads.is_none() && usable < online / ranks.local_ranks() {
+        println!(
+            "  each rank is bound to {usable} of this machine's {online} cores by the launcher \
+             (mpirun binds each rank to one core by default): `mpirun --bind-to none` or \
+             `--map-by slot:PE={}` gives each rank its share",
+            online / ranks.local_ranks()
+        );
+    }
     let spec: DeviceSpec = args.device.parse()?;
     // An unusable device is refused now, before any data is read; `auto`
     // with a GPU present is settled by timing the job on both, below.
@@ -251,7 +279,11 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
         batch_size: args.batch_size.or(DEFAULT_BATCH),
         seed: args.seed,
     };
-    let (device, device_choice) = crate::auto_device::choose(spec, selected, &job)?;
+    let (device, device_choice) = if ranks.is_distributed() {
+        (rank_device(spec, selected, &ranks)?, None)
+    } else {
+        crate::auto_device::choose(spec, selected, &job)?
+    };
     if let Some(line) = &device_choice {
         println!("{line}");
     }
@@ -279,7 +311,39 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
         device,
         device_choice,
         seed: args.seed,
+        ranks,
     })
+}
+
+/// A data-parallel rank's device: `cuda:LOCAL_RANK` where `auto` found GPUs
+/// (one process per GPU, as torchrun's recipes), else the CPU; an explicit
+/// `cuda:N` only where this machine runs one rank (several would share it).
+fn rank_device(
+    spec: DeviceSpec,
+    selected: DeviceSpec,
+    ranks: &crate::dist::Ranks,
+) -> anyhow::Result<Device> {
+    let local = ranks.launch.local_rank;
+    let on_machine = ranks.launch.local_world_size.unwrap_or(1);
+    let spec = match (spec, selected) {
+        (_, DeviceSpec::Cpu) => DeviceSpec::Cpu,
+        (DeviceSpec::Auto, _) => redline_core::select(
+            DeviceSpec::Cuda(local),
+            &redline_core::GpuAvailability::probe(),
+        )
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{e}\nHINT: start at most one rank per GPU on each machine (mpirun -n GPUS), \
+                 or train on the CPU with --device cpu"
+            )
+        })?,
+        (DeviceSpec::Cuda(n), _) if on_machine > 1 => bail!(
+            "--device cuda:{n} with {on_machine} ranks on this machine: they would all train on \
+             one GPU\nHINT: give --device auto: rank r of a machine takes cuda:r"
+        ),
+        (_, s) => s,
+    };
+    Ok(Device::resolve(spec)?)
 }
 
 /// Refuses an output path that cannot be written, before any training (a

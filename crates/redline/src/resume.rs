@@ -33,6 +33,10 @@ pub const RESUMABLE_FLAGS: &[&str] = &[
     "early-stop",
     "kernel-trace",
     "no-validate",
+    // How ranks are joined; the number of ranks is in the identity as `ranks`.
+    "strategy",
+    "dist-timeout",
+    "devices",
 ];
 
 /// Where `runs` keeps its run folders (as `redline runs` lists them).

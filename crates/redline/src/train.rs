@@ -25,6 +25,16 @@ use redline_run::{Ending, Finished, Run};
 
 /// Runs `redline train`.
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
+    // `--devices N` alone: this command again as N ranks under mpirun.
+    if let Some(status) = crate::dist::spawn(args.devices)? {
+        if !status.success() {
+            bail!(
+                "the {} ranks ended with {status} (their errors are above)",
+                args.devices.unwrap_or(1)
+            );
+        }
+        return Ok(());
+    }
     let mut plan = crate::plan::prepare(args)?;
     // `auto` flags are settled by measurement on this very job.
     let tuned = crate::tune::resolve(args, &mut plan)?;
@@ -46,7 +56,15 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         device,
         device_choice,
         seed: _,
+        ranks,
     } = plan;
+    let world = ranks.launch.world_size;
+    // Each rank reads its shard of every epoch (DistributedSampler): padded
+    // for training, so every rank takes the same steps; evaluation counts
+    // each sample once.
+    let shard = |l: Loader, pad: bool| -> anyhow::Result<Loader> {
+        Ok(l.shard(ranks.strategy.shard(pad))?)
+    };
     let (inputs, target) = (prepared.train.input_dims.clone(), prepared.train.target);
     let policy: DataOnDevice = args.data_on_device.parse()?;
     // Read on the host, then placed: uploaded once, or streamed per batch.
@@ -100,6 +118,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         )?,
         None => load(prepared.train, train_cfg)?,
     };
+    let train_loader = shard(train_loader, true)?;
     use crate::short_runs::{apply, Limit};
     let train_loader = apply("--limit-train-batches", train_loader, short.train)?;
     // A limit of 0 batches is no pass at all.
@@ -110,14 +129,14 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         let test = prepared
             .test
             .filter(|_| !none(short.test))
-            .map(|t| load(t, eval_cfg.clone()))
+            .map(|t| shard(load(t, eval_cfg.clone())?, false))
             .transpose()?
             .map(|l| apply("--limit-test-batches", l, short.test))
             .transpose()?;
         let val = prepared
             .val
             .filter(|_| !none(short.val))
-            .map(|v| load(v, eval_cfg))
+            .map(|v| shard(load(v, eval_cfg)?, false))
             .transpose()?
             .map(|l| apply("--limit-val-batches", l, short.val))
             .transpose()?;
@@ -209,6 +228,45 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         );
     }
 
+    // What a checkpoint must match: the flags, and the number of ranks (a
+    // rank's loader position is a position in its shard).
+    let identity = |recorded: &TrainArgs| -> anyhow::Result<_> {
+        let mut id = crate::resume::identity(recorded)?;
+        if world > 1 {
+            id.insert("ranks".to_string(), json!(world));
+        }
+        Ok(id)
+    };
+    if !ranks.is_global_zero() {
+        // Ranks other than 0 train their shard and keep no folder.
+        let resume_from = match args.resume.as_deref() {
+            None => None,
+            Some(dir) => {
+                // Rank 0 picks the checkpoint (and sets refused ones aside) first.
+                ranks
+                    .strategy
+                    .comm()
+                    .barrier("choosing the checkpoint to resume")?;
+                let recorded = recorded_args(args, &data_dir, dir, (wanted_batch, lr))?;
+                Some(crate::resume::load(dir, &identity(&recorded)?, &shapes)?.0)
+            }
+        };
+        let mut trainer = Trainer::builder()
+            .config(loop_cfg)
+            .optimizer(opt_cfg)
+            .model_name(model_cfg.name())
+            .stop_when(Arc::clone(&stop.flag))
+            .strategy(ranks.strategy)
+            .build(step_kind.step(model), device)?;
+        if let Some(loaded) = resume_from {
+            trainer.resume_from(loaded)?;
+        }
+        trainer.fit(&train_loader, val_loader.as_ref())?;
+        if let Some(t) = &test_loader {
+            trainer.test(t)?;
+        }
+        return Ok(());
+    }
     // A resumed run reopens its folder at the checkpoint; a new one makes its own.
     let (mut run, resume_from) = match args.resume.as_deref() {
         None => (
@@ -217,10 +275,13 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         ),
         Some(dir) => {
             let recorded = recorded_args(args, &data_dir, dir, (wanted_batch, lr))?;
-            let (loaded, at) =
-                crate::resume::load(dir, &crate::resume::identity(&recorded)?, &shapes)?;
+            let (loaded, at) = crate::resume::load(dir, &identity(&recorded)?, &shapes)?;
             let (run, kept) = Run::reopen(dir, model_cfg.name(), &at)?;
             println!("  {}", kept.line());
+            ranks
+                .strategy
+                .comm()
+                .barrier("choosing the checkpoint to resume")?;
             (run, Some(loaded))
         }
     };
@@ -255,6 +316,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| redline_core::threads::measure_free_cores(Duration::from_millis(100)));
     for (k, v) in [
         ("device", json!(device.to_string())),
+        ("strategy", json!(if world > 1 { "ddp" } else { "single" })),
+        ("world_size", json!(world)),
+        ("launcher", json!(ranks.launch.launcher.name())),
         ("batch_size", json!(batch_size)),
         ("accumulate", json!(args.accumulate)),
         ("threads", json!(threads)),
@@ -289,7 +353,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     // A dev run keeps nothing but its marked folder.
     let checkpoints = match short.fast_dev_run {
         Some(_) => None,
-        None => crate::resume::checkpoint_config(args, &dir, crate::resume::identity(&recorded)?)?,
+        None => crate::resume::checkpoint_config(args, &dir, identity(&recorded)?)?,
     };
     let resumable = checkpoints.as_ref().map(|_| dir.clone());
     if let Some(c) = &checkpoints {
@@ -314,7 +378,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.metrics {
         builder = builder.callback(Box::new(JsonlMetrics::create(path)?));
     }
-    builder = builder.stop_when(Arc::clone(&stop.flag));
+    builder = builder
+        .stop_when(Arc::clone(&stop.flag))
+        .strategy(ranks.strategy);
     if let Some(c) = checkpoints {
         builder = builder.checkpoints(c);
     }

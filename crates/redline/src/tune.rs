@@ -105,6 +105,14 @@ impl Tuned {
 /// first: the rate is found at the batch that will train).
 pub fn resolve(args: &TrainArgs, plan: &mut Plan) -> anyhow::Result<Tuned> {
     let mut tuned = Tuned::default();
+    if plan.ranks.is_distributed() && (args.batch_size.is_auto() || args.lr.is_auto()) {
+        bail!(
+            "--batch-size auto / --lr auto with {} data-parallel ranks: the finders time one \
+             process\nHINT: run `redline tune batch-size` (or `tune lr`) without mpirun, then \
+             pass the numbers it found",
+            plan.ranks.launch.world_size
+        );
+    }
     if args.batch_size.is_auto() {
         println!("batch size auto: timing batch sizes on {} ...", plan.device);
         let choice = batch_size(plan, BatchSizeSearch::default())?;
@@ -265,6 +273,13 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
         TuneCommand::Lr(f) => ("lr", f),
     };
     let mut plan = crate::plan::prepare(&flags.train)?;
+    if plan.ranks.is_distributed() {
+        bail!(
+            "redline tune under a launcher of {} ranks: the finders time one process\nHINT: \
+             run it without mpirun/srun",
+            plan.ranks.launch.world_size
+        );
+    }
     let out = match &flags.out {
         Some(o) => o.clone(),
         None => {

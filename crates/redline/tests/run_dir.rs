@@ -76,7 +76,8 @@ fn a_run_leaves_a_complete_run_folder() {
     assert!(csv.starts_with("kind,step,epoch,loss"));
     assert_eq!(csv.lines().filter(|l| l.starts_with("step,")).count(), 6);
 
-    // Breakdown: six categories, exclusive, summing to the wall time.
+    // Breakdown: seven categories (communication 0 in one process),
+    // exclusive, summing to the wall time.
     let b = json(&dir.join("breakdown.json"));
     let cats = b["categories"].as_array().unwrap();
     let names: Vec<&str> = cats.iter().map(|c| c["name"].as_str().unwrap()).collect();
@@ -87,6 +88,7 @@ fn a_run_leaves_a_complete_run_folder() {
             "data_wait",
             "transfer",
             "host_sync",
+            "communication",
             "overhead",
             "idle"
         ]

@@ -6,8 +6,15 @@ use super::*;
 use crate::records::{Category, CategoryShare};
 use crate::records::{GpuSample, HostSample, Summary, SystemRecord};
 
-/// A run whose breakdown has `percents` (in [`Category::ALL`] order) of a 10 s wall.
+/// A run of one process whose breakdown has `percents` (compute, data wait,
+/// transfer, host sync, overhead, idle) of a 10 s wall; no communication.
 fn run_with(percents: [f64; 6]) -> RunData {
+    let [c, d, t, h, o, i] = percents;
+    ranked_run_with([c, d, t, h, 0.0, o, i])
+}
+
+/// A run whose breakdown has `percents` (in [`Category::ALL`] order) of a 10 s wall.
+fn ranked_run_with(percents: [f64; 7]) -> RunData {
     let categories = Category::ALL
         .iter()
         .zip(percents)
@@ -117,6 +124,20 @@ fn overhead_fires_at_fifteen_percent() {
         a.text
     );
     assert!(find(&run_with([70.0, 2.0, 0.0, 1.0, 14.9, 12.1]), "overhead").is_none());
+}
+
+#[test]
+fn communication_fires_at_twenty_percent() {
+    let run = ranked_run_with([60.0, 2.0, 0.0, 1.0, 27.0, 5.0, 5.0]);
+    let a = find(&run, "gradient all-reduce").unwrap();
+    assert_eq!(a.level, Level::Warn);
+    assert!(
+        a.text.contains("27%") && a.text.contains("--accumulate"),
+        "{}",
+        a.text
+    );
+    let run = ranked_run_with([70.0, 2.0, 0.0, 1.0, 19.0, 4.0, 4.0]);
+    assert!(find(&run, "gradient all-reduce").is_none());
 }
 
 #[test]

@@ -89,7 +89,7 @@ pub(crate) fn timeline(b: &Breakdown) -> Result<Option<Chart>> {
         .fold(f64::NEG_INFINITY, f64::max);
     let top = rows
         .iter()
-        .map(|r| (0..5).map(|k| ms(r, k)).sum::<f64>())
+        .map(|r| (0..6).map(|k| ms(r, k)).sum::<f64>())
         .fold(0.0, f64::max);
     let y1 = if top > 0.0 { top * 1.08 } else { 1.0 };
     let mut svg = String::new();
@@ -106,7 +106,7 @@ pub(crate) fn timeline(b: &Breakdown) -> Result<Option<Chart>> {
         // One step-shaped band per category, stacked: (bin edges) x (cumulative ms).
         // Bands instead of a rectangle per bin keep the SVG small and seamless.
         let mut below: Vec<f64> = vec![0.0; rows.len()];
-        for (k, color) in CATEGORY_COLORS[..5].iter().enumerate() {
+        for (k, color) in CATEGORY_COLORS[..6].iter().enumerate() {
             let above: Vec<f64> = rows.iter().zip(&below).map(|(r, b)| b + ms(r, k)).collect();
             if above.iter().zip(&below).all(|(a, b)| a <= b) {
                 continue;
@@ -127,7 +127,7 @@ pub(crate) fn timeline(b: &Breakdown) -> Result<Option<Chart>> {
         }
         root.present().map_err(&err)?;
     }
-    let legend = Category::ALL[..5]
+    let legend = Category::ALL[..6]
         .iter()
         .zip(CATEGORY_COLORS)
         .map(|(c, color)| (c.key().to_string(), color, Swatch::Fill))

@@ -44,11 +44,12 @@ pub(crate) enum Swatch {
 }
 
 /// Colour of each time-breakdown category, in [`Category::ALL`] order.
-pub(crate) const CATEGORY_COLORS: [RGBColor; 6] = [
+pub(crate) const CATEGORY_COLORS: [RGBColor; 7] = [
     RGBColor(0x25, 0x63, 0xeb), // compute: blue
     RGBColor(0xf5, 0x9e, 0x0b), // data_wait: amber
     RGBColor(0x8b, 0x5c, 0xf6), // transfer: violet
     RGBColor(0xdc, 0x26, 0x26), // host_sync: red
+    RGBColor(0x10, 0xb9, 0x81), // communication: green
     RGBColor(0x64, 0x74, 0x8b), // overhead: slate
     RGBColor(0xcb, 0xd5, 0xe1), // idle: light grey
 ];

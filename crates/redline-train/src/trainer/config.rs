@@ -19,6 +19,7 @@ use crate::graph::GraphMode;
 use crate::optim::OptimizerConfig;
 use crate::schedule::LrSchedule;
 use crate::step::TrainStep;
+use crate::strategy::Strategy;
 
 /// Loop settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -159,6 +160,7 @@ pub struct TrainerBuilder {
     stop: Option<Arc<AtomicBool>>,
     threads: Option<usize>,
     checkpoints: Option<CheckpointConfig>,
+    strategy: Strategy,
 }
 
 impl TrainerBuilder {
@@ -178,7 +180,17 @@ impl TrainerBuilder {
             stop: None,
             threads: None,
             checkpoints: None,
+            strategy: Strategy::single(),
         }
+    }
+
+    /// How the fit spreads over processes (default: one process). With
+    /// data-parallel ranks, every rank builds its trainer with the same
+    /// settings and its own shard of the data ([`redline_data::Loader::shard`]);
+    /// only rank 0 should be given callbacks that write files.
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        self
     }
 
     /// Writes checkpoints as configured (docs/training-control.md); none without.
@@ -279,6 +291,16 @@ impl TrainerBuilder {
         if let Some(c) = &self.checkpoints {
             c.check()?;
         }
+        if self.strategy.is_distributed() && self.cfg.cuda_graph == GraphMode::On {
+            return Err(Error::Config(
+                "--cuda-graph on with --strategy ddp: the gradient all-reduce runs between \
+                 backward and the update on the host, outside any captured graph\nHINT: drop \
+                 --cuda-graph on (auto runs data-parallel steps eagerly)"
+                    .into(),
+            ));
+        }
+        // As Lightning's `ModelCheckpoint`: only rank 0 writes checkpoints.
+        let checkpoints = self.checkpoints.filter(|_| self.strategy.is_global_zero());
         if let Some(n) = self.threads {
             redline_core::threads::check(n).map_err(Error::Config)?;
         }
@@ -304,9 +326,11 @@ impl TrainerBuilder {
             stop: self.stop,
             threads: self.threads,
             base_lr: self.optimizer.lr(),
-            checkpoints: self.checkpoints,
+            checkpoints,
             writer: checkpointing::Writer::default(),
             resume: None,
+            strategy: self.strategy,
+            ranks_stop: false,
         })
     }
 }

@@ -1,0 +1,248 @@
+//! `--strategy auto|single|ddp|dp`: which rank this process is (from the
+//! launcher's environment: `mpirun`, `srun`, `torchrun`-style variables), the
+//! communicator that joins the ranks, and the device and thread count each
+//! rank takes. Lightning's `strategy=` with its cluster plugins.
+
+use std::str::FromStr;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::bail;
+use redline_dist::{Launch, Launcher};
+use redline_train::Strategy;
+
+/// `--strategy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StrategyFlag {
+    /// Data-parallel when a launcher started several ranks, else one process.
+    Auto,
+    /// One process (refuses a launch of several ranks).
+    Single,
+    /// DistributedDataParallel over the launcher's ranks.
+    Ddp,
+}
+
+impl FromStr for StrategyFlag {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        Ok(match s {
+            "auto" => Self::Auto,
+            "single" | "single_device" => Self::Single,
+            "ddp" => Self::Ddp,
+            "dp" => bail!(
+                "--strategy dp (DataParallel) is not built: it runs one process that scatters each \
+                 batch over the GPUs and gathers every gradient back onto one of them, so that \
+                 device funnels all traffic and the GIL-free Rust loop gains nothing from it \
+                 (Lightning 2.x removed it for the same reasons)\nHINT: use --strategy ddp, one \
+                 process per device: `mpirun -n 4 redline train --strategy ddp`"
+            ),
+            other => bail!("--strategy {other}: give auto, single or ddp"),
+        })
+    }
+}
+
+/// This process's place in the job and how it joins the others.
+pub struct Ranks {
+    /// What the launcher said.
+    pub launch: Launch,
+    /// The strategy the trainer runs (a world of one for a single process).
+    pub strategy: Strategy,
+    /// The line the startup prints about it (none for a plain single run).
+    pub line: Option<String>,
+}
+
+impl Ranks {
+    /// Whether this is rank 0 (the rank that prints and writes the run folder).
+    pub fn is_global_zero(&self) -> bool {
+        self.launch.rank == 0
+    }
+
+    /// Whether there are several ranks.
+    pub fn is_distributed(&self) -> bool {
+        self.launch.world_size > 1
+    }
+
+    /// Compute threads for this rank when `--threads` is not given: the
+    /// machine's `online` cores shared among the ranks on it (as torchrun's
+    /// `OMP_NUM_THREADS` advice), and no more than the `usable` cores the
+    /// launcher bound this rank to; at least one. `None` for a lone rank.
+    pub fn default_threads(&self, usable: usize, online: usize) -> Option<usize> {
+        let local = self.local_ranks();
+        (local > 1).then(|| usable.min(online / local).max(1))
+    }
+
+    /// Ranks on this machine.
+    pub fn local_ranks(&self) -> usize {
+        self.launch
+            .local_world_size
+            .unwrap_or(self.launch.world_size)
+            .max(1)
+    }
+}
+
+/// Reads the launcher's environment and joins the ranks for `--strategy`.
+/// `timeout` bounds every collective; `stop` is the signal flag (a rank
+/// waiting in a collective after it is set gives up: the launcher is
+/// tearing the job down).
+pub fn join(flag: &str, timeout: f64, stop: &Arc<AtomicBool>) -> anyhow::Result<Ranks> {
+    let flag: StrategyFlag = flag.parse()?;
+    let timeout = crate::cli::seconds("--dist-timeout", timeout)?;
+    if timeout == Duration::ZERO {
+        bail!("--dist-timeout 0: give the seconds a rank may wait for the others (default 60)");
+    }
+    let launch = Launch::detect()?;
+    let (rank, world) = (launch.rank, launch.world_size);
+    let line = match (flag, world) {
+        (StrategyFlag::Single, n) if n > 1 => bail!(
+            "--strategy single, but {} started {n} ranks (this is rank {rank})\nHINT: use \
+             --strategy ddp (or auto) to train data-parallel, or start one process",
+            launch.launcher.name()
+        ),
+        (StrategyFlag::Ddp, 1) => Some(match launch.launcher {
+            Launcher::None => "strategy: ddp with a world of one (no launcher): one process, \
+                               nothing to reduce; start ranks with `mpirun -n N redline train \
+                               --strategy ddp`"
+                .to_string(),
+            l => format!(
+                "strategy: ddp with a world of one ({} started 1 rank): one process",
+                l.name()
+            ),
+        }),
+        (_, 1) => None,
+        (_, n) => Some(format!(
+            "strategy: ddp, {n} ranks started by {} ({} backend; --batch-size is per rank: a \
+             global batch of {n} x the batch; collectives time out after {:.0} s)",
+            launch.launcher.name(),
+            if redline_dist::MPI_BUILT { "mpi" } else { "no" },
+            timeout.as_secs_f64()
+        )),
+    };
+    let mut comm = redline_dist::connect(&launch, timeout)?;
+    comm.set_interrupt(Arc::clone(stop));
+    Ok(Ranks {
+        launch,
+        strategy: Strategy::ddp(comm),
+        line,
+    })
+}
+
+/// `--devices N` without a launcher: runs this very command line again as
+/// `N` ranks under `mpirun -n N` (which sets the rank variables each copy
+/// then reads) and returns its exit status. `None` when there is nothing to
+/// spawn: no `--devices`, one device, or already under a launcher.
+pub fn spawn(devices: Option<usize>) -> anyhow::Result<Option<std::process::ExitStatus>> {
+    let launch = Launch::detect()?;
+    match devices {
+        Some(0) => bail!("--devices 0: give the number of ranks to start (at least 1)"),
+        Some(n) if launch.launcher != Launcher::None && n != launch.world_size => bail!(
+            "--devices {n}, but {} started {} ranks\nHINT: drop --devices under a launcher \
+             (its -n decides), or make them equal",
+            launch.launcher.name(),
+            launch.world_size
+        ),
+        Some(n) if n > 1 && launch.launcher == Launcher::None => {}
+        _ => return Ok(None),
+    }
+    let n = devices.unwrap_or(1);
+    let mpirun = std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join("mpirun"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--devices {n} starts the ranks with `mpirun`, which is not on PATH\nHINT: \
+                 install OpenMPI (Debian/Ubuntu: apt-get install openmpi-bin), or start the \
+                 ranks with your cluster's launcher (srun, mpiexec) and --strategy ddp"
+            )
+        })?;
+    if !redline_dist::MPI_BUILT {
+        bail!(
+            "--devices {n}: this redline was built without MPI, so its ranks cannot talk\nHINT: \
+             cargo build --release --features redline/mpi (Debian: apt-get install \
+             libopenmpi-dev libclang-dev)"
+        );
+    }
+    let exe = std::env::current_exe()?;
+    println!(
+        "starting {n} ranks: {} -n {n} {} ...",
+        mpirun.display(),
+        exe.display()
+    );
+    let status = std::process::Command::new(&mpirun)
+        .args(["-n", &n.to_string()])
+        .arg(&exe)
+        .args(std::env::args_os().skip(1))
+        .status()
+        .map_err(|e| anyhow::anyhow!("--devices {n}: starting {}: {e}", mpirun.display()))?;
+    Ok(Some(status))
+}
+
+/// The machine's online CPUs (not this process's affinity mask).
+pub fn online_cores() -> usize {
+    // SAFETY: sysconf reads a system constant.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(1).max(1)
+}
+
+/// Sends this process's standard output to /dev/null: ranks other than 0
+/// would print the same progress and summaries again (PyTorch's recipes
+/// print on rank 0 only). Errors still reach standard error.
+pub fn quiet_stdout() -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd;
+    let null = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
+    // SAFETY: dup2 on two open descriptors; stdout (1) is replaced atomically.
+    let rc = unsafe { libc::dup2(null.as_raw_fd(), 1) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strategies_parse_and_dp_explains_itself() {
+        assert_eq!(
+            "auto".parse::<StrategyFlag>().ok(),
+            Some(StrategyFlag::Auto)
+        );
+        assert_eq!("ddp".parse::<StrategyFlag>().ok(), Some(StrategyFlag::Ddp));
+        assert_eq!(
+            "single_device".parse::<StrategyFlag>().ok(),
+            Some(StrategyFlag::Single)
+        );
+        let dp = "dp".parse::<StrategyFlag>().err().map(|e| e.to_string());
+        assert!(
+            dp.as_deref().is_some_and(|m| m.contains("--strategy ddp")),
+            "{dp:?}"
+        );
+        assert!("fsdp".parse::<StrategyFlag>().is_err());
+    }
+
+    #[test]
+    fn threads_are_shared_among_the_ranks_of_a_machine() {
+        let ranks = |local| Ranks {
+            launch: Launch {
+                rank: 0,
+                world_size: 4,
+                local_rank: 0,
+                local_world_size: local,
+                launcher: Launcher::OpenMpi,
+            },
+            strategy: Strategy::single(),
+            line: None,
+        };
+        // Unbound: the machine's cores shared.
+        assert_eq!(ranks(Some(2)).default_threads(16, 16), Some(8));
+        assert_eq!(ranks(Some(4)).default_threads(2, 2), Some(1));
+        assert_eq!(ranks(None).default_threads(16, 16), Some(4));
+        assert_eq!(ranks(Some(1)).default_threads(16, 16), None);
+        // Bound to a core each (mpirun's default for 2 ranks): that core.
+        assert_eq!(ranks(Some(2)).default_threads(1, 16), Some(1));
+    }
+}

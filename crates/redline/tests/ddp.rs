@@ -1,0 +1,382 @@
+//! `--strategy ddp` through the binary under real `mpirun -n 2` jobs:
+//! the same losses and weights as one process with the same global batch
+//! and as PyTorch's DistributedDataParallel (gloo; `tools/reference/
+//! make_golden_ddp.py`), rank 0 alone writing the run folder; a rank killed
+//! mid-epoch ends the job quickly with a message naming it; ranks started
+//! with different flags are refused by name.
+//!
+//! Tolerances: the ranks' gradients are averaged by an fp32 all-reduce
+//! (each rank's mean over its half of the batch, halved, then summed),
+//! where one process takes the mean over the whole batch: the same sum in
+//! another order, about 1e-7 relative per step. Losses are compared to
+//! 1e-5 relative, weights by the relative L2 of their update (Adam divides
+//! by sqrt(v), which amplifies rounding in tiny gradients) to 1e-4, as the
+//! one-process goldens are.
+
+#![cfg(feature = "mpi")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use candle_core::{Device, Tensor};
+use common::{jsonl, root};
+use redline_testkit::tools::mpirun;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_redline")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The golden job: `model` from its golden init, file order, no validation
+/// split, `steps` steps of `batch` per rank; test pass on the test split.
+fn golden_args(model: &str, batch: usize, steps: usize, dir: &Path) -> Vec<String> {
+    let init = root().join(format!("testdata/golden/{model}_init.safetensors"));
+    [
+        "train",
+        "--model",
+        model,
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--monitor-interval",
+        "0",
+        "--init",
+        init.to_str().unwrap(),
+        "--no-shuffle",
+        "--val-split",
+        "0",
+        "--max-steps",
+        &steps.to_string(),
+        "--batch-size",
+        &batch.to_string(),
+        "--log-every",
+        "1",
+        "--run-dir",
+        dir.join("run").to_str().unwrap(),
+        "--save",
+        dir.join("w.safetensors").to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn step_losses(run: &Path) -> Vec<f64> {
+    jsonl(&run.join("metrics.jsonl"))
+        .iter()
+        .filter(|r| r["kind"] == "step")
+        .map(|r| r["loss"].as_f64().unwrap())
+        .collect()
+}
+
+fn test_record(run: &Path) -> serde_json::Value {
+    jsonl(&run.join("metrics.jsonl"))
+        .into_iter()
+        .find(|r| r["kind"] == "test")
+        .unwrap()
+}
+
+fn weights(path: &Path) -> HashMap<String, Tensor> {
+    candle_core::safetensors::load(path, &Device::Cpu).unwrap()
+}
+
+fn golden(name: &str) -> PathBuf {
+    root().join("testdata/golden").join(name)
+}
+
+fn rel_l2(a: &Tensor, b: &Tensor) -> f32 {
+    let d = (a - b).unwrap().sqr().unwrap().sum_all().unwrap();
+    let n = b.sqr().unwrap().sum_all().unwrap();
+    (d.to_scalar::<f32>().unwrap() / n.to_scalar::<f32>().unwrap().max(1e-30)).sqrt()
+}
+
+/// The weight updates (final - init) of `ours` and `theirs` agree to `tol`.
+fn same_updates(model: &str, ours: &Path, theirs: &Path, tol: f32) {
+    let init = weights(&golden(&format!("{model}_init.safetensors")));
+    let (a, b) = (weights(ours), weights(theirs));
+    assert_eq!(a.len(), b.len());
+    for (name, t) in &a {
+        let r = rel_l2(
+            &(t - &init[name]).unwrap(),
+            &(&b[name] - &init[name]).unwrap(),
+        );
+        assert!(r < tol, "{model} {name}: update rel L2 {r:e}");
+    }
+}
+
+fn same_losses(ours: &[f64], theirs: &[f64], tol: f64) {
+    assert_eq!(ours.len(), theirs.len(), "{ours:?} vs {theirs:?}");
+    for (i, (a, b)) in ours.iter().zip(theirs).enumerate() {
+        assert!((a - b).abs() / b < tol, "step {}: {a} vs {b}", i + 1);
+    }
+}
+
+fn golden_losses(file: &str) -> Vec<f64> {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(golden(file)).unwrap()).unwrap();
+    v["losses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+/// 2 ranks of `batch` vs one process of `2 x batch` vs PyTorch DDP.
+fn two_ranks_match_one_process_and_pytorch(model: &str, batch: usize, steps: usize) {
+    let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let single = Command::new(bin())
+        .args(golden_args(model, 2 * batch, steps, one.path()))
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(single.status.success(), "{}", text(&single));
+    let ddp = mpirun(2)
+        .arg(bin())
+        .args(golden_args(model, batch, steps, two.path()))
+        .args(["--strategy", "ddp"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let t = text(&ddp);
+    assert!(ddp.status.success(), "{t}");
+    assert!(
+        t.contains("strategy: ddp, 2 ranks started by mpirun"),
+        "{t}"
+    );
+    // Rank 0 alone prints (one summary) and writes the folder.
+    assert_eq!(t.matches("test accuracy").count(), 1, "{t}");
+    let (run1, run2) = (one.path().join("run"), two.path().join("run"));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run2.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["world_size"], 2, "{summary}");
+    assert_eq!(summary["strategy"], "ddp", "{summary}");
+    assert_eq!(
+        summary["ranks"].as_array().map(Vec::len),
+        Some(2),
+        "{summary}"
+    );
+    let report = std::fs::read_to_string(run2.join("report.html")).unwrap();
+    assert!(
+        report.contains("<h3>Ranks</h3>") && report.contains("The slowest rank is rank"),
+        "the report's per-rank table"
+    );
+
+    let ours = step_losses(&run2);
+    same_losses(&ours, &step_losses(&run1), 1e-5);
+    same_losses(
+        &ours,
+        &golden_losses(&format!("ddp_{model}_trace.json")),
+        1e-5,
+    );
+    let w = two.path().join("w.safetensors");
+    same_updates(model, &w, &one.path().join("w.safetensors"), 1e-4);
+    same_updates(
+        model,
+        &w,
+        &golden(&format!("ddp_{model}_final.safetensors")),
+        1e-4,
+    );
+    // The test split is sharded and its sums reduced: every sample once,
+    // the same accuracy as one process.
+    let (t1, t2) = (test_record(&run1), test_record(&run2));
+    assert_eq!(t2["samples"], 10000, "{t2}");
+    let (a1, a2) = (
+        t1["test_accuracy"].as_f64().unwrap(),
+        t2["test_accuracy"].as_f64().unwrap(),
+    );
+    assert!((a1 - a2).abs() <= 2e-4, "one process {a1}, two ranks {a2}");
+}
+
+#[test]
+fn ddp_mlp_matches_one_process_and_pytorch_ddp() {
+    two_ranks_match_one_process_and_pytorch("mlp", 32, 20);
+}
+
+#[test]
+fn ddp_cnn_matches_one_process_and_pytorch_ddp() {
+    two_ranks_match_one_process_and_pytorch("cnn", 32, 8);
+}
+
+/// The pid of the `redline` process that is rank `rank` of a job.
+fn rank_pid(rank: usize) -> Option<u32> {
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        if !String::from_utf8_lossy(&cmd).starts_with(bin()) {
+            continue;
+        }
+        let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
+        let want = format!("OMPI_COMM_WORLD_RANK={rank}");
+        if env.split(|&b| b == 0).any(|v| v == want.as_bytes()) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+#[test]
+fn a_rank_killed_mid_epoch_ends_the_job_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let child = mpirun(2)
+        // mpirun's SIGKILL follows its SIGTERM after 1 s by default; a
+        // loaded test machine may need longer to write rank 0's folder.
+        .env("OMPI_MCA_odls_base_sigkill_timeout", "10")
+        .arg(bin())
+        .args([
+            "train",
+            "--strategy",
+            "ddp",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--monitor-interval",
+            "0",
+            "--epochs",
+            "50",
+            "--log-every",
+            "5",
+            "--dist-timeout",
+            "10",
+            "--run-dir",
+            run.to_str().unwrap(),
+        ])
+        .current_dir(root())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Training has started once rank 0 logged a step.
+    let start = Instant::now();
+    let metrics = run.join("metrics.jsonl");
+    while !std::fs::read_to_string(&metrics).is_ok_and(|m| m.contains("\"step\"")) {
+        assert!(start.elapsed() < Duration::from_secs(120), "no step logged");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let victim = rank_pid(1).expect("rank 1 is running");
+    let killed = Instant::now();
+    Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let took = killed.elapsed();
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(took < Duration::from_secs(30), "took {took:?}: {t}");
+    assert!(
+        t.contains("rank 1") && (t.contains("signal 9") || t.contains("Killed")),
+        "the dead rank is named: {t}"
+    );
+    // Rank 0's run folder ends as failed, naming the rank that is gone.
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["status"], "failed", "{summary}");
+    let error = summary["error"].as_str().unwrap();
+    assert!(
+        error.contains("rank 1 did not answer") && error.contains("gradient all-reduce of step"),
+        "{error}"
+    );
+}
+
+#[test]
+fn ranks_started_with_different_flags_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let common = |lr: &str| -> Vec<String> {
+        [
+            bin(),
+            "train",
+            "--strategy",
+            "ddp",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--monitor-interval",
+            "0",
+            "--max-steps",
+            "2",
+            "--run-dir",
+            run.to_str().unwrap(),
+            "--lr",
+            lr,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    // MPMD: rank 0 and rank 1 run different command lines.
+    let mut cmd = mpirun(1);
+    cmd.args(common("0.001"))
+        .arg(":")
+        .args(["-n", "1"])
+        .args(common("0.002"))
+        .current_dir(root());
+    let out = cmd.output().unwrap();
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(
+        t.contains("the ranks were started with different configurations")
+            && t.contains("lr: 0.001")
+            && t.contains("lr: 0.002"),
+        "{t}"
+    );
+}
+
+#[test]
+fn devices_starts_the_ranks_through_mpirun() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    // As the test tools' mpirun: as root, loopback only, more ranks than cores.
+    let out = Command::new(bin())
+        .args([
+            "train",
+            "--devices",
+            "2",
+            "--device",
+            "cpu",
+            "--monitor-interval",
+            "0",
+            "--max-steps",
+            "4",
+            "--no-validate",
+            "--run-dir",
+            run.to_str().unwrap(),
+        ])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_btl", "self,vader,tcp")
+        .env("OMPI_MCA_btl_tcp_if_include", "lo")
+        .env("OMPI_MCA_oob_tcp_if_include", "lo")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("starting 2 ranks"), "{t}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["world_size"], 2, "{summary}");
+    assert_eq!(summary["samples"], 4 * 64 * 2, "{summary}");
+}

@@ -41,6 +41,17 @@ else
     log "cuda-toolkit $CUDA_TOOLKIT_VERSION: present ($VENV)"
 fi
 
+# NCCL, for the `nccl` feature (cudarc links libnccl): its own wheel, linked
+# into the toolkit's lib folder below. The GPU machines' image has it too.
+NCCL_VERSION=2.28.9
+nccl_stamp="$DIR/.installed-nccl-$NCCL_VERSION"
+if [ ! -f "$nccl_stamp" ]; then
+    log "installing nvidia-nccl-cu13 $NCCL_VERSION"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check \
+        "nvidia-nccl-cu13==$NCCL_VERSION" >&2
+    touch "$nccl_stamp"
+fi
+
 # The CUDA 13 wheels put everything under site-packages/nvidia/cu13.
 ROOT="$("$VENV/bin/python" - <<'EOF'
 import pathlib, sysconfig
@@ -52,6 +63,11 @@ EOF
 # candle's kernel build and cudarc look for lib64 and include under CUDA_ROOT.
 LIB="$ROOT/lib"
 [ -e "$ROOT/lib64" ] || ln -s lib "$ROOT/lib64"
+
+NCCL_LIB="$(dirname "$ROOT")/nccl/lib"
+for f in "$NCCL_LIB"/libnccl.so.*; do
+    [ -e "$f" ] && { [ -e "$LIB/${f##*/}" ] || ln -s "$f" "$LIB/${f##*/}"; }
+done
 
 # Plain names for versioned libraries: libcublas.so.13 -> libcublas.so.
 for f in "$LIB"/lib*.so.*; do

@@ -10,6 +10,16 @@ use candle_core::CudaDevice;
 use crate::error::{Error, Result};
 use crate::memory::MemoryStats;
 
+/// cudarc, as candle builds it (the NCCL backend of redline-dist uses its
+/// bindings on candle's streams).
+pub use candle_core::cuda_backend::cudarc;
+
+/// The stream candle runs `dev`'s work on (NCCL collectives join it, so
+/// they are ordered after the backward that made the gradients).
+pub fn stream(dev: &CudaDevice) -> Arc<CudaStream> {
+    dev.cuda_stream()
+}
+
 fn driver(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Candle(candle_core::Error::Msg(format!("CUDA driver: {what}: {e}")))
 }

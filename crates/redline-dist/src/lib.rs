@@ -14,12 +14,19 @@ mod error;
 mod launch;
 #[cfg(feature = "mpi")]
 mod mpi_comm;
+#[cfg(feature = "nccl")]
+mod nccl_comm;
 
 pub use comm::{Collectives, Single};
 pub use error::{Error, Result};
 pub use launch::{Launch, Launcher};
 #[cfg(feature = "mpi")]
 pub use mpi_comm::MpiComm;
+#[cfg(feature = "nccl")]
+pub use nccl_comm::NcclComm;
+
+/// Whether this build has the NCCL backend (the `nccl` feature).
+pub const NCCL_BUILT: bool = cfg!(feature = "nccl");
 
 /// Whether this build can join several ranks (the `mpi` feature).
 pub const MPI_BUILT: bool = cfg!(feature = "mpi");

@@ -89,6 +89,12 @@ impl Strategy {
         }
     }
 
+    /// The collectives backend, given back (to wrap it in another, such as
+    /// NCCL over MPI).
+    pub fn into_comm(self) -> Box<dyn Collectives> {
+        self.comm
+    }
+
     /// Buckets of at most `elems` f32 values (at least one parameter each).
     pub fn with_bucket_elems(mut self, elems: usize) -> Self {
         self.bucket_elems = elems.max(1);

@@ -51,6 +51,9 @@ pub struct Ranks {
     pub strategy: Strategy,
     /// The line the startup prints about it (none for a plain single run).
     pub line: Option<String>,
+    /// `--dist-timeout`.
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+    pub timeout: Duration,
 }
 
 impl Ranks {
@@ -125,7 +128,42 @@ pub fn join(flag: &str, timeout: f64, stop: &Arc<AtomicBool>) -> anyhow::Result<
         launch,
         strategy: Strategy::ddp(comm),
         line,
+        timeout,
     })
+}
+
+impl Ranks {
+    /// On a GPU of a build with NCCL (feature `nccl`), under `--strategy
+    /// ddp`: the float collectives move to an NCCL communicator on the
+    /// device's stream (a world of one gets a real communicator of one),
+    /// the rest stay on MPI. Elsewhere a no-op.
+    pub fn on_device(&mut self, device: &redline_core::Device) -> anyhow::Result<Option<String>> {
+        #[cfg(feature = "nccl")]
+        {
+            let Ok(cuda) = device.candle().as_cuda_device() else {
+                return Ok(None);
+            };
+            if self.line.is_none() && !self.is_distributed() {
+                return Ok(None);
+            }
+            let host = std::mem::take(&mut self.strategy).into_comm();
+            let comm =
+                redline_dist::NcclComm::init(redline_core::cuda::stream(cuda), host, self.timeout)?;
+            self.strategy = Strategy::ddp(Box::new(comm));
+            Ok(Some(format!(
+                "  NCCL communicator: rank {} of {} on {device}",
+                self.launch.rank, self.launch.world_size
+            )))
+        }
+        #[cfg(not(feature = "nccl"))]
+        {
+            Ok((!device.is_cpu() && self.is_distributed()).then(|| {
+                "  this build has no NCCL: GPU ranks reduce gradients through host memory over \
+                 MPI (build with --features redline/nccl for NCCL)"
+                    .to_string()
+            }))
+        }
+    }
 }
 
 /// `--devices N` without a launcher: runs this very command line again as
@@ -236,6 +274,7 @@ mod tests {
             },
             strategy: Strategy::single(),
             line: None,
+            timeout: Duration::from_secs(1),
         };
         // Unbound: the machine's cores shared.
         assert_eq!(ranks(Some(2)).default_threads(16, 16), Some(8));

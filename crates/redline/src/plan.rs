@@ -287,6 +287,10 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
     if let Some(line) = &device_choice {
         println!("{line}");
     }
+    let mut ranks = ranks;
+    if let Some(line) = ranks.on_device(&device)? {
+        println!("{line}");
+    }
     if let Some(s) = device.kernels_load_s().filter(|&s| s >= 1.0) {
         println!(
             "GPU kernels: compiled for this GPU in {s:.1} s before training (a first run on \

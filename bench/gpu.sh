@@ -36,6 +36,10 @@ $rl devices
 if want tests; then
 "$bin/kernels" cuda_ --test-threads 1 --nocapture
 "$bin/golden" cuda_ --test-threads 1 --nocapture
+# Issue 24: the NCCL backend with a world of one (a real communicator and
+# all-reduce), then --strategy ddp through the CLI (one rank: nothing to reduce).
+[ -x "$bin/nccl" ] && "$bin/nccl" --test-threads 1 --nocapture
+$rl train --device cuda:0 --strategy ddp --max-steps 50 --run-dir "$out/run-ddp-one" --monitor-interval 0
 fi
 run() { # name, then redline train flags
     local name="$1"; shift

@@ -6,6 +6,8 @@
 #   redline   the CLI built with --features cuda
 #   golden    the golden tests against PyTorch (their cuda_* tests run on cuda:0)
 #   kernels   Redline's GPU kernels against the generic ops they replace
+#   nccl      the NCCL backend of --strategy ddp: a communicator of one on cuda:0
+#             (built with the nccl feature; libnccl comes from the image's PyTorch)
 # The CUDA libraries are not bundled: the GPU image's PyTorch ships the CUDA 13
 # ones (bench/gpu.sh finds them). Target folder: target/cuda (kept between runs).
 set -euo pipefail
@@ -14,9 +16,9 @@ cd "$repo"
 eval "$(scripts/cuda-toolchain.sh)"
 export CARGO_TARGET_DIR="$repo/target/cuda"
 cargo build --release -p redline --features cuda
-# The path of test binary $2 of package $1, built with the cuda feature.
+# The path of test binary $2 of package $1, built with features $3 (default cuda).
 test_binary() {
-    cargo test --release -p "$1" --features cuda --test "$2" --no-run --message-format=json \
+    cargo test --release -p "$1" --features "${3:-cuda}" --test "$2" --no-run --message-format=json \
         2>/dev/null | python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
@@ -25,12 +27,14 @@ for l in sys.stdin:
 }
 golden="$(test_binary redline-train golden)"
 kernels="$(test_binary redline-kernels cuda_kernels)"
+nccl="$(test_binary redline-dist nccl nccl)"
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
 cp "$CARGO_TARGET_DIR/release/redline" "$stage/redline"
 cp "$golden" "$stage/golden"
 cp "$kernels" "$stage/kernels"
-strip "$stage/redline" "$stage/golden" "$stage/kernels"
+cp "$nccl" "$stage/nccl"
+strip "$stage/redline" "$stage/golden" "$stage/kernels" "$stage/nccl"
 mkdir -p .gpu
-tar -C "$stage" -cJf .gpu/bundle.tar.xz redline golden kernels
+tar -C "$stage" -cJf .gpu/bundle.tar.xz redline golden kernels nccl
 ls -l "$stage" .gpu >&2

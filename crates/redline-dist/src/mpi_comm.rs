@@ -148,6 +148,8 @@ impl MpiComm {
     ) -> Result<()> {
         let start = Instant::now();
         let mut interrupted_at: Option<Instant> = None;
+        // The quick roll call of a signal: when it started, the answers so far.
+        let mut roll: Option<(Instant, Vec<Option<u64>>)> = None;
         let mut polls = 0u64;
         loop {
             match req.test() {
@@ -180,23 +182,30 @@ impl MpiComm {
                     .as_ref()
                     .is_some_and(|f| f.load(Ordering::Relaxed))
                 {
-                    interrupted_at = Some(Instant::now());
                     // A signal while waiting: if a rank is gone, the
-                    // launcher is ending the job; say who at once.
-                    let answered = self.roll_call_answers(completed, QUICK_ROLL_CALL_WAIT);
-                    answered
-                        .iter()
-                        .any(Option::is_none)
-                        .then(|| Error::RankLost {
-                            rank: self.rank,
-                            op: op.into(),
-                            missing: describe_roll_call(&answered, completed),
-                            last: last.into(),
-                        })
-                } else {
-                    None
+                    // launcher is ending the job; find out (without
+                    // blocking: the collective may still complete) and say
+                    // who at once.
+                    interrupted_at = Some(Instant::now());
+                    roll = Some((Instant::now(), self.start_roll_call(completed)));
                 }
+                None
             };
+            let mut err = err;
+            if let (None, Some((at, answered))) = (&err, roll.as_mut()) {
+                while self.collect_answers(answered, completed) {}
+                if answered.iter().all(Option::is_some) {
+                    // Everyone is alive: wait out the grace as before.
+                    roll = None;
+                } else if at.elapsed() > QUICK_ROLL_CALL_WAIT {
+                    err = Some(Error::RankLost {
+                        rank: self.rank,
+                        op: op.into(),
+                        missing: describe_roll_call(answered, completed),
+                        last: last.into(),
+                    });
+                }
+            }
             if let Some(e) = err {
                 // The collective cannot be cancelled: forget it, keep its
                 // buffers (they are `State`'s and never touched again).
@@ -251,6 +260,19 @@ impl MpiComm {
     /// Each rank's completed count as it answered the roll call within
     /// `wait` (`None`: no answer).
     fn roll_call_answers(&self, completed: u64, wait: Duration) -> Vec<Option<u64>> {
+        let mut answered = self.start_roll_call(completed);
+        let start = Instant::now();
+        while start.elapsed() < wait && answered.iter().any(Option::is_none) {
+            if !self.collect_answers(&mut answered, completed) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        answered
+    }
+
+    /// Asks every other rank to answer; returns the answers so far (this
+    /// rank's own).
+    fn start_roll_call(&self, completed: u64) -> Vec<Option<u64>> {
         let me = [self.rank as u64, completed];
         for r in (0..self.size).filter(|&r| r != self.rank) {
             // Small messages are sent eagerly: this returns even if `r` hangs.
@@ -260,27 +282,28 @@ impl MpiComm {
         }
         let mut answered: Vec<Option<u64>> = vec![None; self.size];
         answered[self.rank] = Some(completed);
-        let start = Instant::now();
-        while start.elapsed() < wait && answered.iter().any(Option::is_none) {
-            self.answer_roll_calls(completed);
-            match self
-                .world
-                .any_process()
-                .immediate_matched_probe_with_tag(ROLL_ANSWER)
-            {
-                Some((msg, _)) => {
-                    let mut a = [0u64; 2];
-                    msg.matched_receive_into(&mut a[..]);
-                    if let (Some(&r), Some(&c)) = (a.first(), a.get(1)) {
-                        if let Some(slot) = answered.get_mut(r as usize) {
-                            *slot = Some(c);
-                        }
-                    }
-                }
-                None => std::thread::sleep(Duration::from_millis(1)),
+        answered
+    }
+
+    /// Answers pending roll calls and takes one answer into `answered`, if
+    /// one came; whether one did.
+    fn collect_answers(&self, answered: &mut [Option<u64>], completed: u64) -> bool {
+        self.answer_roll_calls(completed);
+        let Some((msg, _)) = self
+            .world
+            .any_process()
+            .immediate_matched_probe_with_tag(ROLL_ANSWER)
+        else {
+            return false;
+        };
+        let mut a = [0u64; 2];
+        msg.matched_receive_into(&mut a[..]);
+        if let (Some(&r), Some(&c)) = (a.first(), a.get(1)) {
+            if let Some(slot) = answered.get_mut(r as usize) {
+                *slot = Some(c);
             }
         }
-        answered
+        true
     }
 }
 

@@ -135,11 +135,9 @@ impl NcclComm {
         let dev = dev
             .as_mut()
             .ok_or_else(|| nccl("the collective's buffer", "missing"))?;
-        let mut view = dev.slice_mut(..n);
         self.stream
-            .memcpy_htod(&*buf, &mut view)
+            .memcpy_htod(&*buf, &mut dev.slice_mut(..n))
             .map_err(|e| nccl("copying to the device", e))?;
-        drop(view);
         launch(&self.comm, dev, n)?;
         let done = self
             .stream

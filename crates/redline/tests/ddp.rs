@@ -380,3 +380,116 @@ fn devices_starts_the_ranks_through_mpirun() {
     assert_eq!(summary["world_size"], 2, "{summary}");
     assert_eq!(summary["samples"], 4 * 64 * 2, "{summary}");
 }
+
+/// SIGTERM to every rank (as `scancel` does) mid-run: all stop after the
+/// same step, rank 0 checkpoints; `--resume` with the same ranks ends with
+/// weights bit-identical to a run never stopped; other ranks are refused.
+#[test]
+fn a_stopped_ddp_run_resumes_bit_for_bit_and_only_with_its_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = |name: &str| -> Vec<String> {
+        [
+            "train",
+            "--strategy",
+            "ddp",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--monitor-interval",
+            "0",
+            "--max-steps",
+            "4000",
+            "--epochs",
+            "0",
+            "--checkpoint-every",
+            "300",
+            "--log-every",
+            "10",
+            "--no-validate",
+            "--run-dir",
+            dir.path().join(name).to_str().unwrap(),
+            "--save",
+            dir.path()
+                .join(format!("{name}.safetensors"))
+                .to_str()
+                .unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let whole = mpirun(2)
+        .arg(bin())
+        .args(args("whole"))
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(whole.status.success(), "{}", text(&whole));
+
+    let stopped = dir.path().join("stopped");
+    let child = mpirun(2)
+        .arg(bin())
+        .args(args("stopped"))
+        .current_dir(root())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !stopped.join("metrics.jsonl").exists() {
+        assert!(start.elapsed() < Duration::from_secs(120), "never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for rank in 0..2 {
+        let pid = rank_pid(rank).expect("the rank runs");
+        Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(stopped.join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["status"], "interrupted", "{summary}\n{t}");
+    assert!(t.contains("continue with `redline train --resume"), "{t}");
+
+    // Another number of ranks is refused by name.
+    let one = Command::new(bin())
+        .args(["train", "--resume", stopped.to_str().unwrap()])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(!one.status.success());
+    assert!(
+        text(&one).contains("ranks: 2 in the checkpoint, (unset) now"),
+        "{}",
+        text(&one)
+    );
+
+    let resumed = mpirun(2)
+        .arg(bin())
+        .args([
+            "train",
+            "--resume",
+            stopped.to_str().unwrap(),
+            "--save",
+            dir.path().join("stopped.safetensors").to_str().unwrap(),
+        ])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(resumed.status.success(), "{}", text(&resumed));
+    let (a, b) = (
+        std::fs::read(dir.path().join("whole.safetensors")).unwrap(),
+        std::fs::read(dir.path().join("stopped.safetensors")).unwrap(),
+    );
+    assert!(
+        a == b,
+        "the resumed run's weights differ from the uninterrupted run's"
+    );
+}

@@ -20,7 +20,9 @@ pub enum Error {
         hint: String,
     },
     /// A precision name that does not parse.
-    #[error("--precision {0:?}: expected `32` / `fp32`")]
+    #[error(
+        "--precision {0:?}: expected 32-true (32), bf16-mixed (bf16), 16-mixed (16) or bf16-true"
+    )]
     BadPrecision(String),
     /// A matmul precision name that does not parse.
     #[error(

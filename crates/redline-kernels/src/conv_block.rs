@@ -60,7 +60,7 @@ pub fn conv2d_pool_relu_param(
     pool_relu_with(x, w.as_tensor(), b.as_tensor(), padding, k, buffers)
 }
 
-fn pool_relu_with(
+pub(crate) fn pool_relu_with(
     x: &Tensor,
     w: &Tensor,
     b: &Tensor,

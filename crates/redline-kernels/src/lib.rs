@@ -6,6 +6,7 @@
 //! ops for every other device; tests hold the two against each other and the
 //! model-level golden tests hold both against PyTorch.
 
+pub mod autocast;
 pub mod conv;
 mod conv_backward;
 mod conv_block;
@@ -28,6 +29,7 @@ pub mod optim_math;
 pub mod pool;
 mod slices;
 
+pub use autocast::{conv2d_in, linear_in};
 pub use conv::{conv2d, conv2d_generic, conv2d_param};
 pub use conv_block::{conv2d_pool_relu, conv2d_pool_relu_param};
 pub use error::{Error, Result};

@@ -32,7 +32,7 @@ pub fn linear_param(x: &Tensor, w: &Param, b: &Param, relu: bool) -> Result<Tens
     linear_with(x, w.as_tensor(), b.as_tensor(), relu, buffers)
 }
 
-fn linear_with(
+pub(crate) fn linear_with(
     x: &Tensor,
     w: &Tensor,
     b: &Tensor,

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use redline_core::trace;
 use redline_kernels::grad::Param;
-use redline_kernels::{conv2d_pool_relu_param, linear_param};
+use redline_kernels::{conv2d_in, linear_in};
 
 use crate::error::{Error, Result};
 use crate::init::Initializer;
@@ -50,6 +50,8 @@ pub struct Cnn {
     fc1: (Param, Param),
     fc2: (Param, Param),
     params: Params,
+    /// The products' dtype (fp32, or 16-bit under `--precision`).
+    dtype: candle_core::DType,
 }
 
 impl Cnn {
@@ -84,6 +86,7 @@ impl Cnn {
             fc1,
             fc2,
             params,
+            dtype: init.compute_dtype(),
         })
     }
 }
@@ -98,15 +101,21 @@ impl Model for Cnn {
             // ReLU is monotone, so relu(pool(x)) == pool(relu(x)) exactly, with the
             // same gradient (windows without a positive value pass none either way):
             // one fused op, the conv output never materialised as a tensor.
-            h = conv2d_pool_relu_param(&h, w, b, 1, 2)?;
+            h = conv2d_in(&h, w, b, 1, Some(2), self.dtype)?;
         }
         // (B, C, s, s) -> (B, C*s*s) -> (B, hidden) -> (B, classes)
         let h = {
             let _span = trace::layer("fc1");
-            linear_param(&h.flatten_from(1)?, &self.fc1.0, &self.fc1.1, true)?
+            linear_in(
+                &h.flatten_from(1)?,
+                &self.fc1.0,
+                &self.fc1.1,
+                true,
+                self.dtype,
+            )?
         };
         let _span = trace::layer("fc2");
-        Ok(linear_param(&h, &self.fc2.0, &self.fc2.1, false)?)
+        Ok(linear_in(&h, &self.fc2.0, &self.fc2.1, false, self.dtype)?)
     }
 
     fn params(&self) -> &Params {

@@ -17,6 +17,8 @@ pub struct Initializer {
     rng: ChaCha8Rng,
     device: candle_core::Device,
     dtype: candle_core::DType,
+    /// The dtype layers compute their products in (the precision's).
+    compute: candle_core::DType,
     /// Bytes parameters may still take (host memory free when it was made).
     left: Option<u64>,
 }
@@ -42,8 +44,15 @@ impl Initializer {
             rng: ChaCha8Rng::seed_from_u64(seed),
             device: device.candle().clone(),
             dtype: precision.param_dtype(),
+            compute: precision.compute_dtype(),
             left,
         }
+    }
+
+    /// The dtype the layers built from this initializer compute in
+    /// (`Precision::compute_dtype`): fp32, or bf16/fp16 under autocast.
+    pub fn compute_dtype(&self) -> candle_core::DType {
+        self.compute
     }
 
     /// Elements of `shape`, refused (before anything is allocated) when

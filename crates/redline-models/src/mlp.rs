@@ -4,7 +4,7 @@
 use candle_core::Tensor;
 use redline_core::trace;
 use redline_kernels::grad::Param;
-use redline_kernels::linear_param;
+use redline_kernels::linear_in;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -40,6 +40,8 @@ pub struct Mlp {
     /// `fc1`, `fc2`, ...: span names for the detailed profiler.
     names: Vec<String>,
     params: Params,
+    /// The products' dtype (fp32, or 16-bit under `--precision`).
+    dtype: candle_core::DType,
 }
 
 impl Mlp {
@@ -69,6 +71,7 @@ impl Mlp {
             layers,
             names,
             params,
+            dtype: init.compute_dtype(),
         })
     }
 }
@@ -82,7 +85,7 @@ impl Model for Mlp {
         for (i, ((w, b), name)) in self.layers.iter().zip(&self.names).enumerate() {
             let _span = trace::layer(name);
             // (B, in) -> (B, out), bias and ReLU fused into the GEMM's output pass
-            h = linear_param(&h, w, b, i < last)?;
+            h = linear_in(&h, w, b, i < last, self.dtype)?;
         }
         Ok(h)
     }

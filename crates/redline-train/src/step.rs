@@ -126,6 +126,12 @@ impl<S: TrainStep + ?Sized> TrainStep for Box<S> {
 /// passes need it. The ready steps use it; a step of your own can too.
 pub fn output<M: Model + ?Sized>(model: &M, batch: &Batch, train: bool) -> Result<Tensor> {
     let y = model.forward_t(&batch.x, train)?;
+    // Losses and metrics run in fp32 (autocast's rule): a 16-bit model's
+    // output is cast up, and the cast's backward casts the gradient down.
+    let y = match y.dtype() {
+        candle_core::DType::F32 => y,
+        _ => y.to_dtype(candle_core::DType::F32)?,
+    };
     Ok(if train { y } else { y.detach() })
 }
 

@@ -179,6 +179,15 @@ pub struct TrainArgs {
     /// of ranks.
     #[arg(long, value_name = "N")]
     pub devices: Option<usize>,
+    /// Numeric precision, Lightning's names: 32-true (32), bf16-mixed (bf16: fp32 weights and
+    /// update, matrix products and convolutions in bf16, losses in fp32), bf16-true (everything
+    /// in bf16) or 16-mixed (16; not built yet). docs/precision.md.
+    #[arg(long, default_value = "32-true", value_name = "PRECISION")]
+    #[serde(
+        default = "default_precision",
+        skip_serializing_if = "is_default_precision"
+    )]
+    pub precision: String,
     /// Epochs to train.
     #[arg(long, default_value_t = 5)]
     pub epochs: usize,
@@ -380,6 +389,19 @@ pub struct TrainArgs {
     #[arg(long, value_name = "RUN_DIR|last", conflicts_with_all = ["run_dir", "config"])]
     #[serde(skip)]
     pub resume: Option<PathBuf>,
+}
+
+/// `--precision`'s default.
+fn default_precision() -> String {
+    "32-true".into()
+}
+
+/// fp32 runs record no `precision` key: their identity (what a checkpoint
+/// must match) is what it was before the flag existed.
+#[allow(clippy::ptr_arg)] // serde's `skip_serializing_if` passes the field's type
+fn is_default_precision(p: &String) -> bool {
+    p.parse::<redline_core::Precision>()
+        .is_ok_and(|p| p == redline_core::Precision::Fp32)
 }
 
 /// The largest `--config` file read.

@@ -68,6 +68,8 @@ pub struct Plan {
     pub seed: u64,
     /// This process's rank and the strategy joining the ranks.
     pub ranks: crate::dist::Ranks,
+    /// `--precision`.
+    pub precision: Precision,
 }
 
 /// The shipped Fashion-MNIST: `./data/fashion-mnist` from the repository root,
@@ -200,6 +202,7 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
         bail!("--checkpoint-every 0: give a number of optimizer steps (at least 1)");
     }
     let schedule: redline_train::LrSchedule = args.lr_schedule.parse()?;
+    let precision = precision(&args.precision)?;
     let early_stop: Option<redline_train::EarlyStop> =
         args.early_stop.as_deref().map(str::parse).transpose()?;
     // Process-wide, as PyTorch's: the device probe below times the same math.
@@ -316,7 +319,28 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
         device_choice,
         seed: args.seed,
         ranks,
+        precision,
     })
+}
+
+/// `--precision`, refused by name where this build cannot run it (never a
+/// silent fp32 run).
+fn precision(flag: &str) -> anyhow::Result<Precision> {
+    let p: Precision = flag.parse()?;
+    if p == Precision::Bf16True {
+        bail!(
+            "--precision {flag}: bf16-true (bf16 parameters and optimizer state) is not built yet\n\
+             HINT: available: 32-true, bf16-mixed (bf16 products over fp32 weights)"
+        );
+    }
+    if p == Precision::Fp16Mixed {
+        bail!(
+            "--precision {flag}: 16-mixed needs the dynamic loss scaler (GradScaler), which is not \
+             built yet\nHINT: available: 32-true, bf16-mixed (the same memory and speed idea, \
+             without loss scaling: bf16 keeps fp32's range)"
+        );
+    }
+    Ok(p)
 }
 
 /// A data-parallel rank's device: `cuda:LOCAL_RANK` where `auto` found GPUs

@@ -57,6 +57,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         device_choice,
         seed: _,
         ranks,
+        precision,
     } = plan;
     let world = ranks.launch.world_size;
     // Each rank reads its shard of every epoch (DistributedSampler): padded
@@ -143,7 +144,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         (val, test)
     };
 
-    let model = model_cfg.build(&device, Precision::Fp32, args.seed)?;
+    let model = model_cfg.build(&device, precision, args.seed)?;
     if let Some(init) = &args.init {
         model.params().load_safetensors(init).context("--init")?;
     }
@@ -155,7 +156,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         .collect();
     stop.check("building the model")?;
     println!(
-        "redline: {} ({} params) on {} ({} compute threads), {} batch {}, lr {}, loss {}",
+        "redline: {} ({} params) on {} ({} compute threads), {} batch {}, lr {}, loss {}{}",
         model_cfg.name(),
         model.params().numel(),
         device,
@@ -163,7 +164,11 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         args.optimizer,
         batch_size,
         lr,
-        step_kind
+        step_kind,
+        match precision {
+            Precision::Fp32 => String::new(),
+            p => format!(", precision {p}"),
+        }
     );
     if !schedule.is_constant() {
         println!("  lr schedule: {schedule} (base lr {lr})");
@@ -316,6 +321,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| redline_core::threads::measure_free_cores(Duration::from_millis(100)));
     for (k, v) in [
         ("device", json!(device.to_string())),
+        ("precision", json!(precision.name())),
+        ("precision_path", json!(precision_path(precision, &device))),
         ("strategy", json!(if world > 1 { "ddp" } else { "single" })),
         ("world_size", json!(world)),
         ("launcher", json!(ranks.launch.launcher.name())),
@@ -543,6 +550,33 @@ fn recorded_args(
             .to_string();
     }
     Ok(recorded)
+}
+
+/// How this run's 16-bit products are computed, for the summary (`None` in fp32).
+fn precision_path(precision: Precision, device: &redline_core::Device) -> Option<String> {
+    if precision == Precision::Fp32 {
+        return None;
+    }
+    if !device.is_cpu() {
+        return Some(format!(
+            "{precision}: candle's 16-bit CUDA kernels (cuBLAS), fp32 master weights"
+        ));
+    }
+    let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let native: Vec<&str> = ["avx512_bf16", "amx_bf16"]
+        .into_iter()
+        .filter(|f| flags.split_whitespace().any(|w| w == *f))
+        .collect();
+    Some(format!(
+        "{precision} on the CPU: fp32 GEMMs and convolutions on bf16-rounded operands, outputs \
+         rounded to bf16 (a bf16 product with fp32 accumulation); this CPU has {} (not used \
+         yet)",
+        if native.is_empty() {
+            "no AVX-512 BF16 or AMX".to_string()
+        } else {
+            native.join(" and ")
+        }
+    ))
 }
 
 /// `--clip-grad-norm` / `--clip-grad-value` (clap refuses both at once).

@@ -8,7 +8,7 @@ use rand::distr::{Distribution, Uniform};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use redline_kernels::grad::Param;
-use redline_kernels::{conv2d_param, conv2d_pool_relu_param, linear_param, max_pool2d};
+use redline_kernels::{conv2d_in, linear_in, max_pool2d};
 
 use super::Layer;
 use crate::error::{Error, Result};
@@ -18,12 +18,14 @@ pub(super) struct Linear {
     pub(super) w: Param,
     pub(super) b: Param,
     pub(super) relu: bool,
+    /// The product's dtype (fp32, or 16-bit under `--precision`).
+    pub(super) dtype: candle_core::DType,
 }
 
 impl Layer for Linear {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
         // (B, in) -> (B, out): bias and ReLU in the GEMM's output pass
-        Ok(linear_param(x, &self.w, &self.b, self.relu)?)
+        Ok(linear_in(x, &self.w, &self.b, self.relu, self.dtype)?)
     }
 }
 
@@ -39,6 +41,8 @@ pub(super) struct Conv2d {
     pub(super) padding: usize,
     pub(super) stride: usize,
     pub(super) pool_relu: Option<usize>,
+    /// The product's dtype (fp32, or 16-bit under `--precision`).
+    pub(super) dtype: candle_core::DType,
 }
 
 impl Layer for Conv2d {
@@ -48,19 +52,28 @@ impl Layer for Conv2d {
             self.b.grad().clear();
         }
         if self.stride != 1 {
-            let y = x.conv2d(self.w.as_tensor(), self.padding, self.stride, 1, 1)?;
+            let (x, w) = (
+                x.to_dtype(self.dtype)?,
+                self.w.as_tensor().to_dtype(self.dtype)?,
+            );
+            let y = x.conv2d(&w, self.padding, self.stride, 1, 1)?;
             if !self.has_bias {
                 return Ok(y);
             }
             let c = self.b.as_tensor().dim(0)?;
-            return Ok(y.broadcast_add(&self.b.as_tensor().reshape((1, c, 1, 1))?)?);
+            let b = self.b.as_tensor().to_dtype(self.dtype)?;
+            return Ok(y.broadcast_add(&b.reshape((1, c, 1, 1))?)?);
         }
-        Ok(match self.pool_relu {
-            // relu(pool(conv)) == pool(relu(conv)): one op, the conv output
-            // never materialised.
-            Some(k) => conv2d_pool_relu_param(x, &self.w, &self.b, self.padding, k)?,
-            None => conv2d_param(x, &self.w, &self.b, self.padding)?,
-        })
+        // relu(pool(conv)) == pool(relu(conv)): one op, the conv output never
+        // materialised (in fp32, where the fused kernel runs).
+        Ok(conv2d_in(
+            x,
+            &self.w,
+            &self.b,
+            self.padding,
+            self.pool_relu,
+            self.dtype,
+        )?)
     }
 }
 

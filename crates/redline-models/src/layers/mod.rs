@@ -466,6 +466,7 @@ fn build_layers(
                     w: params.push(format!("{name}.weight"), w)?,
                     b: params.push(format!("{name}.bias"), b)?,
                     relu,
+                    dtype: init.compute_dtype(),
                 })
             }
             LayerSpec::Conv2d {
@@ -499,6 +500,7 @@ fn build_layers(
                     padding: *padding,
                     stride: *stride,
                     pool_relu,
+                    dtype: init.compute_dtype(),
                 })
             }
             LayerSpec::Batchnorm2d { eps, momentum } => {

@@ -18,6 +18,8 @@ pub(super) struct LayerNorm {
 
 impl Layer for LayerNorm {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
+        // Norms run in their parameters' dtype: fp32 under autocast.
+        let x = &x.to_dtype(self.w.as_tensor().dtype())?;
         let mean = x.mean_keepdim(D::Minus1)?;
         let centred = x.broadcast_sub(&mean)?;
         let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
@@ -51,6 +53,8 @@ impl BatchNorm2d {
 
 impl Layer for BatchNorm2d {
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        // Norms run in their parameters' dtype: fp32 under autocast.
+        let x = &x.to_dtype(self.w.as_tensor().dtype())?;
         let (b, c, h, w) = x.dims4()?;
         let shape = (1, c, 1, 1);
         let (mean, var) = if train {
@@ -177,6 +181,10 @@ impl Layer for Residual {
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         let h = run_chain(&self.body, x, train)?;
         let s = run_chain(&self.shortcut, x, train)?;
+        // A 16-bit body over an fp32 shortcut adds in fp32 (as autocast promotes).
+        if h.dtype() != s.dtype() {
+            return Ok((s.to_dtype(DType::F32)? + h.to_dtype(DType::F32)?)?);
+        }
         Ok((s + h)?)
     }
 }

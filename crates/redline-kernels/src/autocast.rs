@@ -1,0 +1,167 @@
+//! Layers in a 16-bit compute dtype (`--precision bf16-mixed | bf16-true`),
+//! as PyTorch's autocast runs them: the input and the (fp32 master, or bf16)
+//! parameters are cast to the compute dtype, the product is taken there and
+//! the result stays in it for the next layer. The casts are recorded ops, so
+//! the backward hands each parameter its gradient in the parameter's own
+//! dtype (fp32 master weights get fp32 gradients, through the `GradStore`
+//! that [`Param::absorb`] reads). In fp32 the fused kernels run instead.
+//!
+//! On the CPU, a 16-bit product over fp32 master weights runs as the fused
+//! fp32 kernel on operands rounded to the 16-bit type, its output rounded
+//! back: exactly a 16-bit GEMM with fp32 accumulation (how oneDNN's, AMX's
+//! and tensor cores' bf16 GEMMs accumulate, and so PyTorch's CPU autocast),
+//! and both faster than candle's generic bf16 matmul on a CPU without
+//! native bf16 and the only CPU path candle's bf16 convolution leaves
+//! (its im2col matmul refuses bf16). The activations between layers are
+//! 16-bit tensors, as autocast's are.
+
+use candle_core::{DType, Tensor};
+
+use crate::conv::{conv2d_generic, conv2d_with};
+use crate::conv_block::pool_relu_with;
+use crate::error::Result;
+use crate::grad::{layer_buffers, Param};
+use crate::linear::linear_with;
+use crate::pool::max_pool2d;
+use crate::{conv2d_param, conv2d_pool_relu_param, linear_param};
+
+/// `t` rounded to `dtype` and widened back to fp32 (a recorded op pair, so
+/// gradients flow through it, rounded the same way).
+fn rounded(t: &Tensor, dtype: DType) -> Result<Tensor> {
+    Ok(t.to_dtype(dtype)?.to_dtype(DType::F32)?)
+}
+
+/// A parameter rounded to `dtype`, in fp32, as a leaf of its own: the fused
+/// kernel writes its gradient into the parameter's buffer, and a leaf (unlike
+/// the cast ops of [`rounded`]) may go without one in the backward.
+fn rounded_leaf(p: &Param, dtype: DType) -> Result<Tensor> {
+    let r = p.as_tensor().to_dtype(dtype)?.to_dtype(DType::F32)?;
+    Ok(candle_core::Var::from_tensor(&r)?.into_inner())
+}
+
+/// Whether the 16-bit product over fp32 master weights takes the CPU's
+/// rounded fused path.
+fn cpu_mixed(x: &Tensor, w: &Param, b: &Param) -> bool {
+    x.device().is_cpu() && w.as_tensor().dtype() == DType::F32 && layer_buffers(w, b).is_some()
+}
+
+/// `y = x W^T + b` (ReLU'd when `relu`) in `dtype`: the fused kernel for an
+/// fp32 layer, else the cast operands' product.
+// (B, in) -> (B, out)
+pub fn linear_in(x: &Tensor, w: &Param, b: &Param, relu: bool, dtype: DType) -> Result<Tensor> {
+    if dtype == DType::F32 && x.dtype() == DType::F32 && w.as_tensor().dtype() == DType::F32 {
+        return linear_param(x, w, b, relu);
+    }
+    if cpu_mixed(x, w, b) {
+        let y = linear_with(
+            &rounded(x, dtype)?,
+            &rounded_leaf(w, dtype)?,
+            &rounded_leaf(b, dtype)?,
+            relu,
+            layer_buffers(w, b),
+        )?;
+        return Ok(y.to_dtype(dtype)?);
+    }
+    let (x, wt, bt) = (
+        x.to_dtype(dtype)?,
+        w.as_tensor().to_dtype(dtype)?,
+        b.as_tensor().to_dtype(dtype)?,
+    );
+    let y = x.matmul(&wt.t()?)?.broadcast_add(&bt)?;
+    Ok(if relu { y.relu()? } else { y })
+}
+
+/// A stride-1 convolution with bias, then (`pool_relu: Some(k)`) ReLU and a
+/// k x k max pool, in `dtype`: the fused kernels for an fp32 layer, else
+/// candle's convolution of the cast operands.
+// (B, Cin, H, W) -> (B, Cout, H', W')
+pub fn conv2d_in(
+    x: &Tensor,
+    w: &Param,
+    b: &Param,
+    padding: usize,
+    pool_relu: Option<usize>,
+    dtype: DType,
+) -> Result<Tensor> {
+    if dtype == DType::F32 && x.dtype() == DType::F32 && w.as_tensor().dtype() == DType::F32 {
+        return match pool_relu {
+            Some(k) => conv2d_pool_relu_param(x, w, b, padding, k),
+            None => conv2d_param(x, w, b, padding),
+        };
+    }
+    if cpu_mixed(x, w, b) {
+        let (xr, wr, br) = (
+            rounded(x, dtype)?,
+            rounded_leaf(w, dtype)?,
+            rounded_leaf(b, dtype)?,
+        );
+        let y = match pool_relu {
+            Some(k) => pool_relu_with(&xr, &wr, &br, padding, k, layer_buffers(w, b))?,
+            None => conv2d_with(&xr, &wr, &br, padding, layer_buffers(w, b))?,
+        };
+        return Ok(y.to_dtype(dtype)?);
+    }
+    let (x, wt, bt) = (
+        x.to_dtype(dtype)?,
+        w.as_tensor().to_dtype(dtype)?,
+        b.as_tensor().to_dtype(dtype)?,
+    );
+    let y = conv2d_generic(&x, &wt, &bt, padding)?;
+    match pool_relu {
+        Some(k) => max_pool2d(&y.relu()?, k),
+        None => Ok(y),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn param(t: Tensor) -> Result<Param> {
+        Ok(Param::new(Var::from_tensor(&t)?))
+    }
+
+    /// A bf16 layer over fp32 master weights: bf16 out, fp32 gradients for
+    /// the weights, close to the fp32 layer's (bf16 keeps 8 bits).
+    #[test]
+    fn bf16_products_give_fp32_master_weights_fp32_gradients() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Tensor::randn(0f32, 1.0, (4, 6), &dev)?;
+        let w = param(Tensor::randn(0f32, 0.5, (3, 6), &dev)?)?;
+        let b = param(Tensor::randn(0f32, 0.5, 3, &dev)?)?;
+        let y16 = linear_in(&x, &w, &b, true, DType::BF16)?;
+        assert_eq!(y16.dtype(), DType::BF16);
+        let y32 = linear_in(&x, &w, &b, true, DType::F32)?;
+        let diff = (y16.to_dtype(DType::F32)? - &y32)?.abs()?.max_all()?;
+        assert!(diff.to_scalar::<f32>()? < 0.05, "{diff}");
+        let mut grads = y16.to_dtype(DType::F32)?.sum_all()?.backward()?;
+        w.absorb(&mut grads)?;
+        let gw = w.grad().to_tensor(w.as_tensor())?;
+        assert_eq!(
+            gw.as_ref().map(Tensor::dtype),
+            Some(DType::F32),
+            "the master weight's gradient is fp32"
+        );
+        // The gradient of a rounded product: as the fp32 one to bf16's 8 bits.
+        let mut grads32 = y32.sum_all()?.backward()?;
+        w.grad().clear();
+        w.absorb(&mut grads32)?;
+        let g32 = w.grad().to_tensor(w.as_tensor())?;
+        if let (Some(a), Some(b)) = (gw, g32) {
+            let d = (a - &b)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            let n = b.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(d <= 0.02 * n && d > 0.0, "bf16 {d} of {n}");
+        }
+
+        let img = Tensor::randn(0f32, 1.0, (2, 1, 6, 6), &dev)?;
+        let cw = param(Tensor::randn(0f32, 0.3, (2, 1, 3, 3), &dev)?)?;
+        let cb = param(Tensor::zeros(2, DType::F32, &dev)?)?;
+        let c16 = conv2d_in(&img, &cw, &cb, 1, Some(2), DType::BF16)?;
+        let c32 = conv2d_in(&img, &cw, &cb, 1, Some(2), DType::F32)?;
+        assert_eq!((c16.dims(), c16.dtype()), (c32.dims(), DType::BF16));
+        let diff = (c16.to_dtype(DType::F32)? - &c32)?.abs()?.max_all()?;
+        assert!(diff.to_scalar::<f32>()? < 0.05, "{diff}");
+        Ok(())
+    }
+}

@@ -102,6 +102,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the last two. The settings used are in the output's matmul_tf32/cudnn_tf32",
     )
     p.add_argument(
+        "--precision",
+        choices=["32-true", "bf16-mixed"],
+        default="32-true",
+        help="bf16-mixed: forward and loss under torch.autocast(device, dtype=torch.bfloat16), "
+        "as Lightning's precision='bf16-mixed' (tensor and tutorial workloads)",
+    )
+    p.add_argument(
         "--limit",
         type=int,
         default=0,
@@ -334,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
                     loss_sum += item
                 continue
             xb, yb = item
-            loss = loss_fn(model(xb), yb)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed"):
+                loss = loss_fn(model(xb), yb)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -352,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with torch.no_grad():
         for xb, yb in test_batches():
-            correct += int((model(xb).argmax(1) == yb).sum())
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed"):
+                correct += int((model(xb).argmax(1) == yb).sum())
             total += int(yb.shape[0])
     eval_s = time.perf_counter() - t0
     if tmp_root is not None:
@@ -362,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "impl": "pytorch",
         "workload": args.workload,
+        "precision": args.precision,
         "model": args.model,
         "threads": args.threads,
         "device": str(dev),

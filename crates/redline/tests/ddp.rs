@@ -18,17 +18,35 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use candle_core::{Device, Tensor};
-use common::{jsonl, root};
+use common::{golden, golden_losses, jsonl, rel_l2, root, weights};
 use redline_testkit::tools::mpirun;
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_redline")
+}
+
+/// `train --strategy ddp` on the CPU with one thread a rank and no system
+/// sampling, then `extra`.
+fn ddp_args(extra: &[&str]) -> Vec<String> {
+    [
+        "train",
+        "--strategy",
+        "ddp",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--monitor-interval",
+        "0",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|s| s.to_string())
+    .collect()
 }
 
 fn text(o: &Output) -> String {
@@ -89,20 +107,6 @@ fn test_record(run: &Path) -> serde_json::Value {
         .unwrap()
 }
 
-fn weights(path: &Path) -> HashMap<String, Tensor> {
-    candle_core::safetensors::load(path, &Device::Cpu).unwrap()
-}
-
-fn golden(name: &str) -> PathBuf {
-    root().join("testdata/golden").join(name)
-}
-
-fn rel_l2(a: &Tensor, b: &Tensor) -> f32 {
-    let d = (a - b).unwrap().sqr().unwrap().sum_all().unwrap();
-    let n = b.sqr().unwrap().sum_all().unwrap();
-    (d.to_scalar::<f32>().unwrap() / n.to_scalar::<f32>().unwrap().max(1e-30)).sqrt()
-}
-
 /// The weight updates (final - init) of `ours` and `theirs` agree to `tol`.
 fn same_updates(model: &str, ours: &Path, theirs: &Path, tol: f32) {
     let init = weights(&golden(&format!("{model}_init.safetensors")));
@@ -122,17 +126,6 @@ fn same_losses(ours: &[f64], theirs: &[f64], tol: f64) {
     for (i, (a, b)) in ours.iter().zip(theirs).enumerate() {
         assert!((a - b).abs() / b < tol, "step {}: {a} vs {b}", i + 1);
     }
-}
-
-fn golden_losses(file: &str) -> Vec<f64> {
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(golden(file)).unwrap()).unwrap();
-    v["losses"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
 }
 
 /// 2 ranks of `batch` vs one process of `2 x batch` vs PyTorch DDP.
@@ -211,8 +204,9 @@ fn ddp_cnn_matches_one_process_and_pytorch_ddp() {
     two_ranks_match_one_process_and_pytorch("cnn", 32, 8);
 }
 
-/// The pid of the `redline` process that is rank `rank` of a job.
-fn rank_pid(rank: usize) -> Option<u32> {
+/// The pid of the `redline` process that is rank `rank` of the job whose
+/// command line holds `run_dir` (tests run jobs side by side).
+fn rank_pid(rank: usize, run_dir: &Path) -> Option<u32> {
     for e in std::fs::read_dir("/proc").ok()?.flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
             continue;
@@ -220,7 +214,8 @@ fn rank_pid(rank: usize) -> Option<u32> {
         let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
             continue;
         };
-        if !String::from_utf8_lossy(&cmd).starts_with(bin()) {
+        let cmd = String::from_utf8_lossy(&cmd);
+        if !cmd.starts_with(bin()) || !cmd.contains(run_dir.to_str()?) {
             continue;
         }
         let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
@@ -241,16 +236,7 @@ fn a_rank_killed_mid_epoch_ends_the_job_naming_it() {
         // loaded test machine may need longer to write rank 0's folder.
         .env("OMPI_MCA_odls_base_sigkill_timeout", "10")
         .arg(bin())
-        .args([
-            "train",
-            "--strategy",
-            "ddp",
-            "--device",
-            "cpu",
-            "--threads",
-            "1",
-            "--monitor-interval",
-            "0",
+        .args(ddp_args(&[
             "--epochs",
             "50",
             "--log-every",
@@ -259,7 +245,7 @@ fn a_rank_killed_mid_epoch_ends_the_job_naming_it() {
             "10",
             "--run-dir",
             run.to_str().unwrap(),
-        ])
+        ]))
         .current_dir(root())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -272,7 +258,7 @@ fn a_rank_killed_mid_epoch_ends_the_job_naming_it() {
         assert!(start.elapsed() < Duration::from_secs(120), "no step logged");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let victim = rank_pid(1).expect("rank 1 is running");
+    let victim = rank_pid(1, &run).expect("rank 1 is running");
     let killed = Instant::now();
     Command::new("kill")
         .args(["-9", &victim.to_string()])
@@ -303,27 +289,16 @@ fn ranks_started_with_different_flags_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let common = |lr: &str| -> Vec<String> {
-        [
-            bin(),
-            "train",
-            "--strategy",
-            "ddp",
-            "--device",
-            "cpu",
-            "--threads",
-            "1",
-            "--monitor-interval",
-            "0",
+        let mut v = vec![bin().to_string()];
+        v.extend(ddp_args(&[
             "--max-steps",
             "2",
             "--run-dir",
             run.to_str().unwrap(),
             "--lr",
             lr,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+        ]));
+        v
     };
     // MPMD: rank 0 and rank 1 run different command lines.
     let mut cmd = mpirun(1);
@@ -388,16 +363,7 @@ fn devices_starts_the_ranks_through_mpirun() {
 fn a_stopped_ddp_run_resumes_bit_for_bit_and_only_with_its_ranks() {
     let dir = tempfile::tempdir().unwrap();
     let args = |name: &str| -> Vec<String> {
-        [
-            "train",
-            "--strategy",
-            "ddp",
-            "--device",
-            "cpu",
-            "--threads",
-            "1",
-            "--monitor-interval",
-            "0",
+        ddp_args(&[
             "--max-steps",
             "4000",
             "--epochs",
@@ -414,10 +380,7 @@ fn a_stopped_ddp_run_resumes_bit_for_bit_and_only_with_its_ranks() {
                 .join(format!("{name}.safetensors"))
                 .to_str()
                 .unwrap(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+        ])
     };
     let whole = mpirun(2)
         .arg(bin())
@@ -437,13 +400,13 @@ fn a_stopped_ddp_run_resumes_bit_for_bit_and_only_with_its_ranks() {
         .spawn()
         .unwrap();
     let start = Instant::now();
-    while !stopped.join("metrics.jsonl").exists() {
+    // Both ranks are training once the first checkpoint (step 300) is there.
+    while !stopped.join("checkpoints/step-00000300").exists() {
         assert!(start.elapsed() < Duration::from_secs(120), "never started");
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(10));
     }
-    std::thread::sleep(Duration::from_millis(300));
     for rank in 0..2 {
-        let pid = rank_pid(rank).expect("the rank runs");
+        let pid = rank_pid(rank, &stopped).expect("the rank runs");
         Command::new("kill")
             .args(["-TERM", &pid.to_string()])
             .status()

@@ -12,36 +12,7 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::path::Path;
-
-use candle_core::{Device, Tensor};
-use common::{fails, json, jsonl, root, train_in};
-
-fn weights(path: &Path) -> HashMap<String, Tensor> {
-    candle_core::safetensors::load(path, &Device::Cpu).unwrap()
-}
-
-fn golden(name: &str) -> std::path::PathBuf {
-    root().join("testdata/golden").join(name)
-}
-
-fn losses(file: &str) -> Vec<f64> {
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(golden(file)).unwrap()).unwrap();
-    v["losses"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
-
-fn rel_l2(a: &Tensor, b: &Tensor) -> f32 {
-    let d = (a - b).unwrap().sqr().unwrap().sum_all().unwrap();
-    let n = b.sqr().unwrap().sum_all().unwrap();
-    (d.to_scalar::<f32>().unwrap() / n.to_scalar::<f32>().unwrap().max(1e-30)).sqrt()
-}
+use common::{fails, golden, golden_losses, json, jsonl, rel_l2, train_in, weights};
 
 fn bf16_mixed_matches_autocast(model: &str, steps: usize, update_tol: f32) {
     let dir = tempfile::tempdir().unwrap();
@@ -83,7 +54,7 @@ fn bf16_mixed_matches_autocast(model: &str, steps: usize, update_tol: f32) {
         .filter(|r| r["kind"] == "step")
         .map(|r| r["loss"].as_f64().unwrap())
         .collect();
-    let torch = losses(&format!("bf16_mixed_{model}_trace.json"));
+    let torch = golden_losses(&format!("bf16_mixed_{model}_trace.json"));
     assert_eq!(ours.len(), torch.len());
     for (i, (a, b)) in ours.iter().zip(&torch).enumerate() {
         assert!(

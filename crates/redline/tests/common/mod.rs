@@ -80,3 +80,32 @@ pub fn json(path: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()
 }
+
+/// A file of `testdata/golden`.
+pub fn golden(name: &str) -> PathBuf {
+    root().join("testdata/golden").join(name)
+}
+
+/// The `losses` of a golden trace (`testdata/golden/<file>`).
+pub fn golden_losses(file: &str) -> Vec<f64> {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(golden(file)).unwrap()).unwrap();
+    v["losses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+/// A safetensors file's tensors, on the CPU.
+pub fn weights(path: &Path) -> std::collections::HashMap<String, candle_core::Tensor> {
+    candle_core::safetensors::load(path, &candle_core::Device::Cpu).unwrap()
+}
+
+/// `|a - b| / |b|` (L2 norms).
+pub fn rel_l2(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
+    let d = (a - b).unwrap().sqr().unwrap().sum_all().unwrap();
+    let n = b.sqr().unwrap().sum_all().unwrap();
+    (d.to_scalar::<f32>().unwrap() / n.to_scalar::<f32>().unwrap().max(1e-30)).sqrt()
+}

@@ -189,6 +189,8 @@ fn header(run: &RunData) -> String {
         s.short_run.clone(),
         resumed_note(s),
         s.device_choice.clone(),
+        precision_note(s),
+        ranks_note(s),
         gpu_busy_note(run),
         s.cuda_graph
             .as_ref()
@@ -204,6 +206,35 @@ fn header(run: &RunData) -> String {
     }
     h.push_str("</header>");
     h
+}
+
+/// `precision: bf16-mixed (how its products ran)` for a run not in fp32,
+/// from `summary.json` `precision` and `precision_path`.
+fn precision_note(s: &crate::records::Summary) -> Option<String> {
+    let p = s.other.get("precision")?.as_str()?;
+    if p == "32-true" {
+        return None;
+    }
+    let path = s.other.get("precision_path").and_then(|v| v.as_str());
+    Some(match path {
+        Some(how) => format!("precision: {how}"),
+        None => format!("precision: {p}"),
+    })
+}
+
+/// `data-parallel: N ranks (launcher)` for a run of several ranks, from
+/// `summary.json` `world_size` and `launcher`.
+fn ranks_note(s: &crate::records::Summary) -> Option<String> {
+    let n = s.other.get("world_size")?.as_u64().filter(|&n| n > 1)?;
+    let launcher = s
+        .other
+        .get("launcher")
+        .and_then(|v| v.as_str())
+        .unwrap_or("a launcher");
+    Some(format!(
+        "data-parallel (ddp): {n} ranks started by {launcher}; the numbers are rank 0's \
+         times over every rank's samples, and the breakdown has a table per rank"
+    ))
 }
 
 /// `resumed from step N (checkpoint ...)` for each `--resume` of the run,

@@ -164,7 +164,9 @@ fn two_ranks_match_one_process_and_pytorch(model: &str, batch: usize, steps: usi
     );
     let report = std::fs::read_to_string(run2.join("report.html")).unwrap();
     assert!(
-        report.contains("<h3>Ranks</h3>") && report.contains("The slowest rank is rank"),
+        report.contains("<h3>Ranks</h3>")
+            && report.contains("The slowest rank is rank")
+            && report.contains("data-parallel (ddp): 2 ranks started by mpirun"),
         "the report's per-rank table"
     );
 

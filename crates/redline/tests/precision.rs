@@ -49,6 +49,11 @@ fn bf16_mixed_matches_autocast(model: &str, steps: usize, update_tol: f32) {
             .is_some_and(|p| p.contains("bf16-rounded")),
         "{summary}"
     );
+    let report = std::fs::read_to_string(run.join("report.html")).unwrap();
+    assert!(
+        report.contains("precision: bf16-mixed on the CPU"),
+        "the report's header"
+    );
     let ours: Vec<f64> = jsonl(&run.join("metrics.jsonl"))
         .iter()
         .filter(|r| r["kind"] == "step")

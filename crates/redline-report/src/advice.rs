@@ -206,6 +206,24 @@ fn oversubscribed(run: &RunData) -> Option<Advice> {
     ))
 }
 
+/// A 16-bit run that measured itself slower than fp32 on its device at
+/// start (`precision_vs_fp32` over 1.05): both numbers, and the fix.
+fn precision_slower(run: &RunData) -> Option<Advice> {
+    let s = run.summary.as_ref()?;
+    let ratio = s.other.get("precision_vs_fp32")?.as_f64()?;
+    let line = s.other.get("precision_timing")?.as_str()?;
+    (ratio.is_finite() && ratio > 1.05).then(|| {
+        Advice::new(
+            Level::Warn,
+            format!(
+                "{line}. This device has no faster 16-bit path in Redline yet: train in \
+                 --precision 32-true here for speed, or keep the 16-bit run for numerics that \
+                 match a GPU's"
+            ),
+        )
+    })
+}
+
 fn small_batch(run: &RunData, b: &Breakdown) -> Option<Advice> {
     let batch = run.summary.as_ref()?.batch_size?;
     let steps = run.step_count()?;
@@ -276,6 +294,7 @@ pub fn advice(run: &RunData) -> Vec<Advice> {
             "time outside training steps (start-up, evaluation, logging, checkpoints)",
         ));
         out.extend(small_batch(run, b));
+        out.extend(precision_slower(run));
         if traced.is_none() {
             out.extend(compute(run, b));
         }

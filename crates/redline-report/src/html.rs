@@ -216,9 +216,14 @@ fn precision_note(s: &crate::records::Summary) -> Option<String> {
         return None;
     }
     let path = s.other.get("precision_path").and_then(|v| v.as_str());
+    let timing = s
+        .other
+        .get("precision_timing")
+        .and_then(|v| v.as_str())
+        .map_or(String::new(), |t| format!(". Measured at start: {t}"));
     Some(match path {
-        Some(how) => format!("precision: {how}"),
-        None => format!("precision: {p}"),
+        Some(how) => format!("precision: {how}{timing}"),
+        None => format!("precision: {p}{timing}"),
     })
 }
 

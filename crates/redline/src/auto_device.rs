@@ -42,43 +42,81 @@ pub fn choose(
     if spec != DeviceSpec::Auto || selected == DeviceSpec::Cpu {
         return Ok((Device::resolve(selected)?, None));
     }
-    let batch = job.batch_size.clamp(1, job.train.len().max(1));
-    let n = job.train.len().min((WARMUP_STEPS + TIMED_STEPS) * batch);
-    let head: Vec<u32> = (0..n as u32).collect();
-    let sample = job.train.subset(&head)?;
     let mut timed = Vec::new();
     for candidate in [DeviceSpec::Cpu, selected] {
         let device = Device::resolve(candidate)?;
-        let loader = Loader::placed_host(
-            sample.clone(),
-            device.candle(),
-            redline_data::Placement::Resident,
-            LoaderConfig {
-                batch_size: batch,
-                shuffle: false,
-                seed: job.seed,
-                prefetch: 0,
-                drop_last: false,
-            },
-        )?;
-        let make = || -> redline_train::Result<Box<dyn TrainStep>> {
-            let model = job.model.build(&device, Precision::Fp32, job.seed)?;
-            Ok(job.step.step(model))
-        };
-        let ms = probe::step_ms(
-            &make,
-            &device,
-            &loader,
-            job.optimizer,
-            WARMUP_STEPS,
-            TIMED_STEPS,
-        )
-        .with_context(|| format!("--device auto: timing the step on {device}"))?;
+        let ms = step_ms(job, &device, Precision::Fp32)
+            .with_context(|| format!("--device auto: timing the step on {device}"))?;
         timed.push((device, ms));
     }
     let (line, pick) = verdict(&timed, TIMED_STEPS, WARMUP_STEPS);
     let device = timed.swap_remove(pick).0;
     Ok((device, Some(line)))
+}
+
+/// Milliseconds per step of `job` on `device` in `precision`: a head of the
+/// training split, placed once, [`WARMUP_STEPS`] untimed then
+/// [`TIMED_STEPS`] timed steps.
+fn step_ms(job: &Job<'_>, device: &Device, precision: Precision) -> anyhow::Result<f64> {
+    let batch = job.batch_size.clamp(1, job.train.len().max(1));
+    let n = job.train.len().min((WARMUP_STEPS + TIMED_STEPS) * batch);
+    let head: Vec<u32> = (0..n as u32).collect();
+    let loader = Loader::placed_host(
+        job.train.subset(&head)?,
+        device.candle(),
+        redline_data::Placement::Resident,
+        LoaderConfig {
+            batch_size: batch,
+            shuffle: false,
+            seed: job.seed,
+            prefetch: 0,
+            drop_last: false,
+        },
+    )?;
+    let make = || -> redline_train::Result<Box<dyn TrainStep>> {
+        let model = job.model.build(device, precision, job.seed)?;
+        Ok(job.step.step(model))
+    };
+    Ok(probe::step_ms(
+        &make,
+        device,
+        &loader,
+        job.optimizer,
+        WARMUP_STEPS,
+        TIMED_STEPS,
+    )?)
+}
+
+/// A 16-bit precision timed against fp32 on the run's own job and device,
+/// so that a 16-bit run slower than fp32 (a CPU without a native 16-bit
+/// path) says so with both numbers: the line, and the 16-bit time over the
+/// fp32 one. `None` for fp32.
+pub fn precision_timing(
+    job: &Job<'_>,
+    device: &Device,
+    precision: Precision,
+) -> anyhow::Result<Option<(String, f64)>> {
+    if precision == Precision::Fp32 {
+        return Ok(None);
+    }
+    let context = || format!("--precision {precision}: timing the step against 32-true");
+    let half = step_ms(job, device, precision).with_context(context)?;
+    let full = step_ms(job, device, Precision::Fp32).with_context(context)?;
+    let ratio = half / full.max(1e-9);
+    let verdict = if ratio > 1.05 {
+        format!("{ratio:.2}x slower than 32-true here (--precision 32-true is faster on {device})")
+    } else if ratio < 0.95 {
+        format!("{:.2}x faster than 32-true", 1.0 / ratio)
+    } else {
+        "as fast as 32-true".to_string()
+    };
+    Ok(Some((
+        format!(
+            "precision {precision}: {half:.3} ms per step against {full:.3} ms in 32-true on \
+             {device} ({TIMED_STEPS} steps each after {WARMUP_STEPS} warm-up steps): {verdict}"
+        ),
+        ratio,
+    )))
 }
 
 /// The faster of the timed devices (the first on a tie) and the sentence

@@ -70,6 +70,9 @@ pub struct Plan {
     pub ranks: crate::dist::Ranks,
     /// `--precision`.
     pub precision: Precision,
+    /// A 16-bit precision's step time against fp32's on this job and device:
+    /// the line, and the ratio.
+    pub precision_timing: Option<(String, f64)>,
 }
 
 /// The shipped Fashion-MNIST: `./data/fashion-mnist` from the repository root,
@@ -290,6 +293,10 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
     if let Some(line) = &device_choice {
         println!("{line}");
     }
+    let precision_timing = crate::auto_device::precision_timing(&job, &device, precision)?;
+    if let Some((line, _)) = &precision_timing {
+        println!("{line}");
+    }
     let mut ranks = ranks;
     if let Some(line) = ranks.on_device(&device)? {
         println!("{line}");
@@ -320,6 +327,7 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
         seed: args.seed,
         ranks,
         precision,
+        precision_timing,
     })
 }
 

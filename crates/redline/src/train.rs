@@ -58,6 +58,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         seed: _,
         ranks,
         precision,
+        precision_timing,
     } = plan;
     let world = ranks.launch.world_size;
     // Each rank reads its shard of every epoch (DistributedSampler): padded
@@ -323,6 +324,14 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         ("device", json!(device.to_string())),
         ("precision", json!(precision.name())),
         ("precision_path", json!(precision_path(precision, &device))),
+        (
+            "precision_timing",
+            json!(precision_timing.as_ref().map(|t| &t.0)),
+        ),
+        (
+            "precision_vs_fp32",
+            json!(precision_timing.as_ref().map(|t| t.1)),
+        ),
         ("strategy", json!(if world > 1 { "ddp" } else { "single" })),
         ("world_size", json!(world)),
         ("launcher", json!(ranks.launch.launcher.name())),

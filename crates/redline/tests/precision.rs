@@ -49,6 +49,15 @@ fn bf16_mixed_matches_autocast(model: &str, steps: usize, update_tol: f32) {
             .is_some_and(|p| p.contains("bf16-rounded")),
         "{summary}"
     );
+    // Timed against fp32 at start, both numbers kept.
+    let timing = summary["precision_timing"].as_str().unwrap_or_default();
+    assert!(
+        timing.contains("ms per step against") && timing.contains("in 32-true"),
+        "{summary}"
+    );
+    assert!(summary["precision_vs_fp32"]
+        .as_f64()
+        .is_some_and(|r| r > 0.0));
     let report = std::fs::read_to_string(run.join("report.html")).unwrap();
     assert!(
         report.contains("precision: bf16-mixed on the CPU"),

@@ -412,3 +412,22 @@ fn kernel_time_calls_the_gpu_busy_only_when_it_was() {
     summary(&mut cpu).device = "cpu".into();
     assert!(find(&cpu, "kernels").is_none());
 }
+
+#[test]
+fn a_16_bit_run_slower_than_fp32_says_so_with_both_numbers() {
+    let mut run = quiet();
+    let line = "precision bf16-mixed: 0.420 ms per step against 0.290 ms in 32-true on cpu";
+    let s = summary(&mut run);
+    s.other.insert("precision_timing".into(), line.into());
+    s.other.insert("precision_vs_fp32".into(), 1.45.into());
+    let a = find(&run, "0.420 ms per step").unwrap();
+    assert_eq!(a.level, Level::Warn);
+    assert!(a.text.contains("--precision 32-true"), "{}", a.text);
+    summary(&mut run)
+        .other
+        .insert("precision_vs_fp32".into(), 0.7.into());
+    assert!(
+        find(&run, "0.420 ms per step").is_none(),
+        "faster: no warning"
+    );
+}

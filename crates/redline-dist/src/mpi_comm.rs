@@ -66,12 +66,26 @@ struct State {
     recv64: Vec<f64>,
     bytes: Vec<u8>,
     gathered: Vec<u8>,
+    log: Log,
+}
+
+/// What completed, and the first failure.
+#[derive(Default)]
+struct Log {
     /// The last collective that completed.
     last: String,
     /// Collectives completed so far (the roll call compares them).
     completed: u64,
     /// The first failure; every later call is refused.
     failed: Option<String>,
+}
+
+impl Log {
+    /// Records `op` as completed.
+    fn done(&mut self, op: &str) {
+        self.last = op.to_string();
+        self.completed += 1;
+    }
 }
 
 impl std::fmt::Debug for MpiComm {
@@ -112,7 +126,10 @@ impl MpiComm {
             timeout,
             interrupt: None,
             state: RefCell::new(State {
-                last: "MPI initialization".into(),
+                log: Log {
+                    last: "MPI initialization".into(),
+                    ..Log::default()
+                },
                 ..State::default()
             }),
         })
@@ -124,8 +141,8 @@ impl MpiComm {
     }
 
     /// Refuses calls after a failure.
-    fn check(&self, st: &State, op: &str) -> Result<()> {
-        match &st.failed {
+    fn check(&self, log: &Log, op: &str) -> Result<()> {
+        match &log.failed {
             Some(first) => Err(Error::Poisoned {
                 rank: self.rank,
                 op: op.into(),
@@ -135,17 +152,45 @@ impl MpiComm {
         }
     }
 
+    /// Sums `buf` over the ranks (an all-reduce) through the owned buffers
+    /// `send` and `recv`, which outlive a collective that timed out.
+    fn sum<T: mpi::datatype::Equivalence + Copy>(
+        &self,
+        buf: &mut [T],
+        send: &mut Vec<T>,
+        recv: &mut Vec<T>,
+        log: &mut Log,
+        op: &str,
+    ) -> Result<()> {
+        send.clear();
+        send.extend_from_slice(buf);
+        // Any values of the right length: the reduction overwrites them.
+        recv.clear();
+        recv.extend_from_slice(buf);
+        mpi::request::scope(|scope| {
+            let req = self.world.immediate_all_reduce_into(
+                scope,
+                &send[..],
+                &mut recv[..],
+                SystemOperation::sum(),
+            );
+            self.wait(req, op, log)
+        })?;
+        buf.copy_from_slice(recv);
+        Ok(())
+    }
+
     /// Polls `req` until it completes, the timeout passes or the interrupt
     /// flag has been set for [`INTERRUPT_GRACE`]. On failure the request is
-    /// abandoned (its buffers are `st`'s, never touched again).
+    /// abandoned (its buffers are `State`'s, never touched again) and the
+    /// failure recorded in `log`.
     fn wait<'a, D: ?Sized, S: Scope<'a>>(
         &self,
         mut req: Request<'a, D, S>,
         op: &str,
-        last: &str,
-        completed: u64,
-        failed: &mut Option<String>,
+        log: &mut Log,
     ) -> Result<()> {
+        let (last, completed) = (log.last.as_str(), log.completed);
         let start = Instant::now();
         let mut interrupted_at: Option<Instant> = None;
         // The quick roll call of a signal: when it started, the answers so far.
@@ -212,7 +257,7 @@ impl MpiComm {
                 // SAFETY: the buffers outlive the process (the communicator is
                 // poisoned, and aborts the job instead of dropping them).
                 let _ = unsafe { req.into_raw() };
-                *failed = Some(e.to_string());
+                log.failed = Some(e.to_string());
                 return Err(e);
             }
             // Short waits spin (an all-reduce over shared memory takes
@@ -358,133 +403,98 @@ impl Collectives for MpiComm {
 
     fn all_reduce_sum(&self, buf: &mut [f32], op: &str) -> Result<()> {
         let mut st = self.state.borrow_mut();
-        self.check(&st, op)?;
-        let st = &mut *st;
-        st.send32.clear();
-        st.send32.extend_from_slice(buf);
-        st.recv32.resize(buf.len(), 0.0);
-        let (send, recv, last, failed) = (&st.send32, &mut st.recv32, &st.last, &mut st.failed);
-        let completed = st.completed;
-        mpi::request::scope(|scope| {
-            let req = self.world.immediate_all_reduce_into(
-                scope,
-                &send[..],
-                &mut recv[..],
-                SystemOperation::sum(),
-            );
-            self.wait(req, op, last, completed, failed)
-        })?;
-        buf.copy_from_slice(&st.recv32);
-        st.last = op.to_string();
-        st.completed += 1;
+        let State {
+            send32,
+            recv32,
+            log,
+            ..
+        } = &mut *st;
+        self.check(log, op)?;
+        self.sum(buf, send32, recv32, log, op)?;
+        log.done(op);
         Ok(())
     }
 
     fn all_reduce_sum_f64(&self, buf: &mut [f64], op: &str) -> Result<()> {
         let mut st = self.state.borrow_mut();
-        self.check(&st, op)?;
-        let st = &mut *st;
-        st.send64.clear();
-        st.send64.extend_from_slice(buf);
-        st.recv64.resize(buf.len(), 0.0);
-        let (send, recv, last, failed) = (&st.send64, &mut st.recv64, &st.last, &mut st.failed);
-        let completed = st.completed;
-        mpi::request::scope(|scope| {
-            let req = self.world.immediate_all_reduce_into(
-                scope,
-                &send[..],
-                &mut recv[..],
-                SystemOperation::sum(),
-            );
-            self.wait(req, op, last, completed, failed)
-        })?;
-        buf.copy_from_slice(&st.recv64);
-        st.last = op.to_string();
-        st.completed += 1;
+        let State {
+            send64,
+            recv64,
+            log,
+            ..
+        } = &mut *st;
+        self.check(log, op)?;
+        self.sum(buf, send64, recv64, log, op)?;
+        log.done(op);
         Ok(())
     }
 
     fn broadcast(&self, buf: &mut [f32], root: usize, op: &str) -> Result<()> {
         let mut st = self.state.borrow_mut();
-        self.check(&st, op)?;
+        let State { recv32, log, .. } = &mut *st;
+        self.check(log, op)?;
         if root >= self.size {
             return Err(Error::Mpi(format!(
                 "{op}: root {root} of {} ranks",
                 self.size
             )));
         }
-        let st = &mut *st;
-        st.recv32.clear();
-        st.recv32.extend_from_slice(buf);
-        let (data, last, failed) = (&mut st.recv32, &st.last, &mut st.failed);
-        let completed = st.completed;
+        recv32.clear();
+        recv32.extend_from_slice(buf);
         mpi::request::scope(|scope| {
             let req = self
                 .world
                 .process_at_rank(root as i32)
-                .immediate_broadcast_into(scope, &mut data[..]);
-            self.wait(req, op, last, completed, failed)
+                .immediate_broadcast_into(scope, &mut recv32[..]);
+            self.wait(req, op, log)
         })?;
-        buf.copy_from_slice(&st.recv32);
-        st.last = op.to_string();
-        st.completed += 1;
+        buf.copy_from_slice(recv32);
+        log.done(op);
         Ok(())
     }
 
     fn all_gather_bytes(&self, mine: &[u8], op: &str) -> Result<Vec<Vec<u8>>> {
         let mut st = self.state.borrow_mut();
-        self.check(&st, op)?;
-        let st = &mut *st;
-        // The lengths first, then every rank's bytes padded to the longest.
-        st.send64.clear();
-        st.send64.resize(self.size, 0.0);
-        st.send64[self.rank] = mine.len() as f64;
-        let mut lens = st.send64.clone();
-        let (send, recv, last, failed) = (&st.send64, &mut st.recv64, &st.last, &mut st.failed);
-        let completed = st.completed;
-        recv.resize(self.size, 0.0);
-        mpi::request::scope(|scope| {
-            let req = self.world.immediate_all_reduce_into(
-                scope,
-                &send[..],
-                &mut recv[..],
-                SystemOperation::sum(),
-            );
-            self.wait(req, op, last, completed, failed)
-        })?;
-        lens.copy_from_slice(&st.recv64[..self.size]);
+        let State {
+            send64,
+            recv64,
+            bytes,
+            gathered,
+            log,
+            ..
+        } = &mut *st;
+        self.check(log, op)?;
+        // The lengths first (a sum of one-hot vectors), then every rank's
+        // bytes padded to the longest.
+        let mut lens = vec![0.0f64; self.size];
+        lens[self.rank] = mine.len() as f64;
+        self.sum(&mut lens, send64, recv64, log, op)?;
         let longest = lens.iter().fold(0usize, |m, &l| m.max(l as usize));
-        st.bytes.clear();
-        st.bytes.extend_from_slice(mine);
-        st.bytes.resize(longest, 0);
-        st.gathered.resize(longest * self.size, 0);
-        let (send, recv, last, failed) = (&st.bytes, &mut st.gathered, &st.last, &mut st.failed);
-        let completed = st.completed;
+        bytes.clear();
+        bytes.extend_from_slice(mine);
+        bytes.resize(longest, 0);
+        gathered.resize(longest * self.size, 0);
         mpi::request::scope(|scope| {
             let req = self
                 .world
-                .immediate_all_gather_into(scope, &send[..], &mut recv[..]);
-            self.wait(req, op, last, completed, failed)
+                .immediate_all_gather_into(scope, &bytes[..], &mut gathered[..]);
+            self.wait(req, op, log)
         })?;
-        st.last = op.to_string();
-        st.completed += 1;
+        log.done(op);
         Ok(lens
             .iter()
             .enumerate()
-            .map(|(r, &l)| st.gathered[r * longest..r * longest + l as usize].to_vec())
+            .map(|(r, &l)| gathered[r * longest..r * longest + l as usize].to_vec())
             .collect())
     }
 
     fn barrier(&self, op: &str) -> Result<()> {
         let mut st = self.state.borrow_mut();
-        self.check(&st, op)?;
-        let st = &mut *st;
-        let (last, failed) = (&st.last, &mut st.failed);
-        let completed = st.completed;
+        let log = &mut st.log;
+        self.check(log, op)?;
         let req = self.world.immediate_barrier();
-        self.wait(req, op, last, completed, failed)?;
-        st.last = op.to_string();
-        st.completed += 1;
+        self.wait(req, op, log)?;
+        log.done(op);
         Ok(())
     }
 
@@ -495,7 +505,7 @@ impl Collectives for MpiComm {
 
 impl Drop for MpiComm {
     fn drop(&mut self) {
-        let failed = self.state.borrow().failed.is_some();
+        let failed = self.state.borrow().log.failed.is_some();
         if failed {
             // A collective is still in flight on this rank: finalizing would
             // wait for it forever. End the whole job, as NCCL's watchdog does.

@@ -53,6 +53,9 @@ pub struct Strategy {
     bucket_elems: usize,
     /// Reused between steps: no allocation per step.
     buf: std::cell::RefCell<Vec<f32>>,
+    /// The buckets, made at the first reduce (and again if the parameters
+    /// change): each parameter's element count, and the buckets' indices.
+    plan: std::cell::RefCell<(Vec<usize>, Vec<Vec<usize>>)>,
     /// Time spent in gradient all-reduces, and how many.
     reduce_time: std::cell::Cell<(Duration, usize)>,
 }
@@ -85,6 +88,7 @@ impl Strategy {
             comm,
             bucket_elems: BUCKET_ELEMS,
             buf: Default::default(),
+            plan: Default::default(),
             reduce_time: Default::default(),
         }
     }
@@ -205,22 +209,18 @@ impl Strategy {
         }
         let start = Instant::now();
         let world = self.world_size() as f32;
-        let numels: Vec<usize> = params.iter().map(|p| p.as_tensor().elem_count()).collect();
-        // Reverse order, as DDP buckets them: the last layer's gradients are
-        // the first a backward pass finishes.
-        let order: Vec<usize> = (0..params.len()).rev().collect();
-        let mut buckets: Vec<Vec<usize>> = Vec::new();
-        let mut size = 0usize;
-        for &i in &order {
-            match buckets.last_mut() {
-                Some(b) if size + numels[i] <= self.bucket_elems => b.push(i),
-                _ => {
-                    buckets.push(vec![i]);
-                    size = 0;
-                }
-            }
-            size += numels[i];
+        let mut plan = self.plan.borrow_mut();
+        let same = plan.0.len() == params.len()
+            && plan
+                .0
+                .iter()
+                .zip(params)
+                .all(|(&n, p)| n == p.as_tensor().elem_count());
+        if !same {
+            let numels: Vec<usize> = params.iter().map(|p| p.as_tensor().elem_count()).collect();
+            *plan = (numels.clone(), buckets(&numels, self.bucket_elems));
         }
+        let (numels, buckets) = &*plan;
         let mut present = vec![false; params.len()];
         let mut buf = self.buf.borrow_mut();
         let n_buckets = buckets.len();
@@ -324,6 +324,25 @@ impl Strategy {
     }
 }
 
+/// Parameter indices in buckets of at most `cap` elements (at least one
+/// parameter each), in reverse order, as DDP buckets them: the last layer's
+/// gradients are the first a backward pass finishes.
+fn buckets(numels: &[usize], cap: usize) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut size = 0usize;
+    for i in (0..numels.len()).rev() {
+        match out.last_mut() {
+            Some(b) if size + numels[i] <= cap => b.push(i),
+            _ => {
+                out.push(vec![i]);
+                size = 0;
+            }
+        }
+        size += numels[i];
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,6 +353,20 @@ mod tests {
             v,
             &Device::Cpu,
         )?)?))
+    }
+
+    #[test]
+    fn buckets_run_last_layer_first_and_hold_at_least_one_parameter() {
+        assert_eq!(
+            buckets(&[4, 2, 3, 1], 5),
+            vec![vec![3, 2], vec![1], vec![0]]
+        );
+        assert_eq!(
+            buckets(&[10, 1], 5),
+            vec![vec![1], vec![0]],
+            "an oversized one alone"
+        );
+        assert_eq!(buckets(&[1, 1, 1], 100), vec![vec![2, 1, 0]]);
     }
 
     #[test]

@@ -87,3 +87,12 @@ fn devices_without_mpirun_on_path_is_a_clear_error() {
     let err = fails(&["train", "--devices", "0"]);
     assert!(err.contains("--devices 0"), "{err}");
 }
+
+#[test]
+fn bad_dist_timeouts_are_refused_before_anything_runs() {
+    for bad in ["0", "-1", "nan", "inf", "1e300"] {
+        let flag = format!("--dist-timeout={bad}");
+        let err = fails(&["train", &flag, "--max-steps", "1"]);
+        assert!(err.contains("--dist-timeout"), "{bad}: {err}");
+    }
+}

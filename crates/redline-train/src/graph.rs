@@ -165,6 +165,13 @@ pub(crate) fn loop_eligibility(
             cfg.accumulate
         ));
     }
+    if let Some(s) = train.sharding() {
+        return Err(format!(
+            "data-parallel (rank {} of {}): the gradient all-reduce runs on the host between \
+             backward and the update, outside a captured graph",
+            s.rank, s.world
+        ));
+    }
     if let Some(n) = train.limit() {
         return Err(format!(
             "the epoch is limited to {n} batches (a short run): the captured step walks whole \
@@ -333,6 +340,13 @@ mod tests {
         assert!(why.is_err_and(|w| w.contains("--accumulate 4")));
 
         // 130 samples in batches of 64: 2 full batches, both warm-up steps.
+        let shard = redline_data::Shard {
+            rank: 1,
+            world: 2,
+            pad: true,
+        };
+        let why = loop_eligibility(&loader(640, 64)?.shard(shard)?, &cfg, &step);
+        assert!(why.is_err_and(|w| w.contains("data-parallel (rank 1 of 2)")));
         let why = loop_eligibility(&loader(130, 64)?, &cfg, &step);
         assert!(why.is_err_and(|w| w.contains("an epoch has 2 full batches")));
         Ok(())

@@ -214,16 +214,6 @@ impl Trainer {
             &self.cfg,
             self.module.as_ref(),
         )?;
-        // The gradient all-reduce runs on the host between backward and the
-        // update: a data-parallel fit steps eagerly.
-        let plan = match plan {
-            Ok(()) if self.strategy.is_distributed() => Err(format!(
-                "data-parallel over {} ranks: the gradient all-reduce runs between backward and \
-                 the update, outside a captured graph",
-                self.strategy.world_size()
-            )),
-            other => other,
-        };
         let mut graph_status = match &plan {
             Err(why) => GraphStatus::Off(why.clone()),
             Ok(()) => GraphStatus::Unknown,

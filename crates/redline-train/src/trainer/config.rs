@@ -291,14 +291,6 @@ impl TrainerBuilder {
         if let Some(c) = &self.checkpoints {
             c.check()?;
         }
-        if self.strategy.is_distributed() && self.cfg.cuda_graph == GraphMode::On {
-            return Err(Error::Config(
-                "--cuda-graph on with --strategy ddp: the gradient all-reduce runs between \
-                 backward and the update on the host, outside any captured graph\nHINT: drop \
-                 --cuda-graph on (auto runs data-parallel steps eagerly)"
-                    .into(),
-            ));
-        }
         // As Lightning's `ModelCheckpoint`: only rank 0 writes checkpoints.
         let checkpoints = self.checkpoints.filter(|_| self.strategy.is_global_zero());
         if let Some(n) = self.threads {

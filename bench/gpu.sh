@@ -47,33 +47,29 @@ run() { # name, then redline train flags
     cp "$out/run-$name/summary.json" "$out/$name.summary.json" 2>/dev/null
 }
 if want redline; then
-run mlp-resident --data-on-device on
-# Issue 12: the kernel trace's own cost (GPU busy is then not measured).
-run mlp-resident-notrace --data-on-device on --kernel-trace off
+# Issue 22: the defaults alone (graph mode and fused kernels on where the step
+# allows; the split on the GPU when it fits): what `redline train` does on a GPU.
+run mlp-defaults
+run mlp-b512-defaults --batch-size 512
+run cnn-defaults --model cnn
+run cnn-b512-defaults --model cnn --batch-size 512
+# The same jobs eagerly, without the fused kernels: what the defaults replace.
+run mlp-eager --cuda-graph off --fused-kernels off
+run cnn-eager --model cnn --cuda-graph off --fused-kernels off
+# Streamed batches (pinned slots, the raw copy stream) into the captured step.
 run mlp-streaming --data-on-device off
-run mlp-b512-resident --data-on-device on --batch-size 512
-# Issue 12: the step captured as one CUDA graph (docs/cuda-graphs.md).
-run mlp-graph --data-on-device on --cuda-graph on
-run mlp-b512-graph --data-on-device on --batch-size 512 --cuda-graph on
-run cnn-graph --model cnn --data-on-device on --cuda-graph on
-run cnn-b512-graph --model cnn --data-on-device on --batch-size 512 --cuda-graph on
-# Issue 13: the multi-tensor optimizer kernel, eagerly and in the graph.
-run mlp-fused --data-on-device on --fused-kernels on
-run mlp-graph-fused --data-on-device on --cuda-graph on --fused-kernels on
-run mlp-b512-graph-fused --data-on-device on --batch-size 512 --cuda-graph on --fused-kernels on
-run cnn-graph-fused --model cnn --data-on-device on --cuda-graph on --fused-kernels on
-# Issue 12 item 4: TF32 products, opt-in (--matmul-precision high), as PyTorch's default
+# The kernel trace's own cost (GPU busy is then timed from the graph replays).
+run mlp-notrace --kernel-trace off
+# TF32 products, opt-in (--matmul-precision high), as PyTorch's default
 # cuDNN convolutions are; the fp32 runs above are the goldens' arithmetic.
-run cnn-graph-tf32 --model cnn --data-on-device on --cuda-graph on --matmul-precision high
-run cnn-b512-graph-tf32 --model cnn --data-on-device on --batch-size 512 --cuda-graph on --matmul-precision high
-run cnn-resident --model cnn --data-on-device on
-run cnn-streaming --model cnn --data-on-device off
-# Issue 12: which device `--device auto` picks for the default job, with its timings.
+run cnn-tf32 --model cnn --matmul-precision high
+run cnn-b512-tf32 --model cnn --batch-size 512 --matmul-precision high
+# Which device `--device auto` picks for the default job, with its timings.
 $rl train --run-dir "$out/run-auto" --monitor-interval 0 --epochs 1
 cp "$out/run-auto/summary.json" "$out/auto.summary.json" 2>/dev/null
 fi
 if want torch; then
-for w in tutorial tensor; do
+for w in tensor; do
     for m in mlp cnn; do
         "$py" bench/torch_mnist.py --device cuda --workload "$w" --model "$m" --epochs 5 --threads 4 \
             > "$out/torch-$w-$m.json"

@@ -1,9 +1,22 @@
 //! The GPU stage (built with the `cuda` feature): pinned host buffers, one
 //! copy stream, an event per batch.
+//!
+//! The copy stream is a raw driver stream, not one of cudarc's: a second
+//! cudarc stream puts the whole context in cudarc's multi-stream mode, where
+//! every device buffer records an event at each use and every kernel waits on
+//! the events of its operands. That costs host time per launch, and a CUDA
+//! graph capture fails on the first wait for an event recorded before it
+//! (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION` from `cuStreamWaitEvent`, seen on
+//! an H100: `bench/results/h100-2026-11-25/`). Here the ordering is explicit:
+//! the copy stream waits for the compute stream's allocation of the batch,
+//! the compute stream waits for the copy ([`Fence`]), and the host waits for
+//! a slot's last copy before it refills the slot.
 
 use std::sync::Arc;
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
+use candle_core::cuda_backend::cudarc::driver::{
+    result, sys, CudaEvent, CudaSlice, CudaStream, DevicePtrMut, PinnedHostSlice,
+};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, Storage, Tensor};
 
@@ -21,11 +34,33 @@ enum PinnedTargets {
     Values(PinnedHostSlice<f32>),
 }
 
+/// A non-blocking driver stream, destroyed on drop.
+struct CopyStream(sys::CUstream);
+
+// SAFETY: a CUstream handle may be used from any thread of its context.
+unsafe impl Send for CopyStream {}
+
+impl Drop for CopyStream {
+    fn drop(&mut self) {
+        // SAFETY: the stream was created by `result::stream::create` and is
+        // destroyed once; queued work still completes (cuStreamDestroy).
+        let _ = unsafe { result::stream::destroy(self.0) };
+    }
+}
+
+/// One staging slot: pinned buffers and the event of their last copy.
+struct Slot {
+    x: PinnedHostSlice<f32>,
+    y: PinnedTargets,
+    /// Recorded on the copy stream after the slot's copies.
+    copied: Option<CudaEvent>,
+}
+
 /// Pinned staging slots and an asynchronous copy stream.
 pub struct PinnedStage {
     device: CudaDevice,
-    copy: Arc<CudaStream>,
-    slots: Vec<(PinnedHostSlice<f32>, PinnedTargets)>,
+    copy: CopyStream,
+    slots: Vec<Slot>,
     batch: usize,
 }
 
@@ -38,7 +73,11 @@ impl PinnedStage {
         slots: usize,
     ) -> Result<Self> {
         let ctx = device.cuda_stream().context().clone();
-        let copy = ctx.new_stream().map_err(|e| cuda("copy stream", e))?;
+        ctx.bind_to_thread().map_err(|e| cuda("context", e))?;
+        let copy = CopyStream(
+            result::stream::create(result::stream::StreamKind::NonBlocking)
+                .map_err(|e| cuda("copy stream", e))?,
+        );
         let mut bufs = Vec::with_capacity(slots.max(1));
         for _ in 0..slots.max(1) {
             // SAFETY: every element is written by `gather` before it is copied
@@ -56,7 +95,7 @@ impl PinnedStage {
                         .map_err(|e| cuda("pinned allocation", e))?,
                 ),
             };
-            bufs.push((x, y));
+            bufs.push(Slot { x, y, copied: None });
         }
         Ok(Self {
             device: device.clone(),
@@ -67,15 +106,39 @@ impl PinnedStage {
     }
 }
 
-/// Queues the copy of a whole pinned slot into fresh device memory on the copy stream.
-fn upload<T: candle_core::cuda_backend::cudarc::driver::DeviceRepr>(
-    copy: &Arc<CudaStream>,
+/// Queues the copy of a whole pinned slot into fresh device memory: the
+/// buffer is allocated on the compute stream, and the copy stream waits for
+/// that (`allocated`) before it writes.
+fn upload<
+    T: candle_core::cuda_backend::cudarc::driver::DeviceRepr
+        + candle_core::cuda_backend::cudarc::driver::ValidAsZeroBits,
+>(
+    compute: &Arc<CudaStream>,
+    copy: &CopyStream,
+    allocated: &CudaEvent,
     host: &PinnedHostSlice<T>,
 ) -> Result<CudaSlice<T>> {
     // SAFETY: the copy below writes every element before any use.
-    let mut d = unsafe { copy.alloc::<T>(host.len()) }.map_err(|e| cuda("alloc", e))?;
-    copy.memcpy_htod(host, &mut d)
-        .map_err(|e| cuda("copy", e))?;
+    let mut d = unsafe { compute.alloc::<T>(host.len()) }.map_err(|e| cuda("alloc", e))?;
+    allocated.record(compute).map_err(|e| cuda("event", e))?;
+    let src = host.as_slice().map_err(|e| cuda("pinned slot", e))?;
+    let dst = {
+        let (ptr, _sync) = d.device_ptr_mut(compute);
+        ptr
+    };
+    // SAFETY: `dst` holds `src.len()` elements; the wait orders the copy
+    // after the allocation; the pinned source outlives the copy (the host
+    // waits on the slot's event before it writes the slot again, and the
+    // stage is dropped only after its copies: `Drop` below).
+    unsafe {
+        result::stream::wait_event(
+            copy.0,
+            allocated.cu_event(),
+            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+        )
+        .map_err(|e| cuda("stream wait", e))?;
+        result::memcpy_htod_async(dst, src, copy.0).map_err(|e| cuda("copy", e))?;
+    }
     Ok(d)
 }
 
@@ -97,11 +160,16 @@ impl Stage for PinnedStage {
         idx: &[u32],
     ) -> Result<(Tensor, Tensor, Fence)> {
         let n = self.slots.len();
-        let (hx, hy) = &mut self.slots[slot % n];
-        {
+        let compute = self.device.cuda_stream();
+        let ctx = compute.context().clone();
+        let s = &mut self.slots[slot % n];
+        if let Some(done) = &s.copied {
             // Waits (sleeping) for this slot's previous copy to finish.
-            let x = hx.as_mut_slice().map_err(|e| cuda("pinned slot", e))?;
-            let y = match hy {
+            done.synchronize().map_err(|e| cuda("pinned slot", e))?;
+        }
+        {
+            let x = s.x.as_mut_slice().map_err(|e| cuda("pinned slot", e))?;
+            let y = match &mut s.y {
                 PinnedTargets::Classes(v) => {
                     TargetsMut::Classes(v.as_mut_slice().map_err(|e| cuda("pinned slot", e))?)
                 }
@@ -112,28 +180,48 @@ impl Stage for PinnedStage {
             data.gather(idx, x, y)?;
         }
         let (b, y_shape) = (idx.len(), data.target().batch_shape(self.batch));
+        let allocated = ctx.new_event(None).map_err(|e| cuda("event", e))?;
         let x = wrap(
             &self.device,
-            upload(&self.copy, hx)?,
+            upload(&compute, &self.copy, &allocated, &s.x)?,
             batch_shape(data, self.batch),
         );
-        let y = match hy {
-            PinnedTargets::Classes(h) => wrap(&self.device, upload(&self.copy, h)?, y_shape),
-            PinnedTargets::Values(h) => wrap(&self.device, upload(&self.copy, h)?, y_shape),
+        let y = match &s.y {
+            PinnedTargets::Classes(h) => wrap(
+                &self.device,
+                upload(&compute, &self.copy, &allocated, h)?,
+                y_shape,
+            ),
+            PinnedTargets::Values(h) => wrap(
+                &self.device,
+                upload(&compute, &self.copy, &allocated, h)?,
+                y_shape,
+            ),
         };
-        let event = self.copy.record_event(None).map_err(|e| cuda("event", e))?;
+        let event = ctx.new_event(None).map_err(|e| cuda("event", e))?;
+        let done = ctx.new_event(None).map_err(|e| cuda("event", e))?;
+        // SAFETY: both events and the stream belong to this context.
+        unsafe {
+            result::event::record(event.cu_event(), self.copy.0).map_err(|e| cuda("event", e))?;
+            result::event::record(done.cu_event(), self.copy.0).map_err(|e| cuda("event", e))?;
+        }
+        s.copied = Some(done);
         let (x, y) = (x.narrow(0, 0, b)?, y.narrow(0, 0, b)?);
-        Ok((
-            x,
-            y,
-            Fence::Cuda {
-                event,
-                compute: self.device.cuda_stream(),
-            },
-        ))
+        Ok((x, y, Fence::Cuda { event, compute }))
     }
 
     fn slots(&self) -> usize {
         self.slots.len()
+    }
+}
+
+impl Drop for PinnedStage {
+    fn drop(&mut self) {
+        // The pinned buffers are freed after this: their copies finish first.
+        for s in &self.slots {
+            if let Some(done) = &s.copied {
+                let _ = done.synchronize();
+            }
+        }
     }
 }

@@ -65,10 +65,22 @@ pub fn max_pool2d_generic(x: &Tensor, k: usize) -> Result<Tensor> {
         .permute((0, 1, 2, 4, 3, 5))?
         .contiguous()?
         .reshape((b, c, oh, ow, k * k))?;
-    // argmax returns the first maximum; the one-hot mask carries no gradient,
-    // so the product routes the whole window gradient to that element.
-    let first = windows.detach().argmax_keepdim(D::Minus1)?;
-    let slots = Tensor::arange(0u32, (k * k) as u32, x.device())?.reshape((1, 1, 1, 1, k * k))?;
+    // The first maximum of each window: the smallest slot holding the
+    // window's maximum. Not `argmax`: candle's CUDA argmax reduces in
+    // parallel and returns any of tied maxima, and the plain regions of
+    // real images tie (bench/results/h100-2026-11-25/: the CNN's conv
+    // gradients 0.1-0.9% off PyTorch's on an H100). A window holding a NaN
+    // finds no slot; its sum below is NaN all the same (NaN * 0).
+    let plain = windows.detach();
+    let hit = plain.broadcast_eq(&plain.max_keepdim(D::Minus1)?)?;
+    let kk = (k * k) as u32;
+    let slots = Tensor::arange(0u32, kk, x.device())?
+        .reshape((1, 1, 1, 1, k * k))?
+        .broadcast_as(windows.shape())?;
+    let none = Tensor::full(kk, windows.shape(), x.device())?;
+    let first = hit.where_cond(&slots, &none)?.min_keepdim(D::Minus1)?;
+    // The one-hot mask carries no gradient, so the product routes the whole
+    // window gradient to that element.
     let onehot = slots.broadcast_eq(&first)?.to_dtype(windows.dtype())?;
     Ok((windows * onehot)?.sum(D::Minus1)?)
 }

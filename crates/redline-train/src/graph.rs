@@ -12,17 +12,18 @@ use crate::error::{Error, Result};
 use crate::step::TrainStep;
 use crate::trainer::TrainConfig;
 
-/// Whether `--cuda-graph auto` captures. Off until the graph driver has
-/// passed the golden tests and `bench/gpu.sh` on a GPU (docs/cuda-graphs.md):
-/// it was written and compiled on a machine without one. `--cuda-graph on`
-/// captures now.
-pub const AUTO_CAPTURES: bool = false;
+/// Whether `--cuda-graph auto` captures. On since the graph driver passed the
+/// MLP golden tests in graph mode (resident and streamed data) and ran the
+/// MLP and CNN on an H100 (`bench/results/h100-2026-11-25/`,
+/// docs/cuda-graphs.md). `false` would make `auto` run eagerly everywhere.
+pub const AUTO_CAPTURES: bool = true;
 
 /// Whether `--fused-kernels auto` uses Redline's fused GPU kernels
-/// (`redline_kernels::cuda`). Off until their tests against the generic ops
-/// and the golden tests have passed on a GPU: they were written and compiled
-/// on a machine without one. `--fused-kernels on` uses them now.
-pub const AUTO_FUSES: bool = false;
+/// (`redline_kernels::cuda`). On since their tests against the generic ops
+/// and the MLP golden tests passed on an H100, and the CNN's golden results
+/// with them equal the generic path's to 4 digits
+/// (`bench/results/h100-2026-11-25/`).
+pub const AUTO_FUSES: bool = true;
 
 /// Whether `mode` (of `--fused-kernels`) turns the fused GPU kernels on.
 pub fn fused_kernels_on(mode: GraphMode) -> bool {
@@ -42,7 +43,7 @@ pub const WARMUP_STEPS: usize = 2;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GraphMode {
-    /// Capture where the step can be captured (once [`AUTO_CAPTURES`] is
+    /// Capture where the step can be captured (while [`AUTO_CAPTURES`] is
     /// set), else run eagerly and say why.
     #[default]
     Auto,
@@ -143,8 +144,8 @@ pub fn eligibility(
     loop_eligibility(train, cfg, step)?;
     if mode == GraphMode::Auto && !AUTO_CAPTURES {
         return Err(
-            "capture is not yet verified on a GPU, so auto does not capture; --cuda-graph on \
-             tries it"
+            "auto capture is turned off in this build (graph::AUTO_CAPTURES); --cuda-graph on \
+             captures"
                 .into(),
         );
     }

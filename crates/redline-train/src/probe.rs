@@ -54,7 +54,9 @@ pub fn measure(
             log_every: steps,
             validate: false,
             divergence_threshold: None,
-            cuda_graph: GraphMode::Off,
+            // What the run itself does: on a GPU the step is captured where
+            // it can be, so the probe times replays, not eager launches.
+            cuda_graph: GraphMode::Auto,
             kernel_trace: trace,
             ..TrainConfig::default()
         };

@@ -207,11 +207,17 @@ fn check_mlp_adam(dev: &Device, placement: Placement) {
 
 /// 8 Adam steps of the CNN on `dev` against PyTorch.
 fn check_cnn_adam(dev: &Device) {
-    let (m, losses) = run_on(
+    check_cnn_adam_with(dev, steps_config(8));
+}
+
+/// The CNN's 8 Adam steps under `cfg` (8 steps): PyTorch's losses and updates.
+fn check_cnn_adam_with(dev: &Device, cfg: TrainConfig) {
+    let (m, losses) = run_with(
         "cnn",
         "cnn_init.safetensors",
         OptimizerConfig::by_name("adam", 1e-3).unwrap(),
-        8,
+        cfg,
+        64,
         dev,
         Placement::Resident,
     );
@@ -226,6 +232,92 @@ fn check_cnn_adam(dev: &Device) {
         // Measured on the CPU: 7.1e-6 worst (fc1.weight).
         assert!(r < 1e-4, "{name}: update rel L2 {r:e}");
     }
+}
+
+/// The CNN's first-batch gradients from candle's generic ops and the
+/// generic max pool on `dev`, each against PyTorch's (max rel error).
+fn generic_cnn_grads(
+    init: &std::collections::HashMap<String, candle_core::Tensor>,
+    x: &candle_core::Tensor,
+    y: &candle_core::Tensor,
+    dev: &Device,
+    want: &std::collections::HashMap<String, candle_core::Tensor>,
+) -> Vec<(String, f64)> {
+    use candle_core::{Var, D};
+    let names = [
+        "conv1.weight",
+        "conv1.bias",
+        "conv2.weight",
+        "conv2.bias",
+        "fc1.weight",
+        "fc1.bias",
+        "fc2.weight",
+        "fc2.bias",
+    ];
+    let vars: Vec<Var> = names
+        .iter()
+        .map(|n| Var::from_tensor(&init[*n].to_device(dev.candle()).unwrap()).unwrap())
+        .collect();
+    let t = |i: usize| vars[i].as_tensor();
+    let mut h = x.to_device(dev.candle()).unwrap();
+    for l in 0..2 {
+        let c = redline_kernels::conv2d_generic(&h, t(2 * l), t(2 * l + 1), 1).unwrap();
+        h = redline_kernels::max_pool2d_generic(&c, 2)
+            .unwrap()
+            .relu()
+            .unwrap();
+    }
+    let lin = |h: &candle_core::Tensor, w: usize| {
+        h.matmul(&t(w).t().unwrap())
+            .unwrap()
+            .broadcast_add(t(w + 1))
+            .unwrap()
+    };
+    let h = lin(&h.flatten_from(1).unwrap(), 4).relu().unwrap();
+    let logits = lin(&h, 6);
+    let labels = y
+        .to_device(dev.candle())
+        .unwrap()
+        .to_dtype(candle_core::DType::U32)
+        .unwrap()
+        .unsqueeze(1)
+        .unwrap();
+    let picked = logits.gather(&labels, 1).unwrap().squeeze(1).unwrap();
+    let lse = logits.log_sum_exp(D::Minus1).unwrap();
+    let loss = (lse - picked).unwrap().mean_all().unwrap();
+    let grads = loss.backward().unwrap();
+    let mut out = vec![(
+        "logits".to_string(),
+        max_rel(&logits.to_device(&CDevice::Cpu).unwrap(), &want["logits"]),
+    )];
+    for (n, v) in names.iter().zip(&vars) {
+        let g = grads
+            .get(v.as_tensor())
+            .unwrap()
+            .to_device(&CDevice::Cpu)
+            .unwrap();
+        out.push((n.to_string(), max_rel(&g, &want[&format!("grad.{n}")])));
+    }
+    out
+}
+
+/// The CNN from candle's generic ops and Redline's generic max pool (the
+/// path of every device without fused kernels) against PyTorch on the CPU.
+#[test]
+fn generic_cnn_ops_match_pytorch() {
+    let batch = train_loader(64, &Device::cpu(), Placement::Resident)
+        .epoch(0)
+        .next()
+        .unwrap()
+        .unwrap();
+    let errs = generic_cnn_grads(
+        &load("cnn_init.safetensors"),
+        &batch.x,
+        &batch.y,
+        &Device::cpu(),
+        &load("cnn_first_batch.safetensors"),
+    );
+    assert!(errs.iter().all(|(_, e)| *e < 1e-5), "{errs:?}");
 }
 
 #[test]
@@ -496,6 +588,359 @@ mod cuda {
     fn cuda_cnn_forward_and_gradients_match_pytorch() {
         // cuDNN/cuBLAS sum in yet another order; the CPU's tolerance holds.
         first_batch_check_on("cnn", 1e-5, 1e-5, &on(true));
+    }
+
+    /// The CNN with the fused GPU kernels (implicit-GEMM convolution, then
+    /// bias, pooling and ReLU in one kernel): forward, gradients, and 8 Adam
+    /// steps eagerly and as a CUDA graph, at the CPU's tolerances.
+    #[test]
+    fn cuda_cnn_matches_pytorch_with_the_fused_kernels() {
+        redline_kernels::fused_gpu::set_enabled(true);
+        first_batch_check_on("cnn", 1e-5, 1e-5, &on(true));
+        redline_kernels::fused_gpu::set_enabled(false);
+        for graph in [redline_train::GraphMode::Off, redline_train::GraphMode::On] {
+            check_cnn_adam_with(
+                &on(true),
+                TrainConfig {
+                    cuda_graph: graph,
+                    fused_kernels: redline_train::GraphMode::On,
+                    ..steps_config(8)
+                },
+            );
+        }
+    }
+
+    /// The CNN's 8 Adam steps captured as a CUDA graph on candle's ops.
+    #[test]
+    fn cuda_cnn_adam_matches_pytorch_as_a_cuda_graph() {
+        check_cnn_adam_with(
+            &on(true),
+            TrainConfig {
+                cuda_graph: redline_train::GraphMode::On,
+                ..steps_config(8)
+            },
+        );
+    }
+
+    /// The generic CNN cut into stages (conv+bias, pool, relu per block;
+    /// then the head with the loss). Forward and backward run on the CPU;
+    /// each stage's vector-Jacobian product then runs on `gpu` from the
+    /// CPU's stage input and upstream gradient. Returns each stage's
+    /// gradient errors (input and parameters), GPU against CPU.
+    fn generic_cnn_stages(
+        init: &std::collections::HashMap<String, candle_core::Tensor>,
+        x: &candle_core::Tensor,
+        y: &candle_core::Tensor,
+        cpu: &Device,
+        gpu: &Device,
+    ) -> Vec<(String, f64)> {
+        use candle_core::{Tensor, Var, D};
+        type Stage = Box<dyn Fn(&Tensor, &[Tensor]) -> Tensor>;
+        let conv: Stage = Box::new(|h: &Tensor, p: &[Tensor]| {
+            let cout = p[0].dims()[0];
+            h.conv2d(&p[0], 1, 1, 1, 1)
+                .unwrap()
+                .broadcast_add(&p[1].reshape((1, cout, 1, 1)).unwrap())
+                .unwrap()
+        });
+        let pool: Stage =
+            Box::new(|h: &Tensor, _: &[Tensor]| redline_kernels::max_pool2d_generic(h, 2).unwrap());
+        let relu: Stage = Box::new(|h: &Tensor, _: &[Tensor]| h.relu().unwrap());
+        let labels = y.to_dtype(candle_core::DType::U32).unwrap();
+        let head: Stage = Box::new(move |h: &Tensor, p: &[Tensor]| {
+            let lin = |h: &Tensor, w: &Tensor, b: &Tensor| {
+                h.matmul(&w.t().unwrap()).unwrap().broadcast_add(b).unwrap()
+            };
+            let f1 = lin(&h.flatten_from(1).unwrap(), &p[0], &p[1])
+                .relu()
+                .unwrap();
+            let logits = lin(&f1, &p[2], &p[3]);
+            let l = labels
+                .to_device(logits.device())
+                .unwrap()
+                .unsqueeze(1)
+                .unwrap();
+            let picked = logits.gather(&l, 1).unwrap().squeeze(1).unwrap();
+            (logits.log_sum_exp(D::Minus1).unwrap() - picked)
+                .unwrap()
+                .mean_all()
+                .unwrap()
+        });
+        let p = |names: &[&str]| names.iter().map(|n| init[*n].clone()).collect::<Vec<_>>();
+        let stages: Vec<(&str, Stage, Vec<Tensor>)> = vec![
+            ("conv1", conv, p(&["conv1.weight", "conv1.bias"])),
+            ("pool1", pool, vec![]),
+            ("relu1", relu, vec![]),
+            (
+                "conv2",
+                Box::new(|h: &Tensor, p: &[Tensor]| {
+                    let cout = p[0].dims()[0];
+                    h.conv2d(&p[0], 1, 1, 1, 1)
+                        .unwrap()
+                        .broadcast_add(&p[1].reshape((1, cout, 1, 1)).unwrap())
+                        .unwrap()
+                }),
+                p(&["conv2.weight", "conv2.bias"]),
+            ),
+            (
+                "pool2",
+                Box::new(|h: &Tensor, _: &[Tensor]| {
+                    redline_kernels::max_pool2d_generic(h, 2).unwrap()
+                }),
+                vec![],
+            ),
+            (
+                "relu2",
+                Box::new(|h: &Tensor, _: &[Tensor]| h.relu().unwrap()),
+                vec![],
+            ),
+            (
+                "head",
+                head,
+                p(&["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]),
+            ),
+        ];
+        // The vjp of `stage` at `input` with upstream `up` on `dev`: the
+        // input's gradient and the parameters', on the CPU.
+        let vjp = |stage: &Stage,
+                   params: &[Tensor],
+                   input: &Tensor,
+                   up: Option<&Tensor>,
+                   dev: &Device| {
+            let d = dev.candle();
+            let iv = Var::from_tensor(&input.to_device(d).unwrap()).unwrap();
+            let pv: Vec<Var> = params
+                .iter()
+                .map(|t| Var::from_tensor(&t.to_device(d).unwrap()).unwrap())
+                .collect();
+            let pt: Vec<Tensor> = pv.iter().map(|v| v.as_tensor().clone()).collect();
+            let out = stage(iv.as_tensor(), &pt);
+            let loss = match up {
+                Some(u) => (&out * u.to_device(d).unwrap()).unwrap().sum_all().unwrap(),
+                None => out.clone(),
+            };
+            let g = loss.backward().unwrap();
+            let cpu_of = |v: &Var| {
+                g.get(v.as_tensor())
+                    .unwrap()
+                    .to_device(&CDevice::Cpu)
+                    .unwrap()
+            };
+            let mut all = vec![cpu_of(&iv)];
+            all.extend(pv.iter().map(cpu_of));
+            (out.to_device(&CDevice::Cpu).unwrap(), all)
+        };
+        // Forward on the CPU, keeping each stage's input.
+        let mut inputs = vec![x.clone()];
+        for (_, stage, params) in &stages {
+            let out = stage(inputs.last().unwrap(), params);
+            inputs.push(out);
+        }
+        // Backward stage by stage on the CPU, comparing the GPU's vjp.
+        let mut up: Option<Tensor> = None;
+        let mut errs = Vec::new();
+        for (i, (name, stage, params)) in stages.iter().enumerate().rev() {
+            let (_, on_cpu) = vjp(stage, params, &inputs[i], up.as_ref(), cpu);
+            let (_, on_gpu) = vjp(stage, params, &inputs[i], up.as_ref(), gpu);
+            for (k, (a, b)) in on_gpu.iter().zip(&on_cpu).enumerate() {
+                let what = if k == 0 {
+                    "input".to_string()
+                } else {
+                    format!("param {k}")
+                };
+                errs.push((format!("{name} {what} grad"), max_rel(a, b)));
+            }
+            up = Some(on_cpu[0].clone());
+        }
+        errs
+    }
+
+    /// A step that claims to be capturable but reads its loss back to the
+    /// host every step: its capture must fail.
+    struct HostRead(Classifier<Box<dyn Model>>);
+
+    impl redline_train::TrainStep for HostRead {
+        fn params(&self) -> &redline_models::Params {
+            self.0.params()
+        }
+        fn training_step(
+            &self,
+            batch: &redline_data::Batch,
+        ) -> redline_train::Result<redline_train::StepOutput> {
+            let out = self.0.training_step(batch)?;
+            out.loss
+                .to_dtype(candle_core::DType::F32)?
+                .to_scalar::<f32>()?;
+            Ok(out)
+        }
+        fn validation_step(
+            &self,
+            batch: &redline_data::Batch,
+        ) -> redline_train::Result<redline_train::StepOutput> {
+            self.0.validation_step(batch)
+        }
+        fn capture_safe(&self) -> std::result::Result<(), String> {
+            Ok(())
+        }
+    }
+
+    /// A capture that fails (a read-back inside the step) leaves the context
+    /// usable: the fit goes on eagerly, says why, and matches PyTorch.
+    #[test]
+    fn cuda_a_failed_capture_falls_back_to_eager_steps() {
+        let dev = on(true);
+        let losses = Arc::new(Mutex::new(Vec::new()));
+        let norms = Arc::new(Mutex::new(Vec::new()));
+        let mut trainer = Trainer::builder()
+            .config(TrainConfig {
+                cuda_graph: redline_train::GraphMode::On,
+                ..steps_config(20)
+            })
+            .optimizer(OptimizerConfig::by_name("adam", 1e-3).unwrap())
+            .callback(Box::new(Losses(losses.clone(), norms)))
+            .build(
+                HostRead(Classifier::new(model("mlp", "mlp_init.safetensors", &dev))),
+                dev.clone(),
+            )
+            .unwrap();
+        let fit = trainer
+            .fit(&train_loader(64, &dev, Placement::Resident), None)
+            .unwrap();
+        eprintln!("cuda graph: {}", fit.cuda_graph);
+        assert!(
+            matches!(fit.cuda_graph, redline_train::GraphStatus::Failed(_)),
+            "{}",
+            fit.cuda_graph
+        );
+        check_losses(&losses.lock().unwrap(), &trace("mlp_trace.json"), 1e-5);
+    }
+
+    /// `n` values uniform in [-1, 1) from a 64-bit LCG.
+    fn uniform(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Each op of the CNN's eager GPU path (candle's conv2d and its
+    /// backward, Redline's generic max pool) against the same op on the CPU,
+    /// on the first batch's real activations, where plain image regions tie
+    /// in the pooling windows. Prints each op's error: the per-layer
+    /// evidence for docs/cuda-graphs.md.
+    #[test]
+    fn cuda_cnn_ops_match_the_cpu_on_real_data() {
+        use candle_core::{Tensor, Var};
+        let (gpu, cpu) = (on(true), Device::cpu());
+        let init = load("cnn_init.safetensors");
+        let batch = train_loader(64, &cpu, Placement::Resident)
+            .epoch(0)
+            .next()
+            .unwrap()
+            .unwrap();
+        let mut x = batch.x.clone();
+        let mut worst = Vec::new();
+        for layer in ["conv1", "conv2"] {
+            let (w, b) = (
+                &init[&format!("{layer}.weight")],
+                &init[&format!("{layer}.bias")],
+            );
+            // The conv and its gradients under a fixed upstream gradient.
+            let conv = |dev: &Device| {
+                let v = |t: &Tensor| Var::from_tensor(&t.to_device(dev.candle()).unwrap()).unwrap();
+                let (xv, wv, bv) = (v(&x), v(w), v(b));
+                let c = wv.dims()[0];
+                let y = xv
+                    .as_tensor()
+                    .conv2d(wv.as_tensor(), 1, 1, 1, 1)
+                    .unwrap()
+                    .broadcast_add(&bv.as_tensor().reshape((1, c, 1, 1)).unwrap())
+                    .unwrap();
+                let r =
+                    Tensor::from_vec(uniform(y.elem_count(), 7), y.dims(), dev.candle()).unwrap();
+                let grads = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+                let cpu = |t: &Tensor| t.to_device(&CDevice::Cpu).unwrap();
+                let g = |v: &Var| cpu(grads.get(v.as_tensor()).unwrap());
+                (cpu(&y), g(&xv), g(&wv), g(&bv))
+            };
+            let (on_cpu, on_gpu) = (conv(&cpu), conv(&gpu));
+            for (what, a, c) in [
+                ("output", &on_gpu.0, &on_cpu.0),
+                ("input grad", &on_gpu.1, &on_cpu.1),
+                ("weight grad", &on_gpu.2, &on_cpu.2),
+                ("bias grad", &on_gpu.3, &on_cpu.3),
+            ] {
+                worst.push((format!("{layer} conv2d {what}"), max_rel(a, c)));
+            }
+            // The pool on the CPU's conv output.
+            let y = on_cpu.0;
+            let pool = |dev: &Device| {
+                let yv = Var::from_tensor(&y.to_device(dev.candle()).unwrap()).unwrap();
+                let p = redline_kernels::max_pool2d_generic(yv.as_tensor(), 2).unwrap();
+                let r =
+                    Tensor::from_vec(uniform(p.elem_count(), 11), p.dims(), dev.candle()).unwrap();
+                let grads = (&p * &r).unwrap().sum_all().unwrap().backward().unwrap();
+                (
+                    p.to_device(&CDevice::Cpu).unwrap(),
+                    grads
+                        .get(yv.as_tensor())
+                        .unwrap()
+                        .to_device(&CDevice::Cpu)
+                        .unwrap(),
+                )
+            };
+            let (pc, pg) = (pool(&cpu), pool(&gpu));
+            worst.push((format!("{layer} max pool output"), max_rel(&pg.0, &pc.0)));
+            worst.push((format!("{layer} max pool grad"), max_rel(&pg.1, &pc.1)));
+            x = pc.0.relu().unwrap();
+        }
+        // The batch as the GPU's resident loader gives it, against the CPU's.
+        let on_gpu = train_loader(64, &gpu, Placement::Resident)
+            .epoch(0)
+            .next()
+            .unwrap()
+            .unwrap();
+        let gx = on_gpu.x.to_device(&CDevice::Cpu).unwrap();
+        worst.push(("batch x (GPU loader)".into(), max_rel(&gx, &batch.x)));
+        let (gy, cy) = (
+            on_gpu
+                .y
+                .to_device(&CDevice::Cpu)
+                .unwrap()
+                .to_dtype(candle_core::DType::F32)
+                .unwrap(),
+            batch.y.to_dtype(candle_core::DType::F32).unwrap(),
+        );
+        worst.push(("batch y (GPU loader)".into(), max_rel(&gy, &cy)));
+        // The whole CNN from generic ops against PyTorch's first-batch
+        // gradients: on the CPU, on the GPU with the CPU's batch, and on the
+        // GPU with its loader's batch.
+        let want = load("cnn_first_batch.safetensors");
+        for (what, dev, bx, by) in [
+            ("CPU", &cpu, &batch.x, &batch.y),
+            ("GPU, CPU batch", &gpu, &batch.x, &batch.y),
+            ("GPU, GPU batch", &gpu, &on_gpu.x, &on_gpu.y),
+        ] {
+            for (name, e) in super::generic_cnn_grads(&init, bx, by, dev, &want) {
+                worst.push((format!("generic CNN on {what}: {name} vs PyTorch"), e));
+            }
+        }
+        // Stage by stage with the real upstream gradients: each stage's
+        // vector-Jacobian product on the GPU from the CPU's input and
+        // upstream gradient, against the CPU's.
+        for (name, e) in generic_cnn_stages(&init, &batch.x, &batch.y, &cpu, &gpu) {
+            worst.push((format!("stage {name}"), e));
+        }
+        for (what, e) in &worst {
+            eprintln!("{what}: max rel error GPU vs CPU {e:.3e}");
+        }
+        let bad: Vec<_> = worst.iter().filter(|(_, e)| *e > 1e-5).collect();
+        assert!(bad.is_empty(), "{bad:?}");
     }
 
     #[test]

@@ -63,7 +63,7 @@ pub struct TrainConfig {
     pub kernel_trace: bool,
     /// On a CUDA device, run the steps Redline has fused GPU kernels for
     /// with them (`--fused-kernels`: the optimizer update, the cross-entropy,
-    /// linear layers and the CNN block; docs/gpu-kernels.md). `auto` uses them once
+    /// linear layers and the CNN block; docs/gpu-kernels.md). `auto` uses them while
     /// [`crate::graph::AUTO_FUSES`] is set; the CPU always uses its own.
     #[serde(default)]
     pub fused_kernels: GraphMode,
@@ -270,8 +270,9 @@ impl TrainerBuilder {
         self
     }
 
-    /// CUDA graph mode (default `auto`, which captures only once
-    /// [`crate::graph::AUTO_CAPTURES`] is set; `on` captures now).
+    /// CUDA graph mode (default `auto`, which captures where the step can be
+    /// captured while [`crate::graph::AUTO_CAPTURES`] is set; `on` captures or
+    /// refuses to start).
     pub fn cuda_graph(mut self, mode: GraphMode) -> Self {
         self.cfg.cuda_graph = mode;
         self

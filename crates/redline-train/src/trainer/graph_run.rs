@@ -362,6 +362,14 @@ impl Trainer {
                 });
             }
             Err(why) => {
+                // Buffers dropped inside the failed capture stored their
+                // errors in the context (cudarc records errors from `Drop`),
+                // and the next operation would return them: clear them, so
+                // the eager step below runs (the context itself is usable).
+                let why = match stream.context().check_err() {
+                    Ok(()) => why,
+                    Err(e) => format!("{why}; also, during the capture: {e}"),
+                };
                 tracing::warn!("CUDA graph capture failed, running eagerly: {why}");
                 epoch_sums.restore(&before.0)?;
                 st.window.restore(&before.1)?;

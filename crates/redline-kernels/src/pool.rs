@@ -66,11 +66,11 @@ pub fn max_pool2d_generic(x: &Tensor, k: usize) -> Result<Tensor> {
         .contiguous()?
         .reshape((b, c, oh, ow, k * k))?;
     // The first maximum of each window: the smallest slot holding the
-    // window's maximum. Not `argmax`: candle's CUDA argmax reduces in
-    // parallel and returns any of tied maxima, and the plain regions of
-    // real images tie (bench/results/h100-2026-11-25/: the CNN's conv
-    // gradients 0.1-0.9% off PyTorch's on an H100). A window holding a NaN
-    // finds no slot; its sum below is NaN all the same (NaN * 0).
+    // window's maximum, on every device. Not `argmax`, whose CUDA kernel
+    // reduces in parallel and promises no particular one of tied maxima;
+    // the plain regions of real images tie often (82,165 windows of the
+    // golden CNN's first batch). A window holding a NaN finds no slot; its
+    // sum below is NaN all the same (NaN * 0).
     let plain = windows.detach();
     let hit = plain.broadcast_eq(&plain.max_keepdim(D::Minus1)?)?;
     let kk = (k * k) as u32;

@@ -49,6 +49,9 @@ run() { # name, then redline train flags
 if want redline; then
 # Issue 22: the defaults alone (graph mode and fused kernels on where the step
 # allows; the split on the GPU when it fits): what `redline train` does on a GPU.
+# The first run on this machine as a user's first run: PTX compiled anew
+# (the driver's JIT cache emptied), so `gpu_kernels_load_s` is a first start.
+rm -rf "${HOME:-/root}/.nv/ComputeCache"
 run mlp-defaults
 run mlp-b512-defaults --batch-size 512
 run cnn-defaults --model cnn

@@ -90,6 +90,9 @@ pub enum GraphStatus {
         captured_at: usize,
         /// Steps run by replaying the graph (the captured one included).
         replays: usize,
+        /// The graph's nodes (kernels, copies, memsets, and the step's
+        /// allocations and frees), when the driver said.
+        nodes: Option<usize>,
     },
     /// The capture was tried and failed; the fit went on eagerly.
     Failed(String),
@@ -112,10 +115,14 @@ impl fmt::Display for GraphStatus {
             Self::Replayed {
                 captured_at,
                 replays,
-            } => write!(
-                f,
-                "on (the step captured at step {captured_at}, replayed for {replays} steps)"
-            ),
+                nodes,
+            } => {
+                let graph = nodes.map_or(String::new(), |n| format!(" as a graph of {n} nodes"));
+                write!(
+                    f,
+                    "on (the step captured at step {captured_at}{graph}, replayed for {replays} steps)"
+                )
+            }
             Self::Failed(why) => write!(f, "failed, ran eagerly ({why})"),
             Self::Unknown => f.write_str("not run"),
         }
@@ -351,5 +358,27 @@ mod tests {
         let why = loop_eligibility(&loader(130, 64)?, &cfg, &step);
         assert!(why.is_err_and(|w| w.contains("an epoch has 2 full batches")));
         Ok(())
+    }
+
+    #[test]
+    fn a_replayed_status_names_the_graph_size_when_known() {
+        let known = GraphStatus::Replayed {
+            captured_at: 3,
+            replays: 841,
+            nodes: Some(120),
+        };
+        assert_eq!(
+            known.to_string(),
+            "on (the step captured at step 3 as a graph of 120 nodes, replayed for 841 steps)"
+        );
+        let unknown = GraphStatus::Replayed {
+            captured_at: 3,
+            replays: 841,
+            nodes: None,
+        };
+        assert_eq!(
+            unknown.to_string(),
+            "on (the step captured at step 3, replayed for 841 steps)"
+        );
     }
 }

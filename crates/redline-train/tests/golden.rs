@@ -1087,6 +1087,7 @@ mod cuda {
             .fit(&train_loader(64, &dev, placement), None)
             .unwrap();
         check_losses(&losses.lock().unwrap(), &trace("mlp_trace.json"), 1e-5);
+        eprintln!("cuda graph: {}", fit.cuda_graph);
         let want = load("mlp_final.safetensors");
         for (name, var) in trainer.params().iter() {
             let got = var.as_tensor().to_device(&CDevice::Cpu).unwrap();
@@ -1116,7 +1117,8 @@ mod cuda {
                     status,
                     redline_train::GraphStatus::Replayed {
                         captured_at: 3,
-                        replays: 18
+                        replays: 18,
+                        nodes: Some(_)
                     }
                 ),
                 "{placement:?}: {status}"

@@ -62,6 +62,17 @@ struct Captured {
     tally: (Tally, Tally),
     captured_at: usize,
     replays: usize,
+    /// The graph's node count, when the driver said.
+    nodes: Option<usize>,
+}
+
+/// How many nodes `graph` holds (`cuGraphGetNodes`), or `None` if the
+/// driver would not say.
+fn node_count(graph: &CudaGraph) -> Option<usize> {
+    let mut n = 0usize;
+    // SAFETY: a null node array asks only for the count; the graph is live.
+    let r = unsafe { sys::cuGraphGetNodes(graph.cu_graph(), std::ptr::null_mut(), &mut n) };
+    (r == sys::CUresult::CUDA_SUCCESS).then_some(n)
 }
 
 impl Engine {
@@ -126,6 +137,7 @@ impl Engine {
             (Some(c), _) => GraphStatus::Replayed {
                 captured_at: c.captured_at,
                 replays: c.replays,
+                nodes: c.nodes,
             },
             (None, Some(why)) => GraphStatus::Failed(why.clone()),
             (None, None) => GraphStatus::Off(format!(
@@ -354,11 +366,13 @@ impl Trainer {
                 graph
                     .launch()
                     .map_err(|e| Error::Config(format!("CUDA graph launch: {e}")))?;
+                let nodes = node_count(&graph);
                 engine.graph = Some(Captured {
                     graph,
                     tally,
                     captured_at: st.step + 1,
                     replays: 1,
+                    nodes,
                 });
             }
             Err(why) => {

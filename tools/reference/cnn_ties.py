@@ -59,23 +59,27 @@ def max_rel(a, b):
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-def write_cuda_goldens(init, x, y, out):
-    """PyTorch's CUDA run of make_golden.py's CNN job, written beside the CPU one."""
+def write_cuda_goldens(init, x, y, out, device="cuda"):
+    """PyTorch's CUDA run of make_golden.py's CNN job (x, y: its 8 batches), written
+    beside the CPU one; `device="cpu"` reproduces the CPU golden (a self-check)."""
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
     steps = mg.STEPS["cnn"]
     n = steps * mg.BATCH_SIZE
-    model = mg.Cnn().cuda()
-    model.load_state_dict({k: v.cuda() for k, v in init.items()})
+    if len(x) < n:
+        raise ValueError(f"{steps} steps need {n} samples, got {len(x)}")
+    model = mg.Cnn().to(device)
+    model.load_state_dict({k: v.to(device) for k, v in init.items()})
     opt, hp = mg.make_optimizer("adam", model.parameters())
-    losses, first = mg.train(model, opt, x[:n].cuda(), y[:n].cuda(), steps, capture_first=True)
+    losses, first = mg.train(model, opt, x[:n].to(device), y[:n].to(device), steps,
+                             capture_first=True)
     first = {k: v.cpu() for k, v in first.items()}
     mg.write_safetensors(first, os.path.join(out, "cnn_cuda_first_batch.safetensors"))
     mg.write_safetensors({k: v.cpu() for k, v in model.state_dict().items()},
                          os.path.join(out, "cnn_cuda_final.safetensors"))
     obj = mg.trace("cnn", steps, "adam", mg.SEEDS["cnn"], hp, losses, y[:mg.BATCH_SIZE].tolist(),
                    x[:mg.BATCH_SIZE])
-    obj["device"] = torch.cuda.get_device_name(0)
+    obj["device"] = torch.cuda.get_device_name(0) if device == "cuda" else device
     obj["note"] = "PyTorch on CUDA (cuDNN, fp32, TF32 off, deterministic): tools/reference/cnn_ties.py"
     mg.write_json(obj, os.path.join(out, "cnn_cuda_trace.json"))
     print(f"wrote the CUDA goldens to {out}: losses {losses[0]:.6f} ... {losses[-1]:.6f}")
@@ -88,7 +92,10 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-    x, y = mg.load_split(os.path.join(root, "data/fashion-mnist"), "train", 64)
+    # The 8 batches of make_golden.py's CNN job; the comparisons use the first.
+    xs, ys = mg.load_split(os.path.join(root, "data/fashion-mnist"), "train",
+                           mg.STEPS["cnn"] * mg.BATCH_SIZE)
+    x, y = xs[:mg.BATCH_SIZE], ys[:mg.BATCH_SIZE]
     gold = os.path.join(root, "testdata/golden")
     init = read_safetensors(os.path.join(gold, "cnn_init.safetensors"))
     first = read_safetensors(os.path.join(gold, "cnn_first_batch.safetensors"))
@@ -103,7 +110,7 @@ def main():
     if args.write:
         if not torch.cuda.is_available():
             sys.exit("--write needs a CUDA device")
-        write_cuda_goldens(init, x, y, args.write)
+        write_cuda_goldens(init, xs, ys, args.write)
 
 
 if __name__ == "__main__":

@@ -52,14 +52,19 @@ impl Drop for CopyStream {
 struct Slot {
     x: PinnedHostSlice<f32>,
     y: PinnedTargets,
-    /// Recorded on the copy stream after the slot's copies.
-    copied: Option<CudaEvent>,
+    /// Recorded on the copy stream after the slot's copies (the batch's
+    /// fence event).
+    copied: Option<Arc<CudaEvent>>,
 }
 
 /// Pinned staging slots and an asynchronous copy stream.
 pub struct PinnedStage {
     device: CudaDevice,
     copy: CopyStream,
+    /// Recorded on the compute stream after each batch's allocation; the
+    /// copy stream waits on it (one event, recorded again per batch: a
+    /// wait takes the record before it).
+    allocated: CudaEvent,
     slots: Vec<Slot>,
     batch: usize,
 }
@@ -100,6 +105,7 @@ impl PinnedStage {
         Ok(Self {
             device: device.clone(),
             copy,
+            allocated: ctx.new_event(None).map_err(|e| cuda("event", e))?,
             slots: bufs,
             batch,
         })
@@ -180,32 +186,28 @@ impl Stage for PinnedStage {
             data.gather(idx, x, y)?;
         }
         let (b, y_shape) = (idx.len(), data.target().batch_shape(self.batch));
-        let allocated = ctx.new_event(None).map_err(|e| cuda("event", e))?;
         let x = wrap(
             &self.device,
-            upload(&compute, &self.copy, &allocated, &s.x)?,
+            upload(&compute, &self.copy, &self.allocated, &s.x)?,
             batch_shape(data, self.batch),
         );
         let y = match &s.y {
             PinnedTargets::Classes(h) => wrap(
                 &self.device,
-                upload(&compute, &self.copy, &allocated, h)?,
+                upload(&compute, &self.copy, &self.allocated, h)?,
                 y_shape,
             ),
             PinnedTargets::Values(h) => wrap(
                 &self.device,
-                upload(&compute, &self.copy, &allocated, h)?,
+                upload(&compute, &self.copy, &self.allocated, h)?,
                 y_shape,
             ),
         };
-        let event = ctx.new_event(None).map_err(|e| cuda("event", e))?;
-        let done = ctx.new_event(None).map_err(|e| cuda("event", e))?;
-        // SAFETY: both events and the stream belong to this context.
-        unsafe {
-            result::event::record(event.cu_event(), self.copy.0).map_err(|e| cuda("event", e))?;
-            result::event::record(done.cu_event(), self.copy.0).map_err(|e| cuda("event", e))?;
-        }
-        s.copied = Some(done);
+        let event = Arc::new(ctx.new_event(None).map_err(|e| cuda("event", e))?);
+        // SAFETY: the event and the stream belong to this context.
+        unsafe { result::event::record(event.cu_event(), self.copy.0) }
+            .map_err(|e| cuda("event", e))?;
+        s.copied = Some(event.clone());
         let (x, y) = (x.narrow(0, 0, b)?, y.narrow(0, 0, b)?);
         Ok((x, y, Fence::Cuda { event, compute }))
     }

@@ -23,8 +23,9 @@ pub enum Fence {
     /// waits for it (the host does not).
     #[cfg(feature = "cuda")]
     Cuda {
-        /// Recorded on the copy stream after the batch's copies.
-        event: candle_core::cuda_backend::cudarc::driver::CudaEvent,
+        /// Recorded on the copy stream after the batch's copies (shared with
+        /// the staging slot, whose host buffers wait on it before refilling).
+        event: Arc<candle_core::cuda_backend::cudarc::driver::CudaEvent>,
         /// The compute stream that must wait.
         compute: Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
     },

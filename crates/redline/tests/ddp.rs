@@ -22,7 +22,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{golden, golden_losses, jsonl, rel_l2, root, weights};
+use common::{golden, golden_job, golden_losses, json, jsonl, rel_l2, root, step_losses, weights};
 use redline_testkit::tools::mpirun;
 
 fn bin() -> &'static str {
@@ -57,47 +57,27 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// The golden job: `model` from its golden init, file order, no validation
-/// split, `steps` steps of `batch` per rank; test pass on the test split.
+/// The golden job (`common::golden_job`) on the CPU with one thread,
+/// saving its weights into `dir`; test pass on the test split.
 fn golden_args(model: &str, batch: usize, steps: usize, dir: &Path) -> Vec<String> {
-    let init = root().join(format!("testdata/golden/{model}_init.safetensors"));
-    [
+    let mut args: Vec<String> = [
         "train",
-        "--model",
-        model,
         "--device",
         "cpu",
         "--threads",
         "1",
         "--monitor-interval",
         "0",
-        "--init",
-        init.to_str().unwrap(),
-        "--no-shuffle",
-        "--val-split",
-        "0",
-        "--max-steps",
-        &steps.to_string(),
-        "--batch-size",
-        &batch.to_string(),
-        "--log-every",
-        "1",
-        "--run-dir",
-        dir.join("run").to_str().unwrap(),
-        "--save",
-        dir.join("w.safetensors").to_str().unwrap(),
     ]
     .iter()
     .map(|s| s.to_string())
-    .collect()
-}
-
-fn step_losses(run: &Path) -> Vec<f64> {
-    jsonl(&run.join("metrics.jsonl"))
-        .iter()
-        .filter(|r| r["kind"] == "step")
-        .map(|r| r["loss"].as_f64().unwrap())
-        .collect()
+    .collect();
+    args.extend(golden_job(model, batch, steps));
+    for (flag, path) in [("--run-dir", "run"), ("--save", "w.safetensors")] {
+        args.push(flag.into());
+        args.push(dir.join(path).to_str().unwrap().into());
+    }
+    args
 }
 
 fn test_record(run: &Path) -> serde_json::Value {
@@ -153,8 +133,7 @@ fn two_ranks_match_one_process_and_pytorch(model: &str, batch: usize, steps: usi
     // Rank 0 alone prints (one summary) and writes the folder.
     assert_eq!(t.matches("test accuracy").count(), 1, "{t}");
     let (run1, run2) = (one.path().join("run"), two.path().join("run"));
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run2.join("summary.json")).unwrap()).unwrap();
+    let summary = json(&run2.join("summary.json"));
     assert_eq!(summary["world_size"], 2, "{summary}");
     assert_eq!(summary["strategy"], "ddp", "{summary}");
     assert_eq!(
@@ -276,8 +255,7 @@ fn a_rank_killed_mid_epoch_ends_the_job_naming_it() {
         "the dead rank is named: {t}"
     );
     // Rank 0's run folder ends as failed, naming the rank that is gone.
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    let summary = json(&run.join("summary.json"));
     assert_eq!(summary["status"], "failed", "{summary}");
     let error = summary["error"].as_str().unwrap();
     assert!(
@@ -352,8 +330,7 @@ fn devices_starts_the_ranks_through_mpirun() {
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     assert!(t.contains("starting 2 ranks"), "{t}");
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    let summary = json(&run.join("summary.json"));
     assert_eq!(summary["world_size"], 2, "{summary}");
     assert_eq!(summary["samples"], 4 * 64 * 2, "{summary}");
 }
@@ -417,9 +394,7 @@ fn a_stopped_ddp_run_resumes_bit_for_bit_and_only_with_its_ranks() {
     let out = child.wait_with_output().unwrap();
     let t = text(&out);
     assert!(!out.status.success(), "{t}");
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(stopped.join("summary.json")).unwrap())
-            .unwrap();
+    let summary = json(&stopped.join("summary.json"));
     assert_eq!(summary["status"], "interrupted", "{summary}\n{t}");
     assert!(t.contains("continue with `redline train --resume"), "{t}");
 

@@ -12,34 +12,17 @@
 
 mod common;
 
-use common::{fails, golden, golden_losses, json, jsonl, rel_l2, train_in, weights};
+use common::{
+    fails, golden, golden_job, golden_losses, json, rel_l2, step_losses, train_in, weights,
+};
 
 fn bf16_mixed_matches_autocast(model: &str, steps: usize, update_tol: f32) {
     let dir = tempfile::tempdir().unwrap();
     let (run, out) = (dir.path().join("run"), dir.path().join("w.safetensors"));
     let init = golden(&format!("{model}_init.safetensors"));
-    let stdout = train_in(
-        &run,
-        &[
-            "--model",
-            model,
-            "--precision",
-            "bf16-mixed",
-            "--init",
-            init.to_str().unwrap(),
-            "--no-shuffle",
-            "--val-split",
-            "0",
-            "--max-steps",
-            &steps.to_string(),
-            "--batch-size",
-            "64",
-            "--log-every",
-            "1",
-            "--save",
-            out.to_str().unwrap(),
-        ],
-    );
+    let mut args = golden_job(model, 64, steps);
+    args.extend(["--precision", "bf16-mixed", "--save", out.to_str().unwrap()].map(String::from));
+    let stdout = train_in(&run, &args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(stdout.contains("precision bf16-mixed"), "{stdout}");
     let summary = json(&run.join("summary.json"));
     assert_eq!(summary["precision"], "bf16-mixed", "{summary}");
@@ -63,11 +46,7 @@ fn bf16_mixed_matches_autocast(model: &str, steps: usize, update_tol: f32) {
         report.contains("precision: bf16-mixed on the CPU"),
         "the report's header"
     );
-    let ours: Vec<f64> = jsonl(&run.join("metrics.jsonl"))
-        .iter()
-        .filter(|r| r["kind"] == "step")
-        .map(|r| r["loss"].as_f64().unwrap())
-        .collect();
+    let ours = step_losses(&run);
     let torch = golden_losses(&format!("bf16_mixed_{model}_trace.json"));
     assert_eq!(ours.len(), torch.len());
     for (i, (a, b)) in ours.iter().zip(&torch).enumerate() {

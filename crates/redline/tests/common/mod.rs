@@ -98,6 +98,39 @@ pub fn golden_losses(file: &str) -> Vec<f64> {
         .collect()
 }
 
+/// The golden job's flags: `model` from its golden init, file order, no
+/// validation split, `steps` steps of `batch`, every step logged.
+pub fn golden_job(model: &str, batch: usize, steps: usize) -> Vec<String> {
+    let init = golden(&format!("{model}_init.safetensors"));
+    [
+        "--model",
+        model,
+        "--init",
+        init.to_str().unwrap(),
+        "--no-shuffle",
+        "--val-split",
+        "0",
+        "--max-steps",
+        &steps.to_string(),
+        "--batch-size",
+        &batch.to_string(),
+        "--log-every",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// The per-step losses of a run folder's `metrics.jsonl`.
+pub fn step_losses(run: &Path) -> Vec<f64> {
+    jsonl(&run.join("metrics.jsonl"))
+        .iter()
+        .filter(|r| r["kind"] == "step")
+        .map(|r| r["loss"].as_f64().unwrap())
+        .collect()
+}
+
 /// A safetensors file's tensors, on the CPU.
 pub fn weights(path: &Path) -> std::collections::HashMap<String, candle_core::Tensor> {
     candle_core::safetensors::load(path, &candle_core::Device::Cpu).unwrap()

@@ -12,6 +12,14 @@ Usage (from the repository root):
         --out testdata/golden --data data/fashion-mnist
 
 Writes `bf16_mixed_<model>_trace.json` and `bf16_mixed_<model>_final.safetensors`.
+
+`16-mixed` (Lightning's `precision="16-mixed"`): `torch.autocast("cpu", dtype=torch.float16)`
+with `torch.amp.GradScaler("cpu")` (`scaler.scale(loss).backward()`, `scaler.step(opt)`,
+`scaler.update()`), twice per model: with GradScaler's defaults (`fp16_mixed_<model>_*`),
+and made to overflow (`fp16_overflow_<model>_*`: `init_scale=2**24`, `growth_interval=3`, so
+the first steps overflow, are skipped and back off, and the scale grows and overflows again).
+Each step records the loss, whether the step was skipped (the scale went down) and the scale
+after `update()`.
 """
 
 import argparse
@@ -65,15 +73,82 @@ def run(name, data, out):
     print(f"{name}: {steps} steps, logits {logits_dtype}, last loss {losses[-1]:.4f}")
 
 
+# (file prefix, GradScaler settings) of the 16-mixed runs.
+FP16_RUNS = [
+    ("fp16_mixed", {"init_scale": 65536.0, "growth_interval": 2000}),
+    ("fp16_overflow", {"init_scale": 2.0 ** 24, "growth_interval": 3}),
+]
+
+
+def run_fp16(name, data, out, prefix, settings):
+    steps = STEPS[name]
+    x, y = load_split(data, "train", BATCH_SIZE * steps)
+    model = MODELS[name]()
+    model.load_state_dict(load_file(os.path.join(out, f"{name}_init.safetensors")))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", **settings)
+    losses, scales, skipped, logits_dtype = [], [], [], None
+    for i in range(steps):
+        xb, yb = x[i * BATCH_SIZE:(i + 1) * BATCH_SIZE], y[i * BATCH_SIZE:(i + 1) * BATCH_SIZE]
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            logits = model(xb)
+            loss = F.cross_entropy(logits, yb)
+        logits_dtype = str(logits.dtype)
+        before = scaler.get_scale()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(float(loss.detach()))
+        scales.append(scaler.get_scale())
+        # The scale goes down only after an overflow, and a step that
+        # overflowed was skipped.
+        skipped.append(scaler.get_scale() < before)
+    # The CNN's fc1.weight (1.6 MB, 95% of the file) is left out: the other
+    # tensors check the run, and the repository travels to the GPU machine
+    # under a size limit.
+    weights = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()
+               if not (name == "cnn" and k == "fc1.weight")}
+    path = os.path.join(out, f"{prefix}_{name}_final.safetensors")
+    save_file(weights, path, metadata={"torch_version": torch.__version__})
+    os.chmod(path, 0o644)
+    with open(os.path.join(out, f"{prefix}_{name}_trace.json"), "w") as f:
+        json.dump({
+            "model": name,
+            "precision": "16-mixed (torch.autocast cpu float16, torch.amp.GradScaler cpu)",
+            "scaler": {"init": settings["init_scale"], "growth": 2.0, "backoff": 0.5,
+                       "interval": settings["growth_interval"]},
+            "steps": steps,
+            "batch": BATCH_SIZE,
+            "optimizer": "adam",
+            "lr": 1e-3,
+            "logits_dtype": logits_dtype,
+            "losses": losses,
+            "scales": scales,
+            "skipped": skipped,
+            "skipped_steps": sum(skipped),
+            "torch_version": torch.__version__,
+        }, f, indent=1)
+        f.write("\n")
+    print(f"{prefix} {name}: {steps} steps, {sum(skipped)} skipped, scale {scales[-1]:g}, "
+          f"last loss {losses[-1]:.4f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="testdata/golden")
     ap.add_argument("--data", default="data/fashion-mnist")
     ap.add_argument("--models", default="mlp,cnn")
+    ap.add_argument("--precisions", default="bf16-mixed,16-mixed")
     a = ap.parse_args()
     torch.set_num_threads(1)
+    precisions = a.precisions.split(",")
     for name in a.models.split(","):
-        run(name, a.data, a.out)
+        if "bf16-mixed" in precisions:
+            run(name, a.data, a.out)
+        if "16-mixed" in precisions:
+            for prefix, settings in FP16_RUNS:
+                run_fp16(name, a.data, a.out, prefix, settings)
 
 
 if __name__ == "__main__":

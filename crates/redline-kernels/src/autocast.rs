@@ -1,4 +1,4 @@
-//! Layers in a 16-bit compute dtype (`--precision bf16-mixed | bf16-true`),
+//! Layers in a 16-bit compute dtype (`--precision bf16-mixed | 16-mixed`),
 //! as PyTorch's autocast runs them: the input and the (fp32 master, or bf16)
 //! parameters are cast to the compute dtype, the product is taken there and
 //! the result stays in it for the next layer. The casts are recorded ops, so
@@ -18,9 +18,8 @@
 use candle_core::{DType, Tensor};
 
 use crate::conv::{conv2d_generic, conv2d_with};
-use crate::conv_block::pool_relu_with;
 use crate::error::Result;
-use crate::grad::{layer_buffers, Param};
+use crate::grad::{layer_buffers, Param, ParamBuffers};
 use crate::linear::linear_with;
 use crate::pool::max_pool2d;
 use crate::{conv2d_param, conv2d_pool_relu_param, linear_param};
@@ -45,6 +44,32 @@ fn cpu_mixed(x: &Tensor, w: &Param, b: &Param) -> bool {
     x.device().is_cpu() && w.as_tensor().dtype() == DType::F32 && layer_buffers(w, b).is_some()
 }
 
+/// The rounded weight and bias of a CPU 16-bit product, and where the fused
+/// kernel writes their gradients. In bf16, leaves whose fp32 gradients go
+/// straight to the master weights' buffers. In fp16, the cast ops
+/// themselves, with no buffers: the kernel's fp32 gradients pass back
+/// through the casts, which round them to fp16 (inf above 65504) before
+/// they reach the master weights, as PyTorch's fp16 weight gradients are,
+/// so the loss scaler sees the overflows autocast's would.
+fn cpu_operands(
+    w: &Param,
+    b: &Param,
+    dtype: DType,
+) -> Result<(Tensor, Tensor, Option<ParamBuffers>)> {
+    if dtype == DType::F16 {
+        return Ok((
+            rounded(w.as_tensor(), dtype)?,
+            rounded(b.as_tensor(), dtype)?,
+            None,
+        ));
+    }
+    Ok((
+        rounded_leaf(w, dtype)?,
+        rounded_leaf(b, dtype)?,
+        layer_buffers(w, b),
+    ))
+}
+
 /// `y = x W^T + b` (ReLU'd when `relu`) in `dtype`: the fused kernel for an
 /// fp32 layer, else the cast operands' product.
 // (B, in) -> (B, out)
@@ -53,13 +78,8 @@ pub fn linear_in(x: &Tensor, w: &Param, b: &Param, relu: bool, dtype: DType) -> 
         return linear_param(x, w, b, relu);
     }
     if cpu_mixed(x, w, b) {
-        let y = linear_with(
-            &rounded(x, dtype)?,
-            &rounded_leaf(w, dtype)?,
-            &rounded_leaf(b, dtype)?,
-            relu,
-            layer_buffers(w, b),
-        )?;
+        let (wr, br, buffers) = cpu_operands(w, b, dtype)?;
+        let y = linear_with(&rounded(x, dtype)?, &wr, &br, relu, buffers)?;
         return Ok(y.to_dtype(dtype)?);
     }
     let (x, wt, bt) = (
@@ -90,14 +110,17 @@ pub fn conv2d_in(
         };
     }
     if cpu_mixed(x, w, b) {
-        let (xr, wr, br) = (
-            rounded(x, dtype)?,
-            rounded_leaf(w, dtype)?,
-            rounded_leaf(b, dtype)?,
-        );
+        let xr = rounded(x, dtype)?;
+        let (wr, br, buffers) = cpu_operands(w, b, dtype)?;
+        let y = conv2d_with(&xr, &wr, &br, padding, buffers)?;
         let y = match pool_relu {
-            Some(k) => pool_relu_with(&xr, &wr, &br, padding, k, layer_buffers(w, b))?,
-            None => conv2d_with(&xr, &wr, &br, padding, layer_buffers(w, b))?,
+            // Pooled after the rounding, as autocast pools the 16-bit
+            // convolution's output: rounding makes ties, and the window's
+            // first maximum among them (PyTorch's choice, and the fused
+            // pool's) takes the gradient. Pooling the fp32 output would
+            // route it to a different element of about one window in ten.
+            Some(k) => max_pool2d(&rounded(&y, dtype)?.relu()?, k)?,
+            None => y,
         };
         return Ok(y.to_dtype(dtype)?);
     }

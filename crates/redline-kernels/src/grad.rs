@@ -213,6 +213,42 @@ impl GradBuffer {
         Ok(())
     }
 
+    /// Multiplies the gradient by `inv_scale` (an f32 scalar on the
+    /// gradient's device) and says whether it held an inf or NaN, as an f32
+    /// scalar there (1 or 0; PyTorch's
+    /// `_amp_foreach_non_finite_check_and_unscale_`); `None` when empty.
+    /// Device gradients are checked by device ops, nothing read back; the
+    /// host buffer (a CPU parameter) is checked as it is scaled.
+    pub fn unscale(&self, inv_scale: &Tensor) -> Result<Option<Tensor>> {
+        let mut buf = self.lock();
+        let buf = &mut *buf;
+        Ok(match &mut buf.held {
+            Held::Empty => None,
+            Held::Host => {
+                // A CPU scalar: reading it waits for no device.
+                let c = inv_scale.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+                let mut bad = false;
+                for x in buf.host.iter_mut() {
+                    bad |= !x.is_finite();
+                    *x *= c;
+                }
+                Some(Tensor::new(
+                    f32::from(u8::from(bad)),
+                    &candle_core::Device::Cpu,
+                )?)
+            }
+            Held::Tensor(t) => {
+                // x * 0 is 0 for every finite x and NaN for inf or NaN, so the
+                // sum is NaN exactly when one element is not finite (a plain
+                // sum could overflow on finite values).
+                let s = t.to_dtype(DType::F32)?.affine(0.0, 0.0)?.sum_all()?;
+                let bad = s.ne(&s)?.to_dtype(DType::F32)?;
+                *t = t.broadcast_mul(&inv_scale.to_dtype(t.dtype())?)?;
+                Some(bad)
+            }
+        })
+    }
+
     /// Clamps every element to `[-limit, limit]` (`clip_grad_value_`).
     pub fn clamp(&self, limit: f64) -> Result<()> {
         let mut buf = self.lock();
@@ -530,6 +566,38 @@ mod tests {
             g.map(|g| g.to_vec1::<f64>()).transpose()?,
             Some(vec![2.0, 4.0])
         );
+        Ok(())
+    }
+
+    /// Unscaling multiplies host and tensor gradients alike and flags an inf
+    /// or NaN in either, and only then (a large finite value is no overflow).
+    #[test]
+    fn unscale_scales_and_flags_non_finite_gradients() -> Result<()> {
+        let dev = Device::Cpu;
+        let inv = Tensor::new(0.25f32, &dev)?;
+        let flag = |t: Option<Tensor>| -> Result<f32> {
+            Ok(t.map(|t| t.to_scalar::<f32>()).transpose()?.unwrap_or(-1.0))
+        };
+        let host_buf = GradBuffer::new();
+        host_buf.add(&[4.0, -8.0, 3.0e38]);
+        assert_eq!(flag(host_buf.unscale(&inv)?)?, 0.0);
+        assert_eq!(host(&host_buf), Some(vec![1.0, -2.0, 0.75e38]));
+        host_buf.add(&[0.0, f32::INFINITY, 0.0]);
+        assert_eq!(flag(host_buf.unscale(&inv)?)?, 1.0);
+
+        for bad in [f32::NAN, f32::NEG_INFINITY] {
+            let t = GradBuffer::new();
+            t.absorb(&Tensor::new(&[2.0f32, 3.0e38, 3.0e38], &dev)?)?;
+            assert_eq!(flag(t.unscale(&inv)?)?, 0.0, "finite values");
+            let g = t.to_tensor(&Tensor::zeros(3, DType::F32, &dev)?)?;
+            assert_eq!(
+                g.map(|g| g.to_vec1::<f32>()).transpose()?,
+                Some(vec![0.5, 0.75e38, 0.75e38])
+            );
+            t.absorb(&Tensor::new(&[0.0f32, bad, 0.0], &dev)?)?;
+            assert_eq!(flag(t.unscale(&inv)?)?, 1.0, "{bad}");
+        }
+        assert!(GradBuffer::new().unscale(&inv)?.is_none());
         Ok(())
     }
 }

@@ -24,7 +24,10 @@ use pulp::{Simd, WithSimd};
 
 use crate::error::Result;
 use crate::grad::GradRef;
-pub use crate::optim_generic::{adam_tensors, sgd_tensors, DeviceHyper, TensorState};
+pub use crate::optim_generic::{
+    adam_tensors, adam_tensors_unless, sgd_tensors, sgd_tensors_unless, skip_mask, DeviceHyper,
+    TensorState,
+};
 use crate::optim_math::{self, AdamConsts, SgdConsts};
 use crate::slices::{f32s, f32s_mut, fused_cpu};
 use redline_core::trace;

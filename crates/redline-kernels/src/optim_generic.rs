@@ -73,6 +73,15 @@ impl DeviceHyper {
         Ok(())
     }
 
+    /// Counts one more step unless `found_inf` (an f32 scalar on the device,
+    /// 1 or 0) is set: a step the loss scaler skips leaves Adam's count, as
+    /// PyTorch's skipped `optimizer.step()` does. Nothing is read back.
+    pub fn advance_unless(&self, found_inf: &Tensor) -> Result<()> {
+        let taken = found_inf.to_dtype(DType::F64)?.affine(-1.0, 1.0)?;
+        self.step.set(&(self.step.as_tensor() + taken)?)?;
+        Ok(())
+    }
+
     /// The step count and learning rate as the device holds them (0-d f64),
     /// for kernels that read them at every launch.
     #[cfg(feature = "cuda")]
@@ -122,15 +131,44 @@ pub fn adam_tensors(
     st: &mut TensorState,
     c: &AdamConsts<Tensor>,
 ) -> Result<Tensor> {
+    adam_tensors_unless(p, g, st, c, None)
+}
+
+/// [`adam_tensors`], and when `skip` (a u8 scalar on the device, from
+/// [`skip_mask`]) is set, the parameter and moments keep their values: the
+/// update is computed and discarded by a select, so a step the loss scaler
+/// skips needs no host read (and a captured step replays either way).
+pub fn adam_tensors_unless(
+    p: &Tensor,
+    g: &Tensor,
+    st: &mut TensorState,
+    c: &AdamConsts<Tensor>,
+    skip: Option<&Tensor>,
+) -> Result<Tensor> {
     let state = |slot: &Option<Var>| match slot {
         Some(v) => Ok(v.as_tensor().clone()),
         None => p.zeros_like(),
     };
-    let (m, v) = (state(&st.a)?, state(&st.b)?);
-    let [p, m, v] = optim_math::adam(p, g, &m, &v, c)?;
-    keep(&mut st.a, &m)?;
-    keep(&mut st.b, &v)?;
-    Ok(p)
+    let (m0, v0) = (state(&st.a)?, state(&st.b)?);
+    let [p1, m, v] = optim_math::adam(p, g, &m0, &v0, c)?;
+    keep(&mut st.a, &unless(skip, &m0, &m)?)?;
+    keep(&mut st.b, &unless(skip, &v0, &v)?)?;
+    unless(skip, p, &p1)
+}
+
+/// A step's skip flag as the select mask [`adam_tensors_unless`] and
+/// [`sgd_tensors_unless`] take: `found_inf` (an f32 scalar, 1 or 0) as u8.
+pub fn skip_mask(found_inf: &Tensor) -> Result<Tensor> {
+    Ok(found_inf.ne(0f32)?)
+}
+
+/// `old` where `skip` is set, else `new` (a select, not arithmetic: `new`
+/// holds NaN after an overflowed step, and NaN * 0 is NaN).
+fn unless(skip: Option<&Tensor>, old: &Tensor, new: &Tensor) -> Result<Tensor> {
+    match skip {
+        None => Ok(new.clone()),
+        Some(s) => Ok(s.broadcast_as(old.shape())?.where_cond(old, new)?),
+    }
 }
 
 /// One SGD update from candle tensor ops ([`optim_math::sgd`]); the momentum
@@ -141,12 +179,33 @@ pub fn sgd_tensors(
     st: &mut TensorState,
     c: &SgdConsts<Tensor>,
 ) -> Result<Tensor> {
-    let buf = st.a.as_ref().map(|v| v.as_tensor().clone());
-    let (p, buf) = optim_math::sgd(p, g, buf.as_ref(), c)?;
+    sgd_tensors_unless(p, g, st, c, None)
+}
+
+/// [`sgd_tensors`] that keeps the parameter and momentum buffer where
+/// `skip` is set (as [`adam_tensors_unless`]).
+pub fn sgd_tensors_unless(
+    p: &Tensor,
+    g: &Tensor,
+    st: &mut TensorState,
+    c: &SgdConsts<Tensor>,
+    skip: Option<&Tensor>,
+) -> Result<Tensor> {
+    let buf0 = st.a.as_ref().map(|v| v.as_tensor().clone());
+    let (p1, buf) = optim_math::sgd(p, g, buf0.as_ref(), c)?;
     if let Some(b) = buf {
-        keep(&mut st.a, &b)?;
+        match (&buf0, skip) {
+            (Some(old), _) => keep(&mut st.a, &unless(skip, old, &b)?)?,
+            (None, None) => keep(&mut st.a, &b)?,
+            // The first step, maybe skipped: the device cannot leave the
+            // buffer uncreated, so a skipped one leaves it zero. The next
+            // step's `momentum * 0 + (1 - dampening) * g` is PyTorch's fresh
+            // `g` exactly when dampening is 0 (its default); with dampening,
+            // that one step differs.
+            (None, Some(_)) => keep(&mut st.a, &unless(skip, &b.zeros_like()?, &b)?)?,
+        }
     }
-    Ok(p)
+    unless(skip, p, &p1)
 }
 
 #[cfg(test)]
@@ -260,6 +319,73 @@ mod tests {
         h.set_lr(0.25)?;
         // The same buffer holds the new value: a captured graph reading it sees it.
         assert_eq!(lr_var.as_tensor().to_scalar::<f64>()?, 0.25);
+        Ok(())
+    }
+
+    /// A step the scaler skips (flag 1) leaves the parameter, the moments and
+    /// the device's step count as they were, even with a NaN gradient; a
+    /// step it takes (flag 0) is the plain update, bit for bit; and steps
+    /// after a skip use the count without it.
+    #[test]
+    fn a_skipped_step_changes_nothing_on_the_device() -> Result<()> {
+        let dev = Device::Cpu;
+        let g = Tensor::new(&[0.5f32, -1.0, 2.0], &dev)?;
+        let nan = Tensor::new(&[0.5f32, f32::NAN, f32::INFINITY], &dev)?;
+        let p0 = Tensor::new(&[1.0f32, 2.0, 3.0], &dev)?;
+        let (yes, no) = (Tensor::new(1f32, &dev)?, Tensor::new(0f32, &dev)?);
+        // Plain: two steps with `g`.
+        let h = DeviceHyper::new(&dev, 0.1, 0)?;
+        let mut st = TensorState::default();
+        let mut plain = p0.clone();
+        let mut plain_sgd = (p0.clone(), TensorState::default());
+        let sgd = SgdStep {
+            lr: 0.1,
+            momentum: 0.9,
+            dampening: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+        };
+        for step in 1..=2 {
+            h.advance()?;
+            plain = adam_tensors(
+                &plain,
+                &g,
+                &mut st,
+                &h.adam(adam_hp(step, 0.1, false), DType::F32)?,
+            )?;
+            let c = h.sgd(sgd, DType::F32)?;
+            plain_sgd.0 = sgd_tensors(&plain_sgd.0, &g, &mut plain_sgd.1, &c)?;
+        }
+        // Masked: a skipped NaN step first (at the first step, with no state
+        // yet), then two taken steps.
+        let h = DeviceHyper::new(&dev, 0.1, 0)?;
+        let mut mst = TensorState::default();
+        let mut masked = p0.clone();
+        let mut msgd = (p0.clone(), TensorState::default());
+        for (grad, flag) in [(&nan, &yes), (&g, &no), (&g, &no)] {
+            let skip = skip_mask(flag)?;
+            h.advance_unless(flag)?;
+            let hp = adam_hp(h.steps()?.max(1), 0.1, false);
+            masked = adam_tensors_unless(
+                &masked,
+                grad,
+                &mut mst,
+                &h.adam(hp, DType::F32)?,
+                Some(&skip),
+            )?;
+            let c = h.sgd(sgd, DType::F32)?;
+            msgd.0 = sgd_tensors_unless(&msgd.0, grad, &mut msgd.1, &c, Some(&skip))?;
+            if flag.to_scalar::<f32>()? == 1.0 {
+                assert_eq!(masked.to_vec1::<f32>()?, p0.to_vec1::<f32>()?);
+                assert_eq!(h.steps()?, 0, "a skipped step is not counted");
+                let m = mst.a.as_ref().map(|m| m.as_tensor().to_vec1::<f32>());
+                assert_eq!(m.transpose()?, Some(vec![0.0; 3]), "moments untouched");
+            }
+        }
+        assert_eq!(h.steps()?, 2);
+        assert_eq!(masked.to_vec1::<f32>()?, plain.to_vec1::<f32>()?);
+        assert_ne!(masked.to_vec1::<f32>()?, p0.to_vec1::<f32>()?);
+        assert_eq!(msgd.0.to_vec1::<f32>()?, plain_sgd.0.to_vec1::<f32>()?);
         Ok(())
     }
 }

@@ -17,6 +17,6 @@ mod run;
 pub use csv::CsvLog;
 pub use error::{Error, Result};
 pub use log::RunLog;
-pub use records::{RunStatus, Summary};
+pub use records::{LossScaleRecord, RunStatus, Summary};
 pub use reopen::{Reopened, ResumePoint};
 pub use run::{summarize, Ending, Finished, ReportFn, Run};

@@ -211,6 +211,9 @@ impl Callback for RunLog {
                 if let Some(g) = s.grad_norm {
                     scalars.push(("train/grad_norm", g));
                 }
+                if let Some(g) = s.loss_scale {
+                    scalars.push(("train/loss_scale", g));
+                }
                 w.tb.add_scalars(s.step as i64, &scalars, unix_now())
                     .map_err(|e| e.to_string())
             }),

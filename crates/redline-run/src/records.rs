@@ -147,6 +147,10 @@ pub struct Summary {
     /// Whether the step ran as a replayed CUDA graph, or why not (`--cuda-graph`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cuda_graph: Option<String>,
+    /// `16-mixed`: the loss scaler's standing at the end (scale, clean
+    /// steps in a row, steps skipped on overflow).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<LossScaleRecord>,
     /// On a GPU: how its fp32 matrix products were computed
     /// (`--matmul-precision`: fp32 or TF32).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -183,6 +187,17 @@ pub struct Summary {
     pub other: BTreeMap<String, serde_json::Value>,
 }
 
+/// `summary.json`'s `loss_scale` (redline-train's `ScalerState`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LossScaleRecord {
+    /// The scale at the end.
+    pub scale: f64,
+    /// Clean steps since the last growth or overflow.
+    pub growth_tracker: u64,
+    /// Optimizer steps skipped because their gradients overflowed.
+    pub skipped_steps: u64,
+}
+
 impl Summary {
     /// The run's headline result: test accuracy, else the first other test
     /// metric, else the last validation's accuracy; `(name, value)`.
@@ -217,6 +232,9 @@ pub struct StepRecord {
     /// Gradient norm before clipping (with `--log-grad-norm` or norm clipping).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grad_norm: Option<f64>,
+    /// The loss scale after the step (`16-mixed`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<f64>,
 }
 
 /// A `{"kind":"epoch"}` record of `metrics.jsonl`, written at each epoch end.

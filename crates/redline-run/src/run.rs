@@ -305,6 +305,9 @@ pub fn summarize(mut m: Map<String, Value>, ending: Ending<'_>, samples: usize) 
         if let Some(p) = f.matmul_precision {
             m.insert("matmul_precision".into(), json!(p.describe()));
         }
+        if let Some(s) = &f.loss_scale {
+            m.insert("loss_scale".into(), json!(s));
+        }
         match &f.gpu_busy {
             Some(Ok(g)) => {
                 m.insert("gpu_busy".into(), json!(g));

@@ -124,6 +124,9 @@ pub struct CheckpointMeta {
     /// strings (JSON numbers stop at 2^53).
     #[serde(default)]
     pub rng: Vec<String>,
+    /// The loss scaler's standing (`16-mixed`).
+    #[serde(default)]
+    pub scaler: Option<crate::scaler::ScalerState>,
     /// When it was written (seconds since the Unix epoch).
     pub written_unix_s: f64,
     /// The tensor files and their check values (filled by [`write`]).

@@ -19,6 +19,8 @@ pub struct StepLog {
     pub grad_norm: Option<f64>,
     /// Learning rate used by the last step.
     pub lr: f64,
+    /// The loss scale after the last step (`16-mixed`).
+    pub loss_scale: Option<f64>,
     /// Training samples per second over the same window.
     pub samples_per_s: f64,
     /// Seconds since fit started.
@@ -115,6 +117,9 @@ pub struct FitSummary {
     /// Data-parallel: every rank's training time and breakdown (empty in one
     /// process); the slowest rank is the one the others waited for.
     pub ranks: Vec<crate::strategy::RankTimes>,
+    /// The loss scaler's standing at the end (`16-mixed`): scale, clean
+    /// steps in a row, steps skipped on overflow; `None` without a scaler.
+    pub loss_scale: Option<crate::scaler::ScalerState>,
 }
 
 /// An event of the training loop.

@@ -173,6 +173,13 @@ pub(crate) fn loop_eligibility(
             cfg.accumulate
         ));
     }
+    if cfg.loss_scale.is_some() {
+        return Err(
+            "16-mixed: the loss scaler's steps (skipped by a select on the device) have not run \
+             in a captured graph on a GPU yet"
+                .into(),
+        );
+    }
     if let Some(s) = train.sharding() {
         return Err(format!(
             "data-parallel (rank {} of {}): the gradient all-reduce runs on the host between \

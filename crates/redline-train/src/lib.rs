@@ -9,6 +9,7 @@
 //! * [`clip`]: gradient clipping (norm, value) and the gradient norm.
 //! * [`metrics`]: the JSON-lines metrics writer.
 //! * [`strategy`]: one process or data-parallel ranks (`--strategy ddp`).
+//! * [`scaler`]: the dynamic loss scaler of `16-mixed` (PyTorch's `GradScaler`).
 
 pub mod checkpoint;
 pub mod clip;
@@ -25,6 +26,7 @@ pub mod optim;
 mod optim_gpu;
 pub mod probe;
 mod running;
+pub mod scaler;
 pub mod schedule;
 pub mod step;
 pub mod strategy;
@@ -40,6 +42,7 @@ pub use kernel_trace::GpuBusyResult;
 pub use metrics::{epoch_record, prefixed, step_record, test_record, JsonlMetrics};
 pub use optim::{Optimizer, OptimizerConfig};
 pub use redline_profile::{GpuBusy, Mode as ProfilerMode, Profile};
+pub use scaler::{GradScaler, LossScale, ScalerState};
 pub use schedule::LrSchedule;
 pub use step::{Classifier, Metric, RegressionLoss, Regressor, StepOutput, TrainStep};
 pub use strategy::Strategy;

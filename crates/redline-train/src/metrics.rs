@@ -60,6 +60,9 @@ pub fn step_record(s: &StepLog) -> serde_json::Value {
     if let (Some(g), Some(m)) = (s.grad_norm, r.as_object_mut()) {
         m.insert("grad_norm".into(), num(g));
     }
+    if let (Some(g), Some(m)) = (s.loss_scale, r.as_object_mut()) {
+        m.insert("loss_scale".into(), num(g));
+    }
     r
 }
 

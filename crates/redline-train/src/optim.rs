@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use redline_kernels::grad::{GradRef, Param};
 use redline_kernels::optim::{
-    adam_step, adam_tensors, sgd_step, sgd_tensors, AdamStep, DeviceHyper, SgdStep, SlotState,
-    TensorState,
+    adam_step, adam_tensors_unless, sgd_step, sgd_tensors_unless, AdamStep, DeviceHyper, SgdStep,
+    SlotState, TensorState,
 };
 use redline_kernels::optim_math::{AdamConsts, SgdConsts};
 
@@ -255,12 +255,45 @@ impl Optimizer {
     /// runs where it covers the device; otherwise the generic tensor path
     /// (same arithmetic) does.
     pub fn step(&mut self) -> Result<()> {
+        self.step_unless(None)
+    }
+
+    /// [`Optimizer::step`] unless `found_inf` (an f32 scalar, 1 or 0, from
+    /// the loss scaler's unscale) is set; a skipped step takes the gradients
+    /// and changes nothing else, its count included (PyTorch's
+    /// `GradScaler.step` not calling `optimizer.step()`). On the CPU the flag
+    /// is read where it lies (no device to wait for); on a device the
+    /// update is computed and discarded by a select, so nothing is read
+    /// back and the step stays capturable.
+    pub fn step_skipping(&mut self, found_inf: &Tensor) -> Result<()> {
+        if found_inf.device().is_cpu() {
+            if found_inf.to_dtype(DType::F32)?.to_scalar::<f32>()? != 0.0 {
+                self.zero_grad();
+                return Ok(());
+            }
+            return self.step();
+        }
+        self.step_unless(Some(found_inf))
+    }
+
+    /// The update; with `found_inf` on a device, masked by it (the fused
+    /// CPU loop and the fused GPU kernel step aside: they cannot be masked).
+    pub(crate) fn step_unless(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
+        // With a device flag the host count may run ahead of the device's
+        // (which [`Optimizer::state`] reads); only the fused CPU loop, which
+        // such a step never takes, uses the host count.
         self.step += 1;
         let hp = self.step_params();
         let lr = self.cfg.lr();
+        let skip = found_inf
+            .map(redline_kernels::optim::skip_mask)
+            .transpose()?;
         if let Some(h) = &mut self.hyper {
             h.set_lr(lr)?;
-            h.advance()?;
+            match found_inf {
+                Some(f) => h.advance_unless(f)?,
+                None => h.advance()?,
+            }
         }
         // Parameters the fused CPU kernel declined: (slot, parameter, gradient).
         let mut pending: Vec<(usize, Tensor, Tensor)> = Vec::new();
@@ -271,6 +304,7 @@ impl Optimizer {
             // the generic path.
             let declined = slot.param.grad().take_with(|g| -> Result<Option<Tensor>> {
                 let done = match hp {
+                    _ if skip.is_some() => false,
                     StepParams::Adam(hp) => adam_step(&p, g, fused, hp)?,
                     StepParams::Sgd(hp) => sgd_step(&p, g, fused, hp)?,
                 };
@@ -291,12 +325,21 @@ impl Optimizer {
         };
         let hyper = match &mut self.hyper {
             Some(h) => h,
-            // Made now, at this step's count (already advanced).
-            h => h.insert(DeviceHyper::new(first.device(), lr, self.step)?),
+            // Made now, at this step's count (already advanced on the
+            // host; with a flag, advanced on the device unless skipped).
+            h => {
+                let before = self.step - u64::from(found_inf.is_some());
+                let made = h.insert(DeviceHyper::new(first.device(), lr, before)?);
+                if let Some(f) = found_inf {
+                    made.advance_unless(f)?;
+                }
+                made
+            }
         };
         #[cfg(feature = "cuda")]
         // The same switch as the ops' fused kernels (`--fused-kernels`).
-        if redline_kernels::fused_gpu::enabled()
+        if skip.is_none()
+            && redline_kernels::fused_gpu::enabled()
             && crate::optim_gpu::step(&mut self.state, &pending, hyper, hp, self.step)?
         {
             return Ok(());
@@ -315,9 +358,10 @@ impl Optimizer {
                 continue;
             };
             let st = &mut slot.generic;
+            let skip = skip.as_ref();
             let new_p = match consts.iter().find(|(d, _)| *d == dtype) {
-                Some((_, Generic::Adam(c))) => adam_tensors(&p, &g, st, c)?,
-                Some((_, Generic::Sgd(c))) => sgd_tensors(&p, &g, st, c)?,
+                Some((_, Generic::Adam(c))) => adam_tensors_unless(&p, &g, st, c, skip)?,
+                Some((_, Generic::Sgd(c))) => sgd_tensors_unless(&p, &g, st, c, skip)?,
                 None => continue,
             };
             slot.param.var().set(&new_p)?;
@@ -411,7 +455,12 @@ impl Optimizer {
             }
         }
         Ok(OptimizerState {
-            steps: self.step,
+            // The device's count where it keeps one: the host's runs ahead
+            // of it after steps the loss scaler skipped there.
+            steps: match &self.hyper {
+                Some(h) => h.steps()?,
+                None => self.step,
+            },
             lr: self.lr(),
             buffers,
         })

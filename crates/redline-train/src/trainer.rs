@@ -64,6 +64,8 @@ pub struct Trainer {
     /// Whether any rank asked to stop, as the last gradient all-reduce
     /// said: ranks stop after the same step.
     ranks_stop: bool,
+    /// The loss scaler of `16-mixed` ([`TrainConfig::loss_scale`]).
+    scaler: Option<crate::scaler::GradScaler>,
 }
 
 impl Trainer {
@@ -463,6 +465,8 @@ impl Trainer {
             gpu_busy,
             matmul_precision: (!self.device.is_cpu()).then(redline_core::matmul_precision),
             ranks,
+            // Read once, after the per-step count above.
+            loss_scale: self.scaler.as_ref().map(|s| s.state()).transpose()?,
         };
         prof.switch(Action::Logging);
         self.emit(&Event::FitEnd(&summary))?;
@@ -717,9 +721,19 @@ impl Trainer {
 
     /// Back-propagates a micro-batch's loss into the parameters' gradients,
     /// divided by the accumulation count (Lightning's normalisation).
+    /// With a loss scaler, the loss is scaled first (the same scale for
+    /// every micro-batch of a step: it changes only at the update).
     fn backward(&self, loss: &candle_core::Tensor) -> Result<()> {
         let n = self.cfg.accumulate;
         let params = self.module.params();
+        let scaled;
+        let loss = match &self.scaler {
+            Some(s) => {
+                scaled = s.scale_loss(loss)?;
+                &scaled
+            }
+            None => loss,
+        };
         if n > 1 {
             params.backward(&loss.affine(1.0 / n as f64, 0.0)?)?;
         } else {
@@ -729,15 +743,29 @@ impl Trainer {
     }
 
     /// Clips the accumulated gradients and applies one optimizer update;
-    /// returns the gradient norm before clipping when it was computed.
+    /// returns the gradient norm before clipping when it was computed. With
+    /// a loss scaler (PyTorch's order): unscale, clip, step unless the
+    /// gradients overflowed, update the scale; the norm is then of the
+    /// unscaled gradients (inf or NaN on a skipped step).
     fn update(&mut self) -> Result<Option<candle_core::Tensor>> {
+        let params: Vec<&redline_kernels::grad::Param> = self.optimizer.params().collect();
+        let found_inf = match &self.scaler {
+            Some(s) => Some(s.unscale(&params)?),
+            None => None,
+        };
         let norm = if self.cfg.clip.is_some() || self.cfg.log_grad_norm {
-            let params: Vec<&redline_kernels::grad::Param> = self.optimizer.params().collect();
             clip::prepare(&params, self.cfg.clip, self.cfg.log_grad_norm)?
         } else {
             None
         };
-        self.optimizer.step()?;
+        drop(params);
+        match (&found_inf, &self.scaler) {
+            (Some(f), Some(s)) => {
+                self.optimizer.step_skipping(f)?;
+                s.update(f)?;
+            }
+            _ => self.optimizer.step()?,
+        }
         Ok(norm)
     }
 
@@ -767,6 +795,11 @@ impl Trainer {
             loss,
             grad_norm: grad_norm.get("grad_norm"),
             lr: self.optimizer.lr(),
+            loss_scale: self
+                .scaler
+                .as_ref()
+                .map(|s| s.read_scale(&self.reads))
+                .transpose()?,
             samples_per_s: if secs > 0.0 {
                 samples as f64 / secs
             } else {

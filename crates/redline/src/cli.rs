@@ -180,14 +180,19 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N")]
     pub devices: Option<usize>,
     /// Numeric precision, Lightning's names: 32-true (32), bf16-mixed (bf16: fp32 weights and
-    /// update, matrix products and convolutions in bf16, losses in fp32), bf16-true (everything
-    /// in bf16) or 16-mixed (16; not built yet). docs/precision.md.
+    /// update, matrix products and convolutions in bf16, losses in fp32), 16-mixed (16: the
+    /// same in fp16, with a dynamic loss scaler) or bf16-true (everything in bf16; not built
+    /// yet). docs/precision.md.
     #[arg(long, default_value = "32-true", value_name = "PRECISION")]
     #[serde(
         default = "default_precision",
         skip_serializing_if = "is_default_precision"
     )]
     pub precision: String,
+    /// 16-mixed's loss scaler, PyTorch's GradScaler settings:
+    /// dynamic[:init=65536][:growth=2][:backoff=0.5][:interval=2000] (the defaults).
+    #[arg(long, value_name = "dynamic[:KEY=VALUE...]")]
+    pub loss_scale: Option<String>,
     /// Epochs to train.
     #[arg(long, default_value_t = 5)]
     pub epochs: usize,

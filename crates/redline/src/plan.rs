@@ -73,6 +73,8 @@ pub struct Plan {
     /// A 16-bit precision's step time against fp32's on this job and device:
     /// the line, and the ratio.
     pub precision_timing: Option<(String, f64)>,
+    /// 16-mixed's loss scaler (`--loss-scale`, else GradScaler's defaults).
+    pub loss_scale: Option<redline_train::LossScale>,
 }
 
 /// The shipped Fashion-MNIST: `./data/fashion-mnist` from the repository root,
@@ -206,6 +208,7 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
     }
     let schedule: redline_train::LrSchedule = args.lr_schedule.parse()?;
     let precision = precision(&args.precision)?;
+    let loss_scale = loss_scale(precision, args.loss_scale.as_deref())?;
     let early_stop: Option<redline_train::EarlyStop> =
         args.early_stop.as_deref().map(str::parse).transpose()?;
     // Process-wide, as PyTorch's: the device probe below times the same math.
@@ -328,6 +331,7 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
         ranks,
         precision,
         precision_timing,
+        loss_scale,
     })
 }
 
@@ -338,17 +342,27 @@ fn precision(flag: &str) -> anyhow::Result<Precision> {
     if p == Precision::Bf16True {
         bail!(
             "--precision {flag}: bf16-true (bf16 parameters and optimizer state) is not built yet\n\
-             HINT: available: 32-true, bf16-mixed (bf16 products over fp32 weights)"
-        );
-    }
-    if p == Precision::Fp16Mixed {
-        bail!(
-            "--precision {flag}: 16-mixed needs the dynamic loss scaler (GradScaler), which is not \
-             built yet\nHINT: available: 32-true, bf16-mixed (the same memory and speed idea, \
-             without loss scaling: bf16 keeps fp32's range)"
+             HINT: available: 32-true, bf16-mixed (bf16 products over fp32 weights), 16-mixed \
+             (fp16 products with a loss scaler)"
         );
     }
     Ok(p)
+}
+
+/// The loss scaler of `16-mixed` (`--loss-scale`, or GradScaler's defaults);
+/// the flag with another precision is refused (it would do nothing).
+fn loss_scale(
+    precision: Precision,
+    flag: Option<&str>,
+) -> anyhow::Result<Option<redline_train::LossScale>> {
+    match (precision, flag) {
+        (Precision::Fp16Mixed, f) => Ok(Some(f.map(str::parse).transpose()?.unwrap_or_default())),
+        (_, None) => Ok(None),
+        (p, Some(f)) => bail!(
+            "--loss-scale {f}: only --precision 16-mixed scales the loss (this run is {p}; bf16 \
+             keeps fp32's range and needs no scaling)"
+        ),
+    }
 }
 
 /// A data-parallel rank's device: `cuda:LOCAL_RANK` where `auto` found GPUs

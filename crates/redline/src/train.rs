@@ -59,6 +59,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         ranks,
         precision,
         precision_timing,
+        loss_scale,
     } = plan;
     let world = ranks.launch.world_size;
     // Each rank reads its shard of every epoch (DistributedSampler): padded
@@ -222,6 +223,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         fused_kernels: args.fused_kernels.parse()?,
         schedule,
         early_stop,
+        loss_scale,
     };
     loop_cfg.check()?;
     let loop_cfg_schedule = loop_cfg.schedule.clone();
@@ -466,6 +468,12 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                 args.matmul_precision
             );
         }
+        if let Some(s) = &fit.loss_scale {
+            println!(
+                "loss scale: {} at the end, {} of {} steps skipped on overflow",
+                s.scale, s.skipped_steps, fit.steps
+            );
+        }
         match &fit.gpu_busy {
             Some(Ok(g)) => println!("{}", g.line()),
             Some(Err(why)) => println!("GPU busy: not measured: {why}"),
@@ -572,16 +580,34 @@ fn precision_path(precision: Precision, device: &redline_core::Device) -> Option
         ));
     }
     let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let native: Vec<&str> = ["avx512_bf16", "amx_bf16"]
+    let (ty, wanted, none) = match precision {
+        Precision::Fp16Mixed => (
+            "fp16",
+            ["avx512_fp16", "amx_fp16"],
+            "no AVX-512 FP16 or AMX-FP16",
+        ),
+        _ => (
+            "bf16",
+            ["avx512_bf16", "amx_bf16"],
+            "no AVX-512 BF16 or AMX",
+        ),
+    };
+    let native: Vec<&str> = wanted
         .into_iter()
         .filter(|f| flags.split_whitespace().any(|w| w == *f))
         .collect();
+    let scaler = match precision {
+        Precision::Fp16Mixed => {
+            "; fp16 weight gradients (inf above 65504) under a dynamic loss scale"
+        }
+        _ => "",
+    };
     Some(format!(
-        "{precision} on the CPU: fp32 GEMMs and convolutions on bf16-rounded operands, outputs \
-         rounded to bf16 (a bf16 product with fp32 accumulation); this CPU has {} (not used \
-         yet)",
+        "{precision} on the CPU: fp32 GEMMs and convolutions on {ty}-rounded operands, outputs \
+         rounded to {ty} (a {ty} product with fp32 accumulation){scaler}; this CPU has {} (not \
+         used yet)",
         if native.is_empty() {
-            "no AVX-512 BF16 or AMX".to_string()
+            none.to_string()
         } else {
             native.join(" and ")
         }

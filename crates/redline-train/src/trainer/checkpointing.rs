@@ -144,6 +144,7 @@ impl Trainer {
                 .map(u128::to_string)
                 .collect(),
             monitor,
+            scaler: self.scaler.as_ref().map(|s| s.state()).transpose()?,
             written_unix_s: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
@@ -257,6 +258,12 @@ impl Trainer {
                 message: format!("`rng`: not a stream position: {e}"),
             })?;
         self.module.load_rng_state(&rng)?;
+        if let (Some(s), Some(st)) = (self.scaler.as_mut(), &loaded.meta.scaler) {
+            s.load_state(st).map_err(|e| Error::Checkpoint {
+                path: loaded.dir.join(checkpoint::STATE),
+                message: e.to_string(),
+            })?;
+        }
         self.resume = Some((loaded.dir, loaded.meta));
         Ok(())
     }

@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::events::Callback;
 use crate::graph::GraphMode;
 use crate::optim::OptimizerConfig;
+use crate::scaler::{GradScaler, LossScale};
 use crate::schedule::LrSchedule;
 use crate::step::TrainStep;
 use crate::strategy::Strategy;
@@ -74,6 +75,11 @@ pub struct TrainConfig {
     /// Stop when a logged metric stops improving (`--early-stop`).
     #[serde(default)]
     pub early_stop: Option<EarlyStop>,
+    /// The dynamic loss scaler (`--precision 16-mixed`, `--loss-scale`):
+    /// the loss is scaled before the backward, the gradients unscaled before
+    /// clipping and the update, and overflowed steps skipped.
+    #[serde(default)]
+    pub loss_scale: Option<LossScale>,
 }
 
 impl Default for TrainConfig {
@@ -93,6 +99,7 @@ impl Default for TrainConfig {
             fused_kernels: GraphMode::default(),
             schedule: LrSchedule::default(),
             early_stop: None,
+            loss_scale: None,
         }
     }
 }
@@ -138,6 +145,9 @@ impl TrainConfig {
         self.schedule.check()?;
         if let Some(es) = &self.early_stop {
             es.check()?;
+        }
+        if let Some(s) = &self.loss_scale {
+            s.check()?;
         }
         if let Some(f) = self.divergence_threshold {
             if !(f.is_finite() && f > 1.0) {
@@ -278,6 +288,24 @@ impl TrainerBuilder {
         self
     }
 
+    /// The numeric precision's loop side (Lightning's precision plugin):
+    /// `16-mixed` scales the loss with PyTorch's default `GradScaler` unless
+    /// [`TrainerBuilder::loss_scale`] set one; the others need no scaler.
+    /// The model's dtypes come from building it in the same precision.
+    pub fn precision(mut self, precision: redline_core::Precision) -> Self {
+        self.cfg.loss_scale = match precision {
+            redline_core::Precision::Fp16Mixed => Some(self.cfg.loss_scale.unwrap_or_default()),
+            _ => None,
+        };
+        self
+    }
+
+    /// The loss scaler's settings (`None`: no scaler).
+    pub fn loss_scale(mut self, cfg: Option<LossScale>) -> Self {
+        self.cfg.loss_scale = cfg;
+        self
+    }
+
     /// The model's name, for events.
     pub fn model_name(mut self, name: impl Into<String>) -> Self {
         self.model_name = name.into();
@@ -298,6 +326,11 @@ impl TrainerBuilder {
             redline_core::threads::check(n).map_err(Error::Config)?;
         }
         let optimizer = self.optimizer.build(module.params().to_vec())?;
+        let scaler = self
+            .cfg
+            .loss_scale
+            .map(|c| GradScaler::new(c, device.candle()))
+            .transpose()?;
         // The fused GPU kernels (optimizer, loss, layers) read one process-wide
         // switch; the CPU always uses its own.
         if !device.is_cpu() {
@@ -324,6 +357,7 @@ impl TrainerBuilder {
             resume: None,
             strategy: self.strategy,
             ranks_stop: false,
+            scaler,
         })
     }
 }

@@ -17,7 +17,9 @@ Writes `bf16_mixed_<model>_trace.json` and `bf16_mixed_<model>_final.safetensors
 with `torch.amp.GradScaler("cpu")` (`scaler.scale(loss).backward()`, `scaler.step(opt)`,
 `scaler.update()`), twice per model: with GradScaler's defaults (`fp16_mixed_<model>_*`),
 and made to overflow (`fp16_overflow_<model>_*`: `init_scale=2**24`, `growth_interval=3`, so
-the first steps overflow, are skipped and back off, and the scale grows and overflows again).
+the first steps overflow, are skipped and back off, and the scale grows and overflows again),
+and (MLP) made to overflow with 2 micro-batches a step and `clip_grad_norm_(0.5)` after
+`unscale_` (`fp16_accum_clip_mlp_*`).
 Each step records the loss, whether the step was skipped (the scale went down) and the scale
 after `update()`.
 """
@@ -73,14 +75,20 @@ def run(name, data, out):
     print(f"{name}: {steps} steps, logits {logits_dtype}, last loss {losses[-1]:.4f}")
 
 
-# (file prefix, GradScaler settings) of the 16-mixed runs.
+# (file prefix, GradScaler settings, micro-batches per step, clip_grad_norm_ max) of
+# the 16-mixed runs: defaults; made to overflow; made to overflow with Lightning's
+# `accumulate_grad_batches=2` and `gradient_clip_val=0.5` (each micro-batch's loss
+# divided by 2, then unscale_, clip, step, update: Lightning's order).
 FP16_RUNS = [
-    ("fp16_mixed", {"init_scale": 65536.0, "growth_interval": 2000}),
-    ("fp16_overflow", {"init_scale": 2.0 ** 24, "growth_interval": 3}),
+    ("fp16_mixed", {"init_scale": 65536.0, "growth_interval": 2000}, 1, None),
+    ("fp16_overflow", {"init_scale": 2.0 ** 24, "growth_interval": 3}, 1, None),
+    ("fp16_accum_clip", {"init_scale": 2.0 ** 24, "growth_interval": 3}, 2, 0.5),
 ]
 
 
-def run_fp16(name, data, out, prefix, settings):
+def run_fp16(name, data, out, prefix, settings, accumulate, clip):
+    if accumulate > 1 and name != "mlp":
+        return
     steps = STEPS[name]
     x, y = load_split(data, "train", BATCH_SIZE * steps)
     model = MODELS[name]()
@@ -88,18 +96,25 @@ def run_fp16(name, data, out, prefix, settings):
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu", **settings)
     losses, scales, skipped, logits_dtype = [], [], [], None
-    for i in range(steps):
-        xb, yb = x[i * BATCH_SIZE:(i + 1) * BATCH_SIZE], y[i * BATCH_SIZE:(i + 1) * BATCH_SIZE]
+    for i in range(steps // accumulate):
         opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.float16):
-            logits = model(xb)
-            loss = F.cross_entropy(logits, yb)
-        logits_dtype = str(logits.dtype)
+        step_loss = 0.0
         before = scaler.get_scale()
-        scaler.scale(loss).backward()
+        for j in range(accumulate):
+            k = i * accumulate + j
+            xb, yb = x[k * BATCH_SIZE:(k + 1) * BATCH_SIZE], y[k * BATCH_SIZE:(k + 1) * BATCH_SIZE]
+            with torch.autocast("cpu", dtype=torch.float16):
+                logits = model(xb)
+                loss = F.cross_entropy(logits, yb)
+            logits_dtype = str(logits.dtype)
+            scaler.scale(loss / accumulate).backward()
+            step_loss += float(loss.detach()) / accumulate
+        if clip is not None:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         scaler.step(opt)
         scaler.update()
-        losses.append(float(loss.detach()))
+        losses.append(step_loss)
         scales.append(scaler.get_scale())
         # The scale goes down only after an overflow, and a step that
         # overflowed was skipped.
@@ -118,8 +133,10 @@ def run_fp16(name, data, out, prefix, settings):
             "precision": "16-mixed (torch.autocast cpu float16, torch.amp.GradScaler cpu)",
             "scaler": {"init": settings["init_scale"], "growth": 2.0, "backoff": 0.5,
                        "interval": settings["growth_interval"]},
-            "steps": steps,
+            "steps": steps // accumulate,
             "batch": BATCH_SIZE,
+            "accumulate": accumulate,
+            "clip_grad_norm": clip,
             "optimizer": "adam",
             "lr": 1e-3,
             "logits_dtype": logits_dtype,
@@ -130,7 +147,7 @@ def run_fp16(name, data, out, prefix, settings):
             "torch_version": torch.__version__,
         }, f, indent=1)
         f.write("\n")
-    print(f"{prefix} {name}: {steps} steps, {sum(skipped)} skipped, scale {scales[-1]:g}, "
+    print(f"{prefix} {name}: {steps // accumulate} steps, {sum(skipped)} skipped, scale {scales[-1]:g}, "
           f"last loss {losses[-1]:.4f}")
 
 
@@ -147,8 +164,8 @@ def main():
         if "bf16-mixed" in precisions:
             run(name, a.data, a.out)
         if "16-mixed" in precisions:
-            for prefix, settings in FP16_RUNS:
-                run_fp16(name, a.data, a.out, prefix, settings)
+            for prefix, settings, accumulate, clip in FP16_RUNS:
+                run_fp16(name, a.data, a.out, prefix, settings, accumulate, clip)
 
 
 if __name__ == "__main__":

@@ -222,6 +222,26 @@ fn fp16_mixed_mlp_overflows_as_pytorchs_gradscaler() {
     );
 }
 
+/// Lightning's order with accumulation and clipping: every micro-batch's
+/// loss scaled by the same scale, the sum unscaled once, then clipped
+/// (so the norm is of the true gradients), then the step or its skip.
+#[test]
+fn fp16_mixed_unscales_before_clipping_and_after_accumulating() {
+    fp16_mixed_matches_gradscaler(
+        "mlp",
+        10,
+        "fp16_accum_clip",
+        &[
+            "--loss-scale",
+            "dynamic:init=16777216:interval=3",
+            "--accumulate",
+            "2",
+            "--clip-grad-norm",
+            "0.5",
+        ],
+    );
+}
+
 #[test]
 fn fp16_mixed_cnn_matches_pytorch_gradscaler() {
     fp16_mixed_matches_gradscaler("cnn", 8, "fp16_mixed", &[]);

@@ -89,9 +89,9 @@ fn kill_at(mut child: Child, dir: &Path, at: usize) -> usize {
     }
 }
 
-/// `(step, loss bits, lr bits)` of the step records and `(epoch, train loss,
-/// val loss)` of the epoch records.
-type Logged = (Vec<(u64, u64, u64)>, Vec<(u64, String, String)>);
+/// `(step, loss bits, lr bits, loss scale bits)` of the step records and
+/// `(epoch, train loss, val loss)` of the epoch records.
+type Logged = (Vec<(u64, u64, u64, u64)>, Vec<(u64, String, String)>);
 
 fn logged(dir: &Path) -> Logged {
     let recs = jsonl(&dir.join("metrics.jsonl"));
@@ -104,6 +104,7 @@ fn logged(dir: &Path) -> Logged {
                 r["step"].as_u64().unwrap(),
                 bits(&r["loss"]),
                 bits(&r["lr"]),
+                bits(&r["loss_scale"]),
             )
         })
         .collect();
@@ -191,6 +192,32 @@ fn an_mlp_killed_at_random_steps_resumes_bit_for_bit() {
             ],
             seed,
             (120, 1650),
+        );
+    }
+}
+
+#[test]
+fn a_16_mixed_run_resumes_with_its_loss_scale() {
+    // Made to overflow (2^24 backs off to about 2^19, then grows every 3
+    // clean steps and overflows again): the scale, its run of clean steps
+    // and the skipped count change all along, so a resume that lost them
+    // would skip other steps and log other scales.
+    for seed in [1, 2] {
+        killed_and_resumed(
+            &[
+                "--threads",
+                "1",
+                "--max-steps",
+                "300",
+                "--checkpoint-every",
+                "40",
+                "--precision",
+                "16-mixed",
+                "--loss-scale",
+                "dynamic:init=16777216:interval=3",
+            ],
+            seed,
+            (50, 280),
         );
     }
 }

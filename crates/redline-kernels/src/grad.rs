@@ -139,6 +139,16 @@ impl GradBuffer {
         Ok(())
     }
 
+    /// Bytes of the gradient held now (0 when empty).
+    pub fn bytes(&self) -> u64 {
+        let buf = self.lock();
+        match &buf.held {
+            Held::Empty => 0,
+            Held::Host => (buf.host.len() * 4) as u64,
+            Held::Tensor(t) => (t.elem_count() * t.dtype().size_in_bytes()) as u64,
+        }
+    }
+
     /// Whether no gradient arrived since the last take.
     pub fn is_empty(&self) -> bool {
         matches!(self.lock().held, Held::Empty)

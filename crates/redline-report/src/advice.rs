@@ -224,6 +224,50 @@ fn precision_slower(run: &RunData) -> Option<Advice> {
     })
 }
 
+/// What a 16-bit run's activations came to against fp32's, both measured
+/// at start on the run's own batch (`precision_activations`): the larger
+/// batch that now fits in fp32's activation memory, or, where the 16-bit
+/// run holds about as much, that it saves none here.
+fn precision_memory(run: &RunData) -> Option<Advice> {
+    let s = run.summary.as_ref()?;
+    let a = s.other.get("precision_activations")?;
+    let (half, full) = (a.get("bytes")?.as_f64()?, a.get("fp32_bytes")?.as_f64()?);
+    let batch = a.get("batch")?.as_u64()?;
+    let p = s.other.get("precision")?.as_str()?;
+    if !(half > 0.0 && full > 0.0) {
+        return None;
+    }
+    let (ratio, mib) = (half / full, |b: f64| b / 1048576.0);
+    let both = format!(
+        "{p} holds {:.2} MiB of activations per batch of {batch} against {:.2} MiB in 32-true \
+         ({:.0}%)",
+        mib(half),
+        mib(full),
+        100.0 * ratio
+    );
+    if ratio <= 0.8 {
+        let fits = (batch as f64 / ratio).floor() as u64;
+        return Some(Advice::new(
+            Level::Info,
+            format!(
+                "{both}: where memory bounds the batch, a batch of about {fits} now fits in the \
+                 activation memory fp32's batch of {batch} took (--batch-size {fits}; `redline \
+                 tune batch-size --precision {p}` measures it)"
+            ),
+        ));
+    }
+    (ratio >= 0.95).then(|| {
+        Advice::new(
+            Level::Info,
+            format!(
+                "{both}: it saves no activation memory on this device (the CPU's 16-bit path \
+                 keeps fp32 copies of the rounded operands for the backward), so no larger \
+                 batch fits than in fp32"
+            ),
+        )
+    })
+}
+
 fn small_batch(run: &RunData, b: &Breakdown) -> Option<Advice> {
     let batch = run.summary.as_ref()?.batch_size?;
     let steps = run.step_count()?;
@@ -295,6 +339,7 @@ pub fn advice(run: &RunData) -> Vec<Advice> {
         ));
         out.extend(small_batch(run, b));
         out.extend(precision_slower(run));
+        out.extend(precision_memory(run));
         if traced.is_none() {
             out.extend(compute(run, b));
         }

@@ -190,6 +190,7 @@ fn header(run: &RunData) -> String {
         resumed_note(s),
         s.device_choice.clone(),
         precision_note(s),
+        memory_note(s),
         ranks_note(s),
         gpu_busy_note(run),
         s.cuda_graph
@@ -225,6 +226,26 @@ fn precision_note(s: &crate::records::Summary) -> Option<String> {
         Some(how) => format!("precision: {how}{timing}"),
         None => format!("precision: {p}{timing}"),
     })
+}
+
+/// `memory: parameters .., gradients .., optimizer state .., activations ..`
+/// from `summary.json` `memory` (measured at the fit's first step).
+fn memory_note(s: &crate::records::Summary) -> Option<String> {
+    let m = s.other.get("memory")?;
+    let part = |k: &str| m.get(k).and_then(|v| v.as_f64()).map(|b| b / 1048576.0);
+    let (p, g, o, a) = (
+        part("parameters")?,
+        part("gradients")?,
+        part("optimizer")?,
+        part("activations")?,
+    );
+    let batch = m.get("batch").and_then(|v| v.as_u64()).unwrap_or(0);
+    let by = m.get("measured_by").and_then(|v| v.as_str()).unwrap_or("?");
+    Some(format!(
+        "memory: parameters {p:.2} MiB, gradients {g:.2} MiB, optimizer state {o:.2} MiB, \
+         activations {a:.2} MiB (batch {batch}, by {by}); {:.2} MiB in all",
+        p + g + o + a
+    ))
 }
 
 /// `data-parallel: N ranks (launcher)` for a run of several ranks, from

@@ -308,6 +308,9 @@ pub fn summarize(mut m: Map<String, Value>, ending: Ending<'_>, samples: usize) 
         if let Some(s) = &f.loss_scale {
             m.insert("loss_scale".into(), json!(s));
         }
+        if let Some(mem) = &f.memory {
+            m.insert("memory".into(), json!(mem));
+        }
         match &f.gpu_busy {
             Some(Ok(g)) => {
                 m.insert("gpu_busy".into(), json!(g));

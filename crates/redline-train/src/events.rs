@@ -120,6 +120,9 @@ pub struct FitSummary {
     /// The loss scaler's standing at the end (`16-mixed`): scale, clean
     /// steps in a row, steps skipped on overflow; `None` without a scaler.
     pub loss_scale: Option<crate::scaler::ScalerState>,
+    /// The step's memory: parameters, gradients, optimizer state and one
+    /// batch's activations, measured at the fit's first step.
+    pub memory: Option<crate::memory::MemorySplit>,
 }
 
 /// An event of the training loop.

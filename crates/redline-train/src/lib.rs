@@ -20,6 +20,7 @@ pub mod events;
 pub mod graph;
 mod kernel_trace;
 pub mod loss;
+pub mod memory;
 pub mod metrics;
 pub mod optim;
 #[cfg(feature = "cuda")]
@@ -39,6 +40,7 @@ pub use error::{Error, Result};
 pub use events::{Callback, EpochLog, EvalResult, Event, FitSummary, MetricValues, StepLog};
 pub use graph::{GraphMode, GraphStatus};
 pub use kernel_trace::GpuBusyResult;
+pub use memory::MemorySplit;
 pub use metrics::{epoch_record, prefixed, step_record, test_record, JsonlMetrics};
 pub use optim::{Optimizer, OptimizerConfig};
 pub use redline_profile::{GpuBusy, Mode as ProfilerMode, Profile};

@@ -526,6 +526,24 @@ impl Optimizer {
         self.set_lr(st.lr)
     }
 
+    /// Bytes of the state held now (moments, momentum buffers, on the host
+    /// for the fused CPU loop or as device tensors).
+    pub fn state_bytes(&self) -> u64 {
+        let tensor = |v: &Option<candle_core::Var>| {
+            v.as_ref().map_or(0, |v| {
+                (v.as_tensor().elem_count() * v.as_tensor().dtype().size_in_bytes()) as u64
+            })
+        };
+        self.state
+            .iter()
+            .map(|s| {
+                ((s.fused.a.len() + s.fused.b.len()) * 4) as u64
+                    + tensor(&s.generic.a)
+                    + tensor(&s.generic.b)
+            })
+            .sum()
+    }
+
     /// The state buffers of this optimizer kind, PyTorch's names.
     fn buffer_names(&self) -> Vec<&'static str> {
         match self.cfg {

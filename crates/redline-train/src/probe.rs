@@ -12,13 +12,15 @@ use crate::step::TrainStep;
 use crate::trainer::{TrainConfig, Trainer};
 
 /// What [`measure`] timed.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Measured {
     /// Milliseconds per optimizer step.
     pub step_ms: f64,
     /// GPU busy % (kernel time / wall) over the timed fit, on a GPU with
     /// the kernel trace.
     pub gpu_busy_pct: Option<f64>,
+    /// The step's memory, as the timed fit measured it.
+    pub memory: Option<crate::memory::MemorySplit>,
 }
 
 /// Milliseconds per optimizer step of a step from `make` on `device`,
@@ -35,19 +37,22 @@ pub fn step_ms(
     warmup: usize,
     timed: usize,
 ) -> Result<f64> {
-    Ok(measure(make, device, train, optimizer, (warmup, timed), false)?.step_ms)
+    Ok(measure(make, device, train, optimizer, None, (warmup, timed), false)?.step_ms)
 }
 
-/// [`step_ms`], and with `kernel_trace` on a GPU, how busy the GPU was.
+/// [`step_ms`] with `loss_scale`'s scaler in the step (`16-mixed`), and
+/// with `kernel_trace` on a GPU, how busy the GPU was.
 pub fn measure(
     make: &dyn Fn() -> Result<Box<dyn TrainStep>>,
     device: &Device,
     train: &Loader,
     optimizer: &OptimizerConfig,
+    loss_scale: Option<crate::scaler::LossScale>,
     (warmup, timed): (usize, usize),
     kernel_trace: bool,
 ) -> Result<Measured> {
-    let fit = |steps: usize, trace: bool| -> Result<(usize, f64, Option<f64>)> {
+    type Fit = (usize, f64, Option<f64>, Option<crate::memory::MemorySplit>);
+    let fit = |steps: usize, trace: bool| -> Result<Fit> {
         let cfg = TrainConfig {
             epochs: 0,
             max_steps: Some(steps),
@@ -58,6 +63,7 @@ pub fn measure(
             // it can be, so the probe times replays, not eager launches.
             cuda_graph: GraphMode::Auto,
             kernel_trace: trace,
+            loss_scale,
             ..TrainConfig::default()
         };
         let mut trainer = Trainer::builder()
@@ -69,12 +75,12 @@ pub fn measure(
             Some(Ok(g)) => Some(g.percent),
             _ => None,
         };
-        Ok((summary.steps, summary.train_s, busy))
+        Ok((summary.steps, summary.train_s, busy, summary.memory))
     };
     if warmup > 0 {
         fit(warmup, false)?;
     }
-    let (steps, secs, gpu_busy_pct) = fit(timed.max(1), kernel_trace)?;
+    let (steps, secs, gpu_busy_pct, memory) = fit(timed.max(1), kernel_trace)?;
     if steps == 0 || !(secs.is_finite() && secs > 0.0) {
         return Err(Error::Config(format!(
             "the device probe ran {steps} steps in {secs} s: nothing to compare"
@@ -83,6 +89,7 @@ pub fn measure(
     Ok(Measured {
         step_ms: 1e3 * secs / steps as f64,
         gpu_busy_pct,
+        memory,
     })
 }
 

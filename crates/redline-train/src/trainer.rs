@@ -66,6 +66,8 @@ pub struct Trainer {
     ranks_stop: bool,
     /// The loss scaler of `16-mixed` ([`TrainConfig::loss_scale`]).
     scaler: Option<crate::scaler::GradScaler>,
+    /// This fit's memory split, measured at its first step.
+    memory: Option<crate::memory::MemorySplit>,
 }
 
 impl Trainer {
@@ -179,6 +181,7 @@ impl Trainer {
     ) -> Result<FitSummary> {
         let fit_start = Instant::now();
         let reads_before = self.reads.count();
+        self.memory = None;
         let batches_per_epoch = train.batches_per_epoch();
         let steps_per_epoch = batches_per_epoch.div_ceil(self.cfg.accumulate);
         let planned = steps_per_epoch.saturating_mul(self.cfg.epochs);
@@ -467,6 +470,10 @@ impl Trainer {
             ranks,
             // Read once, after the per-step count above.
             loss_scale: self.scaler.as_ref().map(|s| s.state()).transpose()?,
+            memory: self.memory.take().map(|mut m| {
+                m.optimizer = self.optimizer.state_bytes();
+                m
+            }),
         };
         prof.switch(Action::Logging);
         self.emit(&Event::FitEnd(&summary))?;
@@ -573,18 +580,60 @@ impl Trainer {
         epoch_sums: &mut Running,
         prof: &mut Profiler,
     ) -> Result<()> {
+        let measure = self.memory.is_none();
+        let before = match measure {
+            true => redline_core::memory::stats(&self.device)?.map(|m| m.allocated),
+            false => None,
+        };
         prof.switch(Action::TrainingStep);
         let out = checked(self.module.training_step(batch)?)?;
         if st.first_loss.is_none() {
             st.first_loss = Some(out.loss.detach());
         }
+        if measure {
+            self.memory = Some(self.measure_forward(&out.loss, before, out.samples)?);
+        }
         prof.switch(Action::Backward);
         self.backward(&out.loss)?;
+        if let (true, Some(m)) = (measure, self.memory.as_mut()) {
+            m.gradients = crate::memory::gradient_bytes(self.module.params())?;
+        }
         prof.switch(Action::Metrics);
         let loss_sum = batch_loss_sum(&out.loss, out.samples)?;
         epoch_sums.add(&loss_sum, out.samples, &out.metrics)?;
         st.window.add_loss(&loss_sum, out.samples)?;
         Ok(())
+    }
+
+    /// The memory split's forward side, at a fit's first step: the
+    /// parameters, and the activations of `samples` samples (by the
+    /// allocator on a GPU that reports it, where `before` is what was
+    /// allocated before the forward; else by the graph's tensor sizes).
+    fn measure_forward(
+        &self,
+        loss: &candle_core::Tensor,
+        before: Option<u64>,
+        samples: usize,
+    ) -> Result<crate::memory::MemorySplit> {
+        let params = self.module.params();
+        let after = match before {
+            Some(_) => redline_core::memory::stats(&self.device)?.map(|m| m.allocated),
+            None => None,
+        };
+        let (activations, measured_by) = match (before, after) {
+            (Some(b), Some(a)) => (a.saturating_sub(b), "allocator"),
+            _ => (
+                crate::memory::activation_bytes(loss, params),
+                "tensor sizes",
+            ),
+        };
+        Ok(crate::memory::MemorySplit {
+            parameters: crate::memory::parameter_bytes(params),
+            activations,
+            batch: samples,
+            measured_by: measured_by.into(),
+            ..Default::default()
+        })
     }
 
     /// Clipping and the optimizer update; the gradient norm into the sums.

@@ -472,3 +472,32 @@ fn cuda_graph_mode_on_the_cpu_says_why_it_is_off() -> R {
     }
     Ok(())
 }
+
+/// The fit's memory split, measured at its first step: the 4-8-2 MLP's
+/// parameters (58 f32), as many gradient bytes, Adam's two moments, and
+/// activations that grow with the batch (the hidden layer and the logits).
+#[test]
+fn the_memory_split_counts_parameters_gradients_state_and_activations() -> R {
+    let split = |batch: usize| -> anyhow::Result<redline_train::MemorySplit> {
+        let mut trainer = Trainer::builder()
+            .config(cfg(1, Some(2)))
+            .build(Classifier::new(mlp(2)?), Device::cpu())?;
+        let fit = trainer.fit(&loader(classes(64)?, batch)?, None)?;
+        fit.memory.ok_or_else(|| anyhow::anyhow!("no memory split"))
+    };
+    let (small, big) = (split(4)?, split(32)?);
+    let params = (4 * 8 + 8 + 8 * 2 + 2) * 4;
+    assert_eq!(
+        (small.parameters, small.gradients, small.optimizer),
+        (params, params, 2 * params)
+    );
+    assert_eq!((small.batch, big.batch), (4, 32));
+    assert_eq!(small.measured_by, "tensor sizes");
+    // At least the hidden layer (B x 8) and the logits (B x 2), in f32.
+    assert!(small.activations >= 4 * 10 * 4, "{small:?}");
+    assert!(
+        big.activations >= 6 * small.activations,
+        "{small:?} -> {big:?}"
+    );
+    Ok(())
+}

@@ -30,6 +30,8 @@ pub struct Job<'a> {
     pub batch_size: usize,
     /// The run's seed.
     pub seed: u64,
+    /// 16-mixed's loss scaler, so that its step is timed with it.
+    pub loss_scale: Option<redline_train::LossScale>,
 }
 
 /// The device to train on, and for `auto` with a choice to make, the line
@@ -46,7 +48,8 @@ pub fn choose(
     for candidate in [DeviceSpec::Cpu, selected] {
         let device = Device::resolve(candidate)?;
         let ms = step_ms(job, &device, Precision::Fp32)
-            .with_context(|| format!("--device auto: timing the step on {device}"))?;
+            .with_context(|| format!("--device auto: timing the step on {device}"))?
+            .step_ms;
         timed.push((device, ms));
     }
     let (line, pick) = verdict(&timed, TIMED_STEPS, WARMUP_STEPS);
@@ -54,10 +57,14 @@ pub fn choose(
     Ok((device, Some(line)))
 }
 
-/// Milliseconds per step of `job` on `device` in `precision`: a head of the
-/// training split, placed once, [`WARMUP_STEPS`] untimed then
-/// [`TIMED_STEPS`] timed steps.
-fn step_ms(job: &Job<'_>, device: &Device, precision: Precision) -> anyhow::Result<f64> {
+/// The step of `job` on `device` in `precision` (its milliseconds and
+/// memory): a head of the training split, placed once, [`WARMUP_STEPS`]
+/// untimed then [`TIMED_STEPS`] timed steps.
+fn step_ms(
+    job: &Job<'_>,
+    device: &Device,
+    precision: Precision,
+) -> anyhow::Result<probe::Measured> {
     let batch = job.batch_size.clamp(1, job.train.len().max(1));
     let n = job.train.len().min((WARMUP_STEPS + TIMED_STEPS) * batch);
     let head: Vec<u32> = (0..n as u32).collect();
@@ -77,14 +84,31 @@ fn step_ms(job: &Job<'_>, device: &Device, precision: Precision) -> anyhow::Resu
         let model = job.model.build(device, precision, job.seed)?;
         Ok(job.step.step(model))
     };
-    Ok(probe::step_ms(
+    let loss_scale = match precision {
+        Precision::Fp16Mixed => Some(job.loss_scale.unwrap_or_default()),
+        _ => None,
+    };
+    Ok(probe::measure(
         &make,
         device,
         &loader,
         job.optimizer,
-        WARMUP_STEPS,
-        TIMED_STEPS,
+        loss_scale,
+        (WARMUP_STEPS, TIMED_STEPS),
+        false,
     )?)
+}
+
+/// A 16-bit precision measured against fp32 on the run's own job and device.
+#[derive(Debug, Clone)]
+pub struct PrecisionTiming {
+    /// The sentence with both step times and the verdict.
+    pub line: String,
+    /// The 16-bit step time over the fp32 one.
+    pub ratio: f64,
+    /// One batch's activations in the 16-bit precision and in fp32 (bytes),
+    /// and the batch.
+    pub activations: Option<(u64, u64, usize)>,
 }
 
 /// A 16-bit precision timed against fp32 on the run's own job and device,
@@ -95,13 +119,18 @@ pub fn precision_timing(
     job: &Job<'_>,
     device: &Device,
     precision: Precision,
-) -> anyhow::Result<Option<(String, f64)>> {
+) -> anyhow::Result<Option<PrecisionTiming>> {
     if precision == Precision::Fp32 {
         return Ok(None);
     }
     let context = || format!("--precision {precision}: timing the step against 32-true");
-    let half = step_ms(job, device, precision).with_context(context)?;
-    let full = step_ms(job, device, Precision::Fp32).with_context(context)?;
+    let half_m = step_ms(job, device, precision).with_context(context)?;
+    let full_m = step_ms(job, device, Precision::Fp32).with_context(context)?;
+    let activations = match (&half_m.memory, &full_m.memory) {
+        (Some(h), Some(f)) => Some((h.activations, f.activations, h.batch)),
+        _ => None,
+    };
+    let (half, full) = (half_m.step_ms, full_m.step_ms);
     let ratio = half / full.max(1e-9);
     let verdict = if ratio > 1.05 {
         format!("{ratio:.2}x slower than 32-true here (--precision 32-true is faster on {device})")
@@ -110,13 +139,14 @@ pub fn precision_timing(
     } else {
         "as fast as 32-true".to_string()
     };
-    Ok(Some((
-        format!(
+    Ok(Some(PrecisionTiming {
+        line: format!(
             "precision {precision}: {half:.3} ms per step against {full:.3} ms in 32-true on \
              {device} ({TIMED_STEPS} steps each after {WARMUP_STEPS} warm-up steps): {verdict}"
         ),
         ratio,
-    )))
+        activations,
+    }))
 }
 
 /// The faster of the timed devices (the first on a tie) and the sentence
@@ -180,6 +210,7 @@ mod tests {
             optimizer: &OptimizerConfig::by_name("adam", 1e-3)?,
             batch_size: 4,
             seed: 0,
+            loss_scale: None,
         };
         let (device, line) = choose(DeviceSpec::Auto, DeviceSpec::Cpu, &job)?;
         assert!(device.is_cpu() && line.is_none());

@@ -72,7 +72,7 @@ pub struct Plan {
     pub precision: Precision,
     /// A 16-bit precision's step time against fp32's on this job and device:
     /// the line, and the ratio.
-    pub precision_timing: Option<(String, f64)>,
+    pub precision_timing: Option<crate::auto_device::PrecisionTiming>,
     /// 16-mixed's loss scaler (`--loss-scale`, else GradScaler's defaults).
     pub loss_scale: Option<redline_train::LossScale>,
 }
@@ -287,6 +287,7 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
         // `--batch-size auto` times the device at the default batch.
         batch_size: args.batch_size.or(DEFAULT_BATCH),
         seed: args.seed,
+        loss_scale,
     };
     let (device, device_choice) = if ranks.is_distributed() {
         (rank_device(spec, selected, &ranks)?, None)
@@ -297,7 +298,7 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
         println!("{line}");
     }
     let precision_timing = crate::auto_device::precision_timing(&job, &device, precision)?;
-    if let Some((line, _)) = &precision_timing {
+    if let Some(crate::auto_device::PrecisionTiming { line, .. }) = &precision_timing {
         println!("{line}");
     }
     let mut ranks = ranks;

@@ -328,11 +328,19 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         ("precision_path", json!(precision_path(precision, &device))),
         (
             "precision_timing",
-            json!(precision_timing.as_ref().map(|t| &t.0)),
+            json!(precision_timing.as_ref().map(|t| &t.line)),
         ),
         (
             "precision_vs_fp32",
-            json!(precision_timing.as_ref().map(|t| t.1)),
+            json!(precision_timing.as_ref().map(|t| t.ratio)),
+        ),
+        (
+            "precision_activations",
+            json!(precision_timing.as_ref().and_then(|t| t.activations).map(
+                |(half, full, batch)| json!({
+                    "bytes": half, "fp32_bytes": full, "batch": batch
+                })
+            )),
         ),
         ("strategy", json!(if world > 1 { "ddp" } else { "single" })),
         ("world_size", json!(world)),
@@ -467,6 +475,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                  products are always full fp32)",
                 args.matmul_precision
             );
+        }
+        if let Some(m) = &fit.memory {
+            println!("memory: {}", m.line());
         }
         if let Some(s) = &fit.loss_scale {
             println!(

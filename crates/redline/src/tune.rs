@@ -180,7 +180,15 @@ pub fn batch_size(plan: &Plan, mut search: BatchSizeSearch) -> anyhow::Result<Ba
             },
         )?;
         memory::reset_peak(&plan.device);
-        let first = probe::measure(&make, &plan.device, &loader, &plan.opt_cfg, (2, 3), false);
+        let first = probe::measure(
+            &make,
+            &plan.device,
+            &loader,
+            &plan.opt_cfg,
+            plan.loss_scale,
+            (2, 3),
+            false,
+        );
         let est = match first {
             Ok(m) => m.step_ms,
             Err(e) if out_of_memory(&e) => return Ok(Trial::OutOfMemory(e.to_string())),
@@ -192,6 +200,7 @@ pub fn batch_size(plan: &Plan, mut search: BatchSizeSearch) -> anyhow::Result<Ba
             &plan.device,
             &loader,
             &plan.opt_cfg,
+            plan.loss_scale,
             (1, steps),
             true,
         );

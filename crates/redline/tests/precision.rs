@@ -53,6 +53,28 @@ fn bf16_mixed_matches_autocast(model: &str, steps: usize, update_tol: f32) {
         report.contains("precision: bf16-mixed on the CPU"),
         "the report's header"
     );
+    // The memory split, with fp32 master weights, and both precisions'
+    // activations measured at start on the run's batch.
+    let mem = &summary["memory"];
+    let params: u64 = weights(&init)
+        .values()
+        .map(|t| t.elem_count() as u64 * 4)
+        .sum();
+    assert_eq!(mem["parameters"].as_u64(), Some(params), "{summary}");
+    assert_eq!(mem["gradients"].as_u64(), Some(params), "{summary}");
+    assert_eq!(mem["optimizer"].as_u64(), Some(2 * params), "{summary}");
+    assert!(
+        mem["activations"].as_u64().is_some_and(|a| a > 0),
+        "{summary}"
+    );
+    let acts = &summary["precision_activations"];
+    assert_eq!(acts["batch"].as_u64(), Some(64), "{summary}");
+    assert!(
+        acts["fp32_bytes"].as_u64().is_some_and(|a| a > 0),
+        "{summary}"
+    );
+    assert!(report.contains("memory: parameters"), "the report's header");
+    assert!(stdout.contains("memory: parameters"), "{stdout}");
     let ours = step_losses(&run);
     let torch = golden_losses(&format!("bf16_mixed_{model}_trace.json"));
     assert_eq!(ours.len(), torch.len());

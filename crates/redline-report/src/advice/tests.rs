@@ -431,3 +431,33 @@ fn a_16_bit_run_slower_than_fp32_says_so_with_both_numbers() {
         "faster: no warning"
     );
 }
+
+#[test]
+fn a_16_bit_runs_activations_say_what_batch_now_fits_or_that_none_does() {
+    let with = |bytes: u64, fp32: u64| {
+        let mut run = quiet();
+        let s = summary(&mut run);
+        s.other.insert("precision".into(), "bf16-mixed".into());
+        s.other.insert(
+            "precision_activations".into(),
+            serde_json::json!({"bytes": bytes, "fp32_bytes": fp32, "batch": 64}),
+        );
+        run
+    };
+    let half = with(1 << 20, 2 << 20);
+    let a = find(&half, "MiB of activations").unwrap();
+    assert_eq!(a.level, Level::Info);
+    assert!(
+        a.text
+            .contains("1.00 MiB of activations per batch of 64 against 2.00 MiB")
+            && a.text.contains("--batch-size 128"),
+        "{}",
+        a.text
+    );
+    let same = with(2 << 20, 2 << 20);
+    let a = find(&same, "MiB of activations").unwrap();
+    assert!(a.text.contains("saves no activation memory"), "{}", a.text);
+    // Between the two: nothing worth saying.
+    assert!(find(&with(7 << 17, 1 << 20), "MiB of activations").is_none());
+    assert!(find(&quiet(), "MiB of activations").is_none());
+}

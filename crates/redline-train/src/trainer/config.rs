@@ -358,6 +358,7 @@ impl TrainerBuilder {
             strategy: self.strategy,
             ranks_stop: false,
             scaler,
+            memory: None,
         })
     }
 }

@@ -6,21 +6,24 @@
 //! dtype (fp32 master weights get fp32 gradients, through the `GradStore`
 //! that [`Param::absorb`] reads). In fp32 the fused kernels run instead.
 //!
-//! On the CPU, a 16-bit product over fp32 master weights runs as the fused
-//! fp32 kernel on operands rounded to the 16-bit type, its output rounded
-//! back: exactly a 16-bit GEMM with fp32 accumulation (how oneDNN's, AMX's
-//! and tensor cores' bf16 GEMMs accumulate, and so PyTorch's CPU autocast),
-//! and both faster than candle's generic bf16 matmul on a CPU without
-//! native bf16 and the only CPU path candle's bf16 convolution leaves
-//! (its im2col matmul refuses bf16). The activations between layers are
-//! 16-bit tensors, as autocast's are.
+//! On the CPU, over fp32 master weights: a linear layer is one op
+//! ([`crate::linear16`]) that takes the 16-bit activation, rounds the
+//! weights in scratch memory, accumulates in fp32 and stores its output in
+//! 16 bits, so the step keeps 16-bit activations and no weight copies; a
+//! convolution is the fused fp32 kernel on operands rounded by cast ops,
+//! its output rounded back, then pooled (ties as autocast's). Both are a
+//! 16-bit product with fp32 accumulation (how oneDNN's, AMX's and tensor
+//! cores' bf16 GEMMs accumulate, and so PyTorch's CPU autocast), and both
+//! round the weight gradients to the 16-bit type before the fp32 master
+//! gradients, as autocast's 16-bit GEMMs do (candle's own bf16 convolution
+//! refuses on the CPU: its im2col matmul has no bf16).
 
 use candle_core::{DType, Tensor};
 
 use crate::conv::{conv2d_generic, conv2d_with};
 use crate::error::Result;
-use crate::grad::{layer_buffers, Param, ParamBuffers};
-use crate::linear::linear_with;
+use crate::grad::{layer_buffers, Param};
+use crate::linear16::linear16;
 use crate::pool::max_pool2d;
 use crate::{conv2d_param, conv2d_pool_relu_param, linear_param};
 
@@ -30,44 +33,10 @@ fn rounded(t: &Tensor, dtype: DType) -> Result<Tensor> {
     Ok(t.to_dtype(dtype)?.to_dtype(DType::F32)?)
 }
 
-/// A parameter rounded to `dtype`, in fp32, as a leaf of its own: the fused
-/// kernel writes its gradient into the parameter's buffer, and a leaf (unlike
-/// the cast ops of [`rounded`]) may go without one in the backward.
-fn rounded_leaf(p: &Param, dtype: DType) -> Result<Tensor> {
-    let r = p.as_tensor().to_dtype(dtype)?.to_dtype(DType::F32)?;
-    Ok(candle_core::Var::from_tensor(&r)?.into_inner())
-}
-
 /// Whether the 16-bit product over fp32 master weights takes the CPU's
-/// rounded fused path.
+/// fused 16-bit path.
 fn cpu_mixed(x: &Tensor, w: &Param, b: &Param) -> bool {
     x.device().is_cpu() && w.as_tensor().dtype() == DType::F32 && layer_buffers(w, b).is_some()
-}
-
-/// The rounded weight and bias of a CPU 16-bit product, and where the fused
-/// kernel writes their gradients. In bf16, leaves whose fp32 gradients go
-/// straight to the master weights' buffers. In fp16, the cast ops
-/// themselves, with no buffers: the kernel's fp32 gradients pass back
-/// through the casts, which round them to fp16 (inf above 65504) before
-/// they reach the master weights, as PyTorch's fp16 weight gradients are,
-/// so the loss scaler sees the overflows autocast's would.
-fn cpu_operands(
-    w: &Param,
-    b: &Param,
-    dtype: DType,
-) -> Result<(Tensor, Tensor, Option<ParamBuffers>)> {
-    if dtype == DType::F16 {
-        return Ok((
-            rounded(w.as_tensor(), dtype)?,
-            rounded(b.as_tensor(), dtype)?,
-            None,
-        ));
-    }
-    Ok((
-        rounded_leaf(w, dtype)?,
-        rounded_leaf(b, dtype)?,
-        layer_buffers(w, b),
-    ))
 }
 
 /// `y = x W^T + b` (ReLU'd when `relu`) in `dtype`: the fused kernel for an
@@ -77,10 +46,8 @@ pub fn linear_in(x: &Tensor, w: &Param, b: &Param, relu: bool, dtype: DType) -> 
     if dtype == DType::F32 && x.dtype() == DType::F32 && w.as_tensor().dtype() == DType::F32 {
         return linear_param(x, w, b, relu);
     }
-    if cpu_mixed(x, w, b) {
-        let (wr, br, buffers) = cpu_operands(w, b, dtype)?;
-        let y = linear_with(&rounded(x, dtype)?, &wr, &br, relu, buffers)?;
-        return Ok(y.to_dtype(dtype)?);
+    if let (true, Some(buffers)) = (cpu_mixed(x, w, b), layer_buffers(w, b)) {
+        return linear16(x, w.as_tensor(), b.as_tensor(), relu, dtype, buffers);
     }
     let (x, wt, bt) = (
         x.to_dtype(dtype)?,
@@ -110,9 +77,16 @@ pub fn conv2d_in(
         };
     }
     if cpu_mixed(x, w, b) {
-        let xr = rounded(x, dtype)?;
-        let (wr, br, buffers) = cpu_operands(w, b, dtype)?;
-        let y = conv2d_with(&xr, &wr, &br, padding, buffers)?;
+        // The casts themselves, not leaves with buffers: the kernel's fp32
+        // weight gradients pass back through them and are rounded to the
+        // 16-bit type (fp16: inf above 65504, which the loss scaler sees),
+        // as autocast's 16-bit weight gradients are.
+        let (xr, wr, br) = (
+            rounded(x, dtype)?,
+            rounded(w.as_tensor(), dtype)?,
+            rounded(b.as_tensor(), dtype)?,
+        );
+        let y = conv2d_with(&xr, &wr, &br, padding, None)?;
         let y = match pool_relu {
             // Pooled after the rounding, as autocast pools the 16-bit
             // convolution's output: rounding makes ties, and the window's

@@ -4,10 +4,10 @@
 //! bf16-mixed (`bf16_mixed_*` of `tools/reference/make_golden_precision.py`: the
 //! fp32 goldens' init, data and steps, forward and loss under
 //! `torch.autocast("cpu", bfloat16)`, fp32 master weights and Adam). Bounds,
-//! with what this machine measured: losses within 1e-2 relative (the issue's
-//! bound; 7.9e-4 MLP, 5.6e-5 CNN); each weight's update within 2% relative
-//! L2 of PyTorch bf16's (0.76% MLP, 0.79% CNN), and nearer PyTorch's bf16
-//! run than its fp32 run overall, so a silent fp32 run fails.
+//! with what this machine measured: losses within 2e-3 relative (the issue
+//! asks 1e-2; 4.5e-4 MLP, 2.0e-5 CNN); each weight's update within 5e-3
+//! relative L2 of PyTorch bf16's (1.5e-4 MLP, 4.4e-4 CNN), and nearer
+//! PyTorch's bf16 run than its fp32 run overall, so a silent fp32 run fails.
 //!
 //! 16-mixed (`fp16_mixed_*` with GradScaler's defaults, `fp16_overflow_*`
 //! made to overflow): the scale after every step and the skipped-step count
@@ -81,7 +81,7 @@ fn bf16_mixed_matches_autocast(model: &str, steps: usize, update_tol: f32) {
     for (i, (a, b)) in ours.iter().zip(&torch).enumerate() {
         eprintln!("{model} bf16 loss {}: rel {:e}", i + 1, (a - b).abs() / b);
         assert!(
-            (a - b).abs() / b < 1e-2,
+            (a - b).abs() / b < 2e-3,
             "step {}: ours {a}, autocast {b}",
             i + 1
         );
@@ -114,12 +114,12 @@ fn bf16_mixed_matches_autocast(model: &str, steps: usize, update_tol: f32) {
 
 #[test]
 fn bf16_mixed_mlp_matches_pytorch_autocast() {
-    bf16_mixed_matches_autocast("mlp", 20, 0.02);
+    bf16_mixed_matches_autocast("mlp", 20, 5e-3);
 }
 
 #[test]
 fn bf16_mixed_cnn_matches_pytorch_autocast() {
-    bf16_mixed_matches_autocast("cnn", 8, 0.02);
+    bf16_mixed_matches_autocast("cnn", 8, 5e-3);
 }
 
 /// `--precision 16-mixed` against PyTorch's fp16 autocast with

@@ -1,0 +1,168 @@
+//! 16-bit storage for the CPU kernels of `bf16-mixed` and `16-mixed`: a
+//! tensor of bf16 or fp16 widened to f32 for a kernel's arithmetic, f32
+//! rounded to the 16-bit type (round to nearest even, as candle's
+//! `to_dtype` and PyTorch's casts; fp16 overflows to inf above 65504), and
+//! f32 results stored as 16-bit tensors. The widening is exact, so a kernel
+//! fed 16-bit operands computes a 16-bit product with fp32 accumulation.
+
+use std::borrow::Cow;
+
+use candle_core::backend::BackendStorage;
+use candle_core::{bail, CpuStorage, DType, Layout, Result};
+use half::{bf16, f16, slice::HalfFloatSliceExt};
+
+/// The contiguous elements a layout addresses as f32: borrowed for f32
+/// storage, widened (exactly) for bf16 and fp16.
+pub(crate) fn widen<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<Cow<'a, [f32]>> {
+    let Some((a, b)) = l.contiguous_offsets() else {
+        bail!("{op}: operand is not contiguous ({:?})", l.shape())
+    };
+    Ok(match s {
+        CpuStorage::F32(v) => Cow::Borrowed(&v[a..b]),
+        CpuStorage::BF16(v) => {
+            let mut out = vec![0f32; b - a];
+            v[a..b].convert_to_f32_slice(&mut out);
+            Cow::Owned(out)
+        }
+        CpuStorage::F16(v) => {
+            let mut out = vec![0f32; b - a];
+            v[a..b].convert_to_f32_slice(&mut out);
+            Cow::Owned(out)
+        }
+        other => bail!(
+            "{op}: expected f32, bf16 or f16 storage, got {:?}",
+            other.dtype()
+        ),
+    })
+}
+
+/// `x` rounded to bf16 and widened: round to nearest even on the bits (a
+/// loop the compiler vectorizes), NaN kept a NaN; `half`'s `from_f32` bit
+/// for bit (the test checks against candle's cast).
+#[inline]
+fn bf16_round(x: f32) -> f32 {
+    let b = x.to_bits();
+    let r = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000;
+    if x.is_nan() {
+        f32::from_bits((b | 0x0040_0000) & 0xFFFF_0000)
+    } else {
+        f32::from_bits(r)
+    }
+}
+
+/// Rounds `v` to `dtype` in place, staying f32 (a no-op for f32).
+pub(crate) fn round_in_place(v: &mut [f32], dtype: DType) {
+    match dtype {
+        DType::BF16 => v.iter_mut().for_each(|x| *x = bf16_round(*x)),
+        DType::F16 => {
+            // Through `half`'s slice conversions (F16C where the CPU has it),
+            // a cache-sized chunk at a time.
+            let mut tmp = [f16::ZERO; 1024];
+            for chunk in v.chunks_mut(1024) {
+                let t = &mut tmp[..chunk.len()];
+                t.convert_from_f32_slice(chunk);
+                t.convert_to_f32_slice(chunk);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// An operand as f32 values already rounded to `dtype`: widened when it
+/// is stored in 16 bits (already representable), rounded when it is f32.
+pub(crate) fn rounded<'a>(
+    s: &'a CpuStorage,
+    l: &Layout,
+    dtype: DType,
+    op: &str,
+) -> Result<Cow<'a, [f32]>> {
+    let v = widen(s, l, op)?;
+    if s.dtype() != DType::F32 || dtype == DType::F32 {
+        return Ok(v);
+    }
+    let mut owned = v.into_owned();
+    round_in_place(&mut owned, dtype);
+    Ok(Cow::Owned(owned))
+}
+
+/// f32 values stored as `dtype` (rounded; f32 kept as is).
+pub(crate) fn store(v: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
+    Ok(match dtype {
+        DType::F32 => CpuStorage::F32(v),
+        DType::BF16 => {
+            let mut out = vec![bf16::ZERO; v.len()];
+            out.convert_from_f32_slice(&v);
+            CpuStorage::BF16(out)
+        }
+        DType::F16 => {
+            let mut out = vec![f16::ZERO; v.len()];
+            out.convert_from_f32_slice(&v);
+            CpuStorage::F16(out)
+        }
+        other => bail!("16-bit store: {other:?} is not f32, bf16 or f16"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Tensor};
+
+    /// Rounding and storing agree with candle's own casts, bit for bit,
+    /// fp16's overflow to inf and subnormals included.
+    #[test]
+    fn rounding_is_candles_cast() -> Result<()> {
+        let vals: Vec<f32> = (0..2000)
+            .map(|i| ((i as f32) * 0.37).sin() * 10f32.powi(i % 13 - 6))
+            .chain([
+                70000.0,
+                -65520.0,
+                65519.0,
+                1e-8,
+                f32::INFINITY,
+                f32::NAN,
+                -f32::NAN,
+                3.4e38,
+            ])
+            .collect();
+        let t = Tensor::new(vals.as_slice(), &Device::Cpu)?;
+        for dtype in [DType::BF16, DType::F16] {
+            let want: Vec<u32> = t
+                .to_dtype(dtype)?
+                .to_dtype(DType::F32)?
+                .to_vec1::<f32>()?
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            let mut got = vals.clone();
+            round_in_place(&mut got, dtype);
+            let nan_safe = |v: &[f32]| -> Vec<u32> {
+                v.iter()
+                    .map(|x| if x.is_nan() { 0x7FC0_0000 } else { x.to_bits() })
+                    .collect()
+            };
+            assert_eq!(
+                nan_safe(&got),
+                nan_safe(&want.iter().map(|b| f32::from_bits(*b)).collect::<Vec<_>>()),
+                "{dtype:?}"
+            );
+            assert!(got.iter().zip(&vals).all(|(g, v)| g.is_nan() == v.is_nan()));
+            let back: Vec<f32> = match store(vals.clone(), dtype)? {
+                CpuStorage::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+                CpuStorage::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+                other => panic!("stored as {:?}", other.dtype()),
+            };
+            assert_eq!(back.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want);
+            let stored = t.to_dtype(dtype)?;
+            let (s, l) = stored.storage_and_layout();
+            let candle_core::Storage::Cpu(cpu) = &*s else {
+                panic!("not a CPU tensor")
+            };
+            let wide = widen(cpu, l, "test")?;
+            assert_eq!(wide.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want);
+            let same = rounded(cpu, l, dtype, "test")?;
+            assert!(matches!(same, Cow::Owned(_)) && same.len() == want.len());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,321 @@
+//! The fully connected layer in a 16-bit compute dtype on the CPU
+//! (`bf16-mixed`, `16-mixed`), as one op over the fp32 master weights:
+//! `y16 = round16(round16(x) round16(W)^T + round16(b))` (ReLU'd when asked),
+//! the product accumulated in fp32 as a 16-bit GEMM accumulates.
+//!
+//! Nothing but 16-bit tensors is kept for the backward: the input as it
+//! came (a 16-bit activation, or the f32 batch) and the 16-bit output. The
+//! rounded weights are made in scratch memory by the forward and again by
+//! the backward, never held between them, so a step holds half fp32's
+//! activation memory and no weight copies. The backward writes dW and db,
+//! rounded to the 16-bit type as autocast's 16-bit weight gradients are
+//! (fp16: inf above 65504, which the loss scaler sees), into the master
+//! weights' fp32 gradient buffers, and returns dx in the input's dtype.
+
+use std::sync::Arc;
+
+use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Shape, Storage, Tensor};
+
+use crate::error::Result;
+use crate::gemm::{matmul, Mat};
+use crate::grad::ParamBuffers;
+use crate::half16::{round_in_place, rounded, store, widen};
+use redline_core::trace;
+
+/// `x (B, in) -> (B, out)` in `dtype` (bf16 or f16) over fp32 `w (out, in)`
+/// and `b (out)`, whose gradients go to `buffers`; ReLU when `relu`.
+pub(crate) fn linear16(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    relu: bool,
+    dtype: DType,
+    buffers: ParamBuffers,
+) -> Result<Tensor> {
+    let op = Linear16 {
+        relu,
+        dtype,
+        input_grad: x.track_op(),
+        layer: trace::current_layer(),
+        buffers,
+    };
+    Ok(x.contiguous()?
+        .apply_op3(&w.contiguous()?, &b.contiguous()?, op)?)
+}
+
+struct Linear16 {
+    relu: bool,
+    dtype: DType,
+    input_grad: bool,
+    layer: Option<Arc<str>>,
+    buffers: ParamBuffers,
+}
+
+fn dims(l1: &Layout, l2: &Layout, l3: &Layout) -> candle_core::Result<(usize, usize, usize)> {
+    let (bsz, fan_in) = l1.shape().dims2()?;
+    let (fan_out, fan_in2) = l2.shape().dims2()?;
+    if fan_in != fan_in2 || l3.shape().dims1()? != fan_out {
+        bail!(
+            "linear: input {:?}, weight {:?}, bias {:?} do not fit",
+            l1.shape(),
+            l2.shape(),
+            l3.shape()
+        )
+    }
+    Ok((bsz, fan_in, fan_out))
+}
+
+impl CustomOp3 for Linear16 {
+    fn name(&self) -> &'static str {
+        "redline-linear16"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (bsz, fan_in, fan_out) = dims(l1, l2, l3)?;
+        trace::count("linear.forward");
+        let op = "linear (16-bit)";
+        let x = rounded(s1, l1, self.dtype, op)?;
+        let w = rounded(s2, l2, self.dtype, op)?;
+        let b = rounded(s3, l3, self.dtype, op)?;
+        let mut y = vec![0f32; bsz * fan_out];
+        // (B, in) x (in, out) -> (B, out)
+        if !matmul(
+            &mut y,
+            Mat::new(&x, bsz, fan_in),
+            Mat::new(&w, fan_out, fan_in).t(),
+            false,
+        ) {
+            bail!("{op}: gemm shapes do not fit")
+        }
+        for row in y.chunks_exact_mut(fan_out) {
+            for (v, bias) in row.iter_mut().zip(b.iter()) {
+                let s = *v + bias;
+                *v = if self.relu && s < 0.0 { 0.0 } else { s };
+            }
+        }
+        Ok((store(y, self.dtype)?, Shape::from((bsz, fan_out))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        y: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let _span = trace::backward(self.layer.as_ref(), "linear");
+        trace::count("linear.backward");
+        let op = Linear16Bwd {
+            relu: self.relu.then(|| y.clone()),
+            dtype: self.dtype,
+            x_dtype: x.dtype(),
+            input_grad: self.input_grad,
+            bsz: x.dims2()?.0,
+            buffers: self.buffers.clone(),
+        };
+        let flat = grad.contiguous()?.apply_op3_no_bwd(x, w, &op)?;
+        let dx = self
+            .input_grad
+            .then(|| flat.reshape(x.shape()))
+            .transpose()?;
+        Ok((dx, None, None))
+    }
+}
+
+/// Backward kernel: inputs `g (B, out)` (16-bit), `x`, `w` (fp32 master);
+/// output dx in x's dtype (empty when the input needs no gradient); dW and
+/// db, rounded to the 16-bit type, into the gradient buffers.
+struct Linear16Bwd {
+    relu: Option<Tensor>,
+    dtype: DType,
+    x_dtype: DType,
+    input_grad: bool,
+    bsz: usize,
+    buffers: ParamBuffers,
+}
+
+/// Adds `src` (or writes it, on a step's first write) into a gradient buffer.
+fn add_into(dst: &mut [f32], src: &[f32], accumulate: bool) {
+    if accumulate {
+        dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
+    } else {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl CustomOp3 for Linear16Bwd {
+    fn name(&self) -> &'static str {
+        "redline-linear16-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let op = "linear backward (16-bit)";
+        let (fan_out, fan_in) = l3.shape().dims2()?;
+        let bsz = self.bsz;
+        let mut g = widen(s1, l1, op)?.into_owned();
+        let x = rounded(s2, l2, self.dtype, op)?;
+        if g.len() != bsz * fan_out || x.len() != bsz * fan_in {
+            bail!("{op}: gradient/input sizes do not fit")
+        }
+        if let Some(y) = &self.relu {
+            let (storage, layout) = y.storage_and_layout();
+            let Storage::Cpu(ys) = &*storage else {
+                bail!("{op}: the layer output is not on the CPU")
+            };
+            let y = widen(ys, layout, op)?;
+            if y.len() != g.len() {
+                bail!("{op}: output and gradient sizes do not fit")
+            }
+            g.iter_mut()
+                .zip(y.iter())
+                .for_each(|(g, y)| *g = if *y > 0.0 { *g } else { 0.0 });
+        }
+        // dW (out, in) = g^T (out, B) x (B, in), rounded as a 16-bit GEMM's output.
+        let mut dw = vec![0f32; fan_out * fan_in];
+        if !matmul(
+            &mut dw,
+            Mat::new(&g, bsz, fan_out).t(),
+            Mat::new(&x, bsz, fan_in),
+            false,
+        ) {
+            bail!("{op}: gemm shapes do not fit")
+        }
+        round_in_place(&mut dw, self.dtype);
+        let mut db = vec![0f32; fan_out];
+        for row in g.chunks_exact(fan_out) {
+            db.iter_mut().zip(row).for_each(|(acc, v)| *acc += v);
+        }
+        round_in_place(&mut db, self.dtype);
+        let (wbuf, bbuf) = &self.buffers;
+        bbuf.write(fan_out, |dst, acc| add_into(dst, &db, acc));
+        wbuf.write(dw.len(), |dst, acc| add_into(dst, &dw, acc));
+        if !self.input_grad {
+            return Ok((store(Vec::new(), self.x_dtype)?, Shape::from(0)));
+        }
+        // dx (B, in) = g (B, out) x round16(W) (out, in)
+        let w = rounded(s3, l3, self.dtype, op)?;
+        let mut dx = vec![0f32; bsz * fan_in];
+        if !matmul(
+            &mut dx,
+            Mat::new(&g, bsz, fan_out),
+            Mat::new(&w, fan_out, fan_in),
+            false,
+        ) {
+            bail!("{op}: gemm shapes do not fit")
+        }
+        // An f32 input was cast to 16 bits by autocast: its gradient comes
+        // back through that cast, rounded, then widened.
+        round_in_place(&mut dx, self.dtype);
+        let n = dx.len();
+        Ok((store(dx, self.x_dtype)?, Shape::from(n)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grad::Param;
+    use candle_core::{Device, Var};
+
+    fn param(t: Tensor) -> Result<Param> {
+        Ok(Param::new(Var::from_tensor(&t)?))
+    }
+
+    /// The op equals the cast-op construction it replaces (candle's casts
+    /// around the fp32 product, every gradient passing back through the
+    /// casts), bit for bit in the output, dx, dW and db, for both 16-bit
+    /// types, with and without ReLU, from a 16-bit and from an f32 input.
+    #[test]
+    fn equals_the_casts_around_an_fp32_product() -> Result<()> {
+        let dev = Device::Cpu;
+        let vals = |n: usize, f: f32| -> Vec<f32> {
+            (0..n).map(|i| ((i as f32 + 1.0) * f).sin() * 3.0).collect()
+        };
+        for dtype in [DType::BF16, DType::F16] {
+            for relu in [false, true] {
+                for x16 in [false, true] {
+                    let x0 = Tensor::from_vec(vals(5 * 7, 0.37), (5, 7), &dev)?;
+                    let x0 = if x16 { x0.to_dtype(dtype)? } else { x0 };
+                    let up = Tensor::from_vec(vals(5 * 3, 0.91), (5, 3), &dev)?.to_dtype(dtype)?;
+                    let w0 = Tensor::from_vec(vals(21, 0.53), (3, 7), &dev)?;
+                    let b0 = Tensor::from_vec(vals(3, 1.7), 3, &dev)?;
+
+                    // Ours: buffers get dW, db; candle gets dx.
+                    let (w, b) = (param(w0.clone())?, param(b0.clone())?);
+                    let xv = Var::from_tensor(&x0)?;
+                    let bufs = crate::grad::layer_buffers(&w, &b).expect("fp32 CPU params");
+                    let y = linear16(
+                        xv.as_tensor(),
+                        w.as_tensor(),
+                        b.as_tensor(),
+                        relu,
+                        dtype,
+                        bufs,
+                    )?;
+                    assert_eq!(y.dtype(), dtype);
+                    let grads = (&y * &up)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
+                    let dx = grads.get(xv.as_tensor()).expect("dx").clone();
+                    let dw = w.grad().to_tensor(w.as_tensor())?.expect("dW");
+                    let db = b.grad().to_tensor(b.as_tensor())?.expect("db");
+
+                    // The casts around candle's fp32 ops.
+                    let (wv, bv, xv2) = (
+                        Var::from_tensor(&w0)?,
+                        Var::from_tensor(&b0)?,
+                        Var::from_tensor(&x0)?,
+                    );
+                    let r = |t: &Tensor| -> Result<Tensor> {
+                        Ok(t.to_dtype(dtype)?.to_dtype(DType::F32)?)
+                    };
+                    let y2 = r(xv2.as_tensor())?
+                        .matmul(&r(wv.as_tensor())?.t()?)?
+                        .broadcast_add(&r(bv.as_tensor())?)?;
+                    let y2 = if relu { y2.relu()? } else { y2 };
+                    let y2 = y2.to_dtype(dtype)?;
+                    let g2 = (&y2 * &up)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
+                    let bits = |t: &Tensor| -> Result<Vec<u32>> {
+                        Ok(t.to_dtype(DType::F32)?
+                            .flatten_all()?
+                            .to_vec1::<f32>()?
+                            .iter()
+                            .map(|v| v.to_bits())
+                            .collect())
+                    };
+                    let case = format!("{dtype:?} relu {relu} x16 {x16}");
+                    assert_eq!(bits(&y)?, bits(&y2)?, "y {case}");
+                    let dx2 = g2.get(xv2.as_tensor()).expect("dx2");
+                    assert_eq!(dx.dtype(), x0.dtype(), "{case}");
+                    assert_eq!(bits(&dx)?, bits(dx2)?, "dx {case}");
+                    assert_eq!(
+                        bits(&dw)?,
+                        bits(g2.get(wv.as_tensor()).expect("dw2"))?,
+                        "dW {case}"
+                    );
+                    assert_eq!(
+                        bits(&db)?,
+                        bits(g2.get(bv.as_tensor()).expect("db2"))?,
+                        "db {case}"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import contextlib
 import json
 import os
 import socket
@@ -103,10 +104,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--precision",
-        choices=["32-true", "bf16-mixed"],
+        choices=["32-true", "bf16-mixed", "16-mixed"],
         default="32-true",
         help="bf16-mixed: forward and loss under torch.autocast(device, dtype=torch.bfloat16), "
-        "as Lightning's precision='bf16-mixed' (tensor and tutorial workloads)",
+        "as Lightning's precision='bf16-mixed'; 16-mixed: the same in float16 with "
+        "torch.amp.GradScaler (tensor and tutorial workloads). The output's activation_bytes is "
+        "what the first step's forward saved for the backward (saved_tensors_hooks, each "
+        "storage once)",
     )
     p.add_argument(
         "--limit",
@@ -324,6 +328,19 @@ def main(argv: list[str] | None = None) -> int:
     if graphed:
         train_batches = graph_step(torch, model, opt, loss_fn, x_train, y_train, args.batch_size)
 
+    half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(args.precision)
+    scaler = torch.amp.GradScaler(dev.type) if args.precision == "16-mixed" else None
+    # Bytes the forward saves for the backward (the activations), measured once.
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        saved[st.data_ptr()] = max(saved.get(st.data_ptr(), 0), st.nbytes())
+        return t
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    activation_bytes = None
+
     epoch_s: list[float] = []
     train_loss: list[float] = []
     for epoch in range(1, args.epochs + 1):
@@ -341,11 +358,25 @@ def main(argv: list[str] | None = None) -> int:
                     loss_sum += item
                 continue
             xb, yb = item
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed"):
+            hooks = (torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+                     if activation_bytes is None else contextlib.nullcontext())
+            with hooks, torch.autocast(dev.type, dtype=half or torch.bfloat16,
+                                       enabled=half is not None):
                 loss = loss_fn(model(xb), yb)
+            if activation_bytes is None:
+                # Saved weights (fp32 masters) are parameters and the batch is the
+                # data, not activations (Redline's count leaves both out too); a
+                # 16-bit copy of either is new memory, and counts.
+                own = params | {xb.untyped_storage().data_ptr()}
+                activation_bytes = sum(b for k, b in saved.items() if k not in own)
             opt.zero_grad()
-            loss.backward()
-            opt.step()
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
             loss_sum += loss.detach()
             steps += 1
         sync()
@@ -360,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with torch.no_grad():
         for xb, yb in test_batches():
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed"):
+            with torch.autocast(dev.type, dtype=half or torch.bfloat16, enabled=half is not None):
                 correct += int((model(xb).argmax(1) == yb).sum())
             total += int(yb.shape[0])
     eval_s = time.perf_counter() - t0
@@ -386,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         "samples_per_s": n_train / med,
         "train_loss": [round(v, 5) for v in train_loss],
         "test_accuracy": correct / total,
+        "activation_bytes": activation_bytes,
         "eval_s": eval_s,
         "torch_version": torch.__version__,
         "matmul_precision": args.matmul_precision,

@@ -21,6 +21,7 @@
 use candle_core::{DType, Tensor};
 
 use crate::conv::{conv2d_generic, conv2d_with};
+use crate::conv_block::pool_relu16;
 use crate::error::Result;
 use crate::grad::{layer_buffers, Param};
 use crate::linear16::linear16;
@@ -75,6 +76,12 @@ pub fn conv2d_in(
             Some(k) => conv2d_pool_relu_param(x, w, b, padding, k),
             None => conv2d_param(x, w, b, padding),
         };
+    }
+    if let (true, Some(k), Some(buffers)) = (cpu_mixed(x, w, b), pool_relu, layer_buffers(w, b)) {
+        if (1..16).contains(&k) {
+            let (w, b) = (w.as_tensor(), b.as_tensor());
+            return pool_relu16(x, w, b, (padding, k), dtype, buffers);
+        }
     }
     if cpu_mixed(x, w, b) {
         // The casts themselves, not leaves with buffers: the kernel's fp32

@@ -18,13 +18,16 @@
 
 use std::sync::{Arc, Mutex};
 
-use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
+use std::borrow::Cow;
+
+use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use crate::conv::{conv2d_with, Geom};
 use crate::conv_backward::{backward, Unpool, NO_GRAD};
 use crate::error::Result;
 use crate::grad::{layer_buffers, Param, ParamBuffers};
+use crate::half16::{round_in_place, rounded, store};
 use crate::pool::{first_max4, max_pool2d};
 use crate::slices::{fused_cpu, Grads3};
 use redline_core::trace;
@@ -85,7 +88,30 @@ pub(crate) fn pool_relu_with(
         let y = conv2d_with(x, w, b, padding, buffers)?;
         return Ok(max_pool2d(&y, k)?.relu()?);
     }
-    block(geom, x, w, b, k, buffers)
+    block(geom, x, w, b, k, buffers, None)
+}
+
+/// The block in a 16-bit compute dtype on the CPU (`bf16-mixed`,
+/// `16-mixed`) over fp32 master weights `w` and `b` whose gradients go to
+/// `buffers`: `x` (the f32 batch or a 16-bit activation), the weights and
+/// bias rounded to `dtype` in scratch memory, the convolution accumulated
+/// in fp32 and rounded to `dtype` before the pooling (rounding makes ties,
+/// and the window's first maximum among them takes the gradient, as in
+/// autocast's 16-bit pooling), the output stored in `dtype`. The backward
+/// rounds dW and db to `dtype` (as a 16-bit GEMM's outputs; fp16: inf above
+/// 65504) before they reach the fp32 buffers, and returns dx in x's dtype.
+/// Only the 16-bit output, the input and one byte per pooled value stay
+/// between forward and backward.
+pub(crate) fn pool_relu16(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    (padding, k): (usize, usize),
+    dtype: DType,
+    buffers: ParamBuffers,
+) -> Result<Tensor> {
+    let geom = Geom::new(x, w, b, padding)?;
+    block(geom, x, w, b, k, Some(buffers), Some(dtype))
 }
 
 fn block(
@@ -95,6 +121,7 @@ fn block(
     b: &Tensor,
     k: usize,
     buffers: Option<ParamBuffers>,
+    half: Option<DType>,
 ) -> Result<Tensor> {
     let op = BlockOp {
         geom,
@@ -103,6 +130,7 @@ fn block(
         layer: trace::current_layer(),
         argmax: Mutex::new(None),
         buffers,
+        half,
     };
     Ok(x.contiguous()?
         .apply_op3(&w.contiguous()?, &b.contiguous()?, op)?)
@@ -120,6 +148,8 @@ struct BlockOp {
     argmax: Mutex<Option<Arc<Vec<u8>>>>,
     /// Where dW and db go, when the layer's parameters were given.
     buffers: Option<ParamBuffers>,
+    /// The 16-bit compute dtype ([`pool_relu16`]); `None`: fp32.
+    half: Option<DType>,
 }
 
 impl BlockOp {
@@ -208,14 +238,37 @@ impl CustomOp3 for BlockOp {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (g, name) = (self.geom, self.name());
         trace::count("conv2d_pool_relu.forward");
-        let [x, w, b] = g.operands(name, [(s1, l1), (s2, l2), (s3, l3)], ("bias", g.cout))?;
+        let (x, w, b) = match self.half {
+            None => {
+                let [x, w, b] =
+                    g.operands(name, [(s1, l1), (s2, l2), (s3, l3)], ("bias", g.cout))?;
+                (Cow::Borrowed(x), Cow::Borrowed(w), Cow::Borrowed(b))
+            }
+            Some(d) => {
+                let (x, w, b) = (
+                    rounded(s1, l1, d, name)?,
+                    rounded(s2, l2, d, name)?,
+                    rounded(s3, l3, d, name)?,
+                );
+                g.check(
+                    name,
+                    &[
+                        ("input", x.len(), g.b * g.in_len()),
+                        ("weight", w.len(), g.cout * g.k()),
+                        ("bias", b.len(), g.cout),
+                    ],
+                )?;
+                (x, w, b)
+            }
+        };
+        let (x, b) = (&*x, &*b);
         let (ph, pw) = (g.oh / self.k, g.ow / self.k);
         let plen = g.cout * ph * pw;
         let shape = Shape::from((g.b, g.cout, ph, pw));
         let mut out = vec![0f32; g.b * plen];
         let mut argmax = vec![NO_GRAD; g.b * plen];
         if g.b > 0 && plen > 0 {
-            let w = g.permute_taps(w, false);
+            let w = g.permute_taps(&w, false);
             let per = g.per_chunk();
             out.par_chunks_mut(per * plen)
                 .zip(argmax.par_chunks_mut(per * plen))
@@ -229,6 +282,9 @@ impl CustomOp3 for BlockOp {
                     for ((out, at), x) in samples.zip(x.chunks(g.in_len())) {
                         g.pad_into(x, &mut xp);
                         g.forward_sample_wide(name, &w, b, &xp, &mut cols, &mut y)?;
+                        if let Some(d) = self.half {
+                            round_in_place(&mut y, d);
+                        }
                         pulp::Arch::new().dispatch(PoolLoop {
                             block: self,
                             y: &y,
@@ -240,7 +296,7 @@ impl CustomOp3 for BlockOp {
                 })?;
         }
         crate::slices::keep(&self.argmax, Arc::new(argmax));
-        Ok((CpuStorage::F32(out), shape))
+        Ok((store(out, self.half.unwrap_or(DType::F32))?, shape))
     }
 
     fn bwd(
@@ -255,15 +311,44 @@ impl CustomOp3 for BlockOp {
         trace::count("conv2d_pool_relu.backward");
         let argmax = crate::slices::saved(&self.argmax, self.name())?;
         let unpool = Unpool { k: self.k, argmax };
-        backward(
+        let Some(d) = self.half else {
+            return backward(
+                self.geom,
+                self.input_grad,
+                Some(unpool),
+                self.buffers.clone(),
+                x,
+                w,
+                grad,
+            );
+        };
+        // 16 bits: the fp32 kernel on the rounded operands (made here, in
+        // scratch), its dW and db rounded into the buffers, dx rounded.
+        let round = |t: &Tensor| t.detach().to_dtype(d)?.to_dtype(DType::F32);
+        let (x32, w32, g32) = (round(x)?, round(w)?, grad.detach().to_dtype(DType::F32)?);
+        let (dx, dw, db) = backward(
             self.geom,
             self.input_grad,
             Some(unpool),
-            self.buffers.clone(),
-            x,
-            w,
-            grad,
-        )
+            None,
+            &x32,
+            &w32,
+            &g32,
+        )?;
+        let bufs = self.buffers.as_ref();
+        for (g, buf) in [(dw, bufs.map(|b| &b.0)), (db, bufs.map(|b| &b.1))] {
+            let (Some(g), Some(buf)) = (g, buf) else {
+                bail!(
+                    "{}: a 16-bit block without its gradient buffers",
+                    self.name()
+                )
+            };
+            let mut v = g.flatten_all()?.to_vec1::<f32>()?;
+            round_in_place(&mut v, d);
+            buf.add(&v);
+        }
+        let dx = dx.map(|t| round(&t)?.to_dtype(x.dtype())).transpose()?;
+        Ok((dx, None, None))
     }
 }
 
@@ -328,6 +413,90 @@ mod tests {
                 (Some(a), Some(e)) => assert!(tracked && max_abs_diff(a, e)? < 1e-5, "dx {case:?}"),
                 (None, None) => assert!(!tracked, "dx missing {case:?}"),
                 _ => panic!("dx present in one path only {case:?}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// The 16-bit block equals the casts around the fp32 ops it replaces
+    /// (conv of the rounded operands, rounded, ReLU, pool, stored in 16
+    /// bits; every gradient back through the casts): output, dx, dW and db
+    /// bit for bit, both 16-bit types, from an f32 and a 16-bit input.
+    #[test]
+    fn the_16_bit_block_equals_the_casts_around_the_fp32_ops() -> Result<()> {
+        use crate::grad::Param;
+        use candle_core::DType;
+        for dtype in [DType::BF16, DType::F16] {
+            for x16 in [false, true] {
+                let x0 = data(&[2, 3, 6, 6], 0.0)?.affine(3.0, 0.0)?;
+                let x0 = if x16 { x0.to_dtype(dtype)? } else { x0 };
+                let (w0, b0) = (data(&[4, 3, 3, 3], 1.0)?, data(&[4], 2.0)?);
+                let (w, b) = (
+                    Param::new(Var::from_tensor(&w0)?),
+                    Param::new(Var::from_tensor(&b0)?),
+                );
+                let xv = Var::from_tensor(&x0)?;
+                let bufs = layer_buffers(&w, &b).expect("fp32 CPU params");
+                let y = pool_relu16(
+                    xv.as_tensor(),
+                    w.as_tensor(),
+                    b.as_tensor(),
+                    (1, 2),
+                    dtype,
+                    bufs,
+                )?;
+                assert_eq!(y.dtype(), dtype);
+                let up = data(y.dims(), 3.0)?.to_dtype(dtype)?;
+                let g = (&y * &up)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
+
+                let (wv, bv, xv2) = (
+                    Var::from_tensor(&w0)?,
+                    Var::from_tensor(&b0)?,
+                    Var::from_tensor(&x0)?,
+                );
+                let r =
+                    |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(dtype)?.to_dtype(DType::F32)?) };
+                let c = conv2d(
+                    &r(xv2.as_tensor())?,
+                    &r(wv.as_tensor())?,
+                    &r(bv.as_tensor())?,
+                    1,
+                )?;
+                let y2 = max_pool2d(&r(&c)?.relu()?, 2)?.to_dtype(dtype)?;
+                let g2 = (&y2 * &up)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
+                let bits = |t: &Tensor| -> Result<Vec<u32>> {
+                    Ok(t.to_dtype(DType::F32)?
+                        .flatten_all()?
+                        .to_vec1::<f32>()?
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect())
+                };
+                let case = format!("{dtype:?} x16 {x16}");
+                assert_eq!(bits(&y)?, bits(&y2)?, "y {case}");
+                let dx = g.get(xv.as_tensor()).expect("dx");
+                assert_eq!(dx.dtype(), x0.dtype(), "{case}");
+                assert_eq!(
+                    bits(dx)?,
+                    bits(g2.get(xv2.as_tensor()).expect("dx2"))?,
+                    "dx {case}"
+                );
+                let dw = w.grad().to_tensor(w.as_tensor())?.expect("dW");
+                let db = b.grad().to_tensor(b.as_tensor())?.expect("db");
+                let max_rel = |a: &Tensor, e: &Tensor| -> Result<f32> {
+                    let n = e.abs()?.max_all()?.to_scalar::<f32>()?;
+                    Ok(max_abs_diff(a, e)? / n.max(1e-30))
+                };
+                // dW and db: the fused kernel's sums in another order than
+                // candle's, then rounded: within one 16-bit step.
+                assert!(
+                    max_rel(&dw, g2.get(wv.as_tensor()).expect("dw2"))? <= 8e-3,
+                    "dW {case}"
+                );
+                assert!(
+                    max_rel(&db, g2.get(bv.as_tensor()).expect("db2"))? <= 8e-3,
+                    "db {case}"
+                );
             }
         }
         Ok(())

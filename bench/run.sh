@@ -2,6 +2,7 @@
 # Redline vs PyTorch CPU benchmark: entry point. See bench/README.md.
 #
 #   bash bench/run.sh [--torch-epochs N] [--quick] [--no-build] [--no-save] [--out FILE]
+#                     [--no-precision] [--precision-rounds N]
 #                     [any other bench/compare.py flag, e.g. --no-b512, --threads 1,2, --limit N]
 #
 # 1. makes sure a PyTorch venv exists OUTSIDE the repo ($REDLINE_BENCH_VENV, default
@@ -9,7 +10,10 @@
 #    if `import torch, torchvision, numpy` fails there; extra pip flags via $REDLINE_BENCH_PIP_ARGS),
 # 2. builds Redline (`cargo build --release`) unless --no-build,
 # 3. runs bench/compare.py (refuses to start while cargo/rustc/redline run), prints the markdown report
-#    and saves it as bench/results/<date>-<host>-cpu.md (--quick runs are not saved unless --out).
+#    and saves it as bench/results/<date>-<host>-cpu.md (--quick runs are not saved unless --out),
+# 4. then bench/precision.py (32-true, bf16-mixed, 16-mixed beside PyTorch autocast: s/epoch,
+#    accuracy, activations, peak RSS), its table appended to the same report (--no-precision skips
+#    it; --quick runs it with one round).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -19,6 +23,8 @@ venv="${REDLINE_BENCH_VENV:-$HOME/.venvs/redline-bench}"
 build=1
 save=1
 quick=0
+precision=1
+precision_rounds=3
 out=""
 pass=()
 while [[ $# -gt 0 ]]; do
@@ -27,7 +33,9 @@ while [[ $# -gt 0 ]]; do
     --no-save) save=0 ;;
     --out) out="$2"; shift ;;
     --out=*) out="${1#--out=}" ;;
-    --quick) quick=1; pass+=("$1") ;;
+    --quick) quick=1; precision_rounds=1; pass+=("$1") ;;
+    --no-precision) precision=0 ;;
+    --precision-rounds) precision_rounds="$2"; shift ;;
     -h|--help)
       sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
       echo
@@ -78,6 +86,11 @@ if [[ -n "$out" && $save -eq 1 ]]; then
   tmp="$out.partial"
   # compare.py's stdout is the report; progress goes to stderr (the terminal)
   if "$venv/bin/python" "$here/compare.py" --python "$venv/bin/python" ${pass[@]+"${pass[@]}"} | tee "$tmp"; then
+    if [[ $precision -eq 1 ]]; then
+      echo >> "$tmp"
+      "$venv/bin/python" "$here/precision.py" --python "$venv/bin/python" \
+        --rounds "$precision_rounds" | tee -a "$tmp"
+    fi
     mv "$tmp" "$out"
     echo ">>> report saved to ${out#"$repo"/}" >&2
   else
@@ -91,5 +104,8 @@ if [[ -n "$out" && $save -eq 1 ]]; then
     exit "$rc"
   fi
 else
-  exec "$venv/bin/python" "$here/compare.py" --python "$venv/bin/python" ${pass[@]+"${pass[@]}"}
+  "$venv/bin/python" "$here/compare.py" --python "$venv/bin/python" ${pass[@]+"${pass[@]}"}
+  if [[ $precision -eq 1 ]]; then
+    "$venv/bin/python" "$here/precision.py" --python "$venv/bin/python" --rounds "$precision_rounds"
+  fi
 fi

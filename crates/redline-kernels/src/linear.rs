@@ -62,6 +62,33 @@ pub(crate) fn linear_with(
         .apply_op3(&w.contiguous()?, &b.contiguous()?, op)?)
 }
 
+/// `x W^T + b` (ReLU'd when `relu`) of f32 slices: `(B, in) -> (B, out)`.
+pub(crate) fn forward_f32(
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    (bsz, fan_in, fan_out): (usize, usize, usize),
+    relu: bool,
+) -> candle_core::Result<Vec<f32>> {
+    let mut y = vec![0f32; bsz * fan_out];
+    // (B, in) x (in, out) -> (B, out)
+    if !matmul(
+        &mut y,
+        Mat::new(x, bsz, fan_in),
+        Mat::new(w, fan_out, fan_in).t(),
+        false,
+    ) {
+        bail!("linear: gemm shapes do not fit")
+    }
+    for row in y.chunks_exact_mut(fan_out) {
+        for (v, bias) in row.iter_mut().zip(b) {
+            let s = *v + bias;
+            *v = if relu && s < 0.0 { 0.0 } else { s };
+        }
+    }
+    Ok(y)
+}
+
 struct LinearOp {
     relu: bool,
     input_grad: bool,
@@ -71,7 +98,13 @@ struct LinearOp {
     buffers: Option<ParamBuffers>,
 }
 
-fn dims(l1: &Layout, l2: &Layout, l3: &Layout) -> candle_core::Result<(usize, usize, usize)> {
+/// `(B, in, out)` of `x (B, in)`, `w (out, in)`, `b (out)`, or an error
+/// naming the three shapes.
+pub(crate) fn dims(
+    l1: &Layout,
+    l2: &Layout,
+    l3: &Layout,
+) -> candle_core::Result<(usize, usize, usize)> {
     let (bsz, fan_in) = l1.shape().dims2()?;
     let (fan_out, fan_in2) = l2.shape().dims2()?;
     let bias = l3.shape().dims1()?;
@@ -107,22 +140,7 @@ impl CustomOp3 for LinearOp {
             f32s(s2, l2, "linear")?,
             f32s(s3, l3, "linear")?,
         );
-        let mut y = vec![0f32; bsz * fan_out];
-        // (B, in) x (in, out) -> (B, out)
-        if !matmul(
-            &mut y,
-            Mat::new(x, bsz, fan_in),
-            Mat::new(w, fan_out, fan_in).t(),
-            false,
-        ) {
-            bail!("linear: gemm shapes do not fit")
-        }
-        for row in y.chunks_exact_mut(fan_out) {
-            for (v, bias) in row.iter_mut().zip(b) {
-                let s = *v + bias;
-                *v = if self.relu && s < 0.0 { 0.0 } else { s };
-            }
-        }
+        let y = forward_f32(x, w, b, (bsz, fan_in, fan_out), self.relu)?;
         Ok((CpuStorage::F32(y), Shape::from((bsz, fan_out))))
     }
 

@@ -20,6 +20,7 @@ use crate::error::Result;
 use crate::gemm::{matmul, Mat};
 use crate::grad::ParamBuffers;
 use crate::half16::{round_in_place, rounded, store, widen};
+use crate::linear::{dims, forward_f32};
 use redline_core::trace;
 
 /// `x (B, in) -> (B, out)` in `dtype` (bf16 or f16) over fp32 `w (out, in)`
@@ -51,20 +52,6 @@ struct Linear16 {
     buffers: ParamBuffers,
 }
 
-fn dims(l1: &Layout, l2: &Layout, l3: &Layout) -> candle_core::Result<(usize, usize, usize)> {
-    let (bsz, fan_in) = l1.shape().dims2()?;
-    let (fan_out, fan_in2) = l2.shape().dims2()?;
-    if fan_in != fan_in2 || l3.shape().dims1()? != fan_out {
-        bail!(
-            "linear: input {:?}, weight {:?}, bias {:?} do not fit",
-            l1.shape(),
-            l2.shape(),
-            l3.shape()
-        )
-    }
-    Ok((bsz, fan_in, fan_out))
-}
-
 impl CustomOp3 for Linear16 {
     fn name(&self) -> &'static str {
         "redline-linear16"
@@ -85,22 +72,7 @@ impl CustomOp3 for Linear16 {
         let x = rounded(s1, l1, self.dtype, op)?;
         let w = rounded(s2, l2, self.dtype, op)?;
         let b = rounded(s3, l3, self.dtype, op)?;
-        let mut y = vec![0f32; bsz * fan_out];
-        // (B, in) x (in, out) -> (B, out)
-        if !matmul(
-            &mut y,
-            Mat::new(&x, bsz, fan_in),
-            Mat::new(&w, fan_out, fan_in).t(),
-            false,
-        ) {
-            bail!("{op}: gemm shapes do not fit")
-        }
-        for row in y.chunks_exact_mut(fan_out) {
-            for (v, bias) in row.iter_mut().zip(b.iter()) {
-                let s = *v + bias;
-                *v = if self.relu && s < 0.0 { 0.0 } else { s };
-            }
-        }
+        let y = forward_f32(&x, &w, &b, (bsz, fan_in, fan_out), self.relu)?;
         Ok((store(y, self.dtype)?, Shape::from((bsz, fan_out))))
     }
 

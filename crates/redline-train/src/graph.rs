@@ -353,6 +353,13 @@ mod tests {
         };
         let why = loop_eligibility(&loader(640, 64)?, &acc, &step);
         assert!(why.is_err_and(|w| w.contains("--accumulate 4")));
+        // A loss-scaled step (16-mixed) is not captured yet.
+        let scaled = TrainConfig {
+            loss_scale: Some(crate::scaler::LossScale::default()),
+            ..TrainConfig::default()
+        };
+        let why = loop_eligibility(&loader(640, 64)?, &scaled, &step);
+        assert!(why.is_err_and(|w| w.contains("16-mixed: the loss scaler")));
 
         // 130 samples in batches of 64: 2 full batches, both warm-up steps.
         let shard = redline_data::Shard {

@@ -356,6 +356,7 @@ impl CustomOp3 for BlockOp {
 mod tests {
     use super::*;
     use crate::conv2d;
+    use crate::half16::bits;
     use candle_core::{Device, Var};
 
     fn data(dims: &[usize], seed: f32) -> Result<Tensor> {
@@ -464,14 +465,6 @@ mod tests {
                 )?;
                 let y2 = max_pool2d(&r(&c)?.relu()?, 2)?.to_dtype(dtype)?;
                 let g2 = (&y2 * &up)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
-                let bits = |t: &Tensor| -> Result<Vec<u32>> {
-                    Ok(t.to_dtype(DType::F32)?
-                        .flatten_all()?
-                        .to_vec1::<f32>()?
-                        .iter()
-                        .map(|v| v.to_bits())
-                        .collect())
-                };
                 let case = format!("{dtype:?} x16 {x16}");
                 assert_eq!(bits(&y)?, bits(&y2)?, "y {case}");
                 let dx = g.get(xv.as_tensor()).expect("dx");

@@ -103,6 +103,17 @@ pub(crate) fn store(v: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
     })
 }
 
+/// A tensor's values as f32 bits, for bit-for-bit comparisons in tests.
+#[cfg(test)]
+pub(crate) fn bits(t: &candle_core::Tensor) -> Result<Vec<u32>> {
+    Ok(t.to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?
+        .iter()
+        .map(|v| v.to_bits())
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -204,6 +204,7 @@ impl CustomOp3 for Linear16Bwd {
 mod tests {
     use super::*;
     use crate::grad::Param;
+    use crate::half16::bits;
     use candle_core::{Device, Var};
 
     fn param(t: Tensor) -> Result<Param> {
@@ -262,14 +263,6 @@ mod tests {
                     let y2 = if relu { y2.relu()? } else { y2 };
                     let y2 = y2.to_dtype(dtype)?;
                     let g2 = (&y2 * &up)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
-                    let bits = |t: &Tensor| -> Result<Vec<u32>> {
-                        Ok(t.to_dtype(DType::F32)?
-                            .flatten_all()?
-                            .to_vec1::<f32>()?
-                            .iter()
-                            .map(|v| v.to_bits())
-                            .collect())
-                    };
                     let case = format!("{dtype:?} relu {relu} x16 {x16}");
                     assert_eq!(bits(&y)?, bits(&y2)?, "y {case}");
                     let dx2 = g2.get(xv2.as_tensor()).expect("dx2");

@@ -23,7 +23,7 @@ use candle_core::{DType, Tensor};
 use crate::conv::{conv2d_generic, conv2d_with};
 use crate::conv_block::pool_relu16;
 use crate::error::Result;
-use crate::grad::{layer_buffers, Param};
+use crate::grad::{layer_buffers, Param, ParamBuffers};
 use crate::linear16::linear16;
 use crate::pool::max_pool2d;
 use crate::{conv2d_param, conv2d_pool_relu_param, linear_param};
@@ -34,10 +34,13 @@ fn rounded(t: &Tensor, dtype: DType) -> Result<Tensor> {
     Ok(t.to_dtype(dtype)?.to_dtype(DType::F32)?)
 }
 
-/// Whether the 16-bit product over fp32 master weights takes the CPU's
-/// fused 16-bit path.
-fn cpu_mixed(x: &Tensor, w: &Param, b: &Param) -> bool {
-    x.device().is_cpu() && w.as_tensor().dtype() == DType::F32 && layer_buffers(w, b).is_some()
+/// The gradient buffers of fp32 master weights on the CPU, when the 16-bit
+/// product takes the CPU's fused 16-bit path (`None`: candle's ops).
+fn cpu_mixed(x: &Tensor, w: &Param, b: &Param) -> Option<ParamBuffers> {
+    if !x.device().is_cpu() || w.as_tensor().dtype() != DType::F32 {
+        return None;
+    }
+    layer_buffers(w, b)
 }
 
 /// `y = x W^T + b` (ReLU'd when `relu`) in `dtype`: the fused kernel for an
@@ -47,7 +50,7 @@ pub fn linear_in(x: &Tensor, w: &Param, b: &Param, relu: bool, dtype: DType) -> 
     if dtype == DType::F32 && x.dtype() == DType::F32 && w.as_tensor().dtype() == DType::F32 {
         return linear_param(x, w, b, relu);
     }
-    if let (true, Some(buffers)) = (cpu_mixed(x, w, b), layer_buffers(w, b)) {
+    if let Some(buffers) = cpu_mixed(x, w, b) {
         return linear16(x, w.as_tensor(), b.as_tensor(), relu, dtype, buffers);
     }
     let (x, wt, bt) = (
@@ -77,13 +80,11 @@ pub fn conv2d_in(
             None => conv2d_param(x, w, b, padding),
         };
     }
-    if let (true, Some(k), Some(buffers)) = (cpu_mixed(x, w, b), pool_relu, layer_buffers(w, b)) {
-        if (1..16).contains(&k) {
+    if let Some(buffers) = cpu_mixed(x, w, b) {
+        if let Some(k) = pool_relu.filter(|k| (1..16).contains(k)) {
             let (w, b) = (w.as_tensor(), b.as_tensor());
             return pool_relu16(x, w, b, (padding, k), dtype, buffers);
         }
-    }
-    if cpu_mixed(x, w, b) {
         // The casts themselves, not leaves with buffers: the kernel's fp32
         // weight gradients pass back through them and are rounded to the
         // 16-bit type (fp16: inf above 65504, which the loss scaler sees),

@@ -10,8 +10,6 @@ use candle_core::Tensor;
 use redline_models::Params;
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
-
 /// A step's memory, in bytes (`summary.json`'s `memory`).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct MemorySplit {
@@ -105,17 +103,14 @@ pub fn parameter_bytes(params: &Params) -> u64 {
 }
 
 /// Bytes of the gradients held now.
-pub fn gradient_bytes(params: &Params) -> Result<u64> {
-    let mut total = 0;
-    for (_, p) in params.iter_params() {
-        total += p.grad().bytes();
-    }
-    Ok(total)
+pub fn gradient_bytes(params: &Params) -> u64 {
+    params.iter_params().map(|(_, p)| p.grad().bytes()).sum()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Result;
     use candle_core::{DType, Device};
     use redline_core::Precision;
     use redline_models::{Model, ModelConfig};

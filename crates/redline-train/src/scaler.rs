@@ -246,14 +246,16 @@ impl GradScaler {
 
     /// Puts a [`GradScaler::state`] back (a resumed run).
     pub fn load_state(&mut self, st: &ScalerState) -> Result<()> {
-        if !(st.scale.is_finite() && st.scale > 0.0) {
+        // Held as f32: a value past f32's range would become inf.
+        let scale = st.scale as f32;
+        if !(scale.is_finite() && scale > 0.0) {
             return Err(Error::Config(format!(
-                "loss scaler state: scale {} is not a finite number > 0",
+                "loss scaler state: scale {} is not a finite f32 number > 0",
                 st.scale
             )));
         }
         let dev = self.scale.device().clone();
-        self.scale.set(&Tensor::new(st.scale as f32, &dev)?)?;
+        self.scale.set(&Tensor::new(scale, &dev)?)?;
         self.tracker
             .set(&Tensor::new(st.growth_tracker as f32, &dev)?)?;
         self.skipped
@@ -383,12 +385,11 @@ mod tests {
         };
         s.load_state(&st)?;
         assert_eq!(s.state()?, st);
-        assert!(s
-            .load_state(&ScalerState {
-                scale: f64::INFINITY,
-                ..st
-            })
-            .is_err());
+        for bad in [f64::INFINITY, 1e39, 0.0, -2.0, f64::NAN] {
+            let refused = s.load_state(&ScalerState { scale: bad, ..st });
+            assert!(refused.is_err(), "{bad}");
+        }
+        assert_eq!(s.state()?, st, "a refused state changes nothing");
         Ok(())
     }
 }

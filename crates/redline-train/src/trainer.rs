@@ -596,7 +596,7 @@ impl Trainer {
         prof.switch(Action::Backward);
         self.backward(&out.loss)?;
         if let (true, Some(m)) = (measure, self.memory.as_mut()) {
-            m.gradients = crate::memory::gradient_bytes(self.module.params())?;
+            m.gradients = crate::memory::gradient_bytes(self.module.params());
         }
         prof.switch(Action::Metrics);
         let loss_sum = batch_loss_sum(&out.loss, out.samples)?;
@@ -797,16 +797,19 @@ impl Trainer {
     /// gradients overflowed, update the scale; the norm is then of the
     /// unscaled gradients (inf or NaN on a skipped step).
     fn update(&mut self) -> Result<Option<candle_core::Tensor>> {
+        let (clip, want_norm) = (self.cfg.clip, self.cfg.log_grad_norm);
+        // A plain step (no scaler, no clipping, no norm) lists no parameters.
+        if self.scaler.is_none() && clip.is_none() && !want_norm {
+            self.optimizer.step()?;
+            return Ok(None);
+        }
         let params: Vec<&redline_kernels::grad::Param> = self.optimizer.params().collect();
-        let found_inf = match &self.scaler {
-            Some(s) => Some(s.unscale(&params)?),
-            None => None,
-        };
-        let norm = if self.cfg.clip.is_some() || self.cfg.log_grad_norm {
-            clip::prepare(&params, self.cfg.clip, self.cfg.log_grad_norm)?
-        } else {
-            None
-        };
+        let found_inf = self
+            .scaler
+            .as_ref()
+            .map(|s| s.unscale(&params))
+            .transpose()?;
+        let norm = clip::prepare(&params, clip, want_norm)?;
         drop(params);
         match (&found_inf, &self.scaler) {
             (Some(f), Some(s)) => {

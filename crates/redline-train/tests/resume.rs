@@ -401,3 +401,48 @@ fn fuzz_checkpoint_state_json() -> R {
     eprintln!("{report}");
     Ok(())
 }
+
+/// A checkpoint whose loss-scaler state was edited into a scale no f32
+/// holds (or none at all) is refused by name when a loss-scaled trainer
+/// resumes from it, and a sound one is taken.
+#[test]
+fn an_edited_loss_scale_is_refused_by_name() -> R {
+    let (train, val) = (loader(40, true, 0)?, loader(16, false, 0)?);
+    let dir = tempfile::tempdir()?;
+    let (mut t, _) = trainer(Some((dir.path(), Some(3))), None, (1, false))?;
+    t.fit(&train, Some(&val))?;
+    let params = params_of(&t);
+    let (_, ckpt) = checkpoint::list(dir.path())
+        .into_iter()
+        .last()
+        .ok_or_else(|| anyhow::anyhow!("no checkpoint"))?;
+    let state = ckpt.join(checkpoint::STATE);
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&state)?)?;
+    let scaled = || -> anyhow::Result<Trainer> {
+        let model = ModelConfig::Mlp(MlpConfig {
+            in_features: 4,
+            hidden: vec![8],
+            classes: 2,
+        })
+        .build(&Device::cpu(), Precision::Fp32, 1)?;
+        Ok(Trainer::builder()
+            .loss_scale(Some(redline_train::LossScale::default()))
+            .optimizer(OptimizerConfig::by_name("adamw", 0.01)?)
+            .build(Classifier::new(model), Device::cpu())?)
+    };
+    for (scale, ok) in [(1e39, false), (-4.0, false), (0.0, false), (1024.0, true)] {
+        v["scaler"] = serde_json::json!({"scale": scale, "growth_tracker": 2, "skipped_steps": 5});
+        std::fs::write(&state, serde_json::to_vec(&v)?)?;
+        let loaded = checkpoint::read(&ckpt, &identity(), &params)?;
+        let got = scaled()?.resume_from(loaded);
+        match (got, ok) {
+            (Ok(()), true) => {}
+            (Err(e), false) => {
+                let e = e.to_string();
+                assert!(e.contains("state.json") && e.contains("scale"), "{e}");
+            }
+            (got, _) => panic!("scale {scale}: {got:?}"),
+        }
+    }
+    Ok(())
+}

@@ -20,47 +20,27 @@ fn step_losses(rows: &[serde_json::Value]) -> Vec<f64> {
 fn golden_mlp_run_through_the_cli_matches_pytorch() {
     let dir = tempfile::tempdir().unwrap();
     let (out, metrics) = (dir.path().join("O.safetensors"), dir.path().join("M.jsonl"));
-    let init = root().join("testdata/golden/mlp_init.safetensors");
-    let stdout = ok(&[
-        "train",
-        "--model",
-        "mlp",
-        "--device",
-        "cpu",
-        "--init",
-        init.to_str().unwrap(),
-        "--no-shuffle",
-        // PyTorch's trace trained on the whole training split.
-        "--val-split",
-        "0",
-        "--max-steps",
-        "20",
-        "--batch-size",
-        "64",
-        "--optimizer",
-        "adam",
-        "--lr",
-        "1e-3",
-        "--save",
-        out.to_str().unwrap(),
-        "--metrics",
-        metrics.to_str().unwrap(),
-        "--log-every",
-        "1",
-    ]);
+    let mut args: Vec<String> = vec!["train".into(), "--device".into(), "cpu".into()];
+    // PyTorch's trace trained on the whole training split (the job has no validation split).
+    args.extend(common::golden_job("mlp", 64, 20));
+    args.extend(
+        [
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--save",
+            out.to_str().unwrap(),
+            "--metrics",
+            metrics.to_str().unwrap(),
+        ]
+        .map(String::from),
+    );
+    let stdout = ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(stdout.contains("test accuracy"), "{stdout}");
 
     let rows = jsonl(&metrics);
-    let trace: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("testdata/golden/mlp_trace.json")).unwrap(),
-    )
-    .unwrap();
-    let want: Vec<f64> = trace["losses"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
+    let want = common::golden_losses("mlp_trace.json");
     let got = step_losses(&rows);
     assert_eq!(got.len(), 20);
     for (g, w) in got.iter().zip(&want) {

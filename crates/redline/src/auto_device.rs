@@ -84,10 +84,8 @@ fn step_ms(
         let model = job.model.build(device, precision, job.seed)?;
         Ok(job.step.step(model))
     };
-    let loss_scale = match precision {
-        Precision::Fp16Mixed => Some(job.loss_scale.unwrap_or_default()),
-        _ => None,
-    };
+    // The job's scaler times 16-mixed; the fp32 run it is compared with has none.
+    let loss_scale = job.loss_scale.filter(|_| precision == Precision::Fp16Mixed);
     Ok(probe::measure(
         &make,
         device,

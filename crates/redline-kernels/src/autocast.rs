@@ -6,7 +6,8 @@
 //! dtype (fp32 master weights get fp32 gradients, through the `GradStore`
 //! that [`Param::absorb`] reads). In fp32 the fused kernels run instead.
 //!
-//! On the CPU, over fp32 master weights: a linear layer is one op
+//! On the CPU, over fp32 master weights or bf16 weights (`bf16-true`,
+//! whose gradients reach their buffers as bf16 tensors): a linear layer is one op
 //! ([`crate::linear16`]) that takes the 16-bit activation, rounds the
 //! weights in scratch memory, accumulates in fp32 and stores its output in
 //! 16 bits, so the step keeps 16-bit activations and no weight copies; a
@@ -23,7 +24,7 @@ use candle_core::{DType, Tensor};
 use crate::conv::{conv2d_generic, conv2d_with};
 use crate::conv_block::pool_relu16;
 use crate::error::Result;
-use crate::grad::{layer_buffers, Param, ParamBuffers};
+use crate::grad::{half_buffers, layer_buffers, Param, ParamBuffers};
 use crate::linear16::linear16;
 use crate::pool::max_pool2d;
 use crate::{conv2d_param, conv2d_pool_relu_param, linear_param};
@@ -34,13 +35,18 @@ fn rounded(t: &Tensor, dtype: DType) -> Result<Tensor> {
     Ok(t.to_dtype(dtype)?.to_dtype(DType::F32)?)
 }
 
-/// The gradient buffers of fp32 master weights on the CPU, when the 16-bit
-/// product takes the CPU's fused 16-bit path (`None`: candle's ops).
-fn cpu_mixed(x: &Tensor, w: &Param, b: &Param) -> Option<ParamBuffers> {
-    if !x.device().is_cpu() || w.as_tensor().dtype() != DType::F32 {
+/// The parameters' gradient buffers when a 16-bit product takes the CPU's
+/// fused 16-bit path (`None`: candle's ops): fp32 master weights' (written
+/// in fp32), or 16-bit weights' (`bf16-true`: handed a 16-bit tensor).
+fn cpu16(x: &Tensor, w: &Param, b: &Param) -> Option<ParamBuffers> {
+    let (wd, bd) = (w.as_tensor().dtype(), b.as_tensor().dtype());
+    if !x.device().is_cpu() || wd != bd {
         return None;
     }
-    layer_buffers(w, b)
+    match wd {
+        DType::F32 => layer_buffers(w, b),
+        _ => half_buffers(w, b),
+    }
 }
 
 /// `y = x W^T + b` (ReLU'd when `relu`) in `dtype`: the fused kernel for an
@@ -50,8 +56,8 @@ pub fn linear_in(x: &Tensor, w: &Param, b: &Param, relu: bool, dtype: DType) -> 
     if dtype == DType::F32 && x.dtype() == DType::F32 && w.as_tensor().dtype() == DType::F32 {
         return linear_param(x, w, b, relu);
     }
-    if let Some(buffers) = cpu_mixed(x, w, b) {
-        return linear16(x, w.as_tensor(), b.as_tensor(), relu, dtype, buffers);
+    if let Some(buffers) = cpu16(x, w, b) {
+        return linear16(x, w.as_tensor(), b.as_tensor(), relu, dtype, Some(buffers));
     }
     let (x, wt, bt) = (
         x.to_dtype(dtype)?,
@@ -80,10 +86,10 @@ pub fn conv2d_in(
             None => conv2d_param(x, w, b, padding),
         };
     }
-    if let Some(buffers) = cpu_mixed(x, w, b) {
+    if let Some(buffers) = cpu16(x, w, b) {
         if let Some(k) = pool_relu.filter(|k| (1..16).contains(k)) {
             let (w, b) = (w.as_tensor(), b.as_tensor());
-            return pool_relu16(x, w, b, (padding, k), dtype, buffers);
+            return pool_relu16(x, w, b, (padding, k), dtype, Some(buffers));
         }
         // The casts themselves, not leaves with buffers: the kernel's fp32
         // weight gradients pass back through them and are rounded to the

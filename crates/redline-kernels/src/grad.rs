@@ -374,6 +374,19 @@ pub(crate) fn layer_buffers(w: &Param, b: &Param) -> Option<ParamBuffers> {
     w.fused_buffer().zip(b.fused_buffer())
 }
 
+/// The buffers of 16-bit CPU parameters `w` and `b` (`bf16-true`), for the
+/// 16-bit kernels: they hand each its gradient as a tensor of its dtype
+/// ([`GradBuffer::absorb`]), past candle's `GradStore` and its
+/// `zeros + g` per parameter (half a bf16-true MLP step, measured).
+pub(crate) fn half_buffers(w: &Param, b: &Param) -> Option<ParamBuffers> {
+    let half = |p: &Param| {
+        let t = p.as_tensor();
+        (t.device().is_cpu() && matches!(t.dtype(), DType::BF16 | DType::F16))
+            .then(|| Arc::clone(&p.grad))
+    };
+    half(w).zip(half(b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

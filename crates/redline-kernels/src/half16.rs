@@ -40,7 +40,7 @@ pub(crate) fn widen<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<Cow<'
 /// loop the compiler vectorizes), NaN kept a NaN; `half`'s `from_f32` bit
 /// for bit (the test checks against candle's cast).
 #[inline]
-fn bf16_round(x: f32) -> f32 {
+pub(crate) fn bf16_round(x: f32) -> f32 {
     let b = x.to_bits();
     let r = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000;
     if x.is_nan() {

@@ -26,6 +26,7 @@ mod loss;
 pub mod multi_tensor;
 pub mod multi_tensor_args;
 pub mod optim;
+mod optim_bf16;
 mod optim_generic;
 pub mod optim_math;
 pub mod pool;

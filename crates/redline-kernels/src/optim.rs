@@ -24,6 +24,7 @@ use pulp::{Simd, WithSimd};
 
 use crate::error::Result;
 use crate::grad::GradRef;
+pub use crate::optim_bf16::{bf16_covers, Bf16State};
 pub use crate::optim_generic::{
     adam_tensors, adam_tensors_unless, sgd_tensors, sgd_tensors_unless, skip_mask, DeviceHyper,
     TensorState,
@@ -71,6 +72,15 @@ pub struct SlotState {
     pub a: Vec<f32>,
     /// Second moment (Adam).
     pub b: Vec<f32>,
+    /// The state of a bf16 parameter (`bf16-true`), kept in bf16.
+    pub half: Bf16State,
+}
+
+impl SlotState {
+    /// Bytes held (f32 and bf16 state).
+    pub fn bytes(&self) -> u64 {
+        ((self.a.len() + self.b.len()) * 4) as u64 + self.half.bytes()
+    }
 }
 
 /// Applies one Adam/AdamW update to `param` in place. Returns `Ok(false)`
@@ -96,12 +106,20 @@ pub fn sgd_step(
 }
 
 /// Whether the fused in-place update covers `param` (its state then lives
-/// in a [`SlotState`]; otherwise in a [`TensorState`]).
+/// in a [`SlotState`]; otherwise in a [`TensorState`]): an f32 or (the
+/// bf16 loop, `bf16-true`) bf16 contiguous CPU tensor.
 pub fn fused_covers(param: &Tensor) -> bool {
-    fused_cpu(param) && param.is_contiguous()
+    (fused_cpu(param) && param.is_contiguous()) || bf16_covers(param)
 }
 
 fn update(param: &Tensor, grad: GradRef<'_>, state: &mut SlotState, kind: Kind) -> Result<bool> {
+    if bf16_covers(param) {
+        let kind = match kind {
+            Kind::Adam(hp) => crate::optim_bf16::Bf16Kind::Adam(hp),
+            Kind::Sgd(hp) => crate::optim_bf16::Bf16Kind::Sgd(hp),
+        };
+        return crate::optim_bf16::update(param, grad, &mut state.half, kind);
+    }
     if !fused_covers(param) {
         return Ok(false);
     }

@@ -438,11 +438,17 @@ impl Optimizer {
         for (i, slot) in self.state.iter().enumerate() {
             let shape = slot.param.as_tensor().shape().clone();
             let host = [&slot.fused.a, &slot.fused.b];
+            let half = [&slot.fused.half.a, &slot.fused.half.b];
             let generic = [&slot.generic.a, &slot.generic.b];
             for (k, name) in names.iter().enumerate() {
                 let t = match (host[k], generic[k]) {
                     (h, _) if !h.is_empty() => {
                         Tensor::from_slice(h, shape.clone(), &candle_core::Device::Cpu)?
+                    }
+                    // bf16 state, widened (exact) as the rest is saved.
+                    _ if !half[k].is_empty() => {
+                        Tensor::from_slice(half[k], shape.clone(), &candle_core::Device::Cpu)?
+                            .to_dtype(DType::F32)?
                     }
                     (_, Some(v)) => v
                         .as_tensor()
@@ -505,7 +511,17 @@ impl Optimizer {
                 continue;
             };
             let p = slot.param.as_tensor();
-            if redline_kernels::optim::fused_covers(p) {
+            if redline_kernels::optim::bf16_covers(p) {
+                // Saved from bf16, so the narrowing is exact.
+                let v = t
+                    .flatten_all()?
+                    .to_dtype(DType::BF16)?
+                    .to_vec1::<half::bf16>()?;
+                match k {
+                    0 => slot.fused.half.a = v,
+                    _ => slot.fused.half.b = v,
+                }
+            } else if redline_kernels::optim::fused_covers(p) {
                 let v = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
                 match k {
                     0 => slot.fused.a = v,
@@ -536,11 +552,7 @@ impl Optimizer {
         };
         self.state
             .iter()
-            .map(|s| {
-                ((s.fused.a.len() + s.fused.b.len()) * 4) as u64
-                    + tensor(&s.generic.a)
-                    + tensor(&s.generic.b)
-            })
+            .map(|s| s.fused.bytes() + tensor(&s.generic.a) + tensor(&s.generic.b))
             .sum()
     }
 

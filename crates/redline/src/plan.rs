@@ -339,15 +339,7 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
 /// `--precision`, refused by name where this build cannot run it (never a
 /// silent fp32 run).
 fn precision(flag: &str) -> anyhow::Result<Precision> {
-    let p: Precision = flag.parse()?;
-    if p == Precision::Bf16True {
-        bail!(
-            "--precision {flag}: bf16-true (bf16 parameters and optimizer state) is not built yet\n\
-             HINT: available: 32-true, bf16-mixed (bf16 products over fp32 weights), 16-mixed \
-             (fp16 products with a loss scaler)"
-        );
-    }
-    Ok(p)
+    Ok(flag.parse()?)
 }
 
 /// The loss scaler of `16-mixed` (`--loss-scale`, or GradScaler's defaults);

@@ -2,9 +2,12 @@
 """Mixed-precision golden files for Redline's `--precision bf16-mixed`: PyTorch's CPU
 autocast (`torch.autocast("cpu", dtype=torch.bfloat16)`) around the forward and the loss,
 fp32 master weights and Adam 1e-3 state, the backward outside the autocast region, as
-Lightning's `precision="bf16-mixed"` runs it. Same initial weights, data (file order,
-batch 64) and steps as the fp32 goldens (`mlp_init`, `cnn_init`). Records every step's
-loss, the dtype autocast gave the logits, and the final weights (fp32).
+Lightning's `precision="bf16-mixed"` runs it. Same initial weights and data (file order,
+batch 64) as the fp32 goldens (`mlp_init`, `cnn_init`), 20 steps for both models (the fp32
+goldens' CNN has 8; `fp32_<model>_*` is the same run in fp32, for comparison). Records every
+step's loss, the dtype autocast gave the logits, and the final weights (fp32). The CNN's
+weight files leave out `fc1.weight` (1.6 MB, 95% of the file): the other tensors check the
+run, and the repository travels to the GPU machine under a size limit.
 
 Usage (from the repository root):
 
@@ -12,6 +15,16 @@ Usage (from the repository root):
         --out testdata/golden --data data/fashion-mnist
 
 Writes `bf16_mixed_<model>_trace.json` and `bf16_mixed_<model>_final.safetensors`.
+
+`bf16-true` (Lightning's `precision="bf16-true"`, its `HalfPrecision` plugin): the model
+converted with `.to(torch.bfloat16)` after the fp32 init is loaded, the batch's inputs cast
+to bf16, the forward, the loss (`F.cross_entropy` on bf16 logits, a bf16 loss) and the
+backward in bf16, and `torch.optim.Adam` over the bf16 parameters (its state bf16, its ops
+rounding to bf16). Writes `bf16_true_<model>_*`; the final weights in bf16, as trained.
+And the same with the loss computed in fp32 from the bf16 logits
+(`F.cross_entropy(logits.float(), y)`, Redline's choice: its losses always run in fp32),
+`bf16_true_fp32_loss_<model>_*`: it checks the rest of the bf16 step (kernels, gradients,
+the bf16 Adam) without the bf16 loss's own rounding.
 
 `16-mixed` (Lightning's `precision="16-mixed"`): `torch.autocast("cpu", dtype=torch.float16)`
 with `torch.amp.GradScaler("cpu")` (`scaler.scale(loss).backward()`, `scaler.step(opt)`,
@@ -34,7 +47,76 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_golden import BATCH_SIZE, MODELS, STEPS, load_split  # noqa: E402
+from make_golden import BATCH_SIZE, MODELS, load_split  # noqa: E402
+
+# Steps of every precision run (the issue's 20, for both models).
+STEPS = {"mlp": 20, "cnn": 20}
+
+
+def final_weights(model, name, dtype=torch.float32):
+    """The model's weights for a golden file, in `dtype`; the CNN's without fc1.weight."""
+    return {k: v.detach().to(dtype).clone().contiguous() for k, v in model.state_dict().items()
+            if not (name == "cnn" and k == "fc1.weight")}
+
+
+def run_fp32(name, data, out):
+    """The same job in fp32, for the precision tests' "nearer the 16-bit run than fp32"."""
+    steps = STEPS[name]
+    x, y = load_split(data, "train", BATCH_SIZE * steps)
+    model = MODELS[name]()
+    model.load_state_dict(load_file(os.path.join(out, f"{name}_init.safetensors")))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for i in range(steps):
+        xb, yb = x[i * BATCH_SIZE:(i + 1) * BATCH_SIZE], y[i * BATCH_SIZE:(i + 1) * BATCH_SIZE]
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+    path = os.path.join(out, f"fp32_{name}_final.safetensors")
+    save_file(final_weights(model, name), path, metadata={"torch_version": torch.__version__,
+                                                          "steps": str(steps)})
+    os.chmod(path, 0o644)
+    print(f"fp32 {name}: {steps} steps")
+
+
+def run_bf16_true(name, data, out, fp32_loss=False):
+    steps = STEPS[name]
+    x, y = load_split(data, "train", BATCH_SIZE * steps)
+    model = MODELS[name]()
+    model.load_state_dict(load_file(os.path.join(out, f"{name}_init.safetensors")))
+    model = model.to(torch.bfloat16)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses, logits_dtype, loss_dtype = [], None, None
+    for i in range(steps):
+        xb, yb = x[i * BATCH_SIZE:(i + 1) * BATCH_SIZE], y[i * BATCH_SIZE:(i + 1) * BATCH_SIZE]
+        opt.zero_grad()
+        logits = model(xb.to(torch.bfloat16))
+        loss = F.cross_entropy(logits.float() if fp32_loss else logits, yb)
+        logits_dtype, loss_dtype = str(logits.dtype), str(loss.dtype)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    prefix = "bf16_true_fp32_loss" if fp32_loss else "bf16_true"
+    path = os.path.join(out, f"{prefix}_{name}_final.safetensors")
+    save_file(final_weights(model, name, torch.bfloat16), path,
+              metadata={"torch_version": torch.__version__})
+    os.chmod(path, 0o644)
+    with open(os.path.join(out, f"{prefix}_{name}_trace.json"), "w") as f:
+        json.dump({
+            "model": name,
+            "precision": "bf16-true (model.to(bfloat16), bf16 inputs and Adam state), loss in "
+                         + ("fp32 (logits.float())" if fp32_loss else "bf16"),
+            "steps": steps,
+            "batch": BATCH_SIZE,
+            "optimizer": "adam",
+            "lr": 1e-3,
+            "logits_dtype": logits_dtype,
+            "loss_dtype": loss_dtype,
+            "losses": losses,
+            "torch_version": torch.__version__,
+        }, f, indent=1)
+        f.write("\n")
+    print(f"{prefix} {name}: {steps} steps, logits {logits_dtype}, loss {loss_dtype}, "
+          f"last loss {losses[-1]:.4f}")
 
 
 def run(name, data, out):
@@ -54,8 +136,7 @@ def run(name, data, out):
         loss.backward()
         opt.step()
         losses.append(float(loss))
-    weights = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-    save_file(weights, os.path.join(out, f"bf16_mixed_{name}_final.safetensors"),
+    save_file(final_weights(model, name), os.path.join(out, f"bf16_mixed_{name}_final.safetensors"),
               metadata={"torch_version": torch.__version__})
     with open(os.path.join(out, f"bf16_mixed_{name}_trace.json"), "w") as f:
         json.dump({
@@ -119,13 +200,8 @@ def run_fp16(name, data, out, prefix, settings, accumulate, clip):
         # The scale goes down only after an overflow, and a step that
         # overflowed was skipped.
         skipped.append(scaler.get_scale() < before)
-    # The CNN's fc1.weight (1.6 MB, 95% of the file) is left out: the other
-    # tensors check the run, and the repository travels to the GPU machine
-    # under a size limit.
-    weights = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()
-               if not (name == "cnn" and k == "fc1.weight")}
     path = os.path.join(out, f"{prefix}_{name}_final.safetensors")
-    save_file(weights, path, metadata={"torch_version": torch.__version__})
+    save_file(final_weights(model, name), path, metadata={"torch_version": torch.__version__})
     os.chmod(path, 0o644)
     with open(os.path.join(out, f"{prefix}_{name}_trace.json"), "w") as f:
         json.dump({
@@ -156,11 +232,16 @@ def main():
     ap.add_argument("--out", default="testdata/golden")
     ap.add_argument("--data", default="data/fashion-mnist")
     ap.add_argument("--models", default="mlp,cnn")
-    ap.add_argument("--precisions", default="bf16-mixed,16-mixed")
+    ap.add_argument("--precisions", default="32-true,bf16-mixed,16-mixed,bf16-true")
     a = ap.parse_args()
     torch.set_num_threads(1)
     precisions = a.precisions.split(",")
     for name in a.models.split(","):
+        if "32-true" in precisions:
+            run_fp32(name, a.data, a.out)
+        if "bf16-true" in precisions:
+            run_bf16_true(name, a.data, a.out)
+            run_bf16_true(name, a.data, a.out, fp32_loss=True)
         if "bf16-mixed" in precisions:
             run(name, a.data, a.out)
         if "16-mixed" in precisions:

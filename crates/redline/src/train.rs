@@ -585,9 +585,16 @@ fn precision_path(precision: Precision, device: &redline_core::Device) -> Option
     if precision == Precision::Fp32 {
         return None;
     }
+    let weights = match precision {
+        Precision::Bf16True => {
+            "bf16 parameters, gradients and optimizer state (each update rounded to bf16 where \
+             PyTorch's bf16 ops round)"
+        }
+        _ => "fp32 master weights",
+    };
     if !device.is_cpu() {
         return Some(format!(
-            "{precision}: candle's 16-bit CUDA kernels (cuBLAS), fp32 master weights"
+            "{precision}: candle's 16-bit CUDA kernels (cuBLAS), {weights}"
         ));
     }
     let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -614,9 +621,9 @@ fn precision_path(precision: Precision, device: &redline_core::Device) -> Option
         _ => "",
     };
     Some(format!(
-        "{precision} on the CPU: fp32 GEMMs and convolutions on {ty}-rounded operands, outputs \
-         rounded to {ty} (a {ty} product with fp32 accumulation){scaler}; this CPU has {} (not \
-         used yet)",
+        "{precision} on the CPU: {weights}; fp32 GEMMs and convolutions on {ty}-rounded \
+         operands, outputs rounded to {ty} (a {ty} product with fp32 accumulation){scaler}; this \
+         CPU has {} (not used yet)",
         if native.is_empty() {
             none.to_string()
         } else {

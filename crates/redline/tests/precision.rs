@@ -34,7 +34,7 @@ use common::{
 /// runs), the CNN's bf16 update moved 2% on a loaded machine.
 const ONE_THREAD: [&str; 2] = ["--threads", "1"];
 
-fn bf16_mixed_matches_autocast(model: &str, steps: usize, update_tol: f32) {
+fn bf16_mixed_matches_autocast(model: &str, steps: usize, loss_tol: f64, update_tol: f32) {
     let dir = tempfile::tempdir().unwrap();
     let (run, out) = (dir.path().join("run"), dir.path().join("w.safetensors"));
     let init = golden(&format!("{model}_init.safetensors"));
@@ -93,16 +93,18 @@ fn bf16_mixed_matches_autocast(model: &str, steps: usize, update_tol: f32) {
     for (i, (a, b)) in ours.iter().zip(&torch).enumerate() {
         eprintln!("{model} bf16 loss {}: rel {:e}", i + 1, (a - b).abs() / b);
         assert!(
-            (a - b).abs() / b < 2e-3,
+            (a - b).abs() / b < loss_tol,
             "step {}: ours {a}, autocast {b}",
             i + 1
         );
     }
     let (init, w) = (weights(&init), weights(&out));
     let bf16 = weights(&golden(&format!("bf16_mixed_{model}_final.safetensors")));
-    let fp32 = weights(&golden(&format!("{model}_final.safetensors")));
+    let fp32 = weights(&golden(&format!("fp32_{model}_final.safetensors")));
     let (mut to_bf16, mut to_fp32) = (0.0, 0.0);
-    for (name, t) in &w {
+    // The golden's tensors (the CNN's leaves out fc1.weight, for size).
+    for name in bf16.keys() {
+        let t = &w[name];
         assert_eq!(
             t.dtype(),
             candle_core::DType::F32,
@@ -126,12 +128,12 @@ fn bf16_mixed_matches_autocast(model: &str, steps: usize, update_tol: f32) {
 
 #[test]
 fn bf16_mixed_mlp_matches_pytorch_autocast() {
-    bf16_mixed_matches_autocast("mlp", 20, 5e-3);
+    bf16_mixed_matches_autocast("mlp", 20, 2e-3, 5e-3);
 }
 
 #[test]
 fn bf16_mixed_cnn_matches_pytorch_autocast() {
-    bf16_mixed_matches_autocast("cnn", 8, 0.05);
+    bf16_mixed_matches_autocast("cnn", 20, 5e-3, 0.05);
 }
 
 /// `--precision 16-mixed` against PyTorch's fp16 autocast with
@@ -207,7 +209,7 @@ fn fp16_mixed_matches_gradscaler(model: &str, steps: usize, prefix: &str, extra:
     }
     let (init, w) = (weights(&init), weights(&out));
     let fp16 = weights(&golden(&format!("{prefix}_{model}_final.safetensors")));
-    let fp32 = weights(&golden(&format!("{model}_final.safetensors")));
+    let fp32 = weights(&golden(&format!("fp32_{model}_final.safetensors")));
     let (mut to_fp16, mut to_fp32) = (0.0, 0.0);
     // The golden's tensors (the CNN's leaves out fc1.weight, for size).
     for name in fp16.keys() {
@@ -279,23 +281,145 @@ fn fp16_mixed_unscales_before_clipping_and_after_accumulating() {
 
 #[test]
 fn fp16_mixed_cnn_matches_pytorch_gradscaler() {
-    fp16_mixed_matches_gradscaler("cnn", 8, "fp16_mixed", &[]);
+    fp16_mixed_matches_gradscaler("cnn", 20, "fp16_mixed", &[]);
 }
 
 #[test]
 fn fp16_mixed_cnn_overflows_as_pytorchs_gradscaler() {
     fp16_mixed_matches_gradscaler(
         "cnn",
-        8,
+        20,
         "fp16_overflow",
         &["--loss-scale", "dynamic:init=16777216:interval=3"],
     );
 }
 
+/// `--precision bf16-true` against PyTorch's bf16 model (Lightning's
+/// `HalfPrecision`: `model.to(bfloat16)`, bf16 inputs, Adam over bf16
+/// parameters; `tools/reference/make_golden_precision.py`). Everything
+/// Redline keeps is bf16: the saved weights, and the memory split counts 2
+/// bytes per parameter for the weights, the gradients and each of Adam's
+/// moments.
+///
+/// Two references: `bf16_true_*` computes the loss in bf16 from the bf16
+/// logits, as a Lightning `training_step` does; Redline computes every loss
+/// in fp32 (the bf16 log-softmax rounds each log-probability by up to 2^-9
+/// relative, and its gradient carries that noise), so it is compared with
+/// looser bounds there (measured: losses 9.9e-3, updates 3.1e-2 MLP and
+/// 6.5e-2 CNN). `bf16_true_fp32_loss_*` takes the loss of `logits.float()`,
+/// Redline's choice, which leaves the rest of the bf16 step to check: the
+/// first `exact` losses equal PyTorch's to 1e-6 (the same bf16 forward, and
+/// the bf16 Adam's rounding on the first updates), then losses within
+/// 2.3e-3 and updates within 7.4e-3 (MLP) and 4.7e-2 (CNN) measured, as
+/// bf16 rounding flips on last-bit differences of the sums move single
+/// weights by a whole bf16 step. Every run is nearer PyTorch's bf16 run
+/// than its fp32 run.
+fn bf16_true_matches_pytorch(
+    model: &str,
+    prefix: &str,
+    exact: usize,
+    loss_tol: f64,
+    update_tol: f32,
+) {
+    let steps = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let (run, out) = (dir.path().join("run"), dir.path().join("w.safetensors"));
+    let init = golden(&format!("{model}_init.safetensors"));
+    let mut args = golden_job(model, 64, steps);
+    args.extend(["--precision", "bf16-true", "--save", out.to_str().unwrap()].map(String::from));
+    args.extend(ONE_THREAD.map(String::from));
+    let stdout = train_in(&run, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(stdout.contains("precision bf16-true"), "{stdout}");
+    let summary = json(&run.join("summary.json"));
+    assert_eq!(summary["precision"], "bf16-true", "{summary}");
+    assert!(
+        summary["precision_path"]
+            .as_str()
+            .is_some_and(|p| p.contains("bf16 parameters")),
+        "{summary}"
+    );
+    let n: u64 = weights(&init).values().map(|t| t.elem_count() as u64).sum();
+    let mem = &summary["memory"];
+    assert_eq!(mem["parameters"].as_u64(), Some(2 * n), "{summary}");
+    assert_eq!(mem["gradients"].as_u64(), Some(2 * n), "{summary}");
+    assert_eq!(mem["optimizer"].as_u64(), Some(4 * n), "{summary}");
+    let ours = step_losses(&run);
+    let torch = golden_losses(&format!("{prefix}_{model}_trace.json"));
+    assert_eq!(ours.len(), torch.len());
+    for (i, (a, b)) in ours.iter().zip(&torch).enumerate() {
+        eprintln!(
+            "{model} {prefix} loss {}: rel {:e}",
+            i + 1,
+            (a - b).abs() / b
+        );
+        let tol = if i < exact { 1e-6 } else { loss_tol };
+        assert!(
+            (a - b).abs() / b < tol,
+            "step {}: ours {a}, PyTorch bf16 {b}",
+            i + 1
+        );
+    }
+    let f32s = |m: std::collections::HashMap<String, candle_core::Tensor>| {
+        m.into_iter()
+            .map(|(k, t)| (k, t.to_dtype(candle_core::DType::F32).unwrap()))
+            .collect::<std::collections::HashMap<_, _>>()
+    };
+    let w = weights(&out);
+    assert!(
+        w.values().all(|t| t.dtype() == candle_core::DType::BF16),
+        "bf16-true saves bf16 weights"
+    );
+    let (init, w) = (f32s(weights(&init)), f32s(w));
+    let bf16 = f32s(weights(&golden(&format!(
+        "{prefix}_{model}_final.safetensors"
+    ))));
+    let fp32 = weights(&golden(&format!("fp32_{model}_final.safetensors")));
+    let (mut to_bf16, mut to_fp32) = (0.0, 0.0);
+    for name in bf16.keys() {
+        let ours = (&w[name] - &init[name]).unwrap();
+        let r = rel_l2(&ours, &(&bf16[name] - &init[name]).unwrap());
+        let r32 = rel_l2(&ours, &(&fp32[name] - &init[name]).unwrap());
+        eprintln!("{model} {prefix} {name}: update vs PyTorch bf16 {r:e}, vs its fp32 {r32:e}");
+        assert!(
+            r < update_tol,
+            "{model} {name}: update {r:e} from PyTorch's"
+        );
+        to_bf16 += r;
+        to_fp32 += r32;
+    }
+    assert!(
+        to_bf16 < to_fp32,
+        "{model}: nearer PyTorch's fp32 run ({to_fp32}) than its bf16 run ({to_bf16})"
+    );
+}
+
+#[test]
+fn bf16_true_mlp_matches_pytorch() {
+    bf16_true_matches_pytorch("mlp", "bf16_true", 0, 2e-2, 0.1);
+}
+
+#[test]
+fn bf16_true_cnn_matches_pytorch() {
+    bf16_true_matches_pytorch("cnn", "bf16_true", 0, 2e-2, 0.15);
+}
+
+#[test]
+fn bf16_true_mlp_matches_pytorch_with_an_fp32_loss() {
+    bf16_true_matches_pytorch("mlp", "bf16_true_fp32_loss", 3, 5e-3, 2e-2);
+}
+
+#[test]
+fn bf16_true_cnn_matches_pytorch_with_an_fp32_loss() {
+    bf16_true_matches_pytorch("cnn", "bf16_true_fp32_loss", 2, 5e-3, 0.1);
+}
+
 #[test]
 fn precisions_not_built_and_bad_scales_are_refused_by_name() {
     for (args, says) in [
-        (&["--precision", "bf16-true"][..], "not built yet"),
+        (
+            &["--precision", "bf16-true", "--loss-scale", "dynamic"][..],
+            "only --precision 16-mixed scales the loss",
+        ),
         (&["--precision", "fp8"][..], "expected 32-true"),
         (
             &["--precision", "bf16-mixed", "--loss-scale", "dynamic"][..],

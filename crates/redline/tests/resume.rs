@@ -223,6 +223,27 @@ fn a_16_mixed_run_resumes_with_its_loss_scale() {
 }
 
 #[test]
+fn a_bf16_true_run_resumes_bit_for_bit() {
+    // bf16 weights and bf16 Adam moments: the checkpoint widens them to
+    // f32 and the resume narrows them back, exactly; a lossy round trip
+    // or a state restored in another dtype would change the weights.
+    killed_and_resumed(
+        &[
+            "--threads",
+            "1",
+            "--max-steps",
+            "200",
+            "--checkpoint-every",
+            "30",
+            "--precision",
+            "bf16-true",
+        ],
+        3,
+        (40, 190),
+    );
+}
+
+#[test]
 fn a_cnn_killed_at_random_steps_resumes_bit_for_bit() {
     // The zoo's CNN on the 8x8 digits: 43 steps an epoch, 4 epochs.
     for seed in [4, 5] {

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Precision on the CPU: `redline train --precision 32-true | bf16-mixed | 16-mixed` beside
-PyTorch's tensor workload in fp32, under `torch.autocast("cpu", dtype=torch.bfloat16)`, and
-under `torch.autocast("cpu", dtype=torch.float16)` with `torch.amp.GradScaler`
-(bench/torch_mnist.py --precision), in one run, alternating the variants round by round.
+"""Precision on the CPU: `redline train --precision 32-true | bf16-mixed | 16-mixed | bf16-true`
+beside PyTorch's tensor workload in fp32, under `torch.autocast("cpu", dtype=torch.bfloat16)`,
+under `torch.autocast("cpu", dtype=torch.float16)` with `torch.amp.GradScaler`, and converted
+with `model.to(torch.bfloat16)` (bench/torch_mnist.py --precision), in one run, alternating the
+variants round by round.
 MLP at batch 64 and 512 (5 epochs) and the CNN (1 epoch) on the shipped Fashion-MNIST.
 bench/run.sh runs it after the main comparison and appends its table to the report.
 
@@ -14,9 +15,10 @@ Reported per job and precision, medians over rounds: training seconds per epoch 
 `epoch_s`, PyTorch's timed loop), test accuracy after the last epoch, one batch's activations
 (what the forward keeps for the backward, the batch and the weights left out: Redline's
 `summary.json` `memory.activations`, PyTorch's saved tensors through `saved_tensors_hooks`)
-and the process's peak resident memory (`/usr/bin/time -v`, the whole process: data, model,
-optimizer and activations together). Both sides train on all 60,000 training images (Redline
-`--val-split 0`). bf16-true is not built yet, so it has no row.
+the weights, gradients and optimizer state (Redline's `memory`, PyTorch's tensors after
+training), and the process's peak resident memory (`/usr/bin/time -v`, the whole process:
+data, model, optimizer and activations together). Both sides train on all 60,000 training
+images (Redline `--val-split 0`).
 """
 
 import argparse
@@ -33,7 +35,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 JOBS = [("mlp", 64), ("mlp", 512), ("cnn", 64)]
-PRECISIONS = ["32-true", "bf16-mixed", "16-mixed"]
+PRECISIONS = ["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
 
 
 def timed(cmd: list[str]) -> tuple[str, float]:
@@ -56,8 +58,10 @@ def redline(a, model, batch, precision, epochs, work: Path) -> dict:
     epochs_s = [r["epoch_s"] for r in rows if r.get("kind") == "epoch"]
     test = next(r for r in rows if r.get("kind") == "test")
     summary = json.loads((run_dir / "summary.json").read_text())
+    mem = summary["memory"]
     return {"epoch_s": statistics.median(epochs_s), "acc": test["test_accuracy"], "rss": rss,
-            "act": summary["memory"]["activations"] / 2**20}
+            "act": mem["activations"] / 2**20,
+            "state": (mem["parameters"] + mem["gradients"] + mem["optimizer"]) / 2**20}
 
 
 TRAIN_SAMPLES = 60000
@@ -76,7 +80,8 @@ def torch(a, model, batch, precision, epochs) -> dict:
     scale = TRAIN_SAMPLES / limit if limit else 1.0
     return {"epoch_s": statistics.median(r["epoch_s"]) * scale,
             "acc": float("nan") if limit else r["test_accuracy"], "rss": rss,
-            "act": r["activation_bytes"] / 2**20, "scaled": bool(limit)}
+            "act": r["activation_bytes"] / 2**20, "state": r["state_bytes"] / 2**20,
+            "scaled": bool(limit)}
 
 
 def main() -> None:
@@ -118,9 +123,9 @@ def main() -> None:
         "RSS is the whole process's.",
         "",
         "| job | precision | Redline s/epoch | vs its fp32 | test acc | activations MiB (vs "
-        "fp32) | peak RSS MiB | PyTorch s/epoch | vs its fp32 | test acc | activations MiB (vs "
-        "fp32) | peak RSS MiB |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "fp32) | weights+grads+optimizer MiB | peak RSS MiB | PyTorch s/epoch | vs its fp32 | "
+        "test acc | activations MiB (vs fp32) | weights+grads+optimizer MiB | peak RSS MiB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for model, batch in JOBS:
         for precision in PRECISIONS:
@@ -134,7 +139,8 @@ def main() -> None:
                 acc = med(xs, "acc")
                 acc_s = "-" if acc != acc else f"{100 * acc:.2f}%"
                 cells.append(f"{t:.3f}{scaled} | {t / base:.2f}x | {acc_s} | "
-                             f"{act:.2f} ({100 * act / act0:.0f}%) | {med(xs, 'rss'):.0f}")
+                             f"{act:.2f} ({100 * act / act0:.0f}%) | {med(xs, 'state'):.2f} | "
+                             f"{med(xs, 'rss'):.0f}")
             out.append(f"| {model} b{batch} | {precision} | " + " | ".join(cells) + " |")
     out += ["", f"\\* PyTorch's fp16 CNN: trained on the first {a.torch_fp16_cnn_limit} samples "
             "(its CPU fp16 convolution has no fast kernel: one whole epoch ran over 10 minutes), "

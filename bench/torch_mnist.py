@@ -104,11 +104,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--precision",
-        choices=["32-true", "bf16-mixed", "16-mixed"],
+        choices=["32-true", "bf16-mixed", "16-mixed", "bf16-true"],
         default="32-true",
         help="bf16-mixed: forward and loss under torch.autocast(device, dtype=torch.bfloat16), "
         "as Lightning's precision='bf16-mixed'; 16-mixed: the same in float16 with "
-        "torch.amp.GradScaler (tensor and tutorial workloads). The output's activation_bytes is "
+        "torch.amp.GradScaler; bf16-true: model.to(torch.bfloat16) and bf16 inputs, Adam over "
+        "the bf16 parameters, as Lightning's precision='bf16-true' (tensor and tutorial "
+        "workloads). The output's state_bytes is the weights, gradients and optimizer state "
+        "after training; its activation_bytes is "
         "what the first step's forward saved for the backward (saved_tensors_hooks, each "
         "storage once)",
     )
@@ -321,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
                 yield x_test[i : i + 1000], y_test[i : i + 1000]
 
     model = build_model(args.model).to(dev)
+    # bf16-true: everything bf16 (Lightning's HalfPrecision converts the module and the inputs).
+    true16 = torch.bfloat16 if args.precision == "bf16-true" else None
+    if true16 is not None:
+        model = model.to(true16)
     graphed = args.workload == "graph"
     # capturable: Adam's step count on the device, as a captured step needs.
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, capturable=graphed)
@@ -358,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                     loss_sum += item
                 continue
             xb, yb = item
+            if true16 is not None:
+                xb = xb.to(true16)
             hooks = (torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
                      if activation_bytes is None else contextlib.nullcontext())
             with hooks, torch.autocast(dev.type, dtype=half or torch.bfloat16,
@@ -391,12 +400,20 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with torch.no_grad():
         for xb, yb in test_batches():
+            if true16 is not None:
+                xb = xb.to(true16)
             with torch.autocast(dev.type, dtype=half or torch.bfloat16, enabled=half is not None):
                 correct += int((model(xb).argmax(1) == yb).sum())
             total += int(yb.shape[0])
     eval_s = time.perf_counter() - t0
     if tmp_root is not None:
         tmp_root.cleanup()
+    # Weights, gradients and the optimizer's state tensors, as held at the end.
+    tensors = list(model.parameters())
+    tensors += [p.grad for p in model.parameters() if p.grad is not None]
+    tensors += [t for st in opt.state.values() for t in st.values()
+                if torch.is_tensor(t) and t.dim() > 0]
+    state_bytes = sum(t.numel() * t.element_size() for t in tensors)
 
     med = statistics.median(epoch_s)
     out = {
@@ -418,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         "train_loss": [round(v, 5) for v in train_loss],
         "test_accuracy": correct / total,
         "activation_bytes": activation_bytes,
+        "state_bytes": state_bytes,
         "eval_s": eval_s,
         "torch_version": torch.__version__,
         "matmul_precision": args.matmul_precision,

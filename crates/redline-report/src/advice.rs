@@ -268,6 +268,32 @@ fn precision_memory(run: &RunData) -> Option<Advice> {
     })
 }
 
+/// A `bf16-true` run's weights, gradients and optimizer state (`memory`,
+/// measured at its first step) against what the same values take in fp32
+/// (4 bytes each instead of 2): where the rest of the memory went.
+fn true_state_memory(run: &RunData) -> Option<Advice> {
+    let s = run.summary.as_ref()?;
+    if s.other.get("precision")?.as_str()? != "bf16-true" {
+        return None;
+    }
+    let m = s.other.get("memory")?;
+    let part = |k: &str| m.get(k).and_then(serde_json::Value::as_f64);
+    let state = part("parameters")? + part("gradients")? + part("optimizer")?;
+    let mib = |b: f64| b / 1048576.0;
+    (state > 0.0).then(|| {
+        Advice::new(
+            Level::Info,
+            format!(
+                "bf16-true holds the weights, gradients and optimizer state in {:.2} MiB, where \
+                 32-true holds {:.2} MiB (2 bytes per value instead of 4); the activations are \
+                 bf16-mixed's",
+                mib(state),
+                mib(2.0 * state)
+            ),
+        )
+    })
+}
+
 fn small_batch(run: &RunData, b: &Breakdown) -> Option<Advice> {
     let batch = run.summary.as_ref()?.batch_size?;
     let steps = run.step_count()?;
@@ -340,6 +366,7 @@ pub fn advice(run: &RunData) -> Vec<Advice> {
         out.extend(small_batch(run, b));
         out.extend(precision_slower(run));
         out.extend(precision_memory(run));
+        out.extend(true_state_memory(run));
         if traced.is_none() {
             out.extend(compute(run, b));
         }

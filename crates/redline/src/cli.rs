@@ -181,8 +181,8 @@ pub struct TrainArgs {
     pub devices: Option<usize>,
     /// Numeric precision, Lightning's names: 32-true (32), bf16-mixed (bf16: fp32 weights and
     /// update, matrix products and convolutions in bf16, losses in fp32), 16-mixed (16: the
-    /// same in fp16, with a dynamic loss scaler) or bf16-true (everything in bf16; not built
-    /// yet). docs/precision.md.
+    /// same in fp16, with a dynamic loss scaler) or bf16-true (weights, gradients, optimizer
+    /// state and products in bf16; losses in fp32). docs/precision.md.
     #[arg(long, default_value = "32-true", value_name = "PRECISION")]
     #[serde(
         default = "default_precision",

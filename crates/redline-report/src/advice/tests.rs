@@ -461,3 +461,27 @@ fn a_16_bit_runs_activations_say_what_batch_now_fits_or_that_none_does() {
     assert!(find(&with(7 << 17, 1 << 20), "MiB of activations").is_none());
     assert!(find(&quiet(), "MiB of activations").is_none());
 }
+
+#[test]
+fn a_bf16_true_run_says_what_its_state_takes_against_fp32() {
+    let with = |precision: &str| {
+        let mut run = quiet();
+        let s = summary(&mut run);
+        s.other.insert("precision".into(), precision.into());
+        s.other.insert(
+            "memory".into(),
+            serde_json::json!({"parameters": 1 << 20, "gradients": 1 << 20,
+                               "optimizer": 2 << 20, "activations": 5, "batch": 64}),
+        );
+        run
+    };
+    let a = find(&with("bf16-true"), "optimizer state in").unwrap();
+    assert_eq!(a.level, Level::Info);
+    assert!(
+        a.text.contains("4.00 MiB, where 32-true holds 8.00 MiB"),
+        "{}",
+        a.text
+    );
+    assert!(find(&with("bf16-mixed"), "optimizer state in").is_none());
+    assert!(find(&quiet(), "optimizer state in").is_none());
+}

@@ -117,3 +117,85 @@ extern "C" __global__ void redline_multi_sgd_f32(const TensorList l, const SgdHy
         buf[i] = bi;
     }
 }
+
+// bf16-true: parameters, gradients and state are bf16, held as their 16 bits
+// (unsigned short, so that the host emulator needs no bf16 type). Each value
+// is widened exactly, the update computed in f32 and rounded to bf16 where
+// PyTorch's single-tensor Adam and SGD round on bf16 tensors: the arithmetic
+// of src/optim_bf16.rs's CPU loop, operation for operation, so that the two
+// give the same bits. The constants are the f32 kernels' (f32, not bf16:
+// PyTorch passes them to the bf16 ops as Python floats).
+
+__device__ __forceinline__ float bf16_up(unsigned short x) {
+    return __uint_as_float(((unsigned int)x) << 16);
+}
+
+// Round to nearest even on the bits; a NaN stays a (quiet) NaN.
+__device__ __forceinline__ unsigned short bf16_down(float x) {
+    unsigned int b = __float_as_uint(x);
+    if (isnan(x)) return (unsigned short)((b | 0x00400000u) >> 16);
+    return (unsigned short)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+__device__ __forceinline__ float bf16_round(float x) { return bf16_up(bf16_down(x)); }
+
+extern "C" __global__ void redline_multi_adam_bf16(const TensorList l, const AdamHyper h,
+                                                   unsigned long long chunk) {
+    unsigned long long first, end;
+    int s = block_slot(l, chunk, &first, &end);
+    double t = *h.step;
+    double lr = *h.lr;
+    float step_size = (float)(lr / fma(exp(t * h.ln_b1), -1.0, 1.0));
+    float bc2 = (float)sqrt(fma(exp(t * h.ln_b2), -1.0, 1.0));
+    float decay = (float)fma(lr, h.neg_wd, 1.0);
+    unsigned short *p = (unsigned short *)l.p[s];
+    const unsigned short *g = (const unsigned short *)l.g[s];
+    unsigned short *m = (unsigned short *)l.a[s];
+    unsigned short *v = (unsigned short *)l.b[s];
+    for (unsigned long long i = first + threadIdx.x; i < end; i += blockDim.x) {
+        float pi = bf16_up(p[i]);
+        // grad.add(param, alpha=wd); param.mul_(1 - lr * wd) (AdamW)
+        float gi = bf16_round(__fadd_rn(bf16_up(g[i]), __fmul_rn(h.l2, pi)));
+        if (h.decoupled) pi = bf16_round(__fmul_rn(pi, decay));
+        // exp_avg.lerp_(grad, 1 - beta1)
+        float m0 = bf16_up(m[i]);
+        float mi = flush(bf16_round(__fadd_rn(m0, __fmul_rn(h.w1, __fsub_rn(gi, m0)))));
+        // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        float vb = bf16_round(__fmul_rn(bf16_up(v[i]), h.b2));
+        float vi = flush(bf16_round(__fadd_rn(vb, __fmul_rn(__fmul_rn(h.w2, gi), gi))));
+        // (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+        float denom = bf16_round(__fadd_rn(bf16_round(__fdiv_rn(bf16_round(__fsqrt_rn(vi)), bc2)),
+                                           h.eps));
+        // param.addcdiv_(exp_avg, denom, value=-step_size)
+        p[i] = bf16_down(__fadd_rn(pi, __fdiv_rn(__fmul_rn(-step_size, mi), denom)));
+        m[i] = bf16_down(mi);
+        v[i] = bf16_down(vi);
+    }
+}
+
+extern "C" __global__ void redline_multi_sgd_bf16(const TensorList l, const SgdHyper h,
+                                                  unsigned long long chunk) {
+    unsigned long long first, end;
+    int s = block_slot(l, chunk, &first, &end);
+    float lr = (float)(*h.lr);
+    bool first_step = *h.step <= 1.0;
+    unsigned short *p = (unsigned short *)l.p[s];
+    const unsigned short *g = (const unsigned short *)l.g[s];
+    unsigned short *buf = (unsigned short *)l.a[s];
+    for (unsigned long long i = first + threadIdx.x; i < end; i += blockDim.x) {
+        float pi = bf16_up(p[i]);
+        float gi = bf16_round(__fadd_rn(bf16_up(g[i]), __fmul_rn(h.wd, pi)));
+        float d = gi;
+        if (h.mom != 0.0f) {
+            // buf.mul_(momentum).add_(grad, alpha=1 - dampening); the first step copies grad
+            float bi = first_step ? gi
+                                  : flush(bf16_round(__fadd_rn(bf16_round(__fmul_rn(bf16_up(buf[i]),
+                                                                                    h.mom)),
+                                                               __fmul_rn(h.damp, gi))));
+            buf[i] = bf16_down(bi);
+            d = h.nesterov ? bf16_round(__fadd_rn(gi, __fmul_rn(h.mom, bi))) : bi;
+        }
+        // param.add_(d, alpha=-lr)
+        p[i] = bf16_down(__fadd_rn(pi, __fmul_rn(-lr, d)));
+    }
+}

@@ -1,6 +1,6 @@
 //! The optimizer step through Redline's multi-tensor GPU kernel
-//! (`redline_kernels::cuda`): every f32 CUDA parameter the fused CPU kernel
-//! declined, updated in place by one launch per 32 parameters, with the
+//! (`redline_kernels::cuda`): every f32 (or, `bf16-true`, every bf16) CUDA
+//! parameter the fused CPU kernel declined, updated in place by one launch per 32 parameters, with the
 //! state buffers of the generic path ([`TensorState`]) made once and kept.
 
 use candle_core::{DType, Tensor, Var};
@@ -12,7 +12,7 @@ use crate::optim::{Slot, StepParams};
 
 /// Updates `pending` (slot, parameter, gradient) with the kernel and says
 /// `true`; says `false`, changing nothing, where the generic path must run
-/// instead: a parameter that is not f32 on a CUDA device, or an SGD momentum
+/// instead: parameters not all f32 or all bf16 on a CUDA device, or an SGD momentum
 /// buffer that PyTorch would start from this gradient after the first step.
 pub(crate) fn step(
     state: &mut [Slot],
@@ -21,9 +21,11 @@ pub(crate) fn step(
     hp: StepParams,
     step: u64,
 ) -> Result<bool> {
-    let eligible = pending.iter().all(|(_, p, g)| {
-        p.dtype() == DType::F32 && g.dtype() == DType::F32 && p.device().is_cuda()
-    });
+    let dtype = pending.first().map(|(_, p, _)| p.dtype());
+    let eligible = matches!(dtype, Some(DType::F32 | DType::BF16))
+        && pending.iter().all(|(_, p, g)| {
+            Some(p.dtype()) == dtype && g.dtype() == p.dtype() && p.device().is_cuda()
+        });
     let momentum = matches!(hp, StepParams::Sgd(s) if s.momentum != 0.0);
     let fresh_buffers = pending
         .iter()

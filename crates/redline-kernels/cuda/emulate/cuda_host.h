@@ -106,6 +106,16 @@ inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline float __uint_as_float(unsigned int v) {
+    float f;
+    std::memcpy(&f, &v, sizeof f);
+    return f;
+}
+inline unsigned int __float_as_uint(float v) {
+    unsigned int u;
+    std::memcpy(&u, &v, sizeof u);
+    return u;
+}
 inline double __longlong_as_double(long long v) {
     double d;
     std::memcpy(&d, &v, sizeof d);

@@ -42,6 +42,8 @@ const Entry KERNELS[] = {
     EMU_KERNEL(redline_ce_bwd_f32),
     EMU_KERNEL(redline_multi_adam_f32),
     EMU_KERNEL(redline_multi_sgd_f32),
+    EMU_KERNEL(redline_multi_adam_bf16),
+    EMU_KERNEL(redline_multi_sgd_bf16),
     EMU_KERNEL(redline_bias_pool_relu_f32),
     EMU_KERNEL(redline_bias_pool_relu_bwd_f32),
     EMU_KERNEL(redline_bias_pool_relu_dbias_f32),

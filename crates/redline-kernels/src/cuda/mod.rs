@@ -98,6 +98,7 @@ impl<'t> Addresses<'t> {
                 // the kernels run on the stream candle's ops use.
                 let (ptr, size) = match cs.dtype() {
                     DType::F64 => (cs.as_cuda_slice::<f64>()?.device_ptr(stream).0, 8),
+                    DType::BF16 => (cs.as_cuda_slice::<half::bf16>()?.device_ptr(stream).0, 2),
                     _ => (cs.as_cuda_slice::<f32>()?.device_ptr(stream).0, 4),
                 };
                 Ok(ptr + (layout.start_offset() * size) as u64)

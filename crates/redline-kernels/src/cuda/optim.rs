@@ -2,7 +2,9 @@
 //! in one launch per [`MAX_TENSORS`] parameters (`cuda/optim.cu`), with the
 //! step count and learning rate read from [`DeviceHyper`]'s device memory.
 //! The arithmetic and rounding are [`crate::optim_math`]'s, as the generic
-//! path's one-op-per-kernel update.
+//! path's one-op-per-kernel update; for bf16 parameters (`bf16-true`), the
+//! CPU's bf16 loop's (`optim_bf16.rs`: PyTorch's bf16 rounding, with the
+//! per-step constants in f32).
 
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::{DType, Tensor};
@@ -21,7 +23,8 @@ unsafe impl DeviceRepr for AdamHyper {}
 unsafe impl DeviceRepr for SgdHyper {}
 
 /// One parameter's Adam update: the parameter, its gradient and moments,
-/// all contiguous f32 on one CUDA device; `m` and `v` zero before the first step.
+/// all contiguous f32, or all bf16, on one CUDA device; `m` and `v` zero
+/// before the first step.
 #[derive(Debug, Clone, Copy)]
 pub struct AdamItem<'a> {
     /// Parameter, updated in place.
@@ -64,17 +67,32 @@ fn check_sizes(sizes: &[[usize; 4]], what: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
-/// Launches `kernel` once per packed group of items (`tensors` holds
-/// `per_item` tensors per item: p, g, then the state buffers).
+/// The kernel `<name>_f32` or `<name>_bf16` for the first tensor's dtype
+/// (every tensor must have it: [`Addresses::lock`] checks).
+fn kernel_for(name: &str, tensors: &[&Tensor]) -> Result<(String, DType)> {
+    match tensors.first().map(|t| t.dtype()) {
+        Some(DType::BF16) => Ok((format!("{name}_bf16"), DType::BF16)),
+        Some(DType::F32) | None => Ok((format!("{name}_f32"), DType::F32)),
+        Some(other) => Err(Error::Shape(format!(
+            "{name}: parameters of {other:?}; the fused kernels take f32 or bf16"
+        ))),
+    }
+}
+
+/// Launches `name`'s kernel for the tensors' dtype once per packed group of
+/// items (`tensors` holds `per_item` tensors per item: p, g, then the state
+/// buffers).
 fn launch_all<H: DeviceRepr>(
     dev: &candle_core::CudaDevice,
-    kernel: &str,
+    name: &str,
     tensors: &[&Tensor],
     per_item: usize,
     sizes: &[usize],
     hyper: H,
 ) -> Result<()> {
-    let locked = Addresses::lock(tensors, DType::F32, kernel)?;
+    let (kernel, dtype) = kernel_for(name, tensors)?;
+    let kernel = kernel.as_str();
+    let locked = Addresses::lock(tensors, dtype, kernel)?;
     let stream = dev.cuda_stream();
     let ptrs = locked.pointers(&stream)?;
     let func = function(dev, kernel)?;
@@ -89,8 +107,9 @@ fn launch_all<H: DeviceRepr>(
         let mut b = stream.launch_builder(&func);
         b.arg(&list).arg(&hyper).arg(&chunk);
         // SAFETY: the argument structs match the kernel's (size-checked
-        // above); every address is a live, contiguous f32 buffer of `n`
-        // elements, held locked by `locked` until after the launch.
+        // above); every address is a live, contiguous buffer of `n`
+        // elements of the kernel's dtype, held locked by `locked` until
+        // after the launch.
         unsafe { b.launch(cfg) }.map_err(|e| Error::Gpu(format!("{kernel}: {e}")))?;
     }
     drop(locked);
@@ -132,7 +151,7 @@ pub fn multi_adam(items: &[AdamItem<'_>], hyper: &DeviceHyper, hp: AdamStep) -> 
     let (step, lr) = hyper_addresses(hyper, dev)?;
     launch_all(
         dev,
-        "redline_multi_adam_f32",
+        "redline_multi_adam",
         &tensors,
         4,
         &sizes,
@@ -174,12 +193,5 @@ pub fn multi_sgd(items: &[SgdItem<'_>], hyper: &DeviceHyper, hp: SgdStep) -> Res
     let (step, lr) = hyper_addresses(hyper, dev)?;
     let hyper = SgdHyper::new(hp, step, lr);
     let per_item = if momentum { 3 } else { 2 };
-    launch_all(
-        dev,
-        "redline_multi_sgd_f32",
-        &tensors,
-        per_item,
-        &sizes,
-        hyper,
-    )
+    launch_all(dev, "redline_multi_sgd", &tensors, per_item, &sizes, hyper)
 }

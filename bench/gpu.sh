@@ -11,12 +11,15 @@
 #      on the same GPU (tutorial DataLoader pipeline, and the whole split on the GPU);
 #   4. batch 512 device-resident (the GPU-busy target);
 #   5. issues 12-13: CUDA graph and fused-kernel runs, GPU busy from the kernel trace,
-#      the --device auto choice, and PyTorch's whole-step CUDA graph.
+#      the --device auto choice, and PyTorch's whole-step CUDA graph;
+#   6. issue 25 (part `precision`): the precision goldens' jobs on cuda:0 checked against
+#      PyTorch's references (bench/precision_check.py), then each precision's epochs
+#      beside PyTorch autocast / GradScaler / model.to(bfloat16) on the same GPU.
 # One part at a time keeps each device call under its 10 minutes:
-#   bash bench/gpu.sh [all|tests|redline|torch]   (default all; the table ends each part)
+#   bash bench/gpu.sh [all|tests|redline|torch|precision]   (default all; the table ends each part)
 set -uo pipefail
 part="${1:-all}"
-case "$part" in all|tests|redline|torch) ;; *) echo "usage: bash bench/gpu.sh [all|tests|redline|torch]" >&2; exit 2 ;; esac
+case "$part" in all|tests|redline|torch|precision) ;; *) echo "usage: bash bench/gpu.sh [all|tests|redline|torch|precision]" >&2; exit 2 ;; esac
 out="${OUT:-bench/results/gpu-raw}"
 mkdir -p "$out"
 exec > >(tee -a "$out/gpu-$part.log") 2>&1
@@ -90,6 +93,29 @@ done
 # PyTorch's default CNN runs TF32 convolutions (cudnn.allow_tf32): also fp32 throughout.
 "$py" bench/torch_mnist.py --device cuda --workload graph --model cnn --batch-size 64 \
     --epochs 5 --threads 4 --matmul-precision highest > "$out/torch-graph-cnn-b64-highest.json"
+fi
+if want precision; then
+# The goldens' jobs (init, data order, 20 steps), each precision, on cuda:0.
+"$py" bench/precision_check.py --flags "$out" | while read -r model prefix flags; do
+    # shellcheck disable=SC2086 # $flags is a list of flags
+    $rl train --device cuda:0 --model "$model" --init "testdata/golden/${model}_init.safetensors" \
+        --no-shuffle --val-split 0 --max-steps 20 --batch-size 64 --log-every 1 $flags \
+        --save "$out/prec-$model-$prefix.safetensors" --run-dir "$out/run-prec-$model-$prefix" \
+        --monitor-interval 0
+done
+"$py" bench/precision_check.py "$out" | tee "$out/precision-goldens.md"
+# Speed and memory per precision, Redline then PyTorch, MLP (b64, b512) and CNN.
+for p in bf16-mixed 16-mixed bf16-true; do
+    run "mlp-$p" --precision "$p"
+    run "mlp-b512-$p" --precision "$p" --batch-size 512
+    run "cnn-$p" --model cnn --precision "$p"
+    for m in mlp cnn; do
+        "$py" bench/torch_mnist.py --device cuda --workload tensor --model "$m" --epochs 5 \
+            --threads 4 --precision "$p" > "$out/torch-prec-$m-$p.json"
+    done
+    "$py" bench/torch_mnist.py --device cuda --workload tensor --model mlp --batch-size 512 \
+        --epochs 5 --threads 4 --precision "$p" > "$out/torch-prec-mlp-b512-$p.json"
+done
 fi
 set +x
 "$py" bench/gpu_table.py "$out"

@@ -80,6 +80,8 @@ def fmt(v: object, spec: str) -> str:
 def main(out: Path) -> int:
     rows = []
     for run in sorted(out.glob("run-*")):
+        if run.name.startswith("run-prec-"):
+            continue  # 20-step golden jobs: bench/precision_check.py's table
         r = redline_row(run)
         rows.append((f"redline {run.name[4:]}", r))
     for tj in sorted(out.glob("torch-*.json")):

@@ -34,14 +34,37 @@ use common::{
 /// runs), the CNN's bf16 update moved 2% on a loaded machine.
 const ONE_THREAD: [&str; 2] = ["--threads", "1"];
 
-fn bf16_mixed_matches_autocast(model: &str, steps: usize, loss_tol: f64, update_tol: f32) {
+/// A finished golden job (`golden_job`: the goldens' init, data order and
+/// batch) at one thread in `precision`, with `extra` flags, its weights
+/// saved: the temporary folder (kept alive), the run folder, the saved
+/// weights and stdout.
+struct Job {
+    _dir: tempfile::TempDir,
+    run: std::path::PathBuf,
+    out: std::path::PathBuf,
+    stdout: String,
+}
+
+fn run_job(model: &str, steps: usize, precision: &str, extra: &[&str]) -> Job {
     let dir = tempfile::tempdir().unwrap();
     let (run, out) = (dir.path().join("run"), dir.path().join("w.safetensors"));
-    let init = golden(&format!("{model}_init.safetensors"));
     let mut args = golden_job(model, 64, steps);
-    args.extend(["--precision", "bf16-mixed", "--save", out.to_str().unwrap()].map(String::from));
+    args.extend(["--precision", precision, "--save", out.to_str().unwrap()].map(String::from));
     args.extend(ONE_THREAD.map(String::from));
+    args.extend(extra.iter().map(|s| s.to_string()));
     let stdout = train_in(&run, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    Job {
+        _dir: dir,
+        run,
+        out,
+        stdout,
+    }
+}
+
+fn bf16_mixed_matches_autocast(model: &str, steps: usize, loss_tol: f64, update_tol: f32) {
+    let job = run_job(model, steps, "bf16-mixed", &[]);
+    let (run, out, stdout) = (&job.run, &job.out, &job.stdout);
+    let init = golden(&format!("{model}_init.safetensors"));
     assert!(stdout.contains("precision bf16-mixed"), "{stdout}");
     let summary = json(&run.join("summary.json"));
     assert_eq!(summary["precision"], "bf16-mixed", "{summary}");
@@ -144,14 +167,9 @@ fn bf16_mixed_cnn_matches_pytorch_autocast() {
 /// and overflows again, so a scaler that misses an inf, skips a clean step
 /// or grows at the wrong step fails.
 fn fp16_mixed_matches_gradscaler(model: &str, steps: usize, prefix: &str, extra: &[&str]) {
-    let dir = tempfile::tempdir().unwrap();
-    let (run, out) = (dir.path().join("run"), dir.path().join("w.safetensors"));
+    let job = run_job(model, steps, "16-mixed", extra);
+    let (run, out, stdout) = (&job.run, &job.out, &job.stdout);
     let init = golden(&format!("{model}_init.safetensors"));
-    let mut args = golden_job(model, 64, steps);
-    args.extend(["--precision", "16-mixed", "--save", out.to_str().unwrap()].map(String::from));
-    args.extend(ONE_THREAD.map(String::from));
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let stdout = train_in(&run, &args.iter().map(String::as_str).collect::<Vec<_>>());
     let trace = json(&golden(&format!("{prefix}_{model}_trace.json")));
     let scales: Vec<f64> = trace["scales"]
         .as_array()
@@ -321,14 +339,9 @@ fn bf16_true_matches_pytorch(
     loss_tol: f64,
     update_tol: f32,
 ) {
-    let steps = 20;
-    let dir = tempfile::tempdir().unwrap();
-    let (run, out) = (dir.path().join("run"), dir.path().join("w.safetensors"));
+    let job = run_job(model, 20, "bf16-true", &[]);
+    let (run, out, stdout) = (&job.run, &job.out, &job.stdout);
     let init = golden(&format!("{model}_init.safetensors"));
-    let mut args = golden_job(model, 64, steps);
-    args.extend(["--precision", "bf16-true", "--save", out.to_str().unwrap()].map(String::from));
-    args.extend(ONE_THREAD.map(String::from));
-    let stdout = train_in(&run, &args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(stdout.contains("precision bf16-true"), "{stdout}");
     let summary = json(&run.join("summary.json"));
     assert_eq!(summary["precision"], "bf16-true", "{summary}");

@@ -62,8 +62,12 @@ fn run_job(model: &str, steps: usize, precision: &str, extra: &[&str]) -> Job {
 }
 
 fn bf16_mixed_matches_autocast(model: &str, steps: usize, loss_tol: f64, update_tol: f32) {
-    let job = run_job(model, steps, "bf16-mixed", &[]);
-    let (run, out, stdout) = (&job.run, &job.out, &job.stdout);
+    let Job {
+        run,
+        out,
+        stdout,
+        _dir,
+    } = run_job(model, steps, "bf16-mixed", &[]);
     let init = golden(&format!("{model}_init.safetensors"));
     assert!(stdout.contains("precision bf16-mixed"), "{stdout}");
     let summary = json(&run.join("summary.json"));
@@ -167,8 +171,12 @@ fn bf16_mixed_cnn_matches_pytorch_autocast() {
 /// and overflows again, so a scaler that misses an inf, skips a clean step
 /// or grows at the wrong step fails.
 fn fp16_mixed_matches_gradscaler(model: &str, steps: usize, prefix: &str, extra: &[&str]) {
-    let job = run_job(model, steps, "16-mixed", extra);
-    let (run, out, stdout) = (&job.run, &job.out, &job.stdout);
+    let Job {
+        run,
+        out,
+        stdout,
+        _dir,
+    } = run_job(model, steps, "16-mixed", extra);
     let init = golden(&format!("{model}_init.safetensors"));
     let trace = json(&golden(&format!("{prefix}_{model}_trace.json")));
     let scales: Vec<f64> = trace["scales"]
@@ -339,8 +347,12 @@ fn bf16_true_matches_pytorch(
     loss_tol: f64,
     update_tol: f32,
 ) {
-    let job = run_job(model, 20, "bf16-true", &[]);
-    let (run, out, stdout) = (&job.run, &job.out, &job.stdout);
+    let Job {
+        run,
+        out,
+        stdout,
+        _dir,
+    } = run_job(model, 20, "bf16-true", &[]);
     let init = golden(&format!("{model}_init.safetensors"));
     assert!(stdout.contains("precision bf16-true"), "{stdout}");
     let summary = json(&run.join("summary.json"));

@@ -28,6 +28,7 @@ pub mod multi_tensor_args;
 pub mod optim;
 mod optim_bf16;
 mod optim_generic;
+mod optim_generic_bf16;
 pub mod optim_math;
 pub mod pool;
 mod slices;

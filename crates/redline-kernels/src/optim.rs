@@ -29,6 +29,7 @@ pub use crate::optim_generic::{
     adam_tensors, adam_tensors_unless, sgd_tensors, sgd_tensors_unless, skip_mask, DeviceHyper,
     TensorState,
 };
+pub use crate::optim_generic_bf16::{adam_tensors_bf16, sgd_tensors_bf16};
 use crate::optim_math::{self, AdamConsts, SgdConsts};
 use crate::slices::{f32s, f32s_mut, fused_cpu};
 use redline_core::trace;

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use redline_kernels::grad::{GradRef, Param};
 use redline_kernels::optim::{
-    adam_step, adam_tensors_unless, sgd_step, sgd_tensors_unless, AdamStep, DeviceHyper, SgdStep,
-    SlotState, TensorState,
+    adam_step, adam_tensors_bf16, adam_tensors_unless, sgd_step, sgd_tensors_bf16,
+    sgd_tensors_unless, AdamStep, DeviceHyper, SgdStep, SlotState, TensorState,
 };
 use redline_kernels::optim_math::{AdamConsts, SgdConsts};
 
@@ -346,7 +346,11 @@ impl Optimizer {
         }
         let mut consts: Vec<(DType, Generic)> = Vec::new();
         for (i, p, g) in pending {
-            let dtype = p.dtype();
+            // bf16 parameters (bf16-true) round as PyTorch's bf16 ops do,
+            // with f32 constants; others take the one-op-per-tensor path
+            // in their own dtype.
+            let true16 = p.dtype() == DType::BF16 && skip.is_none();
+            let dtype = if true16 { DType::F32 } else { p.dtype() };
             if !consts.iter().any(|(d, _)| *d == dtype) {
                 let c = match hp {
                     StepParams::Adam(hp) => Generic::Adam(hyper.adam(hp, dtype)?),
@@ -359,10 +363,12 @@ impl Optimizer {
             };
             let st = &mut slot.generic;
             let skip = skip.as_ref();
-            let new_p = match consts.iter().find(|(d, _)| *d == dtype) {
-                Some((_, Generic::Adam(c))) => adam_tensors_unless(&p, &g, st, c, skip)?,
-                Some((_, Generic::Sgd(c))) => sgd_tensors_unless(&p, &g, st, c, skip)?,
-                None => continue,
+            let new_p = match (consts.iter().find(|(d, _)| *d == dtype), true16) {
+                (Some((_, Generic::Adam(c))), true) => adam_tensors_bf16(&p, &g, st, c)?,
+                (Some((_, Generic::Sgd(c))), true) => sgd_tensors_bf16(&p, &g, st, c)?,
+                (Some((_, Generic::Adam(c))), false) => adam_tensors_unless(&p, &g, st, c, skip)?,
+                (Some((_, Generic::Sgd(c))), false) => sgd_tensors_unless(&p, &g, st, c, skip)?,
+                (None, _) => continue,
             };
             slot.param.var().set(&new_p)?;
         }

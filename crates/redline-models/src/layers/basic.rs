@@ -52,17 +52,22 @@ impl Layer for Conv2d {
             self.b.grad().clear();
         }
         if self.stride != 1 {
-            let (x, w) = (
-                x.to_dtype(self.dtype)?,
-                self.w.as_tensor().to_dtype(self.dtype)?,
-            );
-            let y = x.conv2d(&w, self.padding, self.stride, 1, 1)?;
-            if !self.has_bias {
-                return Ok(y);
-            }
-            let c = self.b.as_tensor().dim(0)?;
-            let b = self.b.as_tensor().to_dtype(self.dtype)?;
-            return Ok(y.broadcast_add(&b.reshape((1, c, 1, 1))?)?);
+            // candle's CPU convolution has no bf16 (its im2col matmul): on
+            // the CPU a 16-bit one is the fp32 convolution of the rounded
+            // operands, bias added, rounded once (a 16-bit product with fp32
+            // accumulation, as autocast's and as `conv2d_in`'s casts).
+            let on16 = self.dtype != DType::F32 && x.device().is_cpu();
+            let work = if on16 { DType::F32 } else { self.dtype };
+            let cast =
+                |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(self.dtype)?.to_dtype(work)?) };
+            let y = cast(x)?.conv2d(&cast(self.w.as_tensor())?, self.padding, self.stride, 1, 1)?;
+            let y = if self.has_bias {
+                let c = self.b.as_tensor().dim(0)?;
+                y.broadcast_add(&cast(self.b.as_tensor())?.reshape((1, c, 1, 1))?)?
+            } else {
+                y
+            };
+            return Ok(y.to_dtype(self.dtype)?);
         }
         // relu(pool(conv)) == pool(relu(conv)): one op, the conv output never
         // materialised (in fp32, where the fused kernel runs).

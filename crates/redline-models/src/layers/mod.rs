@@ -507,20 +507,23 @@ fn build_layers(
                 let c = shape[0];
                 let dev = init.device().clone();
                 let (w, b) = (init.constant(&[c], 1.0)?, init.constant(&[c], 0.0)?);
+                // The running statistics in the parameters' dtype, as
+                // `module.to(dtype)` converts buffers (bf16 under bf16-true).
+                let dt = w.as_tensor().dtype();
                 Box::new(norm::BatchNorm2d {
                     w: params.push(format!("{name}.weight"), w)?,
                     b: params.push(format!("{name}.bias"), b)?,
                     running_mean: params.push_buffer(
                         format!("{name}.running_mean"),
-                        norm::buffer(&dev, Some(c), 0.0)?,
+                        norm::buffer(&dev, Some(c), 0.0, dt)?,
                     )?,
                     running_var: params.push_buffer(
                         format!("{name}.running_var"),
-                        norm::buffer(&dev, Some(c), 1.0)?,
+                        norm::buffer(&dev, Some(c), 1.0, dt)?,
                     )?,
                     tracked: params.push_buffer(
                         format!("{name}.num_batches_tracked"),
-                        norm::buffer(&dev, None, 0.0)?,
+                        norm::buffer(&dev, None, 0.0, dt)?,
                     )?,
                     eps: *eps,
                     momentum: *momentum,

@@ -88,10 +88,16 @@ impl Layer for BatchNorm2d {
     }
 }
 
-/// A buffer of `len` values `v` (or a 0-d i64 counter when `len` is `None`).
-pub(super) fn buffer(device: &candle_core::Device, len: Option<usize>, v: f32) -> Result<Var> {
+/// A buffer of `len` values `v` in `dtype` (or a 0-d i64 counter when `len`
+/// is `None`).
+pub(super) fn buffer(
+    device: &candle_core::Device,
+    len: Option<usize>,
+    v: f32,
+    dtype: DType,
+) -> Result<Var> {
     Ok(match len {
-        Some(n) => Var::from_tensor(&Tensor::full(v, n, device)?)?,
+        Some(n) => Var::from_tensor(&Tensor::full(v, n, device)?.to_dtype(dtype)?)?,
         None => Var::from_tensor(&Tensor::zeros((), DType::I64, device)?)?,
     })
 }

@@ -64,16 +64,31 @@ __device__ __forceinline__ int block_slot(const TensorList &l, unsigned long lon
     return s;
 }
 
+// Adam's constants of the step the device holds (DeviceHyper::adam's: f64 as
+// candle's ops compute them, then f32): step size, sqrt of the second bias
+// correction, AdamW's decay factor.
+struct AdamConsts {
+    float step_size;
+    float bc2;
+    float decay;
+};
+
+__device__ __forceinline__ AdamConsts adam_consts(const AdamHyper &h) {
+    double t = *h.step;
+    double lr = *h.lr;
+    AdamConsts c;
+    c.step_size = (float)(lr / fma(exp(t * h.ln_b1), -1.0, 1.0));
+    c.bc2 = (float)sqrt(fma(exp(t * h.ln_b2), -1.0, 1.0));
+    c.decay = (float)fma(lr, h.neg_wd, 1.0);
+    return c;
+}
+
 extern "C" __global__ void redline_multi_adam_f32(const TensorList l, const AdamHyper h,
                                                   unsigned long long chunk) {
     unsigned long long first, end;
     int s = block_slot(l, chunk, &first, &end);
-    // DeviceHyper::adam's constants: f64 as candle's ops compute them, then f32.
-    double t = *h.step;
-    double lr = *h.lr;
-    float step_size = (float)(lr / fma(exp(t * h.ln_b1), -1.0, 1.0));
-    float bc2 = (float)sqrt(fma(exp(t * h.ln_b2), -1.0, 1.0));
-    float decay = (float)fma(lr, h.neg_wd, 1.0);
+    const AdamConsts c = adam_consts(h);
+    const float step_size = c.step_size, bc2 = c.bc2, decay = c.decay;
     float *p = l.p[s];
     const float *g = l.g[s];
     float *m = l.a[s];
@@ -143,11 +158,8 @@ extern "C" __global__ void redline_multi_adam_bf16(const TensorList l, const Ada
                                                    unsigned long long chunk) {
     unsigned long long first, end;
     int s = block_slot(l, chunk, &first, &end);
-    double t = *h.step;
-    double lr = *h.lr;
-    float step_size = (float)(lr / fma(exp(t * h.ln_b1), -1.0, 1.0));
-    float bc2 = (float)sqrt(fma(exp(t * h.ln_b2), -1.0, 1.0));
-    float decay = (float)fma(lr, h.neg_wd, 1.0);
+    const AdamConsts c = adam_consts(h);
+    const float step_size = c.step_size, bc2 = c.bc2, decay = c.decay;
     unsigned short *p = (unsigned short *)l.p[s];
     const unsigned short *g = (const unsigned short *)l.g[s];
     unsigned short *m = (unsigned short *)l.a[s];

@@ -57,7 +57,7 @@ pub fn linear_in(x: &Tensor, w: &Param, b: &Param, relu: bool, dtype: DType) -> 
         return linear_param(x, w, b, relu);
     }
     if let Some(buffers) = cpu16(x, w, b) {
-        return linear16(x, w.as_tensor(), b.as_tensor(), relu, dtype, Some(buffers));
+        return linear16(x, w.as_tensor(), b.as_tensor(), relu, dtype, buffers);
     }
     let (x, wt, bt) = (
         x.to_dtype(dtype)?,
@@ -89,7 +89,7 @@ pub fn conv2d_in(
     if let Some(buffers) = cpu16(x, w, b) {
         if let Some(k) = pool_relu.filter(|k| (1..16).contains(k)) {
             let (w, b) = (w.as_tensor(), b.as_tensor());
-            return pool_relu16(x, w, b, (padding, k), dtype, Some(buffers));
+            return pool_relu16(x, w, b, (padding, k), dtype, buffers);
         }
         // The casts themselves, not leaves with buffers: the kernel's fp32
         // weight gradients pass back through them and are rounded to the

@@ -101,18 +101,18 @@ pub(crate) fn pool_relu_with(
 /// rounds dW and db to `dtype` (as a 16-bit GEMM's outputs; fp16: inf above
 /// 65504) before they reach the fp32 buffers, and returns dx in x's dtype.
 /// Only the 16-bit output, the input and one byte per pooled value stay
-/// between forward and backward. Weights of `dtype` themselves (`bf16-true`,
-/// `buffers` `None`) get dW and db through autograd, in their dtype.
+/// between forward and backward. Weights of `dtype` themselves (`bf16-true`)
+/// get dW and db in their buffers as tensors of their dtype.
 pub(crate) fn pool_relu16(
     x: &Tensor,
     w: &Tensor,
     b: &Tensor,
     (padding, k): (usize, usize),
     dtype: DType,
-    buffers: Option<ParamBuffers>,
+    buffers: ParamBuffers,
 ) -> Result<Tensor> {
     let geom = Geom::new(x, w, b, padding)?;
-    block(geom, x, w, b, k, buffers, Some(dtype))
+    block(geom, x, w, b, k, Some(buffers), Some(dtype))
 }
 
 fn block(
@@ -337,27 +337,26 @@ impl CustomOp3 for BlockOp {
             &g32,
         )?;
         let dx = dx.map(|t| round(&t)?.to_dtype(x.dtype())).transpose()?;
-        let to_w = |g: Option<Tensor>| g.map(|g| g.to_dtype(w.dtype())).transpose();
         let Some(bufs) = self.buffers.as_ref() else {
-            // 16-bit weights given without buffers: through autograd.
-            return Ok((dx, to_w(dw)?, to_w(db)?));
+            bail!(
+                "{}: a 16-bit block without its gradient buffers",
+                self.name()
+            )
         };
-        if w.dtype() != DType::F32 {
-            // 16-bit weights (`bf16-true`): tensors of their dtype.
-            for (g, buf) in [(to_w(dw)?, &bufs.0), (to_w(db)?, &bufs.1)] {
-                if let Some(g) = g {
-                    buf.absorb(&g).map_err(candle_core::Error::wrap)?;
-                }
-            }
-            return Ok((dx, None, None));
-        }
         for (g, buf) in [(dw, &bufs.0), (db, &bufs.1)] {
             let Some(g) = g else {
                 bail!("{}: the backward gave no weight gradient", self.name())
             };
-            let mut v = g.flatten_all()?.to_vec1::<f32>()?;
-            round_in_place(&mut v, d);
-            buf.add(&v);
+            if w.dtype() == DType::F32 {
+                // fp32 master weights: rounded, into their host buffers.
+                let mut v = g.flatten_all()?.to_vec1::<f32>()?;
+                round_in_place(&mut v, d);
+                buf.add(&v);
+            } else {
+                // 16-bit weights (`bf16-true`): a tensor of their dtype.
+                buf.absorb(&g.to_dtype(w.dtype())?)
+                    .map_err(candle_core::Error::wrap)?;
+            }
         }
         Ok((dx, None, None))
     }
@@ -448,8 +447,7 @@ mod tests {
                     Param::new(Var::from_tensor(&b0)?),
                 );
                 let xv = Var::from_tensor(&x0)?;
-                let bufs = layer_buffers(&w, &b);
-                assert!(bufs.is_some(), "fp32 CPU params");
+                let bufs = layer_buffers(&w, &b).expect("fp32 CPU params");
                 let y = pool_relu16(
                     xv.as_tensor(),
                     w.as_tensor(),
@@ -507,11 +505,12 @@ mod tests {
         Ok(())
     }
 
-    /// Over bf16 weights (`bf16-true`, no buffers): the output as the
-    /// casts around the fp32 ops give it, and bf16 dW and db through
-    /// autograd, within one bf16 step of theirs (sums in another order).
+    /// Over bf16 weights (`bf16-true`), through the layer set: the output
+    /// as the casts around the fp32 ops give it, bit for bit; dx through
+    /// autograd and bf16 dW and db in the weights' buffers, within one bf16
+    /// step of the casts' (sums in another order).
     #[test]
-    fn bf16_weights_get_bf16_gradients_through_autograd() -> Result<()> {
+    fn bf16_weights_get_bf16_gradients_in_their_buffers() -> Result<()> {
         use candle_core::DType;
         let bf = DType::BF16;
         let x0 = data(&[2, 3, 6, 6], 0.0)?.affine(3.0, 0.0)?.to_dtype(bf)?;
@@ -519,25 +518,17 @@ mod tests {
             data(&[4, 3, 3, 3], 1.0)?.to_dtype(bf)?,
             data(&[4], 2.0)?.to_dtype(bf)?,
         );
-        let vars = || -> Result<[Var; 3]> {
-            Ok([
-                Var::from_tensor(&x0)?,
-                Var::from_tensor(&w0)?,
-                Var::from_tensor(&b0)?,
-            ])
-        };
-        let [x, w, b] = vars()?;
-        let y = pool_relu16(
-            x.as_tensor(),
-            w.as_tensor(),
-            b.as_tensor(),
-            (1, 2),
-            bf,
-            None,
-        )?;
+        let x = Var::from_tensor(&x0)?;
+        let (wp, bp) = (
+            crate::grad::Param::new(Var::from_tensor(&w0)?),
+            crate::grad::Param::new(Var::from_tensor(&b0)?),
+        );
+        let y = crate::conv2d_in(x.as_tensor(), &wp, &bp, 1, Some(2), bf)?;
         let up = data(y.dims(), 3.0)?.to_dtype(bf)?;
         let g = (&y * &up)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
-        let [x2, w2, b2] = vars()?;
+        assert!(g.get(wp.as_tensor()).is_none(), "dW went to the buffer");
+        let [x2, w2, b2] = [&x0, &w0, &b0].map(Var::from_tensor);
+        let (x2, w2, b2) = (x2?, w2?, b2?);
         let f = |t: &Tensor| t.to_dtype(DType::F32);
         let c = conv2d(
             &f(x2.as_tensor())?,
@@ -548,8 +539,13 @@ mod tests {
         let y2 = max_pool2d(&c.to_dtype(bf)?.to_dtype(DType::F32)?.relu()?, 2)?.to_dtype(bf)?;
         let g2 = (&y2 * &up)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
         assert_eq!(bits(&y)?, bits(&y2)?, "y");
-        for (ours, theirs, what) in [(&x, &x2, "dx"), (&w, &w2, "dW"), (&b, &b2, "db")] {
-            let (Some(a), Some(e)) = (g.get(ours.as_tensor()), g2.get(theirs.as_tensor())) else {
+        let held = |p: &crate::grad::Param| p.grad().to_tensor(p.as_tensor());
+        for (ours, theirs, what) in [
+            (g.get(x.as_tensor()).cloned(), x2.as_tensor(), "dx"),
+            (held(&wp)?, w2.as_tensor(), "dW"),
+            (held(&bp)?, b2.as_tensor(), "db"),
+        ] {
+            let (Some(a), Some(e)) = (ours, g2.get(theirs)) else {
                 panic!("{what}: no gradient")
             };
             assert_eq!(a.dtype(), bf, "{what}");
@@ -557,24 +553,6 @@ mod tests {
             let n = e.abs()?.max_all()?.to_scalar::<f32>()?;
             assert!(n > 0.0, "{what}");
             assert!(max_abs_diff(&a, &e)? <= 8e-3 * n, "{what}");
-        }
-        // Through the layer set: bf16 `Param`s get the autograd gradients
-        // in their buffers, bit for bit.
-        let (wp, bp) = (
-            crate::grad::Param::new(Var::from_tensor(&w0)?),
-            crate::grad::Param::new(Var::from_tensor(&b0)?),
-        );
-        let y3 = crate::conv2d_in(x.as_tensor(), &wp, &bp, 1, Some(2), bf)?;
-        assert_eq!(bits(&y3)?, bits(&y)?, "y through conv2d_in");
-        let g3 = (&y3 * &up)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
-        assert!(g3.get(wp.as_tensor()).is_none(), "dW went to the buffer");
-        for (p, ours, what) in [(&wp, &w, "dW"), (&bp, &b, "db")] {
-            let held = p.grad().to_tensor(p.as_tensor())?;
-            let (Some(a), Some(e)) = (held, g.get(ours.as_tensor())) else {
-                panic!("{what}: no buffered gradient")
-            };
-            assert_eq!(a.dtype(), bf, "{what}");
-            assert_eq!(bits(&a)?, bits(e)?, "buffered {what}");
         }
         Ok(())
     }

@@ -12,9 +12,10 @@
 //! rounded to the 16-bit type as autocast's 16-bit weight gradients are
 //! (fp16: inf above 65504, which the loss scaler sees), into the master
 //! weights' fp32 gradient buffers, and returns dx in the input's dtype.
-//! 16-bit weights (no buffers) get dW and db through autograd, in their dtype.
+//! 16-bit weights (`bf16-true`) get dW and db in their buffers as tensors
+//! of their dtype.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Shape, Storage, Tensor};
@@ -24,19 +25,18 @@ use crate::gemm::{matmul, Mat};
 use crate::grad::ParamBuffers;
 use crate::half16::{round_in_place, rounded, store, widen};
 use crate::linear::{dims, forward_f32};
-use crate::slices::{keep, saved};
 use redline_core::trace;
 
 /// `x (B, in) -> (B, out)` in `dtype` (bf16 or f16) over `w (out, in)` and
-/// `b (out)`: fp32 master weights whose gradients go to `buffers`, or
-/// (`None`) weights of `dtype` whose gradients autograd gets; ReLU when `relu`.
+/// `b (out)`: fp32 master weights or weights of `dtype`, whose gradients go
+/// to `buffers`; ReLU when `relu`.
 pub(crate) fn linear16(
     x: &Tensor,
     w: &Tensor,
     b: &Tensor,
     relu: bool,
     dtype: DType,
-    buffers: Option<ParamBuffers>,
+    buffers: ParamBuffers,
 ) -> Result<Tensor> {
     let op = Linear16 {
         relu,
@@ -54,7 +54,7 @@ struct Linear16 {
     dtype: DType,
     input_grad: bool,
     layer: Option<Arc<str>>,
-    buffers: Option<ParamBuffers>,
+    buffers: ParamBuffers,
 }
 
 impl CustomOp3 for Linear16 {
@@ -98,38 +98,27 @@ impl CustomOp3 for Linear16 {
             input_grad: self.input_grad,
             bsz: x.dims2()?.0,
             buffers: self.buffers.clone(),
-            weight_grads: Mutex::new(None),
         };
         let flat = grad.contiguous()?.apply_op3_no_bwd(x, w, &op)?;
         let dx = self
             .input_grad
             .then(|| flat.reshape(x.shape()))
             .transpose()?;
-        if self.buffers.is_some() {
-            return Ok((dx, None, None));
-        }
-        // 16-bit weights: dW and db to autograd, in the weights' dtype.
-        let (dw, db) = saved(&op.weight_grads, "linear backward (16-bit)")?;
-        let (out, fan_in) = w.dims2()?;
-        let dw = Tensor::from_vec(dw, (out, fan_in), w.device())?.to_dtype(w.dtype())?;
-        let db = Tensor::from_vec(db, out, w.device())?.to_dtype(w.dtype())?;
-        Ok((dx, Some(dw), Some(db)))
+        Ok((dx, None, None))
     }
 }
 
 /// Backward kernel: inputs `g (B, out)` (16-bit), `x`, `w`; output dx in
 /// x's dtype (empty when the input needs no gradient); dW and db, rounded
-/// to the 16-bit type, into the gradient buffers, or (16-bit weights, no
-/// buffers) left in `weight_grads`.
+/// to the 16-bit type, into the gradient buffers (in fp32 for fp32 master
+/// weights, as tensors of their dtype for 16-bit weights).
 struct Linear16Bwd {
     relu: Option<Tensor>,
     dtype: DType,
     x_dtype: DType,
     input_grad: bool,
     bsz: usize,
-    buffers: Option<ParamBuffers>,
-    /// dW and db (rounded) for 16-bit weights, taken by the backward.
-    weight_grads: Mutex<Option<(Vec<f32>, Vec<f32>)>>,
+    buffers: ParamBuffers,
 }
 
 /// Adds `src` (or writes it, on a step's first write) into a gradient buffer.
@@ -192,21 +181,18 @@ impl CustomOp3 for Linear16Bwd {
             db.iter_mut().zip(row).for_each(|(acc, v)| *acc += v);
         }
         round_in_place(&mut db, self.dtype);
-        match &self.buffers {
+        let (wbuf, bbuf) = &self.buffers;
+        if s3.dtype() == DType::F32 {
             // fp32 master weights: into their host buffers.
-            Some((wbuf, bbuf)) if s3.dtype() == DType::F32 => {
-                bbuf.write(fan_out, |dst, acc| add_into(dst, &db, acc));
-                wbuf.write(dw.len(), |dst, acc| add_into(dst, &dw, acc));
-            }
+            bbuf.write(fan_out, |dst, acc| add_into(dst, &db, acc));
+            wbuf.write(dw.len(), |dst, acc| add_into(dst, &dw, acc));
+        } else {
             // 16-bit weights: as tensors of their dtype.
-            Some((wbuf, bbuf)) => {
-                let cpu = &candle_core::Device::Cpu;
-                wbuf.absorb(&Tensor::from_vec(dw, (fan_out, fan_in), cpu)?.to_dtype(s3.dtype())?)
-                    .map_err(candle_core::Error::wrap)?;
-                bbuf.absorb(&Tensor::from_vec(db, fan_out, cpu)?.to_dtype(s3.dtype())?)
-                    .map_err(candle_core::Error::wrap)?;
-            }
-            None => keep(&self.weight_grads, (dw, db)),
+            let cpu = &candle_core::Device::Cpu;
+            let dw = Tensor::from_vec(dw, (fan_out, fan_in), cpu)?.to_dtype(s3.dtype())?;
+            wbuf.absorb(&dw).map_err(candle_core::Error::wrap)?;
+            let db = Tensor::from_vec(db, fan_out, cpu)?.to_dtype(s3.dtype())?;
+            bbuf.absorb(&db).map_err(candle_core::Error::wrap)?;
         }
         if !self.input_grad {
             return Ok((store(Vec::new(), self.x_dtype)?, Shape::from(0)));
@@ -263,8 +249,7 @@ mod tests {
                     // Ours: buffers get dW, db; candle gets dx.
                     let (w, b) = (param(w0.clone())?, param(b0.clone())?);
                     let xv = Var::from_tensor(&x0)?;
-                    let bufs = crate::grad::layer_buffers(&w, &b);
-                    assert!(bufs.is_some(), "fp32 CPU params");
+                    let bufs = crate::grad::layer_buffers(&w, &b).expect("fp32 CPU params");
                     let y = linear16(
                         xv.as_tensor(),
                         w.as_tensor(),
@@ -322,11 +307,12 @@ mod bf16_weights {
     use crate::half16::bits;
     use candle_core::{Device, Var};
 
-    /// Over bf16 weights (`bf16-true`: no fp32 masters, no buffers), the
-    /// op equals bf16 casts around the fp32 product, and autograd hands the
-    /// weights bf16 gradients with the same bits as those casts give.
+    /// Over bf16 weights (`bf16-true`: no fp32 masters), through the layer
+    /// set: the op equals bf16 casts around the fp32 product, autograd hands
+    /// dx back with the casts' bits, and the weights' buffers get bf16 dW
+    /// and db with those bits too, past candle's GradStore.
     #[test]
-    fn bf16_weights_get_bf16_gradients_through_autograd() -> Result<()> {
+    fn bf16_weights_get_bf16_gradients_in_their_buffers() -> Result<()> {
         let dev = Device::Cpu;
         let vals = |n: usize, f: f32| -> Vec<f32> {
             (0..n).map(|i| ((i as f32 + 1.0) * f).sin() * 3.0).collect()
@@ -337,13 +323,14 @@ mod bf16_weights {
             let up = Tensor::from_vec(vals(5 * 3, 0.91), (5, 3), &dev)?.to_dtype(bf)?;
             let w0 = Tensor::from_vec(vals(21, 0.53), (3, 7), &dev)?.to_dtype(bf)?;
             let b0 = Tensor::from_vec(vals(3, 1.7), 3, &dev)?.to_dtype(bf)?;
-            let (x, w, b) = (
-                Var::from_tensor(&x0)?,
-                Var::from_tensor(&w0)?,
-                Var::from_tensor(&b0)?,
+            let x = Var::from_tensor(&x0)?;
+            let (wp, bp) = (
+                crate::grad::Param::new(Var::from_tensor(&w0)?),
+                crate::grad::Param::new(Var::from_tensor(&b0)?),
             );
-            let y = linear16(x.as_tensor(), w.as_tensor(), b.as_tensor(), relu, bf, None)?;
+            let y = crate::linear_in(x.as_tensor(), &wp, &bp, relu, bf)?;
             let g = (&y * &up)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
+            assert!(g.get(wp.as_tensor()).is_none(), "dW went to the buffer");
 
             let (x2, w2, b2) = (
                 Var::from_tensor(&x0)?,
@@ -357,27 +344,11 @@ mod bf16_weights {
             let y2 = if relu { y2.relu()? } else { y2 }.to_dtype(bf)?;
             let g2 = (&y2 * &up)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
             assert_eq!(bits(&y)?, bits(&y2)?, "y relu {relu}");
-            for (ours, theirs, what) in [
-                (x.as_tensor(), x2.as_tensor(), "dx"),
-                (w.as_tensor(), w2.as_tensor(), "dW"),
-                (b.as_tensor(), b2.as_tensor(), "db"),
-            ] {
-                let (Some(a), Some(e)) = (g.get(ours), g2.get(theirs)) else {
-                    panic!("{what}: no gradient")
-                };
-                assert_eq!(a.dtype(), bf, "{what}");
-                assert_eq!(bits(a)?, bits(e)?, "{what} relu {relu}");
-            }
-            // Through the layer set: bf16 `Param`s get the same gradients
-            // in their buffers, past candle's GradStore.
-            let (wp, bp) = (
-                crate::grad::Param::new(Var::from_tensor(&w0)?),
-                crate::grad::Param::new(Var::from_tensor(&b0)?),
-            );
-            let y3 = crate::linear_in(x.as_tensor(), &wp, &bp, relu, bf)?;
-            assert_eq!(bits(&y3)?, bits(&y2)?, "y through linear_in");
-            let g3 = (&y3 * &up)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
-            assert!(g3.get(wp.as_tensor()).is_none(), "dW went to the buffer");
+            let (Some(dx), Some(dx2)) = (g.get(x.as_tensor()), g2.get(x2.as_tensor())) else {
+                panic!("dx: no gradient")
+            };
+            assert_eq!(dx.dtype(), bf, "dx");
+            assert_eq!(bits(dx)?, bits(dx2)?, "dx relu {relu}");
             for (p, theirs, what) in [(&wp, w2.as_tensor(), "dW"), (&bp, b2.as_tensor(), "db")] {
                 let held = p.grad().to_tensor(p.as_tensor())?;
                 let (Some(a), Some(e)) = (held, g2.get(theirs)) else {

@@ -207,7 +207,8 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
         bail!("--checkpoint-every 0: give a number of optimizer steps (at least 1)");
     }
     let schedule: redline_train::LrSchedule = args.lr_schedule.parse()?;
-    let precision = precision(&args.precision)?;
+    // Every precision is built; an unknown name is refused by the parse.
+    let precision: Precision = args.precision.parse()?;
     let loss_scale = loss_scale(precision, args.loss_scale.as_deref())?;
     let early_stop: Option<redline_train::EarlyStop> =
         args.early_stop.as_deref().map(str::parse).transpose()?;
@@ -334,12 +335,6 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
         precision_timing,
         loss_scale,
     })
-}
-
-/// `--precision`, refused by name where this build cannot run it (never a
-/// silent fp32 run).
-fn precision(flag: &str) -> anyhow::Result<Precision> {
-    Ok(flag.parse()?)
 }
 
 /// The loss scaler of `16-mixed` (`--loss-scale`, or GradScaler's defaults);

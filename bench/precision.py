@@ -8,6 +8,7 @@ MLP at batch 64 and 512 (5 epochs) and the CNN (1 epoch) on the shipped Fashion-
 bench/run.sh runs it after the main comparison and appends its table to the report.
 
     python3 bench/precision.py [--rounds 3] [--threads 2] [--cnn-epochs 1]
+        [--precisions 32-true,bf16-mixed,16-mixed,bf16-true] [--gemm-off]
         [--bin target/release/redline] [--python ~/.venvs/redline-ref/bin/python]
         [--out bench/results/<date>-<host>-precision.md]
 
@@ -19,6 +20,10 @@ the weights, gradients and optimizer state (Redline's `memory`, PyTorch's tensor
 training), and the process's peak resident memory (`/usr/bin/time -v`, the whole process:
 data, model, optimizer and activations together). Both sides train on all 60,000 training
 images (Redline `--val-split 0`).
+
+`--gemm-off` adds a Redline-only row for each bf16 precision with `--cpu-bf16-gemm off` (the fp32
+GEMM of the bf16-rounded operands instead of the AVX-512 BF16 kernel), so the kernel's gain is
+measured in the same run.
 """
 
 import argparse
@@ -48,12 +53,16 @@ def timed(cmd: list[str]) -> tuple[str, float]:
     return p.stdout, (int(rss.group(1)) / 1024 if rss else float("nan"))
 
 
+GEMM_OFF = " (--cpu-bf16-gemm off)"
+
+
 def redline(a, model, batch, precision, epochs, work: Path) -> dict:
     run_dir = work / f"run-{time.monotonic_ns()}"
+    extra = ["--cpu-bf16-gemm", "off"] if precision.endswith(GEMM_OFF) else []
     _, rss = timed([a.bin, "train", "--model", model, "--batch-size", str(batch), "--epochs",
-                    str(epochs), "--precision", precision, "--device", "cpu", "--threads",
-                    str(a.threads), "--val-split", "0", "--no-checkpoint",
-                    "--monitor-interval", "0", "--run-dir", str(run_dir)])
+                    str(epochs), "--precision", precision.removesuffix(GEMM_OFF), "--device",
+                    "cpu", "--threads", str(a.threads), "--val-split", "0", "--no-checkpoint",
+                    "--monitor-interval", "0", "--run-dir", str(run_dir)] + extra)
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     epochs_s = [r["epoch_s"] for r in rows if r.get("kind") == "epoch"]
     test = next(r for r in rows if r.get("kind") == "test")
@@ -96,16 +105,26 @@ def main() -> None:
     ap.add_argument("--torch-fp16-cnn-limit", type=int, default=3200,
                     help="samples PyTorch's fp16 CNN trains on (its CPU fp16 convolution is "
                     "slow); its s/epoch is scaled to the whole split")
+    ap.add_argument("--precisions", default=",".join(PRECISIONS),
+                    help="comma-separated; 32-true is always run (the baseline)")
+    ap.add_argument("--gemm-off", action="store_true",
+                    help="also run Redline's bf16 precisions with --cpu-bf16-gemm off")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    chosen = [p for p in a.precisions.split(",") if p and p != "32-true"]
+    precisions = ["32-true"] + chosen
+    if a.gemm_off:
+        precisions += [p + GEMM_OFF for p in precisions if p.startswith("bf16")]
     load = os.getloadavg()[0]
     res: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(a.rounds):
             for model, batch in JOBS:
                 epochs = a.mlp_epochs if model == "mlp" else a.cnn_epochs
-                for precision in PRECISIONS:
+                for precision in precisions:
                     for side in ("redline", "pytorch"):
+                        if side == "pytorch" and precision.endswith(GEMM_OFF):
+                            continue
                         r = (redline(a, model, batch, precision, epochs, Path(tmp))
                              if side == "redline" else torch(a, model, batch, precision, epochs))
                         res.setdefault((model, batch, precision, side), []).append(r)
@@ -118,7 +137,8 @@ def main() -> None:
         "# Precision (CPU)",
         "",
         f"`python3 bench/precision.py --rounds {a.rounds} --threads {a.threads} --mlp-epochs "
-        f"{a.mlp_epochs} --cnn-epochs {a.cnn_epochs}` on {platform.node()} ({os.cpu_count()} "
+        f"{a.mlp_epochs} --cnn-epochs {a.cnn_epochs} --precisions {','.join(chosen)}"
+        f"{' --gemm-off' if a.gemm_off else ''}` on {platform.node()} ({os.cpu_count()} "
         f"cores), load average {load:.2f} at start, commit {commit}. Medians over rounds; peak "
         "RSS is the whole process's.",
         "",
@@ -128,9 +148,12 @@ def main() -> None:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for model, batch in JOBS:
-        for precision in PRECISIONS:
+        for precision in precisions:
             cells = []
             for side in ("redline", "pytorch"):
+                if (model, batch, precision, side) not in res:
+                    cells.append(" | ".join(["-"] * 6))
+                    continue
                 xs = res[(model, batch, precision, side)]
                 base = med(res[(model, batch, "32-true", side)], "epoch_s")
                 act0 = med(res[(model, batch, "32-true", side)], "act")

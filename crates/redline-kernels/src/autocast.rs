@@ -24,6 +24,7 @@ use candle_core::{DType, Tensor};
 use crate::conv::{conv2d_generic, conv2d_with};
 use crate::conv_block::pool_relu16;
 use crate::error::Result;
+use crate::gemm_bf16::route;
 use crate::grad::{half_buffers, layer_buffers, Param, ParamBuffers};
 use crate::linear16::linear16;
 use crate::pool::max_pool2d;
@@ -57,7 +58,8 @@ pub fn linear_in(x: &Tensor, w: &Param, b: &Param, relu: bool, dtype: DType) -> 
         return linear_param(x, w, b, relu);
     }
     if let Some(buffers) = cpu16(x, w, b) {
-        return linear16(x, w.as_tensor(), b.as_tensor(), relu, dtype, buffers);
+        let kinds = (dtype, route(dtype));
+        return linear16(x, w.as_tensor(), b.as_tensor(), relu, kinds, buffers);
     }
     let (x, wt, bt) = (
         x.to_dtype(dtype)?,
@@ -89,7 +91,7 @@ pub fn conv2d_in(
     if let Some(buffers) = cpu16(x, w, b) {
         if let Some(k) = pool_relu.filter(|k| (1..16).contains(k)) {
             let (w, b) = (w.as_tensor(), b.as_tensor());
-            return pool_relu16(x, w, b, (padding, k), dtype, buffers);
+            return pool_relu16(x, w, b, (padding, k), (dtype, route(dtype)), buffers);
         }
         // The casts themselves, not leaves with buffers: the kernel's fp32
         // weight gradients pass back through them and are rounded to the

@@ -13,12 +13,13 @@
 
 use std::sync::Arc;
 
-use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use crate::conv_backward::backward;
 use crate::error::{Error, Result};
-use crate::gemm::{self, Mat};
+use crate::gemm::Mat;
+use crate::gemm_bf16;
 use crate::grad::{layer_buffers, Param, ParamBuffers};
 use crate::slices::{f32s, fused_cpu};
 use redline_core::trace;
@@ -97,6 +98,9 @@ pub(super) struct Geom {
     pub(super) pad: usize,
     pub(super) oh: usize,
     pub(super) ow: usize,
+    /// The dtype of the GEMMs' products: F32, or BF16 for the native bf16
+    /// kernel (operands already bf16 values; [`crate::gemm_bf16`]).
+    pub(super) gemm: DType,
 }
 
 impl Geom {
@@ -129,6 +133,7 @@ impl Geom {
             pad,
             oh: h + 2 * pad - kh + 1,
             ow: wd + 2 * pad - kw + 1,
+            gemm: DType::F32,
         })
     }
 
@@ -154,7 +159,7 @@ impl Geom {
 
     /// Samples per thread chunk.
     pub(super) fn per_chunk(&self) -> usize {
-        self.b.div_ceil(gemm::threads()).max(1)
+        self.b.div_ceil(crate::gemm::threads()).max(1)
     }
 
     /// Output columns `lo..hi` whose input column `ox + kx - pad` lies inside
@@ -263,7 +268,7 @@ impl Geom {
             Mat::new(w, self.cout, self.k()),
             Mat::new(cols, self.k(), self.ohw()),
         );
-        gemm_or_err(name, y, wm, cm, false)?;
+        gemm_or_err(self.gemm, name, y, wm, cm, false)?;
         for (row, &bias) in y.chunks_mut(self.ohw()).zip(b) {
             row.iter_mut().for_each(|v| *v += bias);
         }
@@ -311,16 +316,18 @@ impl Geom {
     }
 }
 
-/// `dst = [dst +] a * b`, or a candle error naming the op when the shapes
-/// disagree (they cannot once [`Geom`] checked them).
+/// `dst = [dst +] a * b` as a product in `dtype` ([`gemm_bf16::matmul_in`]),
+/// or a candle error naming the op when the shapes disagree (they cannot
+/// once [`Geom`] checked them).
 pub(super) fn gemm_or_err(
+    dtype: DType,
     name: &str,
     dst: &mut [f32],
     a: Mat<'_>,
     b: Mat<'_>,
     acc: bool,
 ) -> candle_core::Result<()> {
-    if !gemm::matmul(dst, a, b, acc) {
+    if !gemm_bf16::matmul_in(dtype, dst, a, b, acc) {
         bail!(
             "{name}: GEMM shapes disagree ({}x{} * {}x{})",
             a.rows,

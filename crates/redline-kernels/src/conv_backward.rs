@@ -179,11 +179,25 @@ impl Conv2dBackward {
             let (dw, db) = acc.split_at_mut(wlen);
             let dym = Mat::new(dy, g.cout, g.ohw());
             // dW (Cout, K) += dy (Cout, oh*ow) * cols^T (oh*ow, K)
-            gemm_or_err(name, dw, dym, Mat::new(&cols, g.k(), g.ohw()).t(), true)?;
+            gemm_or_err(
+                g.gemm,
+                name,
+                dw,
+                dym,
+                Mat::new(&cols, g.k(), g.ohw()).t(),
+                true,
+            )?;
             add_row_sums(db, dy, g.ohw());
             if let Some(dx) = dx.as_mut().and_then(Iterator::next) {
                 // dcols (K, oh*ow) = w^T (K, Cout) * dy (Cout, oh*ow)
-                gemm_or_err(name, &mut dcols, Mat::new(w, g.cout, g.k()).t(), dym, false)?;
+                gemm_or_err(
+                    g.gemm,
+                    name,
+                    &mut dcols,
+                    Mat::new(w, g.cout, g.k()).t(),
+                    dym,
+                    false,
+                )?;
                 g.col2im(&dcols, dx);
             }
         }
@@ -224,11 +238,18 @@ impl Conv2dBackward {
             let (dw, db) = acc.split_at_mut(wlen);
             let dym = Mat::new(&dy, g.cout, n);
             // dW (Cout, K) += dy (Cout, oh*wp) * cols^T (oh*wp, K); junk columns of dy are 0
-            gemm_or_err(name, dw, dym, Mat::new(&cols, g.k(), n).t(), true)?;
+            gemm_or_err(g.gemm, name, dw, dym, Mat::new(&cols, g.k(), n).t(), true)?;
             add_row_sums(db, &dy, n);
             if let Some(dx) = dx.as_mut().and_then(Iterator::next) {
                 // dcols (K, oh*wp) = w^T (K, Cout) * dy (Cout, oh*wp)
-                gemm_or_err(name, &mut dcols, Mat::new(w, g.cout, g.k()).t(), dym, false)?;
+                gemm_or_err(
+                    g.gemm,
+                    name,
+                    &mut dcols,
+                    Mat::new(w, g.cout, g.k()).t(),
+                    dym,
+                    false,
+                )?;
                 dxp.fill(0.0);
                 g.col2im_wide(&dcols, &mut dxp);
                 g.unpad_into(&dxp, dx);

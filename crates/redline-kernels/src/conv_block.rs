@@ -108,10 +108,13 @@ pub(crate) fn pool_relu16(
     w: &Tensor,
     b: &Tensor,
     (padding, k): (usize, usize),
-    dtype: DType,
+    (dtype, gemm): (DType, DType),
     buffers: ParamBuffers,
 ) -> Result<Tensor> {
-    let geom = Geom::new(x, w, b, padding)?;
+    let geom = Geom {
+        gemm,
+        ..Geom::new(x, w, b, padding)?
+    };
     block(geom, x, w, b, k, Some(buffers), Some(dtype))
 }
 
@@ -453,7 +456,7 @@ mod tests {
                     w.as_tensor(),
                     b.as_tensor(),
                     (1, 2),
-                    dtype,
+                    (dtype, DType::F32),
                     bufs,
                 )?;
                 assert_eq!(y.dtype(), dtype);
@@ -553,6 +556,63 @@ mod tests {
             let n = e.abs()?.max_all()?.to_scalar::<f32>()?;
             assert!(n > 0.0, "{what}");
             assert!(max_abs_diff(&a, &e)? <= 8e-3 * n, "{what}");
+        }
+        Ok(())
+    }
+
+    /// `y`, dx, dW and db of a bf16 block with its GEMMs in `gemm`.
+    fn run16(gemm: candle_core::DType) -> Result<[Vec<f32>; 4]> {
+        use crate::grad::Param;
+        use candle_core::DType;
+        let x0 = data(&[3, 5, 9, 9], 0.0)?.affine(3.0, 0.0)?;
+        let (w0, b0) = (data(&[7, 5, 3, 3], 1.0)?, data(&[7], 2.0)?);
+        let (w, b) = (
+            Param::new(Var::from_tensor(&w0)?),
+            Param::new(Var::from_tensor(&b0)?),
+        );
+        let x = Var::from_tensor(&x0)?;
+        let bufs = layer_buffers(&w, &b).expect("fp32 CPU params");
+        let kinds = (DType::BF16, gemm);
+        let y = pool_relu16(
+            x.as_tensor(),
+            w.as_tensor(),
+            b.as_tensor(),
+            (1, 2),
+            kinds,
+            bufs,
+        )?;
+        let up = data(y.dims(), 3.0)?.to_dtype(DType::BF16)?;
+        let g = (&y * &up)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
+        let flat = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+        let dx = g.get(x.as_tensor()).expect("dx");
+        let dw = w.grad().to_tensor(w.as_tensor())?.expect("dW");
+        let db = b.grad().to_tensor(b.as_tensor())?.expect("db");
+        Ok([flat(&y)?, flat(dx)?, flat(&dw)?, flat(&db)?])
+    }
+
+    /// On the native bf16 GEMM (forward, dW and dx) the block gives the
+    /// fp32 route's values within one bf16 rounding, far from zero. A
+    /// rounding flip before the pool can move a window's winner, so the
+    /// gradients are held to the largest gradient's bf16 step instead.
+    #[test]
+    fn the_native_gemm_gives_the_fp32_routes_values() -> Result<()> {
+        use candle_core::DType;
+        if !crate::gemm_bf16::available() {
+            eprintln!("skipped: this CPU has no AVX-512 BF16");
+            return Ok(());
+        }
+        let (ours, theirs) = (run16(DType::BF16)?, run16(DType::F32)?);
+        for (what, (a, e)) in ["y", "dx", "dW", "db"].iter().zip(ours.iter().zip(&theirs)) {
+            let scale = e.iter().fold(0f32, |m, v| m.max(v.abs()));
+            assert!(scale > 1.0, "{what}: {scale}");
+            let near = a
+                .iter()
+                .zip(e)
+                .filter(|(x, y)| (*x - *y).abs() <= 2f32.powi(-7) * x.abs().max(y.abs()))
+                .count();
+            let worst = a.iter().zip(e).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(worst <= 2f32.powi(-6) * scale, "{what}: {worst} of {scale}");
+            assert!(near * 100 >= a.len() * 99, "{what}: {near} of {}", a.len());
         }
         Ok(())
     }

@@ -101,7 +101,7 @@ impl Geom {
             Mat::new(w, self.cout, self.k()),
             Mat::new(cols, self.k(), n),
         );
-        gemm_or_err(name, y, wm, cm, false)?;
+        gemm_or_err(self.gemm, name, y, wm, cm, false)?;
         for (row, &bias) in y.chunks_mut(n).zip(b) {
             row.iter_mut().for_each(|v| *v += bias);
         }

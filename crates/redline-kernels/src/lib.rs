@@ -17,6 +17,7 @@ pub mod cuda;
 mod error;
 pub mod fused_gpu;
 pub mod gemm;
+pub mod gemm_bf16;
 pub mod gemm_plan;
 pub mod grad;
 mod half16;

@@ -10,10 +10,11 @@
 
 use std::sync::Arc;
 
-use candle_core::{bail, CpuStorage, CustomOp3, Layout, Shape, Storage, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Shape, Storage, Tensor};
 
 use crate::error::Result;
 use crate::gemm::{matmul, Mat};
+use crate::gemm_bf16::matmul_in;
 use crate::grad::{layer_buffers, Param, ParamBuffers};
 use crate::slices::{f32s, fused_cpu, unpack_grads};
 use redline_core::trace;
@@ -62,8 +63,10 @@ pub(crate) fn linear_with(
         .apply_op3(&w.contiguous()?, &b.contiguous()?, op)?)
 }
 
-/// `x W^T + b` (ReLU'd when `relu`) of f32 slices: `(B, in) -> (B, out)`.
+/// `x W^T + b` (ReLU'd when `relu`) of f32 slices: `(B, in) -> (B, out)`,
+/// the product in `gemm` ([`crate::gemm_bf16::matmul_in`]).
 pub(crate) fn forward_f32(
+    gemm: DType,
     x: &[f32],
     w: &[f32],
     b: &[f32],
@@ -72,7 +75,8 @@ pub(crate) fn forward_f32(
 ) -> candle_core::Result<Vec<f32>> {
     let mut y = vec![0f32; bsz * fan_out];
     // (B, in) x (in, out) -> (B, out)
-    if !matmul(
+    if !matmul_in(
+        gemm,
         &mut y,
         Mat::new(x, bsz, fan_in),
         Mat::new(w, fan_out, fan_in).t(),
@@ -140,7 +144,7 @@ impl CustomOp3 for LinearOp {
             f32s(s2, l2, "linear")?,
             f32s(s3, l3, "linear")?,
         );
-        let y = forward_f32(x, w, b, (bsz, fan_in, fan_out), self.relu)?;
+        let y = forward_f32(DType::F32, x, w, b, (bsz, fan_in, fan_out), self.relu)?;
         Ok((CpuStorage::F32(y), Shape::from((bsz, fan_out))))
     }
 

@@ -21,7 +21,8 @@ use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Shape, Storage, Tensor};
 
 use crate::error::Result;
-use crate::gemm::{matmul, Mat};
+use crate::gemm::Mat;
+use crate::gemm_bf16::matmul_in;
 use crate::grad::ParamBuffers;
 use crate::half16::{round_in_place, rounded, store, widen};
 use crate::linear::{dims, forward_f32};
@@ -35,12 +36,13 @@ pub(crate) fn linear16(
     w: &Tensor,
     b: &Tensor,
     relu: bool,
-    dtype: DType,
+    (dtype, gemm): (DType, DType),
     buffers: ParamBuffers,
 ) -> Result<Tensor> {
     let op = Linear16 {
         relu,
         dtype,
+        gemm,
         input_grad: x.track_op(),
         layer: trace::current_layer(),
         buffers,
@@ -52,6 +54,8 @@ pub(crate) fn linear16(
 struct Linear16 {
     relu: bool,
     dtype: DType,
+    /// The GEMMs' product dtype ([`crate::gemm_bf16::route`]).
+    gemm: DType,
     input_grad: bool,
     layer: Option<Arc<str>>,
     buffers: ParamBuffers,
@@ -74,10 +78,10 @@ impl CustomOp3 for Linear16 {
         let (bsz, fan_in, fan_out) = dims(l1, l2, l3)?;
         trace::count("linear.forward");
         let op = "linear (16-bit)";
-        let x = rounded(s1, l1, self.dtype, op)?;
-        let w = rounded(s2, l2, self.dtype, op)?;
+        let x = operand(s1, l1, (self.dtype, self.gemm), op)?;
+        let w = operand(s2, l2, (self.dtype, self.gemm), op)?;
         let b = rounded(s3, l3, self.dtype, op)?;
-        let y = forward_f32(&x, &w, &b, (bsz, fan_in, fan_out), self.relu)?;
+        let y = forward_f32(self.gemm, &x, &w, &b, (bsz, fan_in, fan_out), self.relu)?;
         Ok((store(y, self.dtype)?, Shape::from((bsz, fan_out))))
     }
 
@@ -94,6 +98,7 @@ impl CustomOp3 for Linear16 {
         let op = Linear16Bwd {
             relu: self.relu.then(|| y.clone()),
             dtype: self.dtype,
+            gemm: self.gemm,
             x_dtype: x.dtype(),
             input_grad: self.input_grad,
             bsz: x.dims2()?.0,
@@ -115,10 +120,27 @@ impl CustomOp3 for Linear16 {
 struct Linear16Bwd {
     relu: Option<Tensor>,
     dtype: DType,
+    gemm: DType,
     x_dtype: DType,
     input_grad: bool,
     bsz: usize,
     buffers: ParamBuffers,
+}
+
+/// A GEMM operand as f32 values: rounded to `dtype` for the fp32 GEMM, as
+/// stored for the native bf16 one (which rounds them to nearest as it packs
+/// them: the same values, one pass fewer).
+fn operand<'a>(
+    s: &'a CpuStorage,
+    l: &Layout,
+    (dtype, gemm): (DType, DType),
+    op: &str,
+) -> candle_core::Result<std::borrow::Cow<'a, [f32]>> {
+    if gemm == DType::BF16 {
+        widen(s, l, op)
+    } else {
+        rounded(s, l, dtype, op)
+    }
 }
 
 /// Adds `src` (or writes it, on a step's first write) into a gradient buffer.
@@ -148,7 +170,7 @@ impl CustomOp3 for Linear16Bwd {
         let (fan_out, fan_in) = l3.shape().dims2()?;
         let bsz = self.bsz;
         let mut g = widen(s1, l1, op)?.into_owned();
-        let x = rounded(s2, l2, self.dtype, op)?;
+        let x = operand(s2, l2, (self.dtype, self.gemm), op)?;
         if g.len() != bsz * fan_out || x.len() != bsz * fan_in {
             bail!("{op}: gradient/input sizes do not fit")
         }
@@ -167,7 +189,8 @@ impl CustomOp3 for Linear16Bwd {
         }
         // dW (out, in) = g^T (out, B) x (B, in), rounded as a 16-bit GEMM's output.
         let mut dw = vec![0f32; fan_out * fan_in];
-        if !matmul(
+        if !matmul_in(
+            self.gemm,
             &mut dw,
             Mat::new(&g, bsz, fan_out).t(),
             Mat::new(&x, bsz, fan_in),
@@ -198,9 +221,10 @@ impl CustomOp3 for Linear16Bwd {
             return Ok((store(Vec::new(), self.x_dtype)?, Shape::from(0)));
         }
         // dx (B, in) = g (B, out) x round16(W) (out, in)
-        let w = rounded(s3, l3, self.dtype, op)?;
+        let w = operand(s3, l3, (self.dtype, self.gemm), op)?;
         let mut dx = vec![0f32; bsz * fan_in];
-        if !matmul(
+        if !matmul_in(
+            self.gemm,
             &mut dx,
             Mat::new(&g, bsz, fan_out),
             Mat::new(&w, fan_out, fan_in),
@@ -255,7 +279,7 @@ mod tests {
                         w.as_tensor(),
                         b.as_tensor(),
                         relu,
-                        dtype,
+                        (dtype, DType::F32),
                         bufs,
                     )?;
                     assert_eq!(y.dtype(), dtype);
@@ -294,6 +318,70 @@ mod tests {
                         bits(g2.get(bv.as_tensor()).expect("db2"))?,
                         "db {case}"
                     );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod native {
+    use super::*;
+    use crate::grad::{layer_buffers, Param};
+    use candle_core::{Device, Var};
+
+    /// `y`, dx, dW and db of the layer with its GEMMs in `gemm`.
+    fn run(gemm: DType, relu: bool) -> Result<[Vec<f32>; 4]> {
+        let dev = Device::Cpu;
+        let vals = |n: usize, f: f32| -> Vec<f32> {
+            (0..n).map(|i| ((i as f32 + 1.0) * f).sin() * 3.0).collect()
+        };
+        let (b, i, o) = (19, 75, 37);
+        let x = Var::from_tensor(&Tensor::from_vec(vals(b * i, 0.37), (b, i), &dev)?)?;
+        let w = Param::new(Var::from_tensor(&Tensor::from_vec(
+            vals(o * i, 0.53),
+            (o, i),
+            &dev,
+        )?)?);
+        let bias = Param::new(Var::from_tensor(&Tensor::from_vec(vals(o, 1.7), o, &dev)?)?);
+        let up = Tensor::from_vec(vals(b * o, 0.91), (b, o), &dev)?.to_dtype(DType::BF16)?;
+        let bufs = layer_buffers(&w, &bias).expect("fp32 CPU params");
+        let kinds = (DType::BF16, gemm);
+        let y = linear16(
+            x.as_tensor(),
+            w.as_tensor(),
+            bias.as_tensor(),
+            relu,
+            kinds,
+            bufs,
+        )?;
+        let g = (&y * &up)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
+        let flat = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+        let dx = g.get(x.as_tensor()).expect("dx");
+        let dw = w.grad().to_tensor(w.as_tensor())?.expect("dW");
+        let db = bias.grad().to_tensor(bias.as_tensor())?.expect("db");
+        Ok([flat(&y)?, flat(dx)?, flat(&dw)?, flat(&db)?])
+    }
+
+    /// On the native bf16 GEMM the layer's output and gradients are the
+    /// fp32 route's within one bf16 rounding (the sums run in another order,
+    /// which can move a rounded value by one step), and not all equal to it
+    /// by accident of a skipped product: both are far from zero.
+    #[test]
+    fn the_native_gemm_gives_the_fp32_routes_values() -> Result<()> {
+        if !crate::gemm_bf16::available() {
+            eprintln!("skipped: this CPU has no AVX-512 BF16");
+            return Ok(());
+        }
+        for relu in [false, true] {
+            let (ours, theirs) = (run(DType::BF16, relu)?, run(DType::F32, relu)?);
+            for (what, (a, e)) in ["y", "dx", "dW", "db"].iter().zip(ours.iter().zip(&theirs)) {
+                let scale = e.iter().fold(0f32, |m, v| m.max(v.abs()));
+                assert!(scale > 1.0, "{what}: {scale}");
+                for (x, y) in a.iter().zip(e) {
+                    let tol = 2f32.powi(-7) * x.abs().max(y.abs()) + 1e-6 * scale;
+                    assert!((x - y).abs() <= tol, "{what} relu {relu}: {x} vs {y}");
                 }
             }
         }

@@ -48,4 +48,4 @@ pub use scaler::{GradScaler, LossScale, ScalerState};
 pub use schedule::LrSchedule;
 pub use step::{Classifier, Metric, RegressionLoss, Regressor, StepOutput, TrainStep};
 pub use strategy::Strategy;
-pub use trainer::{CheckpointLog, TrainConfig, Trainer, TrainerBuilder};
+pub use trainer::{set_cpu_bf16_gemm, CheckpointLog, TrainConfig, Trainer, TrainerBuilder};

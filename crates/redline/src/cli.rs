@@ -343,6 +343,12 @@ pub struct TrainArgs {
     /// on the CPU.
     #[arg(long, default_value = "highest", value_name = "PRECISION", value_parser = ["highest", "high"])]
     pub matmul_precision: String,
+    /// On the CPU, the bf16 products of --precision bf16-mixed and bf16-true on Redline's
+    /// AVX-512 BF16 GEMM (vdpbf16ps, fp32 accumulation): auto (where the CPU has it), on
+    /// (refused where it has not) or off (the fp32 GEMM of the bf16-rounded operands).
+    #[arg(long, default_value = "auto", value_name = "MODE", value_parser = ["auto", "on", "off"])]
+    #[serde(default = "default_auto", skip_serializing_if = "is_auto")]
+    pub cpu_bf16_gemm: String,
     /// Normalisation mean, after scaling pixels to [0, 1].
     #[arg(long, allow_negative_numbers = true, default_value_t = 0.5)]
     pub mean: f32,
@@ -394,6 +400,19 @@ pub struct TrainArgs {
     #[arg(long, value_name = "RUN_DIR|last", conflicts_with_all = ["run_dir", "config"])]
     #[serde(skip)]
     pub resume: Option<PathBuf>,
+}
+
+/// The default of a mode flag added after runs were recorded without it.
+fn default_auto() -> String {
+    "auto".into()
+}
+
+/// A mode flag at `auto` is left out of `config.toml`, so the identity of
+/// runs recorded before the flag existed (what a checkpoint must match) is
+/// unchanged.
+#[allow(clippy::ptr_arg)] // serde's `skip_serializing_if` passes the field's type
+fn is_auto(m: &String) -> bool {
+    m == "auto"
 }
 
 /// `--precision`'s default.

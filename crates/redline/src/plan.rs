@@ -214,6 +214,8 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
         args.early_stop.as_deref().map(str::parse).transpose()?;
     // Process-wide, as PyTorch's: the device probe below times the same math.
     redline_core::set_matmul_precision(args.matmul_precision.parse()?);
+    // So is the CPU's bf16 GEMM: the precision timing below runs on it too.
+    redline_train::set_cpu_bf16_gemm(args.cpu_bf16_gemm.parse()?)?;
     let data_dir = match &args.data {
         Some(d) => d.clone(),
         None => default_data_dir()?,

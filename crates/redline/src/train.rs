@@ -221,6 +221,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         cuda_graph: args.cuda_graph.parse()?,
         kernel_trace: args.kernel_trace == "on",
         fused_kernels: args.fused_kernels.parse()?,
+        cpu_bf16_gemm: args.cpu_bf16_gemm.parse()?,
         schedule,
         early_stop,
         loss_scale,
@@ -580,7 +581,8 @@ fn recorded_args(
     Ok(recorded)
 }
 
-/// How this run's 16-bit products are computed, for the summary (`None` in fp32).
+/// How this run's 16-bit products are computed, for the summary (`None` in
+/// fp32). Called after the trainer set the CPU's bf16 GEMM switch.
 fn precision_path(precision: Precision, device: &redline_core::Device) -> Option<String> {
     if precision == Precision::Fp32 {
         return None;
@@ -597,23 +599,29 @@ fn precision_path(precision: Precision, device: &redline_core::Device) -> Option
             "{precision}: candle's 16-bit CUDA kernels (cuBLAS), {weights}"
         ));
     }
+    if precision != Precision::Fp16Mixed && redline_kernels::gemm_bf16::enabled() {
+        return Some(format!(
+            "{precision} on the CPU: {weights}; bf16 GEMMs and convolutions on AVX-512 BF16 \
+             (Redline's vdpbf16ps kernel, fp32 accumulation, subnormals flushed), outputs \
+             rounded to bf16"
+        ));
+    }
     let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let (ty, wanted, none) = match precision {
+    let has = |f: &str| flags.split_whitespace().any(|w| w == f);
+    let (ty, why) = match precision {
         Precision::Fp16Mixed => (
             "fp16",
-            ["avx512_fp16", "amx_fp16"],
-            "no AVX-512 FP16 or AMX-FP16",
+            match ["avx512_fp16", "amx_fp16"].into_iter().find(|f| has(f)) {
+                Some(f) => format!("this CPU has {f}, which Redline does not use yet"),
+                None => "this CPU has no AVX-512 FP16 or AMX-FP16".into(),
+            },
         ),
-        _ => (
+        _ if redline_kernels::gemm_bf16::available() => (
             "bf16",
-            ["avx512_bf16", "amx_bf16"],
-            "no AVX-512 BF16 or AMX",
+            "AVX-512 BF16 is present but --cpu-bf16-gemm off".into(),
         ),
+        _ => ("bf16", "this CPU has no AVX-512 BF16".into()),
     };
-    let native: Vec<&str> = wanted
-        .into_iter()
-        .filter(|f| flags.split_whitespace().any(|w| w == *f))
-        .collect();
     let scaler = match precision {
         Precision::Fp16Mixed => {
             "; fp16 weight gradients (inf above 65504) under a dynamic loss scale"
@@ -622,13 +630,7 @@ fn precision_path(precision: Precision, device: &redline_core::Device) -> Option
     };
     Some(format!(
         "{precision} on the CPU: {weights}; fp32 GEMMs and convolutions on {ty}-rounded \
-         operands, outputs rounded to {ty} (a {ty} product with fp32 accumulation){scaler}; this \
-         CPU has {} (not used yet)",
-        if native.is_empty() {
-            none.to_string()
-        } else {
-            native.join(" and ")
-        }
+         operands, outputs rounded to {ty} (a {ty} product with fp32 accumulation){scaler}; {why}"
     ))
 }
 

@@ -68,6 +68,12 @@ pub struct TrainConfig {
     /// [`crate::graph::AUTO_FUSES`] is set; the CPU always uses its own.
     #[serde(default)]
     pub fused_kernels: GraphMode,
+    /// On the CPU, bf16 products (`bf16-mixed`, `bf16-true`) on Redline's
+    /// AVX-512 BF16 GEMM (`--cpu-bf16-gemm`; `redline_kernels::gemm_bf16`):
+    /// `auto` where the CPU has the instruction, `on` (refused where it has
+    /// not) or `off` (the fp32 GEMM of the bf16-rounded operands).
+    #[serde(default)]
+    pub cpu_bf16_gemm: GraphMode,
     /// The learning rate's schedule over the run (`--lr-schedule`); the
     /// optimizer's rate is its base.
     #[serde(default)]
@@ -97,6 +103,7 @@ impl Default for TrainConfig {
             cuda_graph: GraphMode::default(),
             kernel_trace: true,
             fused_kernels: GraphMode::default(),
+            cpu_bf16_gemm: GraphMode::default(),
             schedule: LrSchedule::default(),
             early_stop: None,
             loss_scale: None,
@@ -337,6 +344,8 @@ impl TrainerBuilder {
             redline_kernels::fused_gpu::set_enabled(crate::graph::fused_kernels_on(
                 self.cfg.fused_kernels,
             ));
+        } else {
+            set_cpu_bf16_gemm(self.cfg.cpu_bf16_gemm)?;
         }
         Ok(Trainer {
             cfg: self.cfg,
@@ -361,4 +370,20 @@ impl TrainerBuilder {
             memory: None,
         })
     }
+}
+
+/// Sets the CPU's process-wide bf16 GEMM switch for `mode` (`--cpu-bf16-gemm`): `on` is
+/// refused on a CPU without AVX-512 BF16, naming what it has instead.
+pub fn set_cpu_bf16_gemm(mode: GraphMode) -> Result<()> {
+    use redline_kernels::gemm_bf16;
+    if mode == GraphMode::On && !gemm_bf16::available() {
+        return Err(Error::Config(
+            "--cpu-bf16-gemm on: this CPU has no AVX-512 BF16 (avx512_bf16 in /proc/cpuinfo), \
+             which Redline's bf16 GEMM runs on\nHINT: --cpu-bf16-gemm auto (the default) takes \
+             the fp32 GEMM of the bf16-rounded operands here: the same products, slower"
+                .into(),
+        ));
+    }
+    gemm_bf16::set_enabled(mode != GraphMode::Off);
+    Ok(())
 }

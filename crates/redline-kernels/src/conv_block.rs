@@ -27,7 +27,7 @@ use crate::conv::{conv2d_with, Geom};
 use crate::conv_backward::{backward, Unpool, NO_GRAD};
 use crate::error::Result;
 use crate::grad::{layer_buffers, Param, ParamBuffers};
-use crate::half16::{round_in_place, rounded, store};
+use crate::half16::{cast, round_in_place, rounded, store};
 use crate::pool::{first_max4, max_pool2d};
 use crate::slices::{fused_cpu, Grads3};
 use redline_core::trace;
@@ -328,8 +328,8 @@ impl CustomOp3 for BlockOp {
         };
         // 16 bits: the fp32 kernel on the rounded operands (made here, in
         // scratch), its dW and db rounded into the buffers, dx rounded.
-        let round = |t: &Tensor| t.detach().to_dtype(d)?.to_dtype(DType::F32);
-        let (x32, w32, g32) = (round(x)?, round(w)?, grad.detach().to_dtype(DType::F32)?);
+        let f32_of = |t: &Tensor, to| cast(t, to, DType::F32);
+        let (x32, w32, g32) = (f32_of(x, d)?, f32_of(w, d)?, f32_of(grad, DType::F32)?);
         let (dx, dw, db) = backward(
             self.geom,
             self.input_grad,
@@ -339,7 +339,7 @@ impl CustomOp3 for BlockOp {
             &w32,
             &g32,
         )?;
-        let dx = dx.map(|t| round(&t)?.to_dtype(x.dtype())).transpose()?;
+        let dx = dx.map(|t| cast(&t, d, x.dtype())).transpose()?;
         let Some(bufs) = self.buffers.as_ref() else {
             bail!(
                 "{}: a 16-bit block without its gradient buffers",
@@ -357,7 +357,7 @@ impl CustomOp3 for BlockOp {
                 buf.add(&v);
             } else {
                 // 16-bit weights (`bf16-true`): a tensor of their dtype.
-                buf.absorb(&g.to_dtype(w.dtype())?)
+                buf.absorb(&cast(&g, d, w.dtype())?)
                     .map_err(candle_core::Error::wrap)?;
             }
         }

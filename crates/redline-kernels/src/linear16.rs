@@ -24,7 +24,7 @@ use crate::error::Result;
 use crate::gemm::Mat;
 use crate::gemm_bf16::matmul_in;
 use crate::grad::ParamBuffers;
-use crate::half16::{round_in_place, rounded, store, widen};
+use crate::half16::{round_in_place, rounded, store, tensor, widen};
 use crate::linear::{dims, forward_f32};
 use redline_core::trace;
 
@@ -211,10 +211,9 @@ impl CustomOp3 for Linear16Bwd {
             wbuf.write(dw.len(), |dst, acc| add_into(dst, &dw, acc));
         } else {
             // 16-bit weights: as tensors of their dtype.
-            let cpu = &candle_core::Device::Cpu;
-            let dw = Tensor::from_vec(dw, (fan_out, fan_in), cpu)?.to_dtype(s3.dtype())?;
+            let dw = tensor(dw, (fan_out, fan_in), s3.dtype())?;
             wbuf.absorb(&dw).map_err(candle_core::Error::wrap)?;
-            let db = Tensor::from_vec(db, fan_out, cpu)?.to_dtype(s3.dtype())?;
+            let db = tensor(db, fan_out, s3.dtype())?;
             bbuf.absorb(&db).map_err(candle_core::Error::wrap)?;
         }
         if !self.input_grad {

@@ -221,7 +221,6 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         cuda_graph: args.cuda_graph.parse()?,
         kernel_trace: args.kernel_trace == "on",
         fused_kernels: args.fused_kernels.parse()?,
-        cpu_bf16_gemm: args.cpu_bf16_gemm.parse()?,
         schedule,
         early_stop,
         loss_scale,

@@ -540,3 +540,47 @@ fn every_layer_trains_in_every_precision() {
         );
     }
 }
+
+/// `--cpu-bf16-gemm`: `off` takes the fp32 GEMM of the bf16-rounded
+/// operands and says so; `on` runs Redline's AVX-512 BF16 kernel where the
+/// CPU has the instruction and is refused, naming it, where it has not. Both
+/// GEMMs give PyTorch's bf16 losses within the bf16-mixed bound. (After
+/// these 5 steps their weights were the same bits on a Zen 4: sums of bf16
+/// products are often exact in f32 in any order.)
+#[test]
+fn the_cpu_bf16_gemm_flag_picks_the_gemm_and_says_which() {
+    let native = std::fs::read_to_string("/proc/cpuinfo")
+        .is_ok_and(|c| c.split_whitespace().any(|w| w == "avx512_bf16"));
+    let want = golden_losses("bf16_mixed_mlp_trace.json");
+    let path = |job: &Job| {
+        json(&job.run.join("summary.json"))["precision_path"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let close = |job: &Job| {
+        let got = step_losses(&job.run);
+        assert_eq!(got.len(), 5);
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 2e-3 * w.abs(), "{g} vs PyTorch's {w}");
+        }
+    };
+    let off = run_job("mlp", 5, "bf16-mixed", &["--cpu-bf16-gemm", "off"]);
+    assert!(path(&off).contains("bf16-rounded"), "{}", path(&off));
+    close(&off);
+    if native {
+        assert!(path(&off).contains("--cpu-bf16-gemm off"), "{}", path(&off));
+        let on = run_job("mlp", 5, "bf16-mixed", &["--cpu-bf16-gemm", "on"]);
+        assert!(path(&on).contains("vdpbf16ps"), "{}", path(&on));
+        close(&on);
+    } else {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        let mut args = vec!["train".to_string()];
+        args.extend(golden_job("mlp", 64, 2));
+        args.extend(["--precision", "bf16-mixed", "--cpu-bf16-gemm", "on"].map(String::from));
+        args.extend(["--device", "cpu", "--run-dir", run.to_str().unwrap()].map(String::from));
+        let err = fails(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(err.contains("no AVX-512 BF16"), "{err}");
+    }
+}

@@ -68,12 +68,6 @@ pub struct TrainConfig {
     /// [`crate::graph::AUTO_FUSES`] is set; the CPU always uses its own.
     #[serde(default)]
     pub fused_kernels: GraphMode,
-    /// On the CPU, bf16 products (`bf16-mixed`, `bf16-true`) on Redline's
-    /// AVX-512 BF16 GEMM (`--cpu-bf16-gemm`; `redline_kernels::gemm_bf16`):
-    /// `auto` where the CPU has the instruction, `on` (refused where it has
-    /// not) or `off` (the fp32 GEMM of the bf16-rounded operands).
-    #[serde(default)]
-    pub cpu_bf16_gemm: GraphMode,
     /// The learning rate's schedule over the run (`--lr-schedule`); the
     /// optimizer's rate is its base.
     #[serde(default)]
@@ -103,7 +97,6 @@ impl Default for TrainConfig {
             cuda_graph: GraphMode::default(),
             kernel_trace: true,
             fused_kernels: GraphMode::default(),
-            cpu_bf16_gemm: GraphMode::default(),
             schedule: LrSchedule::default(),
             early_stop: None,
             loss_scale: None,
@@ -344,8 +337,6 @@ impl TrainerBuilder {
             redline_kernels::fused_gpu::set_enabled(crate::graph::fused_kernels_on(
                 self.cfg.fused_kernels,
             ));
-        } else {
-            set_cpu_bf16_gemm(self.cfg.cpu_bf16_gemm)?;
         }
         Ok(Trainer {
             cfg: self.cfg,
@@ -372,8 +363,13 @@ impl TrainerBuilder {
     }
 }
 
-/// Sets the CPU's process-wide bf16 GEMM switch for `mode` (`--cpu-bf16-gemm`): `on` is
-/// refused on a CPU without AVX-512 BF16, naming what it has instead.
+/// Sets the CPU's bf16 GEMM for `mode` (`--cpu-bf16-gemm`): the bf16 products
+/// of `bf16-mixed` and `bf16-true` on Redline's AVX-512 BF16 kernel
+/// (`redline_kernels::gemm_bf16`) under `auto` where the CPU has the
+/// instruction and under `on`, which is refused where it has not; `off`
+/// takes the fp32 GEMM of the bf16-rounded operands. Process-wide, as
+/// `redline_core::set_matmul_precision` is (PyTorch's backend flags): every
+/// trainer of the process, the precision timing's included, runs on it.
 pub fn set_cpu_bf16_gemm(mode: GraphMode) -> Result<()> {
     use redline_kernels::gemm_bf16;
     if mode == GraphMode::On && !gemm_bf16::available() {

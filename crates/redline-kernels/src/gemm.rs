@@ -61,7 +61,7 @@ impl<'a> Mat<'a> {
     }
 
     /// Logical (rows, cols) after the transpose flag.
-    fn shape(&self) -> (usize, usize) {
+    pub(crate) fn shape(&self) -> (usize, usize) {
         if self.t {
             (self.cols, self.rows)
         } else {
@@ -83,23 +83,11 @@ impl<'a> Mat<'a> {
 /// (and leaves `dst` untouched) when shapes or lengths disagree.
 #[must_use]
 pub fn matmul(dst: &mut [f32], a: Mat<'_>, b: Mat<'_>, accumulate: bool) -> bool {
-    let ((m, k), (k2, n)) = (a.shape(), b.shape());
-    if k != k2
-        || dst.len() != m * n
-        || a.data.len() != a.rows * a.cols
-        || b.data.len() != b.rows * b.cols
-    {
-        return false;
-    }
-    if m == 0 || n == 0 {
-        return true;
-    }
-    if k == 0 {
-        if !accumulate {
-            dst.fill(0.0);
-        }
-        return true;
-    }
+    let (m, k, n) = match sizes(dst, &a, &b, accumulate) {
+        Some(Some(mkn)) => mkn,
+        Some(None) => return true,
+        None => return false,
+    };
     let threads = threads();
     let par = if threads > 1 && m * n * k >= PARALLEL_MIN.load(Ordering::Relaxed) {
         Parallelism::Rayon(threads)
@@ -133,6 +121,29 @@ pub fn matmul(dst: &mut [f32], a: Mat<'_>, b: Mat<'_>, accumulate: bool) -> bool
         );
     }
     true
+}
+
+/// A product's `(m, k, n)` to compute: `None` when shapes or lengths
+/// disagree (`dst` untouched), `Some(None)` when there is nothing to multiply
+/// (an empty `dst`, or `k = 0`: `dst` zeroed unless accumulating).
+pub(crate) fn sizes(
+    dst: &mut [f32],
+    a: &Mat<'_>,
+    b: &Mat<'_>,
+    accumulate: bool,
+) -> Option<Option<(usize, usize, usize)>> {
+    let ((m, k), (k2, n)) = (a.shape(), b.shape());
+    if k != k2
+        || dst.len() != m * n
+        || a.data.len() != a.rows * a.cols
+        || b.data.len() != b.rows * b.cols
+    {
+        return None;
+    }
+    if k == 0 && !accumulate {
+        dst.fill(0.0);
+    }
+    Some((m > 0 && n > 0 && k > 0).then_some((m, k, n)))
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use candle_core::DType;
 use rayon::prelude::*;
 
-use crate::gemm::{matmul, threads, Mat, PARALLEL_MIN_FLOPS};
+use crate::gemm::{matmul, sizes, threads, Mat, PARALLEL_MIN_FLOPS};
 
 /// Rows of the micro-kernel's tile.
 pub const MR: usize = 8;
@@ -103,32 +103,18 @@ pub fn matmul_in(dtype: DType, dst: &mut [f32], a: Mat<'_>, b: Mat<'_>, accumula
 /// everywhere.
 #[must_use]
 pub fn matmul_bf16(dst: &mut [f32], a: Mat<'_>, b: Mat<'_>, accumulate: bool) -> bool {
-    let (m, k) = (logical(&a), logical(&b));
-    let work = m.0 * m.1 * k.1;
-    let par = threads() > 1 && work >= PARALLEL_MIN_FLOPS && m.0 > MR;
+    let ((m, k), n) = (a.shape(), b.shape().1);
+    let par = threads() > 1 && m * k * n >= PARALLEL_MIN_FLOPS && m > MR;
     product(dst, a, b, accumulate, par)
 }
 
 /// [`matmul_bf16`], its row blocks split over rayon's threads when `par`.
 fn product(dst: &mut [f32], a: Mat<'_>, b: Mat<'_>, accumulate: bool, par: bool) -> bool {
-    let (m, k) = logical(&a);
-    let (k2, n) = logical(&b);
-    if k != k2
-        || dst.len() != m * n
-        || a.data.len() != a.rows * a.cols
-        || b.data.len() != b.rows * b.cols
-    {
-        return false;
-    }
-    if m == 0 || n == 0 {
-        return true;
-    }
-    if k == 0 {
-        if !accumulate {
-            dst.fill(0.0);
-        }
-        return true;
-    }
+    let (m, k, n) = match sizes(dst, &a, &b, accumulate) {
+        Some(Some(mkn)) => mkn,
+        Some(None) => return true,
+        None => return false,
+    };
     if !available() {
         let round = |v: &[f32]| -> Vec<f32> {
             v.iter()
@@ -170,15 +156,6 @@ fn product(dst: &mut [f32], a: Mat<'_>, b: Mat<'_>, accumulate: bool, par: bool)
         }
     }
     true
-}
-
-/// An operand's logical (rows, cols).
-fn logical(x: &Mat<'_>) -> (usize, usize) {
-    if x.t {
-        (x.cols, x.rows)
-    } else {
-        (x.rows, x.cols)
-    }
 }
 
 /// `x` rounded to bf16 (to nearest even; NaN kept a NaN), as its bits.

@@ -25,8 +25,9 @@
 //! blocks of `KC` pairs and `NC` columns (BLIS's loop order).
 //!
 //! Measured with `cargo run --release -p redline-kernels --example
-//! gemm_bf16` (one thread, the conversions included): 1.45-1.95x the fp32
-//! GEMM's speed on the MLP's and the CNN's shapes on a Zen 4 core.
+//! gemm_bf16` (one thread, the conversions included): 1.45-2.3x the fp32
+//! GEMM's speed on the MLP's and the CNN's shapes on a Zen 4 core
+//! (`bench/results/2026-11-25-epyc-zen4-gemm-bf16.txt`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -39,7 +40,7 @@ use crate::gemm::{matmul, sizes, threads, Mat, PARALLEL_MIN_FLOPS};
 pub const MR: usize = 8;
 /// Columns of the micro-kernel's tile: two 16-lane registers.
 pub const NR: usize = 32;
-/// k pairs per packed block (512 values of k): an `MR` row block is 8 KiB.
+/// k pairs per block (512 values of k): a panel's block of `b` is 32 KiB.
 const KC: usize = 256;
 /// Columns per packed `b` block: 256 KiB of pairs, an L2's share.
 const NC: usize = 8 * NR;
@@ -48,7 +49,8 @@ static ON: AtomicBool = AtomicBool::new(true);
 
 /// Turns the native bf16 kernel on or off (on by default, where the CPU has
 /// AVX-512 BF16); off, bf16 products take the fp32 GEMM. For measurements
-/// and for tests of the fp32 route; `--bf16-gemm` sets it.
+/// and for tests of the fp32 route; `--cpu-bf16-gemm` sets it
+/// (`redline_train::set_cpu_bf16_gemm`).
 pub fn set_enabled(on: bool) {
     ON.store(on, Ordering::Relaxed);
 }

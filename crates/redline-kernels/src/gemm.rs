@@ -147,7 +147,7 @@ pub(crate) fn sizes(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn naive(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
@@ -160,7 +160,8 @@ mod tests {
         c
     }
 
-    fn transpose(x: &[f32], r: usize, c: usize) -> Vec<f32> {
+    /// The `c x r` transpose of a row-major `r x c` matrix.
+    pub(crate) fn transpose(x: &[f32], r: usize, c: usize) -> Vec<f32> {
         let mut t = vec![0.0; r * c];
         for i in 0..r {
             for j in 0..c {

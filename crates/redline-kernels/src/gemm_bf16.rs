@@ -466,21 +466,12 @@ fn lanes(n: usize) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gemm::tests::transpose;
 
     fn vals(n: usize, f: f32) -> Vec<f32> {
         (0..n)
             .map(|i| crate::half16::bf16_round(((i as f32 + 1.0) * f).sin() * 2.0))
             .collect()
-    }
-
-    fn transpose(x: &[f32], r: usize, c: usize) -> Vec<f32> {
-        let mut t = vec![0.0; r * c];
-        for i in 0..r {
-            for j in 0..c {
-                t[j * r + i] = x[i * c + j];
-            }
-        }
-        t
     }
 
     /// Every transpose combination and ragged edge (m, n not multiples of

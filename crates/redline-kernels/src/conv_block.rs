@@ -26,6 +26,7 @@ use rayon::prelude::*;
 use crate::conv::{conv2d_with, Geom};
 use crate::conv_backward::{backward, Unpool, NO_GRAD};
 use crate::error::Result;
+use crate::gemm_bf16::pre_rounding;
 use crate::grad::{layer_buffers, Param, ParamBuffers};
 use crate::half16::{cast, round_in_place, rounded, store};
 use crate::pool::{first_max4, max_pool2d};
@@ -249,9 +250,11 @@ impl CustomOp3 for BlockOp {
                 (Cow::Borrowed(x), Cow::Borrowed(w), Cow::Borrowed(b))
             }
             Some(d) => {
+                // The bias is added after the GEMM, in f32: always rounded.
+                let to = pre_rounding(d, g.gemm);
                 let (x, w, b) = (
-                    rounded(s1, l1, d, name)?,
-                    rounded(s2, l2, d, name)?,
+                    rounded(s1, l1, to, name)?,
+                    rounded(s2, l2, to, name)?,
                     rounded(s3, l3, d, name)?,
                 );
                 g.check(
@@ -329,7 +332,8 @@ impl CustomOp3 for BlockOp {
         // 16 bits: the fp32 kernel on the rounded operands (made here, in
         // scratch), its dW and db rounded into the buffers, dx rounded.
         let f32_of = |t: &Tensor, to| cast(t, to, DType::F32);
-        let (x32, w32, g32) = (f32_of(x, d)?, f32_of(w, d)?, f32_of(grad, DType::F32)?);
+        let to = pre_rounding(d, self.geom.gemm);
+        let (x32, w32, g32) = (f32_of(x, to)?, f32_of(w, to)?, f32_of(grad, DType::F32)?);
         let (dx, dw, db) = backward(
             self.geom,
             self.input_grad,

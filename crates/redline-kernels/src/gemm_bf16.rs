@@ -87,6 +87,18 @@ pub fn route(dtype: DType) -> DType {
     }
 }
 
+/// What a 16-bit op in `dtype` rounds its GEMM operands to before a product
+/// in `gemm` ([`route`]'s): nothing (F32) for the native bf16 kernel, which
+/// rounds them to nearest as it packs them (the same values, one pass
+/// fewer); `dtype` for the fp32 GEMM.
+pub fn pre_rounding(dtype: DType, gemm: DType) -> DType {
+    if gemm == DType::BF16 {
+        DType::F32
+    } else {
+        dtype
+    }
+}
+
 /// `dst (m x n) = [dst +] a (m x k) * b (k x n)` as a product in `dtype`
 /// ([`route`]'s): bf16 on the native kernel, every other dtype on the fp32
 /// GEMM. False (and `dst` untouched) when shapes or lengths disagree.

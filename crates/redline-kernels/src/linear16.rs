@@ -22,7 +22,7 @@ use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Shape, Storage, Te
 
 use crate::error::Result;
 use crate::gemm::Mat;
-use crate::gemm_bf16::matmul_in;
+use crate::gemm_bf16::{matmul_in, pre_rounding};
 use crate::grad::ParamBuffers;
 use crate::half16::{round_in_place, rounded, store, tensor, widen};
 use crate::linear::{dims, forward_f32};
@@ -78,8 +78,8 @@ impl CustomOp3 for Linear16 {
         let (bsz, fan_in, fan_out) = dims(l1, l2, l3)?;
         trace::count("linear.forward");
         let op = "linear (16-bit)";
-        let x = operand(s1, l1, (self.dtype, self.gemm), op)?;
-        let w = operand(s2, l2, (self.dtype, self.gemm), op)?;
+        let x = rounded(s1, l1, pre_rounding(self.dtype, self.gemm), op)?;
+        let w = rounded(s2, l2, pre_rounding(self.dtype, self.gemm), op)?;
         let b = rounded(s3, l3, self.dtype, op)?;
         let y = forward_f32(self.gemm, &x, &w, &b, (bsz, fan_in, fan_out), self.relu)?;
         Ok((store(y, self.dtype)?, Shape::from((bsz, fan_out))))
@@ -127,22 +127,6 @@ struct Linear16Bwd {
     buffers: ParamBuffers,
 }
 
-/// A GEMM operand as f32 values: rounded to `dtype` for the fp32 GEMM, as
-/// stored for the native bf16 one (which rounds them to nearest as it packs
-/// them: the same values, one pass fewer).
-fn operand<'a>(
-    s: &'a CpuStorage,
-    l: &Layout,
-    (dtype, gemm): (DType, DType),
-    op: &str,
-) -> candle_core::Result<std::borrow::Cow<'a, [f32]>> {
-    if gemm == DType::BF16 {
-        widen(s, l, op)
-    } else {
-        rounded(s, l, dtype, op)
-    }
-}
-
 /// Adds `src` (or writes it, on a step's first write) into a gradient buffer.
 fn add_into(dst: &mut [f32], src: &[f32], accumulate: bool) {
     if accumulate {
@@ -170,7 +154,7 @@ impl CustomOp3 for Linear16Bwd {
         let (fan_out, fan_in) = l3.shape().dims2()?;
         let bsz = self.bsz;
         let mut g = widen(s1, l1, op)?.into_owned();
-        let x = operand(s2, l2, (self.dtype, self.gemm), op)?;
+        let x = rounded(s2, l2, pre_rounding(self.dtype, self.gemm), op)?;
         if g.len() != bsz * fan_out || x.len() != bsz * fan_in {
             bail!("{op}: gradient/input sizes do not fit")
         }
@@ -220,7 +204,7 @@ impl CustomOp3 for Linear16Bwd {
             return Ok((store(Vec::new(), self.x_dtype)?, Shape::from(0)));
         }
         // dx (B, in) = g (B, out) x round16(W) (out, in)
-        let w = operand(s3, l3, (self.dtype, self.gemm), op)?;
+        let w = rounded(s3, l3, pre_rounding(self.dtype, self.gemm), op)?;
         let mut dx = vec![0f32; bsz * fan_in];
         if !matmul_in(
             self.gemm,

@@ -192,3 +192,57 @@ fn fuzz_config_files() {
         }
     });
 }
+
+/// `--cpu-bf16-gemm`, on the command line or in a config file, takes only
+/// auto, on or off: anything else is refused naming the flag (and, from a
+/// file, its key), before any training. `on` runs only where the CPU has
+/// AVX-512 BF16 and is refused by name elsewhere.
+#[test]
+fn a_bad_cpu_bf16_gemm_is_refused_by_name() {
+    for v in ["maybe", "", "ON ", "1", "native", "\u{0}"] {
+        let err = train(&[format!("--cpu-bf16-gemm={v}")])
+            .err()
+            .unwrap_or_default();
+        assert!(err.contains("--cpu-bf16-gemm"), "{v:?}: {err}");
+    }
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = tmp.path().join("config.toml");
+    for body in ["cpu-bf16-gemm = \"maybe\"\n", "cpu-bf16-gemm = \"\"\n"] {
+        std::fs::write(&path, body).unwrap_or_else(|e| panic!("{e}"));
+        let argv = ["redline", "train", "--config"]
+            .map(std::ffi::OsString::from)
+            .into_iter()
+            .chain([path.clone().into_os_string()])
+            .collect();
+        let (argv, flags) =
+            crate::cli::expand_config(argv).unwrap_or_else(|e| panic!("{body:?}: {e:#}"));
+        let Err(e) = Cli::try_parse_from(argv) else {
+            panic!("{body:?} was accepted")
+        };
+        assert_eq!(
+            crate::cli::config_key_of(&e, &flags).as_deref(),
+            Some("cpu-bf16-gemm"),
+            "{body:?}: {e}"
+        );
+    }
+    // A non-string value is refused too, without a panic.
+    std::fs::write(&path, "cpu-bf16-gemm = 3\n").unwrap_or_else(|e| panic!("{e}"));
+    let argv = ["redline", "train", "--config"]
+        .map(std::ffi::OsString::from)
+        .into_iter()
+        .chain([path.clone().into_os_string()])
+        .collect();
+    if let Ok((argv, _)) = crate::cli::expand_config(argv) {
+        assert!(
+            Cli::try_parse_from(argv).is_err(),
+            "cpu-bf16-gemm = 3 was accepted"
+        );
+    }
+    let on = train(&["--cpu-bf16-gemm=on".to_string()]);
+    if redline_kernels::gemm_bf16::available() {
+        assert!(on.is_ok(), "{on:?}");
+    } else {
+        let err = on.err().unwrap_or_default();
+        assert!(err.contains("no AVX-512 BF16"), "{err}");
+    }
+}

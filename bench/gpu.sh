@@ -116,6 +116,9 @@ for p in bf16-mixed 16-mixed bf16-true; do
     "$py" bench/torch_mnist.py --device cuda --workload tensor --model mlp --batch-size 512 \
         --epochs 5 --threads 4 --precision "$p" > "$out/torch-prec-mlp-b512-$p.json"
 done
+# The 16-bit CNN with candle's convolution (im2col + cuBLAS) in place of the
+# tensor-core implicit GEMMs (cuda/conv_mma.cu) that the fused kernels run.
+run cnn-bf16-mixed-candle-conv --model cnn --precision bf16-mixed --fused-kernels off
 fi
 set +x
 "$py" bench/gpu_table.py "$out"

@@ -48,86 +48,107 @@ __device__ __forceinline__ Split3 split3(unsigned int i, unsigned int inner, uns
 }
 
 // The input value at (b, ci, oy + ky - pad, ox + kx - pad), zero outside.
-__device__ __forceinline__ float ig_input(const float *x, const ConvDims &d, unsigned int b,
+// T: float, or a 16-bit format's bits (unsigned short; zero is +0.0 in both).
+template <class T>
+__device__ __forceinline__ T ig_input(const T *x, const ConvDims &d, unsigned int b,
                                           unsigned int ci, unsigned int oy, unsigned int ox,
                                           unsigned int ky, unsigned int kx) {
     int iy = (int)(oy + ky) - (int)d.pad;
     int ix = (int)(ox + kx) - (int)d.pad;
-    if (iy < 0 || iy >= (int)d.h || ix < 0 || ix >= (int)d.w) return 0.0f;
+    if (iy < 0 || iy >= (int)d.h || ix < 0 || ix >= (int)d.w) return T(0);
     return x[(((unsigned long long)b * d.cin + ci) * d.h + iy) * d.w + ix];
 }
 
+// How an output element is stored: as f32, or rounded to a 16-bit format.
+struct StoreF32 {
+    typedef float T;
+    __device__ static float store(float v) { return v; }
+};
+template <class Fmt>
+struct Store16 {
+    typedef unsigned short T;
+    __device__ static unsigned short store(float v) { return Fmt::down(v); }
+};
+
 // Forward. A(m, k): m = (b, oy, ox), k = (ci, ky, kx): the input patch.
+template <class T>
 struct FwdA {
-    const float *x;
+    const T *x;
     ConvDims d;
-    __device__ float operator()(unsigned int m, unsigned int k) const {
+    __device__ T operator()(unsigned int m, unsigned int k) const {
         Split3 p = split3(m, d.ow, d.oh), t = split3(k, d.kw, d.kh);
         return ig_input(x, d, p.outer, t.outer, p.mid, p.in, t.mid, t.in);
     }
 };
 // B(k, n) = w[n, k] (w is (Cout, Cin*kh*kw)).
+template <class T>
 struct FwdB {
-    const float *wt;
+    const T *wt;
     ConvDims d;
-    __device__ float operator()(unsigned int k, unsigned int n) const {
+    __device__ T operator()(unsigned int k, unsigned int n) const {
         return wt[(unsigned long long)n * (d.cin * d.kh * d.kw) + k];
     }
 };
+template <class S>
 struct FwdC {
-    float *y;
+    typename S::T *y;
     ConvDims d;
     __device__ void operator()(unsigned int m, unsigned int n, float v) const {
         Split3 p = split3(m, d.ow, d.oh);
-        y[(((unsigned long long)p.outer * d.cout + n) * d.oh + p.mid) * d.ow + p.in] = v;
+        y[(((unsigned long long)p.outer * d.cout + n) * d.oh + p.mid) * d.ow + p.in] = S::store(v);
     }
 };
 
 // dx. A(m, k): m = (b, iy, ix), k = (co, ky, kx): dy at (oy, ox) = (iy + pad
 // - ky, ix + pad - kx), the output that read this input through (ky, kx).
+template <class T>
 struct DxA {
-    const float *dy;
+    const T *dy;
     ConvDims d;
-    __device__ float operator()(unsigned int m, unsigned int k) const {
+    __device__ T operator()(unsigned int m, unsigned int k) const {
         Split3 p = split3(m, d.w, d.h), t = split3(k, d.kw, d.kh);
         int oy = (int)(p.mid + d.pad) - (int)t.mid;
         int ox = (int)(p.in + d.pad) - (int)t.in;
-        if (oy < 0 || oy >= (int)d.oh || ox < 0 || ox >= (int)d.ow) return 0.0f;
+        if (oy < 0 || oy >= (int)d.oh || ox < 0 || ox >= (int)d.ow) return T(0);
         return dy[(((unsigned long long)p.outer * d.cout + t.outer) * d.oh + oy) * d.ow + ox];
     }
 };
 // B(k, n) = w[co, n, ky, kx].
+template <class T>
 struct DxB {
-    const float *wt;
+    const T *wt;
     ConvDims d;
-    __device__ float operator()(unsigned int k, unsigned int n) const {
+    __device__ T operator()(unsigned int k, unsigned int n) const {
         Split3 t = split3(k, d.kw, d.kh);
         return wt[(((unsigned long long)t.outer * d.cin + n) * d.kh + t.mid) * d.kw + t.in];
     }
 };
+template <class S>
 struct DxC {
-    float *dx;
+    typename S::T *dx;
     ConvDims d;
     __device__ void operator()(unsigned int m, unsigned int n, float v) const {
         Split3 p = split3(m, d.w, d.h);
-        dx[(((unsigned long long)p.outer * d.cin + n) * d.h + p.mid) * d.w + p.in] = v;
+        dx[(((unsigned long long)p.outer * d.cin + n) * d.h + p.mid) * d.w + p.in] = S::store(v);
     }
 };
 
 // dW. A(m, k) = dy[b, m, oy, ox] with k = (b, oy, ox).
+template <class T>
 struct DwA {
-    const float *dy;
+    const T *dy;
     ConvDims d;
-    __device__ float operator()(unsigned int m, unsigned int k) const {
+    __device__ T operator()(unsigned int m, unsigned int k) const {
         Split3 p = split3(k, d.ow, d.oh);
         return dy[(((unsigned long long)p.outer * d.cout + m) * d.oh + p.mid) * d.ow + p.in];
     }
 };
 // B(k, n): the input patch element n = (ci, ky, kx) of output pixel k.
+template <class T>
 struct DwB {
-    const float *x;
+    const T *x;
     ConvDims d;
-    __device__ float operator()(unsigned int k, unsigned int n) const {
+    __device__ T operator()(unsigned int k, unsigned int n) const {
         Split3 p = split3(k, d.ow, d.oh), t = split3(n, d.kw, d.kh);
         return ig_input(x, d, p.outer, t.outer, p.mid, p.in, t.mid, t.in);
     }
@@ -196,7 +217,7 @@ extern "C" __global__ void redline_conv_fwd_f32(const float *x, const float *wt,
                                                 unsigned int w, unsigned int cout, unsigned int kh,
                                                 unsigned int kw, unsigned int pad) {
     ConvDims d = conv_dims(n, cin, h, w, cout, kh, kw, pad);
-    ig_tile(FwdA{x, d}, FwdB{wt, d}, FwdC{y, d}, d.n * d.oh * d.ow, d.cout, 0,
+    ig_tile(FwdA<float>{x, d}, FwdB<float>{wt, d}, FwdC<StoreF32>{y, d}, d.n * d.oh * d.ow, d.cout, 0,
             d.cin * d.kh * d.kw);
 }
 
@@ -206,7 +227,7 @@ extern "C" __global__ void redline_conv_dx_f32(const float *dy, const float *wt,
                                                unsigned int w, unsigned int cout, unsigned int kh,
                                                unsigned int kw, unsigned int pad) {
     ConvDims d = conv_dims(n, cin, h, w, cout, kh, kw, pad);
-    ig_tile(DxA{dy, d}, DxB{wt, d}, DxC{dx, d}, d.n * d.h * d.w, d.cin, 0, d.cout * d.kh * d.kw);
+    ig_tile(DxA<float>{dy, d}, DxB<float>{wt, d}, DxC<StoreF32>{dx, d}, d.n * d.h * d.w, d.cin, 0, d.cout * d.kh * d.kw);
 }
 
 // Grid (ceil(Cout / 64), ceil(Cin*kh*kw / 64), splits), 256 threads: split z
@@ -221,7 +242,7 @@ extern "C" __global__ void redline_conv_dw_f32(const float *dy, const float *x, 
     unsigned int k0 = blockIdx.z * chunk;
     unsigned int k1 = min(total, k0 + chunk);
     DwC c{partial, (unsigned long long)blockIdx.z * d.cout * cols, cols};
-    ig_tile(DwA{dy, d}, DwB{x, d}, c, d.cout, cols, k0, k1);
+    ig_tile(DwA<float>{dy, d}, DwB<float>{x, d}, c, d.cout, cols, k0, k1);
 }
 
 // out[i] = partial[0][i] + partial[1][i] + ... in split order.

@@ -8,7 +8,9 @@
 // a multiply and an add into one FMA, so an update rounds as candle's
 // one-op-per-kernel generic path does. The step count and learning rate are
 // read from device memory (DeviceHyper), so a captured CUDA graph replays
-// with the current values.
+// with the current values; so is the loss scaler's overflow flag (`skip`,
+// 16-mixed), which makes the launch change nothing, as PyTorch's GradScaler
+// skips `optimizer.step()`.
 
 #define MAX_TENSORS 32
 
@@ -27,6 +29,7 @@ struct TensorList {
 struct AdamHyper {
     const double *step;
     const double *lr;
+    const float *skip;  // null, or the scaler's flag: non-zero skips the update
     double ln_b1;
     double ln_b2;
     double neg_wd;  // -weight_decay, for AdamW's decay factor
@@ -42,11 +45,15 @@ struct AdamHyper {
 struct SgdHyper {
     const double *step;
     const double *lr;
+    const float *skip;  // as AdamHyper's
     float wd;
     float mom;
     float damp;  // 1 - dampening
     int nesterov;
 };
+
+// Whether the loss scaler found an overflow in this step's gradients.
+__device__ __forceinline__ bool skipped(const float *skip) { return skip != 0 && *skip != 0.0f; }
 
 __device__ __forceinline__ float flush(float x) {
     return fabsf(x) < 1.17549435e-38f ? 0.0f : x;
@@ -85,6 +92,7 @@ __device__ __forceinline__ AdamConsts adam_consts(const AdamHyper &h) {
 
 extern "C" __global__ void redline_multi_adam_f32(const TensorList l, const AdamHyper h,
                                                   unsigned long long chunk) {
+    if (skipped(h.skip)) return;
     unsigned long long first, end;
     int s = block_slot(l, chunk, &first, &end);
     const AdamConsts c = adam_consts(h);
@@ -109,6 +117,7 @@ extern "C" __global__ void redline_multi_adam_f32(const TensorList l, const Adam
 
 extern "C" __global__ void redline_multi_sgd_f32(const TensorList l, const SgdHyper h,
                                                  unsigned long long chunk) {
+    if (skipped(h.skip)) return;
     unsigned long long first, end;
     int s = block_slot(l, chunk, &first, &end);
     float lr = (float)(*h.lr);
@@ -141,21 +150,11 @@ extern "C" __global__ void redline_multi_sgd_f32(const TensorList l, const SgdHy
 // give the same bits. The constants are the f32 kernels' (f32, not bf16:
 // PyTorch passes them to the bf16 ops as Python floats).
 
-__device__ __forceinline__ float bf16_up(unsigned short x) {
-    return __uint_as_float(((unsigned int)x) << 16);
-}
-
-// Round to nearest even on the bits; a NaN stays a (quiet) NaN.
-__device__ __forceinline__ unsigned short bf16_down(float x) {
-    unsigned int b = __float_as_uint(x);
-    if (isnan(x)) return (unsigned short)((b | 0x00400000u) >> 16);
-    return (unsigned short)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
-}
-
 __device__ __forceinline__ float bf16_round(float x) { return bf16_up(bf16_down(x)); }
 
 extern "C" __global__ void redline_multi_adam_bf16(const TensorList l, const AdamHyper h,
                                                    unsigned long long chunk) {
+    if (skipped(h.skip)) return;
     unsigned long long first, end;
     int s = block_slot(l, chunk, &first, &end);
     const AdamConsts c = adam_consts(h);
@@ -187,6 +186,7 @@ extern "C" __global__ void redline_multi_adam_bf16(const TensorList l, const Ada
 
 extern "C" __global__ void redline_multi_sgd_bf16(const TensorList l, const SgdHyper h,
                                                   unsigned long long chunk) {
+    if (skipped(h.skip)) return;
     unsigned long long first, end;
     int s = block_slot(l, chunk, &first, &end);
     float lr = (float)(*h.lr);

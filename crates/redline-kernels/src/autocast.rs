@@ -21,7 +21,7 @@
 
 use candle_core::{DType, Tensor};
 
-use crate::conv::{conv2d_generic, conv2d_with};
+use crate::conv::{conv2d, conv2d_with};
 use crate::conv_block::pool_relu16;
 use crate::error::Result;
 use crate::gemm_bf16::route;
@@ -72,7 +72,8 @@ pub fn linear_in(x: &Tensor, w: &Param, b: &Param, relu: bool, dtype: DType) -> 
 
 /// A stride-1 convolution with bias, then (`pool_relu: Some(k)`) ReLU and a
 /// k x k max pool, in `dtype`: the fused kernels for an fp32 layer, else
-/// candle's convolution of the cast operands.
+/// the cast operands' convolution (on a GPU with `--fused-kernels`, the
+/// 16-bit tensor-core kernels; else candle's).
 // (B, Cin, H, W) -> (B, Cout, H', W')
 pub fn conv2d_in(
     x: &Tensor,
@@ -119,7 +120,8 @@ pub fn conv2d_in(
         w.as_tensor().to_dtype(dtype)?,
         b.as_tensor().to_dtype(dtype)?,
     );
-    let y = conv2d_generic(&x, &wt, &bt, padding)?;
+    // On a GPU with `--fused-kernels`: the tensor-core implicit GEMMs.
+    let y = conv2d(&x, &wt, &bt, padding)?;
     match pool_relu {
         Some(k) => max_pool2d(&y.relu()?, k),
         None => Ok(y),

@@ -30,8 +30,9 @@ use redline_core::trace;
 /// `x (B, Cin, H, W)`, `w (Cout, Cin, kh, kw)`, `b (Cout)` ->
 /// `(B, Cout, H + 2p - kh + 1, W + 2p - kw + 1)`. CPU f32 tensors take the
 /// fused kernel (the input gradient is computed only when `x` is tracked),
-/// CUDA f32 tensors the implicit-GEMM kernels where `--fused-kernels` turned
-/// them on; anything else takes [`conv2d_generic`]. The weight's and bias's
+/// CUDA tensors of one dtype (f32, or bf16 and f16 on tensor cores) the
+/// implicit-GEMM kernels where `--fused-kernels` turned them on; anything
+/// else takes [`conv2d_generic`]. The weight's and bias's
 /// gradients come back in candle's `GradStore`.
 pub fn conv2d(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Result<Tensor> {
     conv2d_with(x, w, b, padding, None)
@@ -56,11 +57,14 @@ pub(crate) fn conv2d_with(
     #[cfg(feature = "cuda")]
     if crate::fused_gpu::enabled()
         && x.device().is_cuda()
-        && [x, w, b]
-            .iter()
-            .all(|t| t.dtype() == candle_core::DType::F32)
+        && matches!(
+            x.dtype(),
+            candle_core::DType::F32 | candle_core::DType::BF16 | candle_core::DType::F16
+        )
+        && [w, b].iter().all(|t| t.dtype() == x.dtype())
     {
-        // Redline's implicit-GEMM convolution, then candle's bias add.
+        // Redline's implicit-GEMM convolution (16-bit: on tensor cores),
+        // then candle's bias add.
         let y = crate::cuda::conv::conv2d(x, w, padding)?;
         return Ok(y.broadcast_add(&b.reshape((1, geom.cout, 1, 1))?)?);
     }

@@ -17,6 +17,10 @@ pub const TILE_N: usize = 64;
 pub const TILE_K: usize = 8;
 /// Threads per block (16 x 16, 4 x 4 outputs each).
 pub const THREADS: u32 = 256;
+/// Threads per block of the 16-bit tensor-core kernels (`cuda/conv_mma.cu`):
+/// 4 warps, each a 32 x 32 quarter of the same 64 x 64 tile, so the grids
+/// and the weight gradient's splits are the f32 kernels'.
+pub const MMA_THREADS: u32 = 128;
 /// Target length of one split of the weight gradient's reduction.
 const SPLIT_TARGET: usize = 384;
 /// At most this many splits (the partial sums take `splits * Cout * Cin*kh*kw` floats).

@@ -36,6 +36,9 @@ pub struct AdamHyper {
     pub step: u64,
     /// Address of the learning rate (f64).
     pub lr: u64,
+    /// Address of the loss scaler's overflow flag (f32; non-zero: the
+    /// launch changes nothing), or 0 without a scaler.
+    pub skip: u64,
     /// ln(beta1), for the bias correction 1 - beta1^step.
     pub ln_b1: f64,
     /// ln(beta2).
@@ -55,7 +58,7 @@ pub struct AdamHyper {
     /// 1: AdamW's decoupled decay.
     pub decoupled: i32,
 }
-const _: () = assert!(std::mem::size_of::<AdamHyper>() == 64);
+const _: () = assert!(std::mem::size_of::<AdamHyper>() == 72);
 
 /// `struct SgdHyper` of `cuda/optim.cu`.
 #[repr(C)]
@@ -65,6 +68,8 @@ pub struct SgdHyper {
     pub step: u64,
     /// Address of the learning rate (f64).
     pub lr: u64,
+    /// As [`AdamHyper::skip`].
+    pub skip: u64,
     /// Weight decay (L2).
     pub wd: f32,
     /// Momentum.
@@ -74,7 +79,7 @@ pub struct SgdHyper {
     /// 1: Nesterov momentum.
     pub nesterov: i32,
 }
-const _: () = assert!(std::mem::size_of::<SgdHyper>() == 32);
+const _: () = assert!(std::mem::size_of::<SgdHyper>() == 40);
 
 impl AdamHyper {
     /// The fixed constants of `hp`, rounded as the generic path's; the
@@ -86,6 +91,7 @@ impl AdamHyper {
         Self {
             step,
             lr,
+            skip: 0,
             ln_b1: b1.ln(),
             ln_b2: b2.ln(),
             neg_wd: -hp.weight_decay,
@@ -97,6 +103,12 @@ impl AdamHyper {
             decoupled: i32::from(hp.decoupled && hp.weight_decay != 0.0),
         }
     }
+
+    /// These constants, with the update skipped when the f32 at `flag` is
+    /// non-zero (the loss scaler's overflow flag; 0: never skipped).
+    pub fn skipping(self, flag: u64) -> Self {
+        Self { skip: flag, ..self }
+    }
 }
 
 impl SgdHyper {
@@ -107,11 +119,17 @@ impl SgdHyper {
         Self {
             step,
             lr,
+            skip: 0,
             wd: c.wd,
             mom: c.mom,
             damp: c.damp,
             nesterov: i32::from(c.nesterov),
         }
+    }
+
+    /// As [`AdamHyper::skipping`].
+    pub fn skipping(self, flag: u64) -> Self {
+        Self { skip: flag, ..self }
     }
 }
 

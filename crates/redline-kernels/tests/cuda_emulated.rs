@@ -8,108 +8,14 @@
 //! Needs a C++20 compiler: `c++`, or the one `$CXX` names.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::ffi::{c_char, c_void, CString};
-use std::path::PathBuf;
-use std::process::Command;
-use std::sync::OnceLock;
+mod emulated;
+
+use std::ffi::CString;
 
 use candle_core::{Device, Tensor, Var};
+use emulated::{arg, elementwise, emulator, flat, launch, max_rel, tensor, values};
 use redline_kernels::conv_igemm::{ConvDims, THREADS};
 use redline_kernels::max_pool2d_generic;
-
-type Launch =
-    unsafe extern "C" fn(*const c_char, u32, u32, u32, u32, u32, u32, *mut *mut c_void) -> i32;
-
-struct Emulator {
-    _lib: libloading::Library,
-    launch: Launch,
-}
-
-/// The kernels, built once per test binary.
-fn emulator() -> &'static Emulator {
-    static EMU: OnceLock<Emulator> = OnceLock::new();
-    EMU.get_or_init(|| {
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cuda/emulate/harness.cpp");
-        let lib = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("redline-cuda-emulated-{}.so", std::process::id()));
-        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-        let out = Command::new(&cxx)
-            .args(["-std=c++20", "-O2", "-pthread", "-shared", "-fPIC"])
-            .args(["-ffp-contract=off", "-Wall", "-Wno-unknown-pragmas", "-o"])
-            .arg(&lib)
-            .arg(&src)
-            .output()
-            .unwrap_or_else(|e| panic!("{cxx} (a C++20 compiler; set CXX) did not run: {e}"));
-        assert!(
-            out.status.success(),
-            "{cxx} failed on {}:\n{}",
-            src.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // SAFETY: the library just built from harness.cpp; `emu_launch` has
-        // the `Launch` signature there.
-        unsafe {
-            let l = libloading::Library::new(&lib).unwrap();
-            let launch = *l.get::<Launch>(b"emu_launch\0").unwrap();
-            let _ = std::fs::remove_file(&lib);
-            Emulator { _lib: l, launch }
-        }
-    })
-}
-
-/// The address of a kernel argument (for a buffer, of its pointer).
-fn arg<T>(v: &T) -> *mut c_void {
-    (v as *const T).cast_mut().cast()
-}
-
-/// Runs `kernel` over `grid` blocks of `threads` threads on `args`.
-fn launch(kernel: &str, grid: (u32, u32, u32), threads: u32, args: &mut [*mut c_void]) {
-    let name = CString::new(kernel).unwrap();
-    // SAFETY: `args` point at live values of the kernel's parameter types,
-    // and every buffer holds what the launch's grid reads and writes.
-    let rc = unsafe {
-        (emulator().launch)(
-            name.as_ptr(),
-            grid.0,
-            grid.1,
-            grid.2,
-            threads,
-            1,
-            1,
-            args.as_mut_ptr(),
-        )
-    };
-    assert_eq!(rc, 0, "emu_launch({kernel}) refused the launch");
-}
-
-fn values(n: usize, seed: f32) -> Vec<f32> {
-    (0..n)
-        .map(|i| (i as f32 * 0.37 + seed).sin() * 1.3)
-        .collect()
-}
-
-fn tensor(v: &[f32], dims: &[usize]) -> Tensor {
-    Tensor::from_vec(v.to_vec(), dims, &Device::Cpu).unwrap()
-}
-
-fn flat(t: &Tensor) -> Vec<f32> {
-    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
-}
-
-/// Largest difference over the reference's largest magnitude.
-fn max_rel(ours: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(ours.len(), want.len());
-    let scale = want.iter().fold(1e-12f32, |m, v| m.max(v.abs()));
-    ours.iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
-        / scale
-}
-
-/// The elementwise-kernels' grid: one thread per element, at most 65535 blocks.
-fn elementwise(n: usize, threads: u32) -> (u32, u32, u32) {
-    (n.div_ceil(threads as usize).clamp(1, 65_535) as u32, 1, 1)
-}
 
 /// The convolution's three passes (grids and splits from `ConvDims`, as
 /// `src/cuda/conv.rs` launches them) against candle's conv2d and its
@@ -458,7 +364,9 @@ fn run_multi<H, T>(kernel: &str, bufs: &mut [Vec<Vec<T>>], sizes: &[usize], hype
 /// Adam (L2) and AdamW over 25 steps with a learning-rate change: the
 /// multi-tensor kernel on host buffers against the generic path on the CPU,
 /// parameters and both moments within 1 ulp (as `cuda_kernels.rs` holds
-/// the GPU to).
+/// the GPU to). Steps 5 and 17 carry the loss scaler's overflow flag: the
+/// kernel changes nothing and the step count stays (PyTorch's skipped
+/// `optimizer.step()`); other steps pass a clear flag, or none.
 #[test]
 fn emulated_multi_adam_matches_the_generic_path() {
     use redline_kernels::multi_tensor_args::AdamHyper;
@@ -470,23 +378,36 @@ fn emulated_multi_adam_matches_the_generic_path() {
         let mut generic: Vec<Tensor> = p0.iter().map(|p| tensor(p, &[p.len()])).collect();
         let mut states = vec![TensorState::default(); sizes.len()];
         let mut h = DeviceHyper::new(&Device::Cpu, 1e-2, 0).unwrap();
+        let mut done = 0u64;
         for t in 1..=25u64 {
             let rate = if t <= 12 { 1e-2 } else { 3e-3 };
+            let overflow = t == 5 || t == 17;
             let hp = AdamStep {
                 lr: rate,
                 betas: (0.9, 0.999),
                 eps: 1e-8,
                 weight_decay: 0.05,
                 decoupled,
-                step: t,
+                step: done + 1,
             };
-            // The device-held step count and rate the kernel reads.
-            let (step, lr) = (t as f64, rate);
+            // The device-held step count and rate the kernel reads (the
+            // count advanced unless the step overflowed), and the flag.
+            let (step, lr) = ((done + u64::from(!overflow)) as f64, rate);
+            let flag = if overflow { 1f32 } else { 0.0 };
             for (i, b) in bufs.iter_mut().enumerate() {
                 b[1] = values(sizes[i], (t * 7 + i as u64) as f32);
             }
             let hyper = AdamHyper::new(hp, &step as *const f64 as u64, &lr as *const f64 as u64);
+            let hyper = match t % 2 {
+                0 => hyper.skipping(&flag as *const f32 as u64),
+                _ if overflow => hyper.skipping(&flag as *const f32 as u64),
+                _ => hyper,
+            };
             run_multi("redline_multi_adam_f32", &mut bufs, &sizes, hyper);
+            if overflow {
+                continue;
+            }
+            done += 1;
             h.set_lr(rate).unwrap();
             h.advance().unwrap();
             let c = h.adam(hp, candle_core::DType::F32).unwrap();
@@ -513,7 +434,8 @@ fn emulated_multi_adam_matches_the_generic_path() {
 }
 
 /// SGD plain, with momentum and decay, and Nesterov: the multi-tensor kernel
-/// against the generic path over 10 steps.
+/// against the generic path over 10 steps, of which the loss scaler's flag
+/// skips the first and the sixth.
 #[test]
 fn emulated_multi_sgd_matches_the_generic_path() {
     use redline_kernels::multi_tensor_args::SgdHyper;
@@ -533,13 +455,23 @@ fn emulated_multi_sgd_matches_the_generic_path() {
         let mut states = vec![TensorState::default(); sizes.len()];
         let h = DeviceHyper::new(&Device::Cpu, 0.05, 0).unwrap();
         let lr = 0.05f64;
+        let mut done = 0u64;
         for t in 1..=10u64 {
-            let step = t as f64;
+            // The first step overflows (as 16-mixed's first steps at scale
+            // 65536 do): the buffer starts from the first step taken.
+            let overflow = t == 1 || t == 6;
+            let step = (done + u64::from(!overflow)) as f64;
+            let flag = if overflow { 1f32 } else { 0.0 };
             for (i, b) in bufs.iter_mut().enumerate() {
                 b[1] = values(sizes[i], (t * 5 + i as u64) as f32);
             }
-            let hyper = SgdHyper::new(hp, &step as *const f64 as u64, &lr as *const f64 as u64);
+            let hyper = SgdHyper::new(hp, &step as *const f64 as u64, &lr as *const f64 as u64)
+                .skipping(&flag as *const f32 as u64);
             run_multi("redline_multi_sgd_f32", &mut bufs, &sizes, hyper);
+            if overflow {
+                continue;
+            }
+            done += 1;
             h.advance().unwrap();
             let c = h.sgd(hp, candle_core::DType::F32).unwrap();
             for i in 0..sizes.len() {

@@ -165,7 +165,7 @@ fn cuda_multi_adam_matches_the_generic_path() {
                     v: v[i].as_tensor(),
                 })
                 .collect();
-            multi_adam(&items, &h_fused, hp).unwrap();
+            multi_adam(&items, &h_fused, hp, None).unwrap();
             let c = h_generic.adam(hp, DType::F32).unwrap();
             for i in 0..sizes.len() {
                 generic_p[i] = adam_tensors(&generic_p[i], &grads[i], &mut states[i], &c).unwrap();
@@ -223,7 +223,7 @@ fn cuda_multi_sgd_matches_the_generic_path() {
                     buf: (momentum != 0.0).then(|| bufs[i].as_tensor()),
                 })
                 .collect();
-            multi_sgd(&items, &h_fused, hp).unwrap();
+            multi_sgd(&items, &h_fused, hp, None).unwrap();
             let c = h_generic.sgd(hp, DType::F32).unwrap();
             for i in 0..sizes.len() {
                 generic_p[i] = sgd_tensors(&generic_p[i], &grads[i], &mut states[i], &c).unwrap();
@@ -261,6 +261,7 @@ fn cuda_multi_tensor_kernels_refuse_what_they_cannot_take() {
         }],
         &h,
         sgd,
+        None,
     )
     .unwrap_err();
     assert!(err.to_string().contains("not contiguous"), "{err}");
@@ -273,6 +274,7 @@ fn cuda_multi_tensor_kernels_refuse_what_they_cannot_take() {
         }],
         &h,
         sgd,
+        None,
     )
     .unwrap_err();
     assert!(err.to_string().contains("elements"), "{err}");
@@ -285,6 +287,7 @@ fn cuda_multi_tensor_kernels_refuse_what_they_cannot_take() {
         }],
         &h,
         sgd,
+        None,
     )
     .unwrap_err();
     assert!(err.to_string().contains("F64"), "{err}");
@@ -296,9 +299,94 @@ fn cuda_multi_tensor_kernels_refuse_what_they_cannot_take() {
             buf: None
         }],
         &h,
-        sgd
+        sgd,
+        None
     )
     .is_err());
+    // The scaler's flag is one f32 value.
+    let two = Tensor::zeros(2, DType::F32, &dev).unwrap();
+    let err = multi_sgd(
+        &[SgdItem {
+            p: &p,
+            g: &p,
+            buf: None,
+        }],
+        &h,
+        sgd,
+        Some(&two),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("one value"), "{err}");
+}
+
+/// The loss scaler's overflow flag, read on the device: set, the Adam and
+/// SGD kernels change no parameter or state; clear, they update.
+#[test]
+fn cuda_optimizers_skip_a_flagged_step() {
+    let dev = gpu();
+    let sizes = sizes(false);
+    let (p0, vars) = start(&sizes, &dev);
+    let (m, v) = (zeroed(&p0), zeroed(&p0));
+    let grads: Vec<Tensor> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| values(n, 3.0 + i as f32, &dev))
+        .collect();
+    let h = DeviceHyper::new(&dev, 1e-2, 1).unwrap();
+    let items: Vec<AdamItem<'_>> = (0..sizes.len())
+        .map(|i| AdamItem {
+            p: vars[i].as_tensor(),
+            g: &grads[i],
+            m: m[i].as_tensor(),
+            v: v[i].as_tensor(),
+        })
+        .collect();
+    let set = Tensor::new(1f32, &dev).unwrap();
+    let clear = Tensor::new(0f32, &dev).unwrap();
+    multi_adam(&items, &h, adam_hp(1, 1e-2, true), Some(&set)).unwrap();
+    for (i, var) in vars.iter().enumerate() {
+        assert_eq!(
+            compare(var.as_tensor(), &p0[i]).1,
+            0,
+            "Adam flagged: p{i} changed"
+        );
+        assert_eq!(max_abs(m[i].as_tensor()), 0.0, "Adam flagged: m{i} changed");
+    }
+    multi_adam(&items, &h, adam_hp(1, 1e-2, true), Some(&clear)).unwrap();
+    assert!(
+        compare(vars[0].as_tensor(), &p0[0]).1 > 0,
+        "Adam, clear flag: no update"
+    );
+
+    let sgd = SgdStep {
+        lr: 0.1,
+        momentum: 0.9,
+        dampening: 0.0,
+        nesterov: false,
+        weight_decay: 0.0,
+    };
+    let (p0, vars) = start(&sizes, &dev);
+    let bufs = zeroed(&p0);
+    let items: Vec<SgdItem<'_>> = (0..sizes.len())
+        .map(|i| SgdItem {
+            p: vars[i].as_tensor(),
+            g: &grads[i],
+            buf: Some(bufs[i].as_tensor()),
+        })
+        .collect();
+    multi_sgd(&items, &h, sgd, Some(&set)).unwrap();
+    for (i, var) in vars.iter().enumerate() {
+        assert_eq!(
+            compare(var.as_tensor(), &p0[i]).1,
+            0,
+            "SGD flagged: p{i} changed"
+        );
+        assert_eq!(
+            max_abs(bufs[i].as_tensor()),
+            0.0,
+            "SGD flagged: buffer {i} changed"
+        );
+    }
 }
 
 /// The fused cross-entropy (one forward launch, one backward launch) against
@@ -406,6 +494,45 @@ fn cuda_implicit_gemm_conv_matches_the_generic_path() {
         let forward = || conv2d(x.as_tensor(), wt.as_tensor(), b.as_tensor(), pad).unwrap();
         let case = format!("x ({n}, {cin}, {h}, {w}), w ({cout}, {cin}, {kh}, {kw}), pad {pad}");
         assert_layer_matches(&case, &forward, [&x, &wt, &b], 1e-5);
+    }
+}
+
+/// The 16-bit convolution on tensor cores (`cuda/conv_mma.cu`, bf16 and
+/// fp16 operands cast from f32 variables) against candle's 16-bit
+/// convolution (im2col and cuBLAS): output and the gradients of input,
+/// weight and bias (through the casts, in f32), each within about two steps
+/// of the format of the largest value (both round their outputs once to the
+/// format, from sums in different orders).
+#[test]
+fn cuda_16_bit_tensor_core_conv_matches_candles() {
+    use redline_kernels::conv2d;
+    let dev = gpu();
+    for (dtype, tol) in [(DType::BF16, 2e-2), (DType::F16, 4e-3)] {
+        for (n, cin, h, w, cout, kh, kw, pad) in [
+            (
+                2usize, 3usize, 7usize, 6usize, 4usize, 3usize, 3usize, 1usize,
+            ),
+            (3, 2, 9, 9, 5, 5, 3, 2),
+            (16, 32, 14, 14, 64, 3, 3, 1),
+            (64, 1, 28, 28, 32, 3, 3, 1),
+            (4, 70, 9, 9, 65, 3, 3, 0),
+        ] {
+            let var = |len: usize, s: f32, shape: &[usize]| var_of(len, s, shape, &dev);
+            let x = var(n * cin * h * w, 0.7, &[n, cin, h, w]);
+            let wt = var(cout * cin * kh * kw, 1.9, &[cout, cin, kh, kw]);
+            let b = var(cout, 0.2, &[cout]);
+            let cast = |v: &Var| v.as_tensor().to_dtype(dtype).unwrap();
+            let forward = || {
+                conv2d(&cast(&x), &cast(&wt), &cast(&b), pad)
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+            };
+            let case = format!(
+                "{dtype:?} x ({n}, {cin}, {h}, {w}), w ({cout}, {cin}, {kh}, {kw}), pad {pad}"
+            );
+            assert_layer_matches(&case, &forward, [&x, &wt, &b], tol);
+        }
     }
 }
 
@@ -566,7 +693,7 @@ fn cuda_bf16_multi_adam_matches_the_cpu_bf16_loop() {
                 v: v[i].as_tensor(),
             })
             .collect();
-        multi_adam(&items, &h, hp).unwrap();
+        multi_adam(&items, &h, hp, None).unwrap();
         for i in 0..sizes.len() {
             assert!(adam_step(&cpu_p[i], GradRef::Tensor(&grads[i]), &mut slots[i], hp).unwrap());
         }

@@ -277,7 +277,7 @@ impl Optimizer {
     }
 
     /// The update; with `found_inf` on a device, masked by it (the fused
-    /// CPU loop and the fused GPU kernel step aside: they cannot be masked).
+    /// GPU kernel reads it and returns; the fused CPU loop steps aside).
     pub(crate) fn step_unless(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
         // With a device flag the host count may run ahead of the device's
         // (which [`Optimizer::state`] reads); only the fused CPU loop, which
@@ -337,10 +337,10 @@ impl Optimizer {
             }
         };
         #[cfg(feature = "cuda")]
-        // The same switch as the ops' fused kernels (`--fused-kernels`).
-        if skip.is_none()
-            && redline_kernels::fused_gpu::enabled()
-            && crate::optim_gpu::step(&mut self.state, &pending, hyper, hp, self.step)?
+        // The same switch as the ops' fused kernels (`--fused-kernels`); the
+        // kernel reads the scaler's flag on the device.
+        if redline_kernels::fused_gpu::enabled()
+            && crate::optim_gpu::step(&mut self.state, &pending, hyper, hp, self.step, found_inf)?
         {
             return Ok(());
         }

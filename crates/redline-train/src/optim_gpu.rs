@@ -10,7 +10,8 @@ use redline_kernels::optim::DeviceHyper;
 use crate::error::Result;
 use crate::optim::{Slot, StepParams};
 
-/// Updates `pending` (slot, parameter, gradient) with the kernel and says
+/// Updates `pending` (slot, parameter, gradient) with the kernel, unless
+/// `found_inf` (the loss scaler's flag, read on the device) is set, and says
 /// `true`; says `false`, changing nothing, where the generic path must run
 /// instead: parameters not all f32 or all bf16 on a CUDA device, or an SGD momentum
 /// buffer that PyTorch would start from this gradient after the first step.
@@ -20,6 +21,7 @@ pub(crate) fn step(
     hyper: &DeviceHyper,
     hp: StepParams,
     step: u64,
+    found_inf: Option<&Tensor>,
 ) -> Result<bool> {
     let dtype = pending.first().map(|(_, p, _)| p.dtype());
     let eligible = matches!(dtype, Some(DType::F32 | DType::BF16))
@@ -60,7 +62,7 @@ pub(crate) fn step(
                     )),
                 })
                 .collect::<Result<Vec<_>>>()?;
-            multi_adam(&items, hyper, hp)?;
+            multi_adam(&items, hyper, hp, found_inf)?;
         }
         StepParams::Sgd(hp) => {
             let items: Vec<SgdItem<'_>> = pending
@@ -72,7 +74,7 @@ pub(crate) fn step(
                     buf: buf.as_ref(),
                 })
                 .collect();
-            multi_sgd(&items, hyper, hp)?;
+            multi_sgd(&items, hyper, hp, found_inf)?;
         }
     }
     Ok(true)

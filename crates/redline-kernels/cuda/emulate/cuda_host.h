@@ -4,8 +4,9 @@
 // the blocks run one after another, so a kernel's `__shared__` arrays
 // (`static` here) belong to the block that runs. `__syncthreads()` is a
 // barrier of the block's threads, `__shfl_xor_sync` an exchange between the
-// 32 threads of a warp. A barrier that not every thread reaches within 120 s
-// (a divergent `__syncthreads`) ends the process with a message.
+// 32 threads of a warp (and `emu_warp_exchange` the emulated `mma`'s). A
+// barrier that not every thread reaches within 120 s (a divergent
+// `__syncthreads`) ends the process with a message.
 //
 // Arithmetic: compiled with -ffp-contract=off, so each float operation
 // rounds once, as the `__f*_rn` intrinsics do; the GPU's own `expf` and
@@ -75,6 +76,7 @@ inline EmuBarrier *emu_block_barrier = nullptr;
 struct EmuWarp {
     EmuBarrier barrier{32};
     unsigned long long slot[32];
+    unsigned int regs[32][8];
 };
 inline EmuWarp *emu_warps = nullptr;
 
@@ -99,6 +101,19 @@ inline T __shfl_xor_sync(unsigned int, T v, int lane_mask) {
     T out;
     std::memcpy(&out, &bits, sizeof(T));
     return out;
+}
+
+// Every lane of the warp gets every lane's `N` registers (for the emulated
+// `mma`, whose operands are spread over the warp): all[lane][i].
+template <unsigned int N>
+inline void emu_warp_exchange(const unsigned int (&mine)[N], unsigned int (&all)[32][N]) {
+    static_assert(N <= 8, "at most 8 registers per lane");
+    unsigned int rank = emu_thread_rank();
+    EmuWarp &w = emu_warps[rank / 32];
+    std::memcpy(w.regs[rank % 32], mine, sizeof mine);
+    w.barrier.wait("warp exchange");
+    for (unsigned int l = 0; l < 32; l++) std::memcpy(all[l], w.regs[l], sizeof mine);
+    w.barrier.wait("warp exchange");
 }
 
 inline float __fadd_rn(float a, float b) { return a + b; }

@@ -47,6 +47,14 @@ const Entry KERNELS[] = {
     EMU_KERNEL(redline_bias_pool_relu_f32),
     EMU_KERNEL(redline_bias_pool_relu_bwd_f32),
     EMU_KERNEL(redline_bias_pool_relu_dbias_f32),
+    EMU_KERNEL(redline_conv_fwd_bf16),
+    EMU_KERNEL(redline_conv_dx_bf16),
+    EMU_KERNEL(redline_conv_dw_bf16),
+    EMU_KERNEL(redline_sum_splits_bf16),
+    EMU_KERNEL(redline_conv_fwd_f16),
+    EMU_KERNEL(redline_conv_dx_f16),
+    EMU_KERNEL(redline_conv_dw_f16),
+    EMU_KERNEL(redline_sum_splits_f16),
 };
 
 }  // namespace

@@ -5,23 +5,56 @@
 //! Planned, and its index arithmetic tested on the CPU, by
 //! [`crate::conv_igemm`]. It replaces candle's im2col copy, GEMM and output
 //! transposition, and its backward's conv-transpose and transposed conv.
+//!
+//! bf16 and fp16 operands (`--precision bf16-mixed | 16-mixed | bf16-true`)
+//! take the tensor-core kernels of `cuda/conv_mma.cu`: the same grids,
+//! products summed in f32, each output rounded to the 16-bit type once; the
+//! weight gradient's splits always write f32 partial sums, which the split
+//! sum adds in order and rounds.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaSlice, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
 };
-use candle_core::cuda_backend::CudaDevice;
-use candle_core::{bail, CudaStorage, CustomOp2, Layout, Shape, Tensor};
+use candle_core::cuda_backend::{CudaDType, CudaDevice};
+use candle_core::{bail, CudaStorage, CustomOp2, DType, Layout, Shape, Tensor, WithDType};
 
 use super::function;
-use crate::conv_igemm::{ConvDims, Grid, THREADS};
+use crate::conv_igemm::{ConvDims, Grid, MMA_THREADS, THREADS};
 
 fn msg(e: impl std::fmt::Display) -> candle_core::Error {
     candle_core::Error::Msg(format!("conv2d on the GPU: {e}"))
 }
 
-/// `conv2d(x, w, padding = pad)`, stride 1, no bias, of CUDA f32 tensors
-/// `x (N, Cin, H, W)` and `w (Cout, Cin, kh, kw)`, with its backward.
+/// Kernel `name`, with what a build for a GPU before sm_80 lacks said.
+fn load_kernel(dev: &CudaDevice, name: &str) -> candle_core::Result<CudaFunction> {
+    function(dev, name).map_err(|e| {
+        if name.ends_with("16") {
+            msg(format!(
+                "{e}: the 16-bit convolution kernels use tensor-core instructions of compute \
+                 capability 8.0 and newer, and this build's kernels were compiled for an older \
+                 GPU (CUDA_COMPUTE_CAP)\nHINT: rebuild with CUDA_COMPUTE_CAP=80 or higher on \
+                 such a GPU, or run with --fused-kernels off (candle's convolution)"
+            ))
+        } else {
+            msg(e)
+        }
+    })
+}
+
+/// The kernels' name suffix and block size for operands of `dtype`.
+fn kernels_for(dtype: DType) -> candle_core::Result<(&'static str, u32)> {
+    match dtype {
+        DType::F32 => Ok(("f32", THREADS)),
+        DType::BF16 => Ok(("bf16", MMA_THREADS)),
+        DType::F16 => Ok(("f16", MMA_THREADS)),
+        other => bail!("conv2d on the GPU: the fused kernels take f32, bf16 or f16, not {other:?}"),
+    }
+}
+
+/// `conv2d(x, w, padding = pad)`, stride 1, no bias, of CUDA tensors
+/// `x (N, Cin, H, W)` and `w (Cout, Cin, kh, kw)` of one dtype (f32, bf16 or
+/// f16), with its backward; the result has their dtype.
 pub(crate) fn conv2d(x: &Tensor, w: &Tensor, pad: usize) -> crate::Result<Tensor> {
     let d = ConvDims::new(x.dims(), w.dims(), pad)?;
     Ok(x.contiguous()?.apply_op2(
@@ -51,15 +84,15 @@ fn push<'a>(b: &mut LaunchArgs<'a>, sizes: &'a [u32; 8]) {
     }
 }
 
-fn config((x, y, z): Grid) -> LaunchConfig {
+fn config((x, y, z): Grid, threads: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (x, y, z),
-        block_dim: (THREADS, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     }
 }
 
-/// The contiguous f32 range of an operand whose shape must be `want`.
+/// The contiguous range of an operand whose shape must be `want`.
 fn operand(l: &Layout, want: &[usize], what: &str) -> candle_core::Result<(usize, usize)> {
     if l.dims() != want {
         bail!(
@@ -73,23 +106,23 @@ fn operand(l: &Layout, want: &[usize], what: &str) -> candle_core::Result<(usize
     }
 }
 
-/// Launches `kernel` with two operands, an output of `len` f32 and the sizes
-/// (and `extra` after them).
+/// Launches `kernel` (`threads` per block) with two operands of element
+/// type `T`, an output and the sizes (and `extra` after them).
 #[allow(clippy::too_many_arguments)]
-fn launch(
+fn launch<T: CudaDType + DeviceRepr, O: DeviceRepr>(
     dev: &CudaDevice,
-    kernel: &str,
+    (kernel, threads): (&str, u32),
     (s1, r1): (&CudaStorage, (usize, usize)),
     (s2, r2): (&CudaStorage, (usize, usize)),
-    out: &mut CudaSlice<f32>,
+    out: &mut CudaSlice<O>,
     d: &ConvDims,
     extra: Option<u32>,
     grid: Grid,
 ) -> candle_core::Result<()> {
-    let a = s1.as_cuda_slice::<f32>()?.slice(r1.0..r1.1);
-    let b = s2.as_cuda_slice::<f32>()?.slice(r2.0..r2.1);
+    let a = s1.as_cuda_slice::<T>()?.slice(r1.0..r1.1);
+    let b = s2.as_cuda_slice::<T>()?.slice(r2.0..r2.1);
     let size_args = sizes(d)?;
-    let func = function(dev, kernel).map_err(msg)?;
+    let func = load_kernel(dev, kernel)?;
     let stream = dev.cuda_stream();
     let mut builder = stream.launch_builder(&func);
     builder.arg(&a).arg(&b).arg(out);
@@ -99,7 +132,7 @@ fn launch(
     }
     // SAFETY: `kernel`'s arguments in order; the operands were checked
     // against `d`'s shapes and `out` holds what the kernel writes.
-    unsafe { builder.launch(config(grid)) }.map_err(msg)?;
+    unsafe { builder.launch(config(grid, threads)) }.map_err(msg)?;
     Ok(())
 }
 
@@ -136,6 +169,32 @@ impl Conv {
             Pass::WeightGrad => (y, x, w.0),
         }
     }
+
+    /// This pass over operands of element type `T` (f32, bf16 or f16),
+    /// into a new buffer of `count` values of `T`.
+    fn run<T: CudaDType + DeviceRepr + WithDType>(
+        &self,
+        a: (&CudaStorage, (usize, usize)),
+        b: (&CudaStorage, (usize, usize)),
+        count: usize,
+    ) -> candle_core::Result<CudaStorage> {
+        let d = self.d;
+        let dev = a.0.device().clone();
+        let (suffix, threads) = kernels_for(a.0.dtype())?;
+        // SAFETY: every pass writes each element of its output (below).
+        let mut out = unsafe { dev.alloc::<T>(count) }?;
+        let (pass, grid) = match self.pass {
+            Pass::Forward => ("fwd", d.fwd_grid()),
+            Pass::InputGrad => ("dx", d.dx_grid()),
+            Pass::WeightGrad => {
+                weight_grad::<T>(&dev, (suffix, threads), a, b, &mut out, &d, count)?;
+                return Ok(CudaStorage::wrap_cuda_slice(out, dev));
+            }
+        };
+        let kernel = format!("redline_conv_{pass}_{suffix}");
+        launch::<T, T>(&dev, (&kernel, threads), a, b, &mut out, &d, None, grid)?;
+        Ok(CudaStorage::wrap_cuda_slice(out, dev))
+    }
 }
 
 impl CustomOp2 for Conv {
@@ -164,25 +223,27 @@ impl CustomOp2 for Conv {
         s2: &CudaStorage,
         l2: &Layout,
     ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let d = self.d;
         let ((a_dims, a_name), (b_dims, b_name), out_dims) = self.shapes();
         let a = (s1, operand(l1, &a_dims, a_name)?);
         let b = (s2, operand(l2, &b_dims, b_name)?);
-        let dev = s1.device().clone();
+        if s1.dtype() != s2.dtype() {
+            bail!(
+                "conv2d on the GPU: {a_name} is {:?} and {b_name} {:?}; one dtype is needed",
+                s1.dtype(),
+                s2.dtype()
+            )
+        }
         let shape = Shape::from(out_dims.to_vec());
-        let count = shape.elem_count();
-        // SAFETY: every pass writes each element of its output (below).
-        let mut out = unsafe { dev.alloc::<f32>(count) }?;
-        let (kernel, grid) = match self.pass {
-            Pass::Forward => ("redline_conv_fwd_f32", d.fwd_grid()),
-            Pass::InputGrad => ("redline_conv_dx_f32", d.dx_grid()),
-            Pass::WeightGrad => {
-                weight_grad(&dev, a, b, &mut out, &d, count)?;
-                return Ok((CudaStorage::wrap_cuda_slice(out, dev), shape));
+        let out = match s1.dtype() {
+            DType::F32 => self.run::<f32>(a, b, shape.elem_count())?,
+            DType::BF16 => self.run::<half::bf16>(a, b, shape.elem_count())?,
+            DType::F16 => self.run::<half::f16>(a, b, shape.elem_count())?,
+            other => {
+                kernels_for(other)?;
+                bail!("conv2d on the GPU: no kernel for {other:?}")
             }
         };
-        launch(&dev, kernel, a, b, &mut out, &d, None, grid)?;
-        Ok((CudaStorage::wrap_cuda_slice(out, dev), shape))
+        Ok((out, shape))
     }
 
     fn bwd(
@@ -209,42 +270,36 @@ impl CustomOp2 for Conv {
 }
 
 /// The weight gradient of `dy` (`a`) and `x` (`b`) into `dw` (`count`
-/// values): one launch when the reduction is one split, else the splits'
-/// partial sums and their in-order sum.
-fn weight_grad(
+/// values of `T`): one launch when the reduction is one f32 split, else the
+/// splits' f32 partial sums and their in-order sum (rounded to `T`'s 16
+/// bits by the 16-bit kernels, which always take this route).
+fn weight_grad<T: CudaDType + DeviceRepr + WithDType>(
     dev: &CudaDevice,
+    (suffix, threads): (&str, u32),
     a: (&CudaStorage, (usize, usize)),
     b: (&CudaStorage, (usize, usize)),
-    dw: &mut CudaSlice<f32>,
+    dw: &mut CudaSlice<T>,
     d: &ConvDims,
     count: usize,
 ) -> candle_core::Result<()> {
     let (grid, chunk) = d.dw_plan();
     let chunk = Some(u32::try_from(chunk).map_err(msg)?);
     let splits = grid.2;
-    if splits == 1 {
-        // One split is the whole sum: written straight into dw.
-        return launch(dev, "redline_conv_dw_f32", a, b, dw, d, chunk, grid);
+    let kernel = format!("redline_conv_dw_{suffix}");
+    if splits == 1 && T::DTYPE == DType::F32 {
+        // One f32 split is the whole sum: written straight into dw.
+        return launch::<T, T>(dev, (&kernel, threads), a, b, dw, d, chunk, grid);
     }
     // SAFETY: split z writes all count values of partial[z].
     let mut partial = unsafe { dev.alloc::<f32>(splits as usize * count) }?;
-    launch(
-        dev,
-        "redline_conv_dw_f32",
-        a,
-        b,
-        &mut partial,
-        d,
-        chunk,
-        grid,
-    )?;
-    let func = function(dev, "redline_sum_splits_f32").map_err(msg)?;
+    launch::<T, f32>(dev, (&kernel, threads), a, b, &mut partial, d, chunk, grid)?;
+    let func = load_kernel(dev, &format!("redline_sum_splits_{suffix}"))?;
     let stream = dev.cuda_stream();
     let count32 = u32::try_from(count).map_err(msg)?;
     let mut builder = stream.launch_builder(&func);
     builder.arg(&partial).arg(dw).arg(&splits).arg(&count32);
     let blocks = count.div_ceil(THREADS as usize).clamp(1, 65_535) as u32;
-    // SAFETY: `partial` holds splits * count values, `dw` count.
-    unsafe { builder.launch(config((blocks, 1, 1))) }.map_err(msg)?;
+    // SAFETY: `partial` holds splits * count f32, `dw` count values of T.
+    unsafe { builder.launch(config((blocks, 1, 1), THREADS)) }.map_err(msg)?;
     Ok(())
 }

@@ -124,9 +124,33 @@ fn hyper_addresses(hyper: &DeviceHyper, dev: &candle_core::CudaDevice) -> Result
     Ok((p[0], p[1]))
 }
 
+/// The address of the loss scaler's overflow flag (a one-element f32 on
+/// the device), or 0 without one.
+fn flag_address(found_inf: Option<&Tensor>, dev: &candle_core::CudaDevice) -> Result<u64> {
+    let Some(flag) = found_inf else {
+        return Ok(0);
+    };
+    if flag.elem_count() != 1 {
+        return Err(Error::Shape(format!(
+            "the overflow flag has shape {:?}; one value is needed",
+            flag.dims()
+        )));
+    }
+    let locked = Addresses::lock(&[flag], DType::F32, "the loss scaler's overflow flag")?;
+    let p = locked.pointers(&dev.cuda_stream())?;
+    Ok(p[0])
+}
+
 /// Adam/AdamW on every item in one launch per [`MAX_TENSORS`] items, at the
-/// step `hyper` holds (advanced before the call, as the generic path's).
-pub fn multi_adam(items: &[AdamItem<'_>], hyper: &DeviceHyper, hp: AdamStep) -> Result<()> {
+/// step `hyper` holds (advanced before the call, as the generic path's),
+/// changing nothing where `found_inf` (the loss scaler's f32 flag, read on
+/// the device) is non-zero.
+pub fn multi_adam(
+    items: &[AdamItem<'_>],
+    hyper: &DeviceHyper,
+    hp: AdamStep,
+    found_inf: Option<&Tensor>,
+) -> Result<()> {
     let Some(first) = items.first() else {
         return Ok(());
     };
@@ -149,19 +173,25 @@ pub fn multi_adam(items: &[AdamItem<'_>], hyper: &DeviceHyper, hp: AdamStep) -> 
     )?;
     let tensors: Vec<&Tensor> = items.iter().flat_map(|i| [i.p, i.g, i.m, i.v]).collect();
     let (step, lr) = hyper_addresses(hyper, dev)?;
+    let skip = flag_address(found_inf, dev)?;
     launch_all(
         dev,
         "redline_multi_adam",
         &tensors,
         4,
         &sizes,
-        AdamHyper::new(hp, step, lr),
+        AdamHyper::new(hp, step, lr).skipping(skip),
     )
 }
 
 /// SGD (momentum, dampening, Nesterov, L2) on every item in one launch per
-/// [`MAX_TENSORS`] items.
-pub fn multi_sgd(items: &[SgdItem<'_>], hyper: &DeviceHyper, hp: SgdStep) -> Result<()> {
+/// [`MAX_TENSORS`] items, skipped as [`multi_adam`] is.
+pub fn multi_sgd(
+    items: &[SgdItem<'_>],
+    hyper: &DeviceHyper,
+    hp: SgdStep,
+    found_inf: Option<&Tensor>,
+) -> Result<()> {
     let Some(first) = items.first() else {
         return Ok(());
     };
@@ -191,7 +221,7 @@ pub fn multi_sgd(items: &[SgdItem<'_>], hyper: &DeviceHyper, hp: SgdStep) -> Res
         .flatten()
         .collect();
     let (step, lr) = hyper_addresses(hyper, dev)?;
-    let hyper = SgdHyper::new(hp, step, lr);
+    let hyper = SgdHyper::new(hp, step, lr).skipping(flag_address(found_inf, dev)?);
     let per_item = if momentum { 3 } else { 2 };
     launch_all(dev, "redline_multi_sgd", &tensors, per_item, &sizes, hyper)
 }

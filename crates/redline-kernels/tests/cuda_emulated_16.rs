@@ -1,0 +1,231 @@
+//! The 16-bit convolution kernels (`cuda/conv_mma.cu`: bf16 and fp16 on
+//! tensor cores, `mma.sync.m16n8k16`) and the 16-bit conversions they store
+//! with (`cuda/half16.cu`), run on the CPU by the CUDA emulator (see
+//! `emulated/mod.rs`) with the grids `src/cuda/conv.rs` launches: the
+//! conversions bit for bit against the `half` crate (candle's), the
+//! convolution's three passes against candle's f32 convolution of the same
+//! 16-bit values, each output within one rounding to the format.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod emulated;
+
+use candle_core::Var;
+use emulated::{arg, elementwise, flat, launch, tensor, values};
+use redline_kernels::conv_igemm::{ConvDims, MMA_THREADS};
+
+/// A 16-bit format as the kernels name it, and its conversions.
+#[derive(Clone, Copy, Debug)]
+enum Fmt {
+    Bf16,
+    F16,
+}
+
+impl Fmt {
+    fn suffix(self) -> &'static str {
+        match self {
+            Fmt::Bf16 => "bf16",
+            Fmt::F16 => "f16",
+        }
+    }
+
+    fn down(self, v: f32) -> u16 {
+        match self {
+            Fmt::Bf16 => half::bf16::from_f32(v).to_bits(),
+            Fmt::F16 => half::f16::from_f32(v).to_bits(),
+        }
+    }
+
+    fn up(self, b: u16) -> f32 {
+        match self {
+            Fmt::Bf16 => half::bf16::from_bits(b).to_f32(),
+            Fmt::F16 => half::f16::from_bits(b).to_f32(),
+        }
+    }
+
+    /// Half a step of the format relative to a value (its rounding's bound).
+    fn half_step(self) -> f32 {
+        match self {
+            Fmt::Bf16 => 2f32.powi(-8),
+            Fmt::F16 => 2f32.powi(-11),
+        }
+    }
+
+    /// A NaN's bits, to fill outputs no thread should leave unwritten.
+    fn nan(self) -> u16 {
+        self.down(f32::NAN)
+    }
+}
+
+/// `values` rounded to the format: (their bits, their f32 values).
+fn rounded(fmt: Fmt, v: &[f32]) -> (Vec<u16>, Vec<f32>) {
+    let bits: Vec<u16> = v.iter().map(|&x| fmt.down(x)).collect();
+    let vals = bits.iter().map(|&b| fmt.up(b)).collect();
+    (bits, vals)
+}
+
+/// The weight gradient's split sums, rounded to the format, of `partial`
+/// (`splits` x `count` f32).
+fn sum_splits(fmt: Fmt, partial: &[f32], splits: u32, count: usize) -> Vec<u16> {
+    let mut out = vec![fmt.nan(); count];
+    let (pp, po, c) = (partial.as_ptr(), out.as_mut_ptr(), count as u32);
+    launch(
+        &format!("redline_sum_splits_{}", fmt.suffix()),
+        elementwise(count, 256),
+        256,
+        &mut [arg(&pp), arg(&po), arg(&splits), arg(&c)],
+    );
+    out
+}
+
+/// The f32 -> 16-bit rounding of the kernels, bit for bit against the
+/// `half` crate's, over ties both ways, the largest finite values and the
+/// step to infinity, subnormals and their ties, signed zeros, infinities
+/// and 200,000 random bit patterns (a NaN only as a NaN).
+#[test]
+fn emulated_16_bit_rounding_matches_the_half_crate() {
+    let mut v: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        f32::MIN_POSITIVE,
+        1e-45,
+        f32::from_bits(0x3f80_8000), // bf16 tie, even below: down
+        f32::from_bits(0x3f81_8000), // bf16 tie, odd below: up
+        f32::from_bits(0x7f7f_8000), // bf16: rounds to infinity
+        1.0 + 2f32.powi(-11),        // f16 tie: down
+        1.0 + 3.0 * 2f32.powi(-11),  // f16 tie: up
+        65504.0,
+        65519.99,
+        65520.0, // f16: to infinity
+        -65520.0,
+        2f32.powi(-25),                  // f16: half the smallest subnormal, to 0
+        3.0 * 2f32.powi(-25),            // f16 subnormal tie: up to 2 steps
+        2f32.powi(-14) - 2f32.powi(-25), // f16: the last subnormal tie, up to the smallest normal
+        -2f32.powi(-20),
+        6.1e-5,
+    ];
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    for _ in 0..200_000 {
+        s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        v.push(f32::from_bits((s >> 32) as u32));
+    }
+    for fmt in [Fmt::Bf16, Fmt::F16] {
+        let ours = sum_splits(fmt, &v, 1, v.len());
+        let mut wrong = 0;
+        for (x, o) in v.iter().zip(&ours) {
+            let want = fmt.down(*x);
+            let same = if x.is_nan() {
+                fmt.up(*o).is_nan()
+            } else {
+                *o == want
+            };
+            if !same {
+                if wrong < 5 {
+                    eprintln!(
+                        "{fmt:?}: {x:e} ({:#010x}) -> {o:#06x}, want {want:#06x}",
+                        x.to_bits()
+                    );
+                }
+                wrong += 1;
+            }
+        }
+        assert_eq!(
+            wrong,
+            0,
+            "{fmt:?}: {wrong} of {} values rounded differently",
+            v.len()
+        );
+    }
+}
+
+/// The convolution's three passes on tensor cores, with the f32 kernels'
+/// grids and splits, against candle's f32 convolution and gradients of the
+/// same 16-bit values: every element within half a step of the format of
+/// its value, plus f32 summation error. Covers ragged tiles (M, N and K not
+/// multiples of 64, 64 and 16), padding, a 5 x 3 kernel, more than one tile
+/// in each direction and a weight gradient over many splits. Outputs start
+/// as NaN, so an element no thread writes fails.
+#[test]
+fn emulated_tensor_core_conv_matches_candle_on_16_bit_values() {
+    for fmt in [Fmt::Bf16, Fmt::F16] {
+        for (x_dims, w_dims, pad) in [
+            ([2usize, 3, 7, 6], [4usize, 3, 3, 3], 1usize),
+            ([3, 2, 9, 9], [5, 2, 5, 3], 2),
+            ([2, 70, 5, 5], [65, 70, 3, 3], 1),
+            ([16, 8, 14, 14], [16, 8, 3, 3], 1),
+        ] {
+            let d = ConvDims::new(&x_dims, &w_dims, pad).unwrap();
+            let case = format!("{fmt:?} {x_dims:?} {w_dims:?} pad {pad}");
+            let (xb, xs) = rounded(fmt, &values(x_dims.iter().product(), 0.3));
+            let (wb, ws) = rounded(fmt, &values(w_dims.iter().product(), 1.1));
+            let x = Var::from_tensor(&tensor(&xs, &x_dims)).unwrap();
+            let w = Var::from_tensor(&tensor(&ws, &w_dims)).unwrap();
+            let y = x.as_tensor().conv2d(w.as_tensor(), pad, 1, 1, 1).unwrap();
+            let (gb, gy) = rounded(fmt, &values(y.elem_count(), 2.3));
+            let grads = (&y * tensor(&gy, y.dims()))
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let sizes = [d.n, d.cin, d.h, d.w, d.cout, d.kh, d.kw, d.pad].map(|v| v as u32);
+            let run16 = |pass: &str, a: &[u16], b: &[u16], len: usize, grid| {
+                let mut out = vec![fmt.nan(); len];
+                let (pa, pb, po) = (a.as_ptr(), b.as_ptr(), out.as_mut_ptr());
+                let mut args = vec![arg(&pa), arg(&pb), arg(&po)];
+                args.extend(sizes.iter().map(arg));
+                let kernel = format!("redline_conv_{pass}_{}", fmt.suffix());
+                launch(&kernel, grid, MMA_THREADS, &mut args);
+                out.iter().map(|&b| fmt.up(b)).collect::<Vec<f32>>()
+            };
+            let check = |what: &str, ours: &[f32], want: &[f32]| {
+                let scale = want.iter().fold(1e-12f32, |m, v| m.max(v.abs()));
+                let bad = ours
+                    .iter()
+                    .zip(want)
+                    .filter(|(o, w)| {
+                        // A NaN (an element never written) is off too.
+                        let within = (*o - *w).abs() <= w.abs() * fmt.half_step() + 1e-5 * scale;
+                        !within
+                    })
+                    .count();
+                assert_eq!(
+                    bad,
+                    0,
+                    "{case}: {what}: {bad} of {} elements off",
+                    want.len()
+                );
+            };
+            let ours = run16("fwd", &xb, &wb, y.elem_count(), d.fwd_grid());
+            check("y", &ours, &flat(&y));
+            let dx = run16("dx", &gb, &wb, xs.len(), d.dx_grid());
+            check("dx", &dx, &flat(grads.get(x.as_tensor()).unwrap()));
+
+            let (grid, chunk) = d.dw_plan();
+            let mut partial = vec![f32::NAN; grid.2 as usize * ws.len()];
+            let (pa, pb, po) = (gb.as_ptr(), xb.as_ptr(), partial.as_mut_ptr());
+            let chunk = chunk as u32;
+            let mut args = vec![arg(&pa), arg(&pb), arg(&po)];
+            args.extend(sizes.iter().map(arg));
+            args.push(arg(&chunk));
+            launch(
+                &format!("redline_conv_dw_{}", fmt.suffix()),
+                grid,
+                MMA_THREADS,
+                &mut args,
+            );
+            let dw: Vec<f32> = sum_splits(fmt, &partial, grid.2, ws.len())
+                .iter()
+                .map(|&b| fmt.up(b))
+                .collect();
+            check(
+                &format!("dw over {} splits", grid.2),
+                &dw,
+                &flat(grads.get(w.as_tensor()).unwrap()),
+            );
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The CUDA emulator of the `cuda_emulated*` tests: `cuda/emulate/harness.cpp`
+//! (Redline's kernels compiled unchanged by the host's C++ compiler against
+//! `cuda_host.h`) built once per test binary, its launcher, and the helpers
+//! the tests share. Needs a C++20 compiler: `c++`, or the one `$CXX` names.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::ffi::{c_char, c_void, CString};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use candle_core::{Device, Tensor};
+
+/// `emu_launch`: kernel name, grid (x, y, z), block (x, y, z), argument addresses.
+pub type Launch =
+    unsafe extern "C" fn(*const c_char, u32, u32, u32, u32, u32, u32, *mut *mut c_void) -> i32;
+
+/// The built kernels and their launcher.
+pub struct Emulator {
+    _lib: libloading::Library,
+    /// Runs a kernel: 0 ran, 1 no such kernel, 2 a block it cannot run.
+    pub launch: Launch,
+}
+
+/// The kernels, built once per test binary.
+pub fn emulator() -> &'static Emulator {
+    static EMU: OnceLock<Emulator> = OnceLock::new();
+    EMU.get_or_init(|| {
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cuda/emulate/harness.cpp");
+        let lib = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("redline-cuda-emulated-{}.so", std::process::id()));
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let out = Command::new(&cxx)
+            .args(["-std=c++20", "-O2", "-pthread", "-shared", "-fPIC"])
+            .args(["-ffp-contract=off", "-Wall", "-Wno-unknown-pragmas", "-o"])
+            .arg(&lib)
+            .arg(&src)
+            .output()
+            .unwrap_or_else(|e| panic!("{cxx} (a C++20 compiler; set CXX) did not run: {e}"));
+        assert!(
+            out.status.success(),
+            "{cxx} failed on {}:\n{}",
+            src.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // SAFETY: the library just built from harness.cpp; `emu_launch` has
+        // the `Launch` signature there.
+        unsafe {
+            let l = libloading::Library::new(&lib).unwrap();
+            let launch = *l.get::<Launch>(b"emu_launch\0").unwrap();
+            let _ = std::fs::remove_file(&lib);
+            Emulator { _lib: l, launch }
+        }
+    })
+}
+
+/// The address of a kernel argument (for a buffer, of its pointer).
+pub fn arg<T>(v: &T) -> *mut c_void {
+    (v as *const T).cast_mut().cast()
+}
+
+/// Runs `kernel` over `grid` blocks of `threads` threads on `args`.
+pub fn launch(kernel: &str, grid: (u32, u32, u32), threads: u32, args: &mut [*mut c_void]) {
+    let name = CString::new(kernel).unwrap();
+    // SAFETY: `args` point at live values of the kernel's parameter types,
+    // and every buffer holds what the launch's grid reads and writes.
+    let rc = unsafe {
+        (emulator().launch)(
+            name.as_ptr(),
+            grid.0,
+            grid.1,
+            grid.2,
+            threads,
+            1,
+            1,
+            args.as_mut_ptr(),
+        )
+    };
+    assert_eq!(rc, 0, "emu_launch({kernel}) refused the launch");
+}
+
+pub fn values(n: usize, seed: f32) -> Vec<f32> {
+    (0..n)
+        .map(|i| (i as f32 * 0.37 + seed).sin() * 1.3)
+        .collect()
+}
+
+pub fn tensor(v: &[f32], dims: &[usize]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), dims, &Device::Cpu).unwrap()
+}
+
+pub fn flat(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+/// Largest difference over the reference's largest magnitude.
+pub fn max_rel(ours: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(ours.len(), want.len());
+    let scale = want.iter().fold(1e-12f32, |m, v| m.max(v.abs()));
+    ours.iter()
+        .zip(want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale
+}
+
+/// The elementwise-kernels' grid: one thread per element, at most 65535 blocks.
+pub fn elementwise(n: usize, threads: u32) -> (u32, u32, u32) {
+    (n.div_ceil(threads as usize).clamp(1, 65_535) as u32, 1, 1)
+}

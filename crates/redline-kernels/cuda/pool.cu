@@ -9,12 +9,30 @@
 
 #define POOL_NO_GRAD 255
 
+// The element type of a variant: f32, or a 16-bit format's bits (bf16-mixed,
+// 16-mixed, bf16-true after cuda/conv_mma.cu's convolution). A 16-bit
+// variant adds the bias in f32 and rounds the sum once (candle's 16-bit
+// add, which the generic path takes), pools and passes the 16-bit values,
+// and sums the bias gradient in f32, rounded once. For f32 every conversion
+// is the identity, so the f32 kernels are the same arithmetic as before.
+struct PoolF32 {
+    typedef float T;
+    __device__ static float up(float v) { return v; }
+    __device__ static float down(float v) { return v; }
+};
+template <class Fmt>
+struct Pool16 {
+    typedef unsigned short T;
+    __device__ static float up(unsigned short v) { return Fmt::up(v); }
+    __device__ static unsigned short down(float v) { return Fmt::down(v); }
+};
+
 // One thread per pooled value (n, c, py, px) of `y (N, C, PH, PW)`.
-extern "C" __global__ void redline_bias_pool_relu_f32(const float *conv, const float *bias, float *y,
-                                                      unsigned char *arg, unsigned int n,
-                                                      unsigned int c, unsigned int h, unsigned int w,
-                                                      unsigned int k, unsigned int ph,
-                                                      unsigned int pw) {
+template <class E>
+__device__ void bias_pool_relu(const typename E::T *conv, const typename E::T *bias,
+                               typename E::T *y, unsigned char *arg, unsigned int n,
+                               unsigned int c, unsigned int h, unsigned int w, unsigned int k,
+                               unsigned int ph, unsigned int pw) {
     unsigned long long total = (unsigned long long)n * c * ph * pw;
     for (unsigned long long o = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; o < total;
          o += (unsigned long long)gridDim.x * blockDim.x) {
@@ -23,13 +41,13 @@ extern "C" __global__ void redline_bias_pool_relu_f32(const float *conv, const f
         unsigned int py = t % ph;
         t /= ph;  // n * C + c
         unsigned int ch = t % c;
-        const float *plane = conv + t * h * w;
-        float b = bias[ch];
-        float best = __fadd_rn(plane[(py * k) * w + px * k], b);
+        const typename E::T *plane = conv + t * h * w;
+        float b = E::up(bias[ch]);
+        float best = E::up(E::down(__fadd_rn(E::up(plane[(py * k) * w + px * k]), b)));
         unsigned int at = 0;
         for (unsigned int ky = 0; ky < k; ky++) {
             for (unsigned int kx = 0; kx < k; kx++) {
-                float v = __fadd_rn(plane[(py * k + ky) * w + px * k + kx], b);
+                float v = E::up(E::down(__fadd_rn(E::up(plane[(py * k + ky) * w + px * k + kx]), b)));
                 if (v > best || isnan(v)) {
                     best = v;
                     at = ky * k + kx;
@@ -37,7 +55,7 @@ extern "C" __global__ void redline_bias_pool_relu_f32(const float *conv, const f
             }
         }
         bool pass = best > 0.0f;
-        y[o] = pass ? best : 0.0f;
+        y[o] = E::down(pass ? best : 0.0f);
         arg[o] = pass ? (unsigned char)at : (unsigned char)POOL_NO_GRAD;
     }
 }
@@ -45,11 +63,11 @@ extern "C" __global__ void redline_bias_pool_relu_f32(const float *conv, const f
 // d(conv) of `(N, C, H, W)`: each conv output takes its window's gradient
 // when it was the window's winner; rows and columns past the last whole
 // window (floor mode) take none.
-extern "C" __global__ void redline_bias_pool_relu_bwd_f32(const float *gy, const unsigned char *arg,
-                                                          float *dconv, unsigned int n,
-                                                          unsigned int c, unsigned int h,
-                                                          unsigned int w, unsigned int k,
-                                                          unsigned int ph, unsigned int pw) {
+template <class E>
+__device__ void bias_pool_relu_bwd(const typename E::T *gy, const unsigned char *arg,
+                                   typename E::T *dconv, unsigned int n, unsigned int c,
+                                   unsigned int h, unsigned int w, unsigned int k, unsigned int ph,
+                                   unsigned int pw) {
     unsigned long long total = (unsigned long long)n * c * h * w;
     for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < total;
          i += (unsigned long long)gridDim.x * blockDim.x) {
@@ -57,7 +75,7 @@ extern "C" __global__ void redline_bias_pool_relu_bwd_f32(const float *gy, const
         unsigned long long t = i / w;
         unsigned int yy = t % h;
         t /= h;  // n * C + c
-        float g = 0.0f;
+        typename E::T g = E::down(0.0f);
         unsigned int py = yy / k, px = x / k;
         if (py < ph && px < pw) {
             unsigned long long o = (t * ph + py) * pw + px;
@@ -69,10 +87,10 @@ extern "C" __global__ void redline_bias_pool_relu_bwd_f32(const float *gy, const
 
 // d(bias) of `C`: one block per channel sums the gradient that passed the
 // ReLU over (n, py, px), in a fixed order (the same bits every run).
-extern "C" __global__ void redline_bias_pool_relu_dbias_f32(const float *gy,
-                                                            const unsigned char *arg, float *db,
-                                                            unsigned int n, unsigned int c,
-                                                            unsigned int ph, unsigned int pw) {
+template <class E>
+__device__ void bias_pool_relu_dbias(const typename E::T *gy, const unsigned char *arg,
+                                     typename E::T *db, unsigned int n, unsigned int c,
+                                     unsigned int ph, unsigned int pw) {
     __shared__ float part[256];
     unsigned int ch = blockIdx.x;
     unsigned int per = ph * pw;
@@ -80,7 +98,7 @@ extern "C" __global__ void redline_bias_pool_relu_dbias_f32(const float *gy,
     float s = 0.0f;
     for (unsigned long long j = threadIdx.x; j < count; j += blockDim.x) {
         unsigned long long o = ((j / per) * c + ch) * per + j % per;
-        if (arg[o] != POOL_NO_GRAD) s = __fadd_rn(s, gy[o]);
+        if (arg[o] != POOL_NO_GRAD) s = __fadd_rn(s, E::up(gy[o]));
     }
     part[threadIdx.x] = s;
     __syncthreads();
@@ -88,5 +106,27 @@ extern "C" __global__ void redline_bias_pool_relu_dbias_f32(const float *gy,
         if (threadIdx.x < half) part[threadIdx.x] = __fadd_rn(part[threadIdx.x], part[threadIdx.x + half]);
         __syncthreads();
     }
-    if (threadIdx.x == 0) db[ch] = part[0];
+    if (threadIdx.x == 0) db[ch] = E::down(part[0]);
 }
+
+#define REDLINE_POOL(SUFFIX, E)                                                                    \
+    extern "C" __global__ void redline_bias_pool_relu_##SUFFIX(                                    \
+        const E::T *conv, const E::T *bias, E::T *y, unsigned char *arg, unsigned int n,           \
+        unsigned int c, unsigned int h, unsigned int w, unsigned int k, unsigned int ph,           \
+        unsigned int pw) {                                                                         \
+        bias_pool_relu<E>(conv, bias, y, arg, n, c, h, w, k, ph, pw);                              \
+    }                                                                                              \
+    extern "C" __global__ void redline_bias_pool_relu_bwd_##SUFFIX(                                \
+        const E::T *gy, const unsigned char *arg, E::T *dconv, unsigned int n, unsigned int c,     \
+        unsigned int h, unsigned int w, unsigned int k, unsigned int ph, unsigned int pw) {        \
+        bias_pool_relu_bwd<E>(gy, arg, dconv, n, c, h, w, k, ph, pw);                              \
+    }                                                                                              \
+    extern "C" __global__ void redline_bias_pool_relu_dbias_##SUFFIX(                              \
+        const E::T *gy, const unsigned char *arg, E::T *db, unsigned int n, unsigned int c,        \
+        unsigned int ph, unsigned int pw) {                                                        \
+        bias_pool_relu_dbias<E>(gy, arg, db, n, c, ph, pw);                                        \
+    }
+
+REDLINE_POOL(f32, PoolF32)
+REDLINE_POOL(bf16, Pool16<Bf16Fmt>)
+REDLINE_POOL(f16, Pool16<F16Fmt>)

@@ -22,13 +22,13 @@
 use candle_core::{DType, Tensor};
 
 use crate::conv::{conv2d, conv2d_with};
-use crate::conv_block::pool_relu16;
+use crate::conv_block::{pool_relu16, pool_relu_with};
 use crate::error::Result;
 use crate::gemm_bf16::route;
 use crate::grad::{half_buffers, layer_buffers, Param, ParamBuffers};
 use crate::linear16::linear16;
 use crate::pool::max_pool2d;
-use crate::{conv2d_param, conv2d_pool_relu_param, linear_param};
+use crate::{conv2d_param, conv2d_pool_relu_param, linear, linear_param};
 
 /// `t` rounded to `dtype` and widened back to fp32 (a recorded op pair, so
 /// gradients flow through it, rounded the same way).
@@ -51,7 +51,8 @@ fn cpu16(x: &Tensor, w: &Param, b: &Param) -> Option<ParamBuffers> {
 }
 
 /// `y = x W^T + b` (ReLU'd when `relu`) in `dtype`: the fused kernel for an
-/// fp32 layer, else the cast operands' product.
+/// fp32 layer, else the cast operands' product (on a GPU with
+/// `--fused-kernels`, Redline's cuBLASLt layer in the 16-bit type).
 // (B, in) -> (B, out)
 pub fn linear_in(x: &Tensor, w: &Param, b: &Param, relu: bool, dtype: DType) -> Result<Tensor> {
     if dtype == DType::F32 && x.dtype() == DType::F32 && w.as_tensor().dtype() == DType::F32 {
@@ -66,8 +67,9 @@ pub fn linear_in(x: &Tensor, w: &Param, b: &Param, relu: bool, dtype: DType) -> 
         w.as_tensor().to_dtype(dtype)?,
         b.as_tensor().to_dtype(dtype)?,
     );
-    let y = x.matmul(&wt.t()?)?.broadcast_add(&bt)?;
-    Ok(if relu { y.relu()? } else { y })
+    // On a GPU with `--fused-kernels`: one cuBLASLt call with the bias and
+    // ReLU in its epilogue; else candle's matmul, add and ReLU.
+    linear(&x, &wt, &bt, relu)
 }
 
 /// A stride-1 convolution with bias, then (`pool_relu: Some(k)`) ReLU and a
@@ -120,11 +122,11 @@ pub fn conv2d_in(
         w.as_tensor().to_dtype(dtype)?,
         b.as_tensor().to_dtype(dtype)?,
     );
-    // On a GPU with `--fused-kernels`: the tensor-core implicit GEMMs.
-    let y = conv2d(&x, &wt, &bt, padding)?;
+    // On a GPU with `--fused-kernels`: the tensor-core implicit GEMMs (and
+    // one kernel for the bias, pooling and ReLU); else candle's ops.
     match pool_relu {
-        Some(k) => max_pool2d(&y.relu()?, k),
-        None => Ok(y),
+        Some(k) => Ok(pool_relu_with(&x, &wt, &bt, padding, k, None)?),
+        None => conv2d(&x, &wt, &bt, padding),
     }
 }
 

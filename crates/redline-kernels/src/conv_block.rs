@@ -77,11 +77,14 @@ pub(crate) fn pool_relu_with(
     if (1..16).contains(&k)
         && crate::fused_gpu::enabled()
         && x.device().is_cuda()
-        && [x, w, b]
-            .iter()
-            .all(|t| t.dtype() == candle_core::DType::F32)
+        && matches!(
+            x.dtype(),
+            candle_core::DType::F32 | candle_core::DType::BF16 | candle_core::DType::F16
+        )
+        && [w, b].iter().all(|t| t.dtype() == x.dtype())
     {
-        // The implicit-GEMM convolution, then bias, pooling and ReLU in one kernel.
+        // The implicit-GEMM convolution (16-bit: on tensor cores), then bias,
+        // pooling and ReLU in one kernel.
         let conv = crate::cuda::conv::conv2d(x, w, padding)?;
         return crate::cuda::pool::bias_pool_relu(&conv, b, k);
     }

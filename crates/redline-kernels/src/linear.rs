@@ -42,12 +42,12 @@ pub(crate) fn linear_with(
 ) -> Result<Tensor> {
     let cpu = fused_cpu(x) && fused_cpu(w) && fused_cpu(b);
     // Redline's cuBLASLt path where `--fused-kernels` turned it on.
+    // f32, or one 16-bit type (autocast's cast operands: tensor cores).
     let gpu = cfg!(feature = "cuda")
         && crate::fused_gpu::enabled()
         && x.device().is_cuda()
-        && [x, w, b]
-            .iter()
-            .all(|t| t.dtype() == candle_core::DType::F32)
+        && matches!(x.dtype(), DType::F32 | DType::BF16 | DType::F16)
+        && [w, b].iter().all(|t| t.dtype() == x.dtype())
         && [w, b].iter().all(|t| t.device().same_device(x.device()));
     if !cpu && !gpu {
         let y = x.matmul(&w.t()?)?.broadcast_add(b)?;

@@ -229,3 +229,151 @@ fn emulated_tensor_core_conv_matches_candle_on_16_bit_values() {
         }
     }
 }
+
+/// The 16-bit linear layer's backward kernel: the incoming gradient's bits
+/// where the ReLU passed (all of them without one), and the bias gradient
+/// summed in f32 in row order, rounded once to the format.
+#[test]
+fn emulated_16_bit_relu_mask_bias_grad_matches_a_reference() {
+    let (rows, cols) = (37usize, 150usize);
+    for fmt in [Fmt::Bf16, Fmt::F16] {
+        let (g, gv) = rounded(fmt, &values(rows * cols, 0.2));
+        let (y, yv) = rounded(fmt, &values(rows * cols, 1.7));
+        // The ReLU's output: zeros (some -0.0) where it blocked.
+        let y: Vec<u16> = y
+            .iter()
+            .zip(&yv)
+            .map(|(&b, &v)| if v > 0.0 { b } else { fmt.down(-0.0 * v.abs()) })
+            .collect();
+        for relu in [true, false] {
+            let mut dz = vec![fmt.nan(); rows * cols];
+            let mut db = vec![fmt.nan(); cols];
+            let py = if relu { y.as_ptr() } else { std::ptr::null() };
+            let (pg, pdz, pdb) = (g.as_ptr(), dz.as_mut_ptr(), db.as_mut_ptr());
+            let (r32, c32) = (rows as u32, cols as u32);
+            let mut args = [
+                arg(&pg),
+                arg(&py),
+                arg(&pdz),
+                arg(&pdb),
+                arg(&r32),
+                arg(&c32),
+            ];
+            launch(
+                &format!("redline_relu_mask_bias_grad_{}", fmt.suffix()),
+                ((cols as u32).div_ceil(128), 1, 1),
+                128,
+                &mut args,
+            );
+            let want: Vec<u16> = (0..rows * cols)
+                .map(|i| if relu && yv[i] <= 0.0 { 0 } else { g[i] })
+                .collect();
+            assert_eq!(dz, want, "{fmt:?} relu {relu}: dz");
+            let want_db: Vec<u16> = (0..cols)
+                .map(|j| {
+                    let s = (0..rows).fold(0f32, |s, r| {
+                        let i = r * cols + j;
+                        s + if relu && yv[i] <= 0.0 { 0.0 } else { gv[i] }
+                    });
+                    fmt.down(s)
+                })
+                .collect();
+            assert_eq!(db, want_db, "{fmt:?} relu {relu}: db");
+        }
+    }
+}
+
+/// The CNN block's bias + max-pool + ReLU kernel and its two backward
+/// kernels in 16 bits against candle's ops on the same values: the bias
+/// added in f32 and the sum rounded to the format (candle's 16-bit add),
+/// Redline's generic first-maximum pool and the ReLU, with tied windows
+/// (rounding ties often) and a row and column past the last window.
+#[test]
+fn emulated_16_bit_bias_pool_relu_matches_the_generic_ops() {
+    use redline_kernels::max_pool2d_generic;
+    for fmt in [Fmt::Bf16, Fmt::F16] {
+        for (n, c, h, w, k) in [(2usize, 3usize, 9usize, 7usize, 2usize), (3, 5, 6, 6, 3)] {
+            let case = format!("{fmt:?} ({n}, {c}, {h}, {w}), k {k}");
+            let (conv, conv_v) = rounded(
+                fmt,
+                &(0..n * c * h * w)
+                    .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0 + 0.01 * (i % 5) as f32)
+                    .collect::<Vec<f32>>(),
+            );
+            let (bias, bias_v) = rounded(
+                fmt,
+                &(0..c).map(|i| i as f32 * 0.25 - 0.3).collect::<Vec<f32>>(),
+            );
+            // conv + bias rounded to the format, as candle's 16-bit add.
+            let summed: Vec<f32> = conv_v
+                .iter()
+                .enumerate()
+                .map(|(i, v)| fmt.up(fmt.down(v + bias_v[(i / (h * w)) % c])))
+                .collect();
+            let sv = Var::from_tensor(&tensor(&summed, &[n, c, h, w])).unwrap();
+            let want = max_pool2d_generic(sv.as_tensor(), k)
+                .unwrap()
+                .relu()
+                .unwrap();
+            let (ph, pw) = (h / k, w / k);
+            let pooled = n * c * ph * pw;
+            let (gy, gy_v) = rounded(fmt, &values(pooled, 0.9));
+            let grads = (&want * tensor(&gy_v, want.dims()))
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let dims = [n, c, h, w, k, ph, pw].map(|v| v as u32);
+            let kernel = |name: &str| format!("redline_bias_pool_relu{name}_{}", fmt.suffix());
+
+            let mut y = vec![fmt.nan(); pooled];
+            let mut winner = vec![0u8; pooled];
+            let (px, pb, py, pa) = (
+                conv.as_ptr(),
+                bias.as_ptr(),
+                y.as_mut_ptr(),
+                winner.as_mut_ptr(),
+            );
+            let mut args = vec![arg(&px), arg(&pb), arg(&py), arg(&pa)];
+            args.extend(dims.iter().map(arg));
+            launch(&kernel(""), elementwise(pooled, 256), 256, &mut args);
+            let y: Vec<f32> = y.iter().map(|&b| fmt.up(b)).collect();
+            assert_eq!(y, flat(&want), "{case}: y");
+
+            let mut dconv = vec![fmt.nan(); conv.len()];
+            let (pg, pa, pd) = (gy.as_ptr(), winner.as_ptr(), dconv.as_mut_ptr());
+            let mut args = vec![arg(&pg), arg(&pa), arg(&pd)];
+            args.extend(dims.iter().map(arg));
+            launch(
+                &kernel("_bwd"),
+                elementwise(conv.len(), 256),
+                256,
+                &mut args,
+            );
+            let dconv: Vec<f32> = dconv.iter().map(|&b| fmt.up(b)).collect();
+            assert_eq!(
+                dconv,
+                flat(grads.get(sv.as_tensor()).unwrap()),
+                "{case}: dconv"
+            );
+
+            let mut db = vec![fmt.nan(); c];
+            let pd = db.as_mut_ptr();
+            let db_dims = [dims[0], dims[1], dims[5], dims[6]];
+            let mut args = vec![arg(&pg), arg(&pa), arg(&pd)];
+            args.extend(db_dims.iter().map(arg));
+            launch(&kernel("_dbias"), (c as u32, 1, 1), 256, &mut args);
+            // The bias gradient: the passed gradients summed (in f32, in
+            // another order than here), rounded once.
+            let sums = flat(&grads.get(sv.as_tensor()).unwrap().sum((0, 2, 3)).unwrap());
+            for (ch, (&b, s)) in db.iter().zip(&sums).enumerate() {
+                let got = fmt.up(b);
+                assert!(
+                    (got - s).abs() <= s.abs() * 2.0 * fmt.half_step() + 1e-6,
+                    "{case}: db[{ch}] {got} vs {s}"
+                );
+            }
+        }
+    }
+}

@@ -497,6 +497,39 @@ fn cuda_implicit_gemm_conv_matches_the_generic_path() {
     }
 }
 
+/// The 16-bit linear layer (one cuBLASLt call on tensor cores with the bias
+/// and ReLU in its epilogue; the mask kernel's 16-bit twin and two 16-bit
+/// GEMMs backward), bf16 and fp16 operands cast from f32 variables, against
+/// candle's 16-bit matmul, add and ReLU: output and the three gradients
+/// (through the casts, in f32) within about two steps of the format.
+#[test]
+fn cuda_16_bit_linear_matches_candles() {
+    use redline_kernels::linear;
+    let dev = gpu();
+    for (dtype, tol) in [(DType::BF16, 2e-2), (DType::F16, 4e-3)] {
+        for (batch, fan_in, fan_out, relu) in [
+            (64, 784, 128, true),
+            (64, 128, 10, false),
+            (512, 784, 128, true),
+            (3, 5, 7, true),
+        ] {
+            let var = |len: usize, s: f32, shape: &[usize]| var_of(len, s, shape, &dev);
+            let x = var(batch * fan_in, 0.5, &[batch, fan_in]);
+            let w = var(fan_out * fan_in, 1.5, &[fan_out, fan_in]);
+            let b = var(fan_out, 2.5, &[fan_out]);
+            let cast = |v: &Var| v.as_tensor().to_dtype(dtype).unwrap();
+            let forward = || {
+                linear(&cast(&x), &cast(&w), &cast(&b), relu)
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+            };
+            let case = format!("{dtype:?} ({batch}, {fan_in}, {fan_out}, relu {relu})");
+            assert_layer_matches(&case, &forward, [&x, &w, &b], tol);
+        }
+    }
+}
+
 /// The 16-bit convolution on tensor cores (`cuda/conv_mma.cu`, bf16 and
 /// fp16 operands cast from f32 variables) against candle's 16-bit
 /// convolution (im2col and cuBLAS): output and the gradients of input,
@@ -557,6 +590,37 @@ fn cuda_conv_pool_relu_block_matches_the_generic_path() {
             || conv2d_pool_relu(x.as_tensor(), w.as_tensor(), b.as_tensor(), 1, k).unwrap();
         let case = format!("({n}, {cin}, {hw}, {cout}, k {k})");
         assert_layer_matches(&case, &forward, [&x, &w, &b], 1e-5);
+    }
+}
+
+/// The 16-bit CNN block (tensor-core convolution, then the 16-bit bias +
+/// max pool + ReLU kernel) against candle's 16-bit convolution, add, max
+/// pool and ReLU, operands cast from f32 variables: output and gradients
+/// within about two steps of the format.
+#[test]
+fn cuda_16_bit_conv_pool_relu_block_matches_candles() {
+    use redline_kernels::conv2d_pool_relu;
+    let dev = gpu();
+    for (dtype, tol) in [(DType::BF16, 2e-2), (DType::F16, 4e-3)] {
+        for (n, cin, hw, cout, k) in [
+            (8usize, 3usize, 13usize, 5usize, 2usize),
+            (4, 32, 14, 64, 2),
+            (2, 2, 10, 3, 3),
+        ] {
+            let var = |len: usize, s: f32, shape: &[usize]| var_of(len, s, shape, &dev);
+            let x = var(n * cin * hw * hw, 0.7, &[n, cin, hw, hw]);
+            let w = var(cout * cin * 9, 1.9, &[cout, cin, 3, 3]);
+            let b = var(cout, 0.2, &[cout]);
+            let cast = |v: &Var| v.as_tensor().to_dtype(dtype).unwrap();
+            let forward = || {
+                conv2d_pool_relu(&cast(&x), &cast(&w), &cast(&b), 1, k)
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+            };
+            let case = format!("{dtype:?} ({n}, {cin}, {hw}, {cout}, k {k})");
+            assert_layer_matches(&case, &forward, [&x, &w, &b], tol);
+        }
     }
 }
 

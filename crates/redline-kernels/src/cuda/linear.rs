@@ -5,6 +5,13 @@
 //! and computed in full fp32 (`CUBLAS_COMPUTE_32F`, no TF32), as candle's
 //! and the goldens' are, unless `--matmul-precision high`
 //! ([`redline_core::MatmulPrecision`]) allows TF32 (`CUBLAS_COMPUTE_32F_FAST_TF32`).
+//!
+//! In a 16-bit type (bf16 or fp16 operands, `--precision bf16-mixed |
+//! 16-mixed | bf16-true`) the same three GEMMs run on tensor cores with f32
+//! sums (`CUBLAS_COMPUTE_32F`), each result rounded once to the 16-bit type,
+//! the bias added in the forward's epilogue before that rounding (as
+//! PyTorch's autocast `addmm` through cuBLASLt), and the mask kernel's twin
+//! sums the bias gradient in f32.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -16,7 +23,7 @@ use candle_core::cuda_backend::cudarc::driver::{
     CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::{CudaDevice, DeviceId};
-use candle_core::{bail, CudaStorage, Layout};
+use candle_core::{bail, CudaStorage, DType, Layout};
 
 use super::function;
 use crate::gemm_plan::{linear_forward, linear_input_grad, linear_weight_grad, Epilogue, GemmPlan};
@@ -24,8 +31,9 @@ use crate::gemm_plan::{linear_forward, linear_input_grad, linear_weight_grad, Ep
 /// cuBLASLt's workspace: 32 MiB, NVIDIA's recommendation for Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;
 
-/// A GEMM's plan, its operands' alignment (A, B, C) and whether TF32 is allowed.
-type PlanKey = (GemmPlan, [u32; 3], bool);
+/// A GEMM's plan, its operands' alignment (A, B, C), whether TF32 is
+/// allowed, and the operands' dtype.
+type PlanKey = (GemmPlan, [u32; 3], bool, DType);
 
 /// A cuBLASLt handle, its workspace, and the GEMMs planned on it so far.
 struct Lt {
@@ -113,8 +121,18 @@ fn alignment(address: u64) -> u32 {
     1 << address.trailing_zeros().min(8)
 }
 
-/// Descriptors for `plan` (f32 in, f32 out, `CUBLAS_COMPUTE_32F`, or
-/// `CUBLAS_COMPUTE_32F_FAST_TF32` when `tf32`) and
+/// cuBLASLt's name for a dtype the GEMMs take.
+fn data_type(dtype: DType) -> candle_core::Result<sys::cudaDataType_t> {
+    match dtype {
+        DType::F32 => Ok(sys::cudaDataType_t::CUDA_R_32F),
+        DType::BF16 => Ok(sys::cudaDataType_t::CUDA_R_16BF),
+        DType::F16 => Ok(sys::cudaDataType_t::CUDA_R_16F),
+        other => bail!("linear on the GPU: the fused layer takes f32, bf16 or f16, not {other:?}"),
+    }
+}
+
+/// Descriptors for `plan` (operands and result of `dtype`, f32 scale and
+/// sums: `CUBLAS_COMPUTE_32F`, or `CUBLAS_COMPUTE_32F_FAST_TF32` when `tf32`) and
 /// cuBLASLt's algorithm for them, for operands aligned to `align` bytes (A,
 /// B, C and D): a view into a larger buffer can start off cuBLASLt's default
 /// 256 bytes. A bias epilogue needs a bias address for the query; the call
@@ -123,11 +141,13 @@ fn prepare(
     lt_handle: sys::cublasLtHandle_t,
     plan: &GemmPlan,
     bias: Option<u64>,
-    align: [u32; 3],
-    tf32: bool,
+    (align, tf32, dtype): ([u32; 3], bool, DType),
 ) -> candle_core::Result<Prepared> {
     use sys::cublasLtMatmulDescAttributes_t as A;
+    // The scale (alpha, beta) is f32 for every dtype; the bias has the
+    // result's dtype (cuBLASLt's default).
     let f32t = sys::cudaDataType_t::CUDA_R_32F;
+    let operands = data_type(dtype)?;
     let compute = if tf32 {
         sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
     } else {
@@ -167,7 +187,7 @@ fn prepare(
         (br, bc, plan.ldb),
         (plan.m, plan.n, plan.ldc),
     ] {
-        let l = lt::create_matrix_layout(f32t, rows as u64, cols as u64, ld as i64)
+        let l = lt::create_matrix_layout(operands, rows as u64, cols as u64, ld as i64)
             .map_err(|e| err("matrix layout", e))?;
         p.layouts.push(l);
     }
@@ -212,14 +232,13 @@ fn prepare(
     Ok(p)
 }
 
-/// `C = epilogue(op(A) op(B) [+ bias])` on `dev`'s stream, all f32 device
-/// addresses as `plan` lays them out.
+/// `C = epilogue(op(A) op(B) [+ bias])` on `dev`'s stream, all device
+/// addresses of `dtype` values as `plan` lays them out.
 fn gemm(
     dev: &CudaDevice,
     plan: &GemmPlan,
-    a: u64,
-    b: u64,
-    c: u64,
+    dtype: DType,
+    (a, b, c): (u64, u64, u64),
     bias: Option<u64>,
 ) -> candle_core::Result<()> {
     let needs_bias = matches!(plan.epilogue, Epilogue::Bias | Epilogue::ReluBias);
@@ -229,11 +248,12 @@ fn gemm(
     let lt = handle(dev)?;
     let mut plans = lt.plans.lock().unwrap_or_else(PoisonError::into_inner);
     let align = [alignment(a), alignment(b), alignment(c)];
-    let tf32 = redline_core::matmul_precision().tf32();
-    let p = match plans.entry((*plan, align, tf32)) {
+    // TF32 rounds f32 operands; 16-bit ones are already narrower.
+    let tf32 = dtype == DType::F32 && redline_core::matmul_precision().tf32();
+    let p = match plans.entry((*plan, align, tf32, dtype)) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(e) => {
-            e.insert(prepare(lt.handle, plan, bias, align, tf32)?)
+            e.insert(prepare(lt.handle, plan, bias, (align, tf32, dtype))?)
         }
     };
     if let Some(bias) = bias {
@@ -250,8 +270,8 @@ fn gemm(
     let (w, _w_rec) = lt.workspace.device_ptr(&stream);
     let (alpha, beta) = (1f32, 0f32);
     let (la, lb, lc) = (p.layouts[0], p.layouts[1], p.layouts[2]);
-    // SAFETY: `a`, `b`, `c` (and the bias) address f32 buffers of the sizes
-    // `plan` describes, kept alive by the caller until the stream has run
+    // SAFETY: `a`, `b`, `c` (and the bias) address buffers of `dtype` of
+    // the sizes `plan` describes, kept alive by the caller until the stream has run
     // the call; the workspace is the handle's own.
     unsafe {
         lt::matmul(
@@ -276,17 +296,55 @@ fn gemm(
     .map_err(|e| err("cublasLtMatmul", e))
 }
 
-/// The address of the contiguous f32 data `s` and `l` describe.
+/// The address of the contiguous data `s` and `l` describe (f32, bf16 or f16).
 fn address(s: &CudaStorage, l: &Layout, what: &str) -> candle_core::Result<u64> {
     let Some((start, _)) = l.contiguous_offsets() else {
         bail!("linear on the GPU: {what} is not contiguous")
     };
     let stream = s.device().cuda_stream();
-    let (ptr, _rec) = s.as_cuda_slice::<f32>()?.device_ptr(&stream);
-    Ok(ptr + (start * std::mem::size_of::<f32>()) as u64)
+    let ptr = match s.dtype() {
+        DType::F32 => s.as_cuda_slice::<f32>()?.device_ptr(&stream).0,
+        DType::BF16 => s.as_cuda_slice::<half::bf16>()?.device_ptr(&stream).0,
+        DType::F16 => s.as_cuda_slice::<half::f16>()?.device_ptr(&stream).0,
+        other => {
+            data_type(other)?;
+            bail!("linear on the GPU: no layer for {other:?}")
+        }
+    };
+    Ok(ptr + (start * s.dtype().size_in_bytes()) as u64)
 }
 
-/// `y = x W^T + b`, ReLU when `relu`: one cuBLASLt call.
+/// A new buffer of `n` values of `dtype` on `dev` and its address; every
+/// value is to be written by the caller's kernels before it is read.
+fn alloc(dev: &CudaDevice, dtype: DType, n: usize) -> candle_core::Result<(CudaStorage, u64)> {
+    let stream = dev.cuda_stream();
+    // SAFETY (each arm): the callers write all `n` values before any read.
+    let (storage, ptr) = match dtype {
+        DType::F32 => {
+            let mut b = unsafe { dev.alloc::<f32>(n) }?;
+            let p = b.device_ptr_mut(&stream).0;
+            (CudaStorage::wrap_cuda_slice(b, dev.clone()), p)
+        }
+        DType::BF16 => {
+            let mut b = unsafe { dev.alloc::<half::bf16>(n) }?;
+            let p = b.device_ptr_mut(&stream).0;
+            (CudaStorage::wrap_cuda_slice(b, dev.clone()), p)
+        }
+        DType::F16 => {
+            let mut b = unsafe { dev.alloc::<half::f16>(n) }?;
+            let p = b.device_ptr_mut(&stream).0;
+            (CudaStorage::wrap_cuda_slice(b, dev.clone()), p)
+        }
+        other => {
+            data_type(other)?;
+            bail!("linear on the GPU: no layer for {other:?}")
+        }
+    };
+    Ok((storage, ptr))
+}
+
+/// `y = x W^T + b`, ReLU when `relu`: one cuBLASLt call, in the operands'
+/// dtype (one for all three).
 pub(crate) fn forward(
     x: (&CudaStorage, &Layout),
     w: (&CudaStorage, &Layout),
@@ -295,27 +353,39 @@ pub(crate) fn forward(
     relu: bool,
 ) -> candle_core::Result<CudaStorage> {
     let (batch, fan_in, fan_out) = dims;
+    let dtype = one_dtype(&[x.0, w.0, b.0])?;
     let plan = linear_forward(batch, fan_in, fan_out, relu)
         .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
     let dev = x.0.device().clone();
-    // SAFETY: written in full by the GEMM.
-    let mut y = unsafe { dev.alloc::<f32>(batch * fan_out) }?;
-    let stream = dev.cuda_stream();
-    let yp = y.device_ptr_mut(&stream).0;
+    let (y, yp) = alloc(&dev, dtype, batch * fan_out)?;
     gemm(
         &dev,
         &plan,
-        address(w.0, w.1, "the weight")?,
-        address(x.0, x.1, "the input")?,
-        yp,
+        dtype,
+        (
+            address(w.0, w.1, "the weight")?,
+            address(x.0, x.1, "the input")?,
+            yp,
+        ),
         Some(address(b.0, b.1, "the bias")?),
     )?;
-    Ok(CudaStorage::wrap_cuda_slice(y, dev))
+    Ok(y)
+}
+
+/// The one dtype of `operands`, or an error naming them.
+fn one_dtype(operands: &[&CudaStorage]) -> candle_core::Result<DType> {
+    let dtype = operands.first().map_or(DType::F32, |s| s.dtype());
+    if operands.iter().any(|s| s.dtype() != dtype) {
+        let all: Vec<DType> = operands.iter().map(|s| s.dtype()).collect();
+        bail!("linear on the GPU: operands of dtypes {all:?}; the fused layer takes one")
+    }
+    data_type(dtype)?;
+    Ok(dtype)
 }
 
 /// `[dW (out*in) | db (out) | dx (B*in) when input_grad]` from the incoming
 /// gradient `g (B, out)`, the input `x`, the weight `w` and, with ReLU, the
-/// forward's output `y`.
+/// forward's output `y`, in their dtype (one for all).
 pub(crate) fn backward(
     g: (&CudaStorage, &Layout),
     x: (&CudaStorage, &Layout),
@@ -325,6 +395,10 @@ pub(crate) fn backward(
     input_grad: bool,
 ) -> candle_core::Result<CudaStorage> {
     let (batch, fan_in, fan_out) = dims;
+    let mut operands = vec![g.0, x.0, w.0];
+    operands.extend(y.map(|(s, _)| s));
+    let dtype = one_dtype(&operands)?;
+    let size = dtype.size_in_bytes();
     let plan_err = |e: crate::Error| candle_core::Error::Msg(e.to_string());
     let dw_plan = linear_weight_grad(batch, fan_in, fan_out).map_err(plan_err)?;
     let dx_plan = linear_input_grad(batch, fan_in, fan_out).map_err(plan_err)?;
@@ -334,12 +408,10 @@ pub(crate) fn backward(
         fan_out * fan_in,
         if input_grad { batch * fan_in } else { 0 },
     );
-    // SAFETY: every element is written below (dW and dx by the GEMMs, db by
+    // Every element is written below (dW and dx by the GEMMs, db and dz by
     // the mask kernel).
-    let mut out = unsafe { dev.alloc::<f32>(nw + fan_out + dx_len) }?;
-    let mut dz = unsafe { dev.alloc::<f32>(batch * fan_out) }?;
-    let out_p = out.device_ptr_mut(&stream).0;
-    let dz_p = dz.device_ptr_mut(&stream).0;
+    let (out, out_p) = alloc(&dev, dtype, nw + fan_out + dx_len)?;
+    let (dz, dz_p) = alloc(&dev, dtype, batch * fan_out)?;
     let (gp, xp, wp) = (
         address(g.0, g.1, "the gradient")?,
         address(x.0, x.1, "the input")?,
@@ -349,12 +421,17 @@ pub(crate) fn backward(
         Some((s, l)) => address(s, l, "the layer output")?,
         None => 0,
     };
-    let db_p = out_p + (nw * 4) as u64;
+    let db_p = out_p + (nw * size) as u64;
     let (rows, cols) = (
         u32::try_from(batch).map_err(|e| err("batch", e))?,
         u32::try_from(fan_out).map_err(|e| err("outputs", e))?,
     );
-    let func = function(&dev, "redline_relu_mask_bias_grad_f32")
+    let suffix = match dtype {
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        _ => "f32",
+    };
+    let func = function(&dev, &format!("redline_relu_mask_bias_grad_{suffix}"))
         .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
     let mut l = stream.launch_builder(&func);
     l.arg(&gp)
@@ -369,19 +446,13 @@ pub(crate) fn backward(
         shared_mem_bytes: 0,
     };
     // SAFETY: pointer arguments as the kernel declares them: g, y (or 0), dz
-    // of rows*cols f32, db of cols f32.
+    // of rows*cols values, db of cols values, all of `dtype`.
     unsafe { l.launch(cfg) }.map_err(|e| err("mask and bias gradient", e))?;
-    gemm(&dev, &dw_plan, xp, dz_p, out_p, None)?;
+    gemm(&dev, &dw_plan, dtype, (xp, dz_p, out_p), None)?;
     if input_grad {
-        gemm(
-            &dev,
-            &dx_plan,
-            wp,
-            dz_p,
-            out_p + ((nw + fan_out) * 4) as u64,
-            None,
-        )?;
+        let dx_p = out_p + ((nw + fan_out) * size) as u64;
+        gemm(&dev, &dx_plan, dtype, (wp, dz_p, dx_p), None)?;
     }
     drop(dz);
-    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+    Ok(out)
 }

@@ -1,13 +1,15 @@
 //! The CNN block's bias, max pooling and ReLU on the GPU (`cuda/pool.cu`),
-//! after candle's convolution: one launch forward, two backward.
+//! after the implicit-GEMM convolution: one launch forward, two backward,
+//! in f32 or a 16-bit type (the conv output's and bias's one dtype).
 
 use std::sync::{Arc, Mutex};
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg,
+    CudaSlice, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
 };
-use candle_core::{bail, CudaStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+use candle_core::cuda_backend::CudaDType;
+use candle_core::{bail, CudaStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor};
 
 use super::function;
 
@@ -80,8 +82,19 @@ fn msg(e: impl std::fmt::Display) -> candle_core::Error {
     candle_core::Error::Msg(format!("bias+pool+relu on the GPU: {e}"))
 }
 
-/// `relu(max_pool2d(conv + bias, k))` of a CUDA f32 conv output `(N, C, H,
-/// W)` and bias `(C)`, with the backward of both.
+/// The kernels' name suffix for values of `dtype`.
+fn suffix(dtype: DType) -> candle_core::Result<&'static str> {
+    match dtype {
+        DType::F32 => Ok("f32"),
+        DType::BF16 => Ok("bf16"),
+        DType::F16 => Ok("f16"),
+        other => bail!("bias+pool+relu on the GPU: f32, bf16 or f16, not {other:?}"),
+    }
+}
+
+/// `relu(max_pool2d(conv + bias, k))` of a CUDA conv output `(N, C, H, W)`
+/// and bias `(C)` of one dtype (f32, bf16 or f16; in 16 bits the sum is
+/// rounded to the type before pooling), with the backward of both.
 pub(crate) fn bias_pool_relu(conv: &Tensor, bias: &Tensor, k: usize) -> crate::Result<Tensor> {
     let op = BiasPoolRelu {
         k,
@@ -94,6 +107,37 @@ struct BiasPoolRelu {
     k: usize,
     /// Per pooled value, the winner's `ky * k + kx` or 255 (set by the forward).
     argmax: Mutex<Option<Arc<CudaSlice<u8>>>>,
+}
+
+impl BiasPoolRelu {
+    /// The forward over a conv output and bias of element type `T`
+    /// (contiguous ranges `c` and `b` of their storage).
+    fn forward<T: CudaDType + DeviceRepr>(
+        &self,
+        s1: &CudaStorage,
+        (c0, c1): (usize, usize),
+        s2: &CudaStorage,
+        (b0, b1): (usize, usize),
+        d: &Dims,
+    ) -> candle_core::Result<CudaStorage> {
+        let dev = s1.device().clone();
+        let conv = s1.as_cuda_slice::<T>()?.slice(c0..c1);
+        let bias = s2.as_cuda_slice::<T>()?.slice(b0..b1);
+        // SAFETY: both are written in full by the kernel.
+        let mut y = unsafe { dev.alloc::<T>(d.pooled()) }?;
+        let mut arg = unsafe { dev.alloc::<u8>(d.pooled()) }?;
+        let name = format!("redline_bias_pool_relu_{}", suffix(s1.dtype())?);
+        let func = function(&dev, &name).map_err(msg)?;
+        let stream = dev.cuda_stream();
+        let mut b = stream.launch_builder(&func);
+        b.arg(&conv).arg(&bias).arg(&mut y).arg(&mut arg);
+        d.push_all(&mut b);
+        // SAFETY: the kernel's arguments in order; `conv` holds N*C*H*W
+        // values of T, `bias` C, `y` and `arg` one per pooled value.
+        unsafe { b.launch(grid(d.pooled())) }.map_err(msg)?;
+        crate::slices::keep(&self.argmax, Arc::new(arg));
+        Ok(CudaStorage::wrap_cuda_slice(y, dev))
+    }
 }
 
 impl CustomOp2 for BiasPoolRelu {
@@ -126,23 +170,21 @@ impl CustomOp2 for BiasPoolRelu {
         else {
             bail!("bias+pool+relu: the inputs must be contiguous")
         };
-        let dev = s1.device().clone();
-        let conv = s1.as_cuda_slice::<f32>()?.slice(c0..c1);
-        let bias = s2.as_cuda_slice::<f32>()?.slice(b0..b1);
-        // SAFETY: both are written in full by the kernel.
-        let mut y = unsafe { dev.alloc::<f32>(d.pooled()) }?;
-        let mut arg = unsafe { dev.alloc::<u8>(d.pooled()) }?;
-        let func = function(&dev, "redline_bias_pool_relu_f32").map_err(msg)?;
-        let stream = dev.cuda_stream();
-        let mut b = stream.launch_builder(&func);
-        b.arg(&conv).arg(&bias).arg(&mut y).arg(&mut arg);
-        d.push_all(&mut b);
-        // SAFETY: the kernel's arguments in order; `conv` holds N*C*H*W f32,
-        // `bias` C, `y` and `arg` one per pooled value.
-        unsafe { b.launch(grid(d.pooled())) }.map_err(msg)?;
-        crate::slices::keep(&self.argmax, Arc::new(arg));
+        if s1.dtype() != s2.dtype() {
+            bail!(
+                "bias+pool+relu: the conv output is {:?} and the bias {:?}",
+                s1.dtype(),
+                s2.dtype()
+            )
+        }
+        let y = match s1.dtype() {
+            DType::F32 => self.forward::<f32>(s1, (c0, c1), s2, (b0, b1), &d)?,
+            DType::BF16 => self.forward::<half::bf16>(s1, (c0, c1), s2, (b0, b1), &d)?,
+            DType::F16 => self.forward::<half::f16>(s1, (c0, c1), s2, (b0, b1), &d)?,
+            other => bail!("bias+pool+relu on the GPU: f32, bf16 or f16, not {other:?}"),
+        };
         let shape = Shape::from((d.n as usize, d.c as usize, d.ph as usize, d.pw as usize));
-        Ok((CudaStorage::wrap_cuda_slice(y, dev), shape))
+        Ok((y, shape))
     }
 
     fn bwd(
@@ -195,15 +237,34 @@ impl CustomOp1 for BiasPoolReluBwd {
                 d.pooled()
             )
         }
+        match s.dtype() {
+            DType::F32 => self.backward::<f32>(s, (g0, g1)),
+            DType::BF16 => self.backward::<half::bf16>(s, (g0, g1)),
+            DType::F16 => self.backward::<half::f16>(s, (g0, g1)),
+            other => bail!("bias+pool+relu backward on the GPU: f32, bf16 or f16, not {other:?}"),
+        }
+    }
+}
+
+impl BiasPoolReluBwd {
+    /// `[d(conv) | d(bias)]` of element type `T` from the gradient in the
+    /// contiguous range `g` of `s`.
+    fn backward<T: CudaDType + DeviceRepr>(
+        &self,
+        s: &CudaStorage,
+        (g0, g1): (usize, usize),
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        let d = self.d;
         let dev = s.device().clone();
-        let gy = s.as_cuda_slice::<f32>()?.slice(g0..g1);
+        let gy = s.as_cuda_slice::<T>()?.slice(g0..g1);
+        let sfx = suffix(s.dtype())?;
         let total = d.conv() + d.c as usize;
         // SAFETY: d(conv) is written in full by the first kernel, d(bias) by the second.
-        let mut out = unsafe { dev.alloc::<f32>(total) }?;
+        let mut out = unsafe { dev.alloc::<T>(total) }?;
         let stream = dev.cuda_stream();
         {
             let mut dconv = out.slice_mut(0..d.conv());
-            let func = function(&dev, "redline_bias_pool_relu_bwd_f32").map_err(msg)?;
+            let func = function(&dev, &format!("redline_bias_pool_relu_bwd_{sfx}")).map_err(msg)?;
             let mut b = stream.launch_builder(&func);
             b.arg(&gy).arg(self.argmax.as_ref()).arg(&mut dconv);
             d.push_all(&mut b);
@@ -212,7 +273,8 @@ impl CustomOp1 for BiasPoolReluBwd {
         }
         {
             let mut db = out.slice_mut(d.conv()..total);
-            let func = function(&dev, "redline_bias_pool_relu_dbias_f32").map_err(msg)?;
+            let func =
+                function(&dev, &format!("redline_bias_pool_relu_dbias_{sfx}")).map_err(msg)?;
             let mut b = stream.launch_builder(&func);
             b.arg(&gy).arg(self.argmax.as_ref()).arg(&mut db);
             b.arg(&d.n).arg(&d.c).arg(&d.ph).arg(&d.pw);

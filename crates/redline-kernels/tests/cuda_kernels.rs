@@ -497,6 +497,81 @@ fn cuda_implicit_gemm_conv_matches_the_generic_path() {
     }
 }
 
+/// `--matmul-precision high` reaches the fused convolution: its TF32
+/// tensor-core kernels (`cuda/conv_mma.cu`) against a float64 convolution
+/// of the same values, TF32's error in the forward and both gradients, and
+/// the f32 kernels' before and after.
+#[test]
+fn cuda_matmul_precision_reaches_the_conv_kernels() {
+    use redline_core::{set_matmul_precision, MatmulPrecision};
+    use redline_kernels::{conv2d, fused_gpu};
+    let dev = gpu();
+    let (n, cin, hw, cout) = (16usize, 32usize, 14usize, 64usize);
+    let host = |v: Vec<f32>, shape: &[usize]| Tensor::from_vec(v, shape, &Device::Cpu).unwrap();
+    let x = host(uniform(n * cin * hw * hw, 4), &[n, cin, hw, hw]);
+    let w = host(uniform(cout * cin * 9, 5), &[cout, cin, 3, 3]);
+    let gy = host(uniform(n * cout * hw * hw, 7), &[n, cout, hw, hw]);
+    let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+    // Reference: float64 on the CPU (output, dx, dW).
+    let (xv, wv) = (
+        Var::from_tensor(&f64s(&x)).unwrap(),
+        Var::from_tensor(&f64s(&w)).unwrap(),
+    );
+    let y64 = xv.as_tensor().conv2d(wv.as_tensor(), 1, 1, 1, 1).unwrap();
+    let g64 = (&y64 * f64s(&gy))
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let want = [
+        y64.clone(),
+        g64.get(xv.as_tensor()).unwrap().clone(),
+        g64.get(wv.as_tensor()).unwrap().clone(),
+    ];
+    let run = || {
+        let xg = Var::from_tensor(&x.to_device(&dev).unwrap()).unwrap();
+        let wg = Var::from_tensor(&w.to_device(&dev).unwrap()).unwrap();
+        let zero = Tensor::zeros(cout, DType::F32, &dev).unwrap();
+        fused_gpu::set_enabled(true);
+        let y = conv2d(xg.as_tensor(), wg.as_tensor(), &zero, 1).unwrap();
+        let grads = (&y * gy.to_device(&dev).unwrap())
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        fused_gpu::set_enabled(false);
+        let got = [
+            y,
+            grads.get(xg.as_tensor()).unwrap().clone(),
+            grads.get(wg.as_tensor()).unwrap().clone(),
+        ];
+        let mut worst = 0f64;
+        for (g, e) in got.iter().zip(&want) {
+            let g = f64s(&g.to_device(&Device::Cpu).unwrap());
+            let scale = e
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap();
+            let d = (g - e).unwrap().abs().unwrap().max_all().unwrap();
+            worst = worst.max(d.to_scalar::<f64>().unwrap() / scale);
+        }
+        worst
+    };
+    let exact = run();
+    set_matmul_precision(MatmulPrecision::High);
+    let tf32 = run();
+    set_matmul_precision(MatmulPrecision::Highest);
+    let again = run();
+    eprintln!("conv: fp32 {exact:.2e}, TF32 {tf32:.2e}, fp32 again {again:.2e}");
+    assert!(exact < 5e-6 && again < 5e-6, "fp32 {exact:e}, {again:e}");
+    assert!((2e-5..1e-2).contains(&tf32), "TF32 {tf32:e}");
+}
+
 /// The 16-bit linear layer (one cuBLASLt call on tensor cores with the bias
 /// and ReLU in its epilogue; the mask kernel's 16-bit twin and two 16-bit
 /// GEMMs backward), bf16 and fp16 operands cast from f32 variables, against

@@ -63,6 +63,9 @@ const Entry KERNELS[] = {
     EMU_KERNEL(redline_conv_dx_f16),
     EMU_KERNEL(redline_conv_dw_f16),
     EMU_KERNEL(redline_sum_splits_f16),
+    EMU_KERNEL(redline_conv_fwd_tf32),
+    EMU_KERNEL(redline_conv_dx_tf32),
+    EMU_KERNEL(redline_conv_dw_tf32),
 };
 
 }  // namespace

@@ -10,7 +10,8 @@
 //! take the tensor-core kernels of `cuda/conv_mma.cu`: the same grids,
 //! products summed in f32, each output rounded to the 16-bit type once; the
 //! weight gradient's splits always write f32 partial sums, which the split
-//! sum adds in order and rounds.
+//! sum adds in order and rounds. f32 operands take that file's TF32 kernels
+//! under `--matmul-precision high`.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -29,12 +30,13 @@ fn msg(e: impl std::fmt::Display) -> candle_core::Error {
 /// Kernel `name`, with what a build for a GPU before sm_80 lacks said.
 fn load_kernel(dev: &CudaDevice, name: &str) -> candle_core::Result<CudaFunction> {
     function(dev, name).map_err(|e| {
-        if name.ends_with("16") {
+        if name.ends_with("16") || name.ends_with("tf32") {
             msg(format!(
-                "{e}: the 16-bit convolution kernels use tensor-core instructions of compute \
+                "{e}: the 16-bit and TF32 convolution kernels use tensor-core instructions of compute \
                  capability 8.0 and newer, and this build's kernels were compiled for an older \
                  GPU (CUDA_COMPUTE_CAP)\nHINT: rebuild with CUDA_COMPUTE_CAP=80 or higher on \
-                 such a GPU, or run with --fused-kernels off (candle's convolution)"
+                 such a GPU, or run with --fused-kernels off (candle's convolution) or \
+                 --matmul-precision highest (the f32 kernels)"
             ))
         } else {
             msg(e)
@@ -42,9 +44,13 @@ fn load_kernel(dev: &CudaDevice, name: &str) -> candle_core::Result<CudaFunction
     })
 }
 
-/// The kernels' name suffix and block size for operands of `dtype`.
+/// The kernels' name suffix and block size for operands of `dtype`: f32
+/// takes the TF32 tensor-core kernels where `--matmul-precision high`
+/// allows TF32 products ([`redline_core::matmul_precision`]), as cuBLASLt's
+/// linear layer and PyTorch's default cuDNN convolutions do.
 fn kernels_for(dtype: DType) -> candle_core::Result<(&'static str, u32)> {
     match dtype {
+        DType::F32 if redline_core::matmul_precision().tf32() => Ok(("tf32", MMA_THREADS)),
         DType::F32 => Ok(("f32", THREADS)),
         DType::BF16 => Ok(("bf16", MMA_THREADS)),
         DType::F16 => Ok(("f16", MMA_THREADS)),
@@ -293,7 +299,9 @@ fn weight_grad<T: CudaDType + DeviceRepr + WithDType>(
     // SAFETY: split z writes all count values of partial[z].
     let mut partial = unsafe { dev.alloc::<f32>(splits as usize * count) }?;
     launch::<T, f32>(dev, (&kernel, threads), a, b, &mut partial, d, chunk, grid)?;
-    let func = load_kernel(dev, &format!("redline_sum_splits_{suffix}"))?;
+    // TF32's partial sums are f32's.
+    let sum = if suffix == "tf32" { "f32" } else { suffix };
+    let func = load_kernel(dev, &format!("redline_sum_splits_{sum}"))?;
     let stream = dev.cuda_stream();
     let count32 = u32::try_from(count).map_err(msg)?;
     let mut builder = stream.launch_builder(&func);

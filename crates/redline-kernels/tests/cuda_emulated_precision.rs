@@ -1,16 +1,17 @@
-//! The 16-bit convolution kernels (`cuda/conv_mma.cu`: bf16 and fp16 on
-//! tensor cores, `mma.sync.m16n8k16`) and the 16-bit conversions they store
-//! with (`cuda/half16.cu`), run on the CPU by the CUDA emulator (see
-//! `emulated/mod.rs`) with the grids `src/cuda/conv.rs` launches: the
-//! conversions bit for bit against the `half` crate (candle's), the
-//! convolution's three passes against candle's f32 convolution of the same
-//! 16-bit values, each output within one rounding to the format.
+//! The reduced-precision kernels, run on the CPU by the CUDA emulator (see
+//! `emulated/mod.rs`) with the grids `src/cuda/*.rs` launch: the
+//! tensor-core convolutions (`cuda/conv_mma.cu`: bf16 and fp16 by
+//! `mma.sync.m16n8k16`, TF32 by `m16n8k8`), the 16-bit conversions the
+//! kernels store with (`cuda/half16.cu`) bit for bit against the `half`
+//! crate (candle's), and the 16-bit twins of the linear layer's mask kernel
+//! and the CNN block's bias + pool + ReLU. Each against candle's f32 ops on
+//! the same (rounded) values.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod emulated;
 
 use candle_core::Var;
-use emulated::{arg, elementwise, flat, launch, tensor, values};
+use emulated::{arg, elementwise, flat, launch, max_rel, tensor, values};
 use redline_kernels::conv_igemm::{ConvDims, MMA_THREADS};
 
 /// A 16-bit format as the kernels name it, and its conversions.
@@ -375,5 +376,101 @@ fn emulated_16_bit_bias_pool_relu_matches_the_generic_ops() {
                 );
             }
         }
+    }
+}
+
+/// `v` rounded to TF32 as `cvt.rna.tf32.f32` rounds (nearest, ties away
+/// from zero; 10 mantissa bits).
+fn tf32(v: f32) -> f32 {
+    f32::from_bits((v.to_bits() + 0x1000) & 0xffff_e000)
+}
+
+/// The TF32 convolution (`--matmul-precision high`): the kernels round their
+/// f32 operands to TF32 and sum exact products in f32, so each pass matches
+/// candle's f32 convolution of the TF32-rounded values within f32 summation
+/// error, and differs from the unrounded convolution by TF32's rounding.
+#[test]
+fn emulated_tf32_conv_matches_candle_on_tf32_values() {
+    for (x_dims, w_dims, pad) in [
+        ([2usize, 3, 7, 6], [4usize, 3, 3, 3], 1usize),
+        ([2, 70, 5, 5], [65, 70, 3, 3], 1),
+        ([16, 8, 14, 14], [16, 8, 3, 3], 1),
+    ] {
+        let d = ConvDims::new(&x_dims, &w_dims, pad).unwrap();
+        let case = format!("{x_dims:?} {w_dims:?} pad {pad}");
+        // Values with all 23 mantissa bits in use, so TF32 rounds them.
+        let xs: Vec<f32> = values(x_dims.iter().product(), 0.3)
+            .iter()
+            .map(|v| v * 1.000_123_4)
+            .collect();
+        let ws = values(w_dims.iter().product(), 1.1);
+        let round = |v: &[f32]| v.iter().map(|&x| tf32(x)).collect::<Vec<f32>>();
+        let x = Var::from_tensor(&tensor(&round(&xs), &x_dims)).unwrap();
+        let w = Var::from_tensor(&tensor(&round(&ws), &w_dims)).unwrap();
+        let y = x.as_tensor().conv2d(w.as_tensor(), pad, 1, 1, 1).unwrap();
+        let gy = values(y.elem_count(), 2.3);
+        let grads = (&y * tensor(&round(&gy), y.dims()))
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let sizes = [d.n, d.cin, d.h, d.w, d.cout, d.kh, d.kw, d.pad].map(|v| v as u32);
+        let run = |kernel: &str, a: &[f32], b: &[f32], len: usize, grid, extra: Option<u32>| {
+            let mut out = vec![f32::NAN; len];
+            let (pa, pb, po) = (a.as_ptr(), b.as_ptr(), out.as_mut_ptr());
+            let mut args = vec![arg(&pa), arg(&pb), arg(&po)];
+            args.extend(sizes.iter().map(arg));
+            if let Some(e) = extra.as_ref() {
+                args.push(arg(e));
+            }
+            launch(kernel, grid, MMA_THREADS, &mut args);
+            out
+        };
+        let ours = run(
+            "redline_conv_fwd_tf32",
+            &xs,
+            &ws,
+            y.elem_count(),
+            d.fwd_grid(),
+            None,
+        );
+        let r = max_rel(&ours, &flat(&y));
+        assert!(r < 1e-5, "{case}: y {r:e}");
+        // The unrounded operands' convolution is further off: TF32 rounded them.
+        let exact = tensor(&xs, &x_dims)
+            .conv2d(&tensor(&ws, &w_dims), pad, 1, 1, 1)
+            .unwrap();
+        let off = max_rel(&ours, &flat(&exact));
+        assert!(off > 1e-5, "{case}: y is the unrounded product ({off:e})");
+        let dx = run(
+            "redline_conv_dx_tf32",
+            &gy,
+            &ws,
+            xs.len(),
+            d.dx_grid(),
+            None,
+        );
+        let r = max_rel(&dx, &flat(grads.get(x.as_tensor()).unwrap()));
+        assert!(r < 1e-5, "{case}: dx {r:e}");
+        let (grid, chunk) = d.dw_plan();
+        let partial = run(
+            "redline_conv_dw_tf32",
+            &gy,
+            &xs,
+            grid.2 as usize * ws.len(),
+            grid,
+            Some(chunk as u32),
+        );
+        let mut dw = vec![f32::NAN; ws.len()];
+        let (pp, pd, s, c) = (partial.as_ptr(), dw.as_mut_ptr(), grid.2, ws.len() as u32);
+        launch(
+            "redline_sum_splits_f32",
+            elementwise(ws.len(), 256),
+            256,
+            &mut [arg(&pp), arg(&pd), arg(&s), arg(&c)],
+        );
+        let r = max_rel(&dw, &flat(grads.get(w.as_tensor()).unwrap()));
+        assert!(r < 1e-5, "{case}: dw over {} splits {r:e}", grid.2);
     }
 }

@@ -59,17 +59,6 @@ __device__ __forceinline__ T ig_input(const T *x, const ConvDims &d, unsigned in
     return x[(((unsigned long long)b * d.cin + ci) * d.h + iy) * d.w + ix];
 }
 
-// How an output element is stored: as f32, or rounded to a 16-bit format.
-struct StoreF32 {
-    typedef float T;
-    __device__ static float store(float v) { return v; }
-};
-template <class Fmt>
-struct Store16 {
-    typedef unsigned short T;
-    __device__ static unsigned short store(float v) { return Fmt::down(v); }
-};
-
 // Forward. A(m, k): m = (b, oy, ox), k = (ci, ky, kx): the input patch.
 template <class T>
 struct FwdA {
@@ -95,7 +84,7 @@ struct FwdC {
     ConvDims d;
     __device__ void operator()(unsigned int m, unsigned int n, float v) const {
         Split3 p = split3(m, d.ow, d.oh);
-        y[(((unsigned long long)p.outer * d.cout + n) * d.oh + p.mid) * d.ow + p.in] = S::store(v);
+        y[(((unsigned long long)p.outer * d.cout + n) * d.oh + p.mid) * d.ow + p.in] = S::down(v);
     }
 };
 
@@ -129,7 +118,7 @@ struct DxC {
     ConvDims d;
     __device__ void operator()(unsigned int m, unsigned int n, float v) const {
         Split3 p = split3(m, d.w, d.h);
-        dx[(((unsigned long long)p.outer * d.cin + n) * d.h + p.mid) * d.w + p.in] = S::store(v);
+        dx[(((unsigned long long)p.outer * d.cin + n) * d.h + p.mid) * d.w + p.in] = S::down(v);
     }
 };
 
@@ -217,7 +206,7 @@ extern "C" __global__ void redline_conv_fwd_f32(const float *x, const float *wt,
                                                 unsigned int w, unsigned int cout, unsigned int kh,
                                                 unsigned int kw, unsigned int pad) {
     ConvDims d = conv_dims(n, cin, h, w, cout, kh, kw, pad);
-    ig_tile(FwdA<float>{x, d}, FwdB<float>{wt, d}, FwdC<StoreF32>{y, d}, d.n * d.oh * d.ow, d.cout, 0,
+    ig_tile(FwdA<float>{x, d}, FwdB<float>{wt, d}, FwdC<ElemF32>{y, d}, d.n * d.oh * d.ow, d.cout, 0,
             d.cin * d.kh * d.kw);
 }
 
@@ -227,7 +216,7 @@ extern "C" __global__ void redline_conv_dx_f32(const float *dy, const float *wt,
                                                unsigned int w, unsigned int cout, unsigned int kh,
                                                unsigned int kw, unsigned int pad) {
     ConvDims d = conv_dims(n, cin, h, w, cout, kh, kw, pad);
-    ig_tile(DxA<float>{dy, d}, DxB<float>{wt, d}, DxC<StoreF32>{dx, d}, d.n * d.h * d.w, d.cin, 0, d.cout * d.kh * d.kw);
+    ig_tile(DxA<float>{dy, d}, DxB<float>{wt, d}, DxC<ElemF32>{dx, d}, d.n * d.h * d.w, d.cin, 0, d.cout * d.kh * d.kw);
 }
 
 // Grid (ceil(Cout / 64), ceil(Cin*kh*kw / 64), splits), 256 threads: split z

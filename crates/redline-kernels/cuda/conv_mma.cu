@@ -256,7 +256,7 @@ __device__ void mma_tile(const A &a, const B &b, const C &c, unsigned int rows, 
 }
 
 // The kernels of one operand type: conv.cu's three passes (E: the element
-// type in memory, P: the operands' policy, O: how outputs are stored). Grids
+// type in memory, P: the operands' policy, O: the outputs' element type). Grids
 // as conv.cu's (src/conv_igemm.rs), 128 threads.
 #define REDLINE_CONV_MMA(SUFFIX, E, P, O)                                                          \
     extern "C" __global__ void redline_conv_fwd_##SUFFIX(                                          \
@@ -299,9 +299,9 @@ __device__ void mma_tile(const A &a, const B &b, const C &c, unsigned int rows, 
         }                                                                                          \
     }
 
-REDLINE_CONV_MMA(bf16, unsigned short, Operands16<Bf16Fmt>, Store16<Bf16Fmt>)
-REDLINE_CONV_MMA(f16, unsigned short, Operands16<F16Fmt>, Store16<F16Fmt>)
-REDLINE_CONV_MMA(tf32, float, OperandsTf32, StoreF32)
+REDLINE_CONV_MMA(bf16, unsigned short, Operands16<Bf16Fmt>, Elem16<Bf16Fmt>)
+REDLINE_CONV_MMA(f16, unsigned short, Operands16<F16Fmt>, Elem16<F16Fmt>)
+REDLINE_CONV_MMA(tf32, float, OperandsTf32, ElemF32)
 REDLINE_SUM_SPLITS_16(bf16, Bf16Fmt)
 REDLINE_SUM_SPLITS_16(f16, F16Fmt)
 

@@ -58,3 +58,19 @@ struct F16Fmt {
     __device__ static float up(unsigned short x) { return f16_up(x); }
     __device__ static unsigned short down(float x) { return f16_down(x); }
 };
+
+// A kernel's element type in memory, as a type: f32, or a 16-bit format's
+// bits, with the widening to f32 (exact) and the rounding back. For f32
+// both are the identity, so a kernel written over this is, for f32, the
+// same arithmetic as one written on floats.
+struct ElemF32 {
+    typedef float T;
+    __device__ static float up(float v) { return v; }
+    __device__ static float down(float v) { return v; }
+};
+template <class Fmt>
+struct Elem16 {
+    typedef unsigned short T;
+    __device__ static float up(unsigned short v) { return Fmt::up(v); }
+    __device__ static unsigned short down(float v) { return Fmt::down(v); }
+};

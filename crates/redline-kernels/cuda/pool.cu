@@ -9,23 +9,11 @@
 
 #define POOL_NO_GRAD 255
 
-// The element type of a variant: f32, or a 16-bit format's bits (bf16-mixed,
+// Each kernel in f32 and in 16 bits (half16.cu's ElemF32, Elem16: bf16-mixed,
 // 16-mixed, bf16-true after cuda/conv_mma.cu's convolution). A 16-bit
 // variant adds the bias in f32 and rounds the sum once (candle's 16-bit
 // add, which the generic path takes), pools and passes the 16-bit values,
-// and sums the bias gradient in f32, rounded once. For f32 every conversion
-// is the identity, so the f32 kernels are the same arithmetic as before.
-struct PoolF32 {
-    typedef float T;
-    __device__ static float up(float v) { return v; }
-    __device__ static float down(float v) { return v; }
-};
-template <class Fmt>
-struct Pool16 {
-    typedef unsigned short T;
-    __device__ static float up(unsigned short v) { return Fmt::up(v); }
-    __device__ static unsigned short down(float v) { return Fmt::down(v); }
-};
+// and sums the bias gradient in f32, rounded once.
 
 // One thread per pooled value (n, c, py, px) of `y (N, C, PH, PW)`.
 template <class E>
@@ -127,6 +115,6 @@ __device__ void bias_pool_relu_dbias(const typename E::T *gy, const unsigned cha
         bias_pool_relu_dbias<E>(gy, arg, db, n, c, ph, pw);                                        \
     }
 
-REDLINE_POOL(f32, PoolF32)
-REDLINE_POOL(bf16, Pool16<Bf16Fmt>)
-REDLINE_POOL(f16, Pool16<F16Fmt>)
+REDLINE_POOL(f32, ElemF32)
+REDLINE_POOL(bf16, Elem16<Bf16Fmt>)
+REDLINE_POOL(f16, Elem16<F16Fmt>)

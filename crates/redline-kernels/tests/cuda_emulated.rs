@@ -13,7 +13,7 @@ mod emulated;
 use std::ffi::CString;
 
 use candle_core::{Device, Tensor, Var};
-use emulated::{arg, elementwise, emulator, flat, launch, max_rel, tensor, values};
+use emulated::{arg, elementwise, emulator, flat, launch, max_rel, tensor, values, ConvPass};
 use redline_kernels::conv_igemm::{ConvDims, THREADS};
 use redline_kernels::max_pool2d_generic;
 
@@ -42,17 +42,14 @@ fn emulated_implicit_gemm_conv_matches_candle() {
             .unwrap()
             .backward()
             .unwrap();
-        let sizes = [d.n, d.cin, d.h, d.w, d.cout, d.kh, d.kw, d.pad].map(|v| v as u32);
-        let run = |kernel: &str, a: &[f32], b: &[f32], len: usize, grid, extra: Option<u32>| {
-            let mut out = vec![f32::NAN; len];
-            let (pa, pb, po) = (a.as_ptr(), b.as_ptr(), out.as_mut_ptr());
-            let mut args = vec![arg(&pa), arg(&pb), arg(&po)];
-            args.extend(sizes.iter().map(arg));
-            if let Some(e) = extra.as_ref() {
-                args.push(arg(e));
-            }
-            launch(kernel, grid, THREADS, &mut args);
-            out
+        let run = |kernel: &str, a: &[f32], b: &[f32], len: usize, grid, chunk: Option<u32>| {
+            let pass = ConvPass {
+                kernel,
+                grid,
+                threads: THREADS,
+                chunk,
+            };
+            pass.run(&d, (a, b), f32::NAN, len)
         };
         let ours = run(
             "redline_conv_fwd_f32",

@@ -11,7 +11,7 @@
 mod emulated;
 
 use candle_core::Var;
-use emulated::{arg, elementwise, flat, launch, max_rel, tensor, values};
+use emulated::{arg, elementwise, flat, launch, max_rel, tensor, values, ConvPass};
 use redline_kernels::conv_igemm::{ConvDims, MMA_THREADS};
 
 /// A 16-bit format as the kernels name it, and its conversions.
@@ -172,14 +172,14 @@ fn emulated_tensor_core_conv_matches_candle_on_16_bit_values() {
                 .unwrap()
                 .backward()
                 .unwrap();
-            let sizes = [d.n, d.cin, d.h, d.w, d.cout, d.kh, d.kw, d.pad].map(|v| v as u32);
-            let run16 = |pass: &str, a: &[u16], b: &[u16], len: usize, grid| {
-                let mut out = vec![fmt.nan(); len];
-                let (pa, pb, po) = (a.as_ptr(), b.as_ptr(), out.as_mut_ptr());
-                let mut args = vec![arg(&pa), arg(&pb), arg(&po)];
-                args.extend(sizes.iter().map(arg));
-                let kernel = format!("redline_conv_{pass}_{}", fmt.suffix());
-                launch(&kernel, grid, MMA_THREADS, &mut args);
+            let run16 = |name: &str, a: &[u16], b: &[u16], len: usize, grid| {
+                let pass = ConvPass {
+                    kernel: &format!("redline_conv_{name}_{}", fmt.suffix()),
+                    grid,
+                    threads: MMA_THREADS,
+                    chunk: None,
+                };
+                let out = pass.run(&d, (a, b), fmt.nan(), len);
                 out.iter().map(|&b| fmt.up(b)).collect::<Vec<f32>>()
             };
             let check = |what: &str, ours: &[f32], want: &[f32]| {
@@ -206,18 +206,13 @@ fn emulated_tensor_core_conv_matches_candle_on_16_bit_values() {
             check("dx", &dx, &flat(grads.get(x.as_tensor()).unwrap()));
 
             let (grid, chunk) = d.dw_plan();
-            let mut partial = vec![f32::NAN; grid.2 as usize * ws.len()];
-            let (pa, pb, po) = (gb.as_ptr(), xb.as_ptr(), partial.as_mut_ptr());
-            let chunk = chunk as u32;
-            let mut args = vec![arg(&pa), arg(&pb), arg(&po)];
-            args.extend(sizes.iter().map(arg));
-            args.push(arg(&chunk));
-            launch(
-                &format!("redline_conv_dw_{}", fmt.suffix()),
+            let dw_pass = ConvPass {
+                kernel: &format!("redline_conv_dw_{}", fmt.suffix()),
                 grid,
-                MMA_THREADS,
-                &mut args,
-            );
+                threads: MMA_THREADS,
+                chunk: Some(chunk as u32),
+            };
+            let partial = dw_pass.run(&d, (&gb, &xb), f32::NAN, grid.2 as usize * ws.len());
             let dw: Vec<f32> = sum_splits(fmt, &partial, grid.2, ws.len())
                 .iter()
                 .map(|&b| fmt.up(b))
@@ -415,17 +410,14 @@ fn emulated_tf32_conv_matches_candle_on_tf32_values() {
             .unwrap()
             .backward()
             .unwrap();
-        let sizes = [d.n, d.cin, d.h, d.w, d.cout, d.kh, d.kw, d.pad].map(|v| v as u32);
-        let run = |kernel: &str, a: &[f32], b: &[f32], len: usize, grid, extra: Option<u32>| {
-            let mut out = vec![f32::NAN; len];
-            let (pa, pb, po) = (a.as_ptr(), b.as_ptr(), out.as_mut_ptr());
-            let mut args = vec![arg(&pa), arg(&pb), arg(&po)];
-            args.extend(sizes.iter().map(arg));
-            if let Some(e) = extra.as_ref() {
-                args.push(arg(e));
-            }
-            launch(kernel, grid, MMA_THREADS, &mut args);
-            out
+        let run = |kernel: &str, a: &[f32], b: &[f32], len: usize, grid, chunk: Option<u32>| {
+            let pass = ConvPass {
+                kernel,
+                grid,
+                threads: MMA_THREADS,
+                chunk,
+            };
+            pass.run(&d, (a, b), f32::NAN, len)
         };
         let ours = run(
             "redline_conv_fwd_tf32",

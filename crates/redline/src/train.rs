@@ -325,7 +325,14 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     for (k, v) in [
         ("device", json!(device.to_string())),
         ("precision", json!(precision.name())),
-        ("precision_path", json!(precision_path(precision, &device))),
+        (
+            "precision_path",
+            json!(precision_path(
+                precision,
+                &device,
+                redline_train::graph::fused_kernels_on(loop_cfg.fused_kernels),
+            )),
+        ),
         (
             "precision_timing",
             json!(precision_timing.as_ref().map(|t| &t.line)),
@@ -581,8 +588,13 @@ fn recorded_args(
 }
 
 /// How this run's 16-bit products are computed, for the summary (`None` in
-/// fp32). Called after the trainer set the CPU's bf16 GEMM switch.
-fn precision_path(precision: Precision, device: &redline_core::Device) -> Option<String> {
+/// fp32); `fused`: whether `--fused-kernels` turns Redline's GPU kernels on.
+/// Called after the trainer set the CPU's bf16 GEMM switch.
+fn precision_path(
+    precision: Precision,
+    device: &redline_core::Device,
+    fused: bool,
+) -> Option<String> {
     if precision == Precision::Fp32 {
         return None;
     }
@@ -594,9 +606,7 @@ fn precision_path(precision: Precision, device: &redline_core::Device) -> Option
         _ => "fp32 master weights",
     };
     if !device.is_cpu() {
-        return Some(format!(
-            "{precision}: candle's 16-bit CUDA kernels (cuBLAS), {weights}"
-        ));
+        return Some(gpu_precision_path(precision, weights, fused));
     }
     if precision != Precision::Fp16Mixed && redline_kernels::gemm_bf16::enabled() {
         return Some(format!(
@@ -633,11 +643,50 @@ fn precision_path(precision: Precision, device: &redline_core::Device) -> Option
     ))
 }
 
+/// [`precision_path`] on a GPU: Redline's tensor-core kernels with
+/// `--fused-kernels`, else candle's 16-bit CUDA ops.
+fn gpu_precision_path(precision: Precision, weights: &str, fused: bool) -> String {
+    let ty = if precision == Precision::Fp16Mixed {
+        "fp16"
+    } else {
+        "bf16"
+    };
+    if fused {
+        format!(
+            "{precision} on the GPU: {weights}; linear layers (cuBLASLt) and convolutions \
+             (Redline's implicit GEMMs) on {ty} tensor cores with fp32 accumulation, outputs \
+             rounded to {ty} (--fused-kernels)"
+        )
+    } else {
+        format!("{precision} on the GPU: {weights}; candle's {ty} CUDA kernels (cuBLAS)")
+    }
+}
+
 /// `--clip-grad-norm` / `--clip-grad-value` (clap refuses both at once).
 fn grad_clip(args: &TrainArgs) -> Option<GradClip> {
     match (args.clip_grad_norm, args.clip_grad_value) {
         (Some(max_norm), _) => Some(GradClip::Norm { max_norm }),
         (None, Some(limit)) => Some(GradClip::Value { limit }),
         (None, None) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A GPU run's summary names the kernels its 16-bit products take.
+    #[test]
+    fn the_gpu_precision_path_says_which_kernels_run() {
+        let fused = gpu_precision_path(Precision::Bf16Mixed, "fp32 master weights", true);
+        assert!(
+            fused.contains("bf16 tensor cores") && !fused.contains("candle"),
+            "{fused}"
+        );
+        let plain = gpu_precision_path(Precision::Fp16Mixed, "fp32 master weights", false);
+        assert!(
+            plain.contains("candle's fp16") && !plain.contains("tensor cores"),
+            "{plain}"
+        );
     }
 }

@@ -107,3 +107,40 @@ pub fn max_rel(ours: &[f32], want: &[f32]) -> f32 {
 pub fn elementwise(n: usize, threads: u32) -> (u32, u32, u32) {
     (n.div_ceil(threads as usize).clamp(1, 65_535) as u32, 1, 1)
 }
+
+/// One pass of a convolution kernel as `src/cuda/conv.rs` launches it: the
+/// two operands, an output of `len` values starting as `fill` (NaN, so an
+/// element no thread writes shows), `d`'s sizes, then `chunk` (the weight
+/// gradient's split length) when given.
+pub struct ConvPass<'a> {
+    /// The kernel's name.
+    pub kernel: &'a str,
+    /// The launch grid.
+    pub grid: (u32, u32, u32),
+    /// Threads per block.
+    pub threads: u32,
+    /// The weight gradient's split length, for its kernels.
+    pub chunk: Option<u32>,
+}
+
+impl ConvPass<'_> {
+    /// Runs the pass over `a` and `b` of `d`'s sizes into `len` values of `O`.
+    pub fn run<A, O: Clone>(
+        &self,
+        d: &redline_kernels::conv_igemm::ConvDims,
+        (a, b): (&[A], &[A]),
+        fill: O,
+        len: usize,
+    ) -> Vec<O> {
+        let sizes = [d.n, d.cin, d.h, d.w, d.cout, d.kh, d.kw, d.pad].map(|v| v as u32);
+        let mut out = vec![fill; len];
+        let (pa, pb, po) = (a.as_ptr(), b.as_ptr(), out.as_mut_ptr());
+        let mut args = vec![arg(&pa), arg(&pb), arg(&po)];
+        args.extend(sizes.iter().map(arg));
+        if let Some(c) = self.chunk.as_ref() {
+            args.push(arg(c));
+        }
+        launch(self.kernel, self.grid, self.threads, &mut args);
+        out
+    }
+}

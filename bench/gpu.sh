@@ -95,15 +95,22 @@ done
     --epochs 5 --threads 4 --matmul-precision highest > "$out/torch-graph-cnn-b64-highest.json"
 fi
 if want precision; then
-# The goldens' jobs (init, data order, 20 steps), each precision, on cuda:0.
-"$py" bench/precision_check.py --flags "$out" | while read -r model prefix flags; do
-    # shellcheck disable=SC2086 # $flags is a list of flags
-    $rl train --device cuda:0 --model "$model" --init "testdata/golden/${model}_init.safetensors" \
-        --no-shuffle --val-split 0 --max-steps 20 --batch-size 64 --log-every 1 $flags \
-        --save "$out/prec-$model-$prefix.safetensors" --run-dir "$out/run-prec-$model-$prefix" \
-        --monitor-interval 0
+# The goldens' jobs (init, data order, 20 steps), each precision, on cuda:0: with
+# the defaults (candle's 16-bit ops), then in $out/tc with --fused-kernels on (the
+# tensor-core kernels, 16-bit layers, bf16 and flag-skipping optimizer: off under
+# auto until these pass; then set graph::AUTO_FUSES_REDUCED).
+for set in default tc; do
+    dir="$out"; extra=""
+    if [ "$set" = tc ]; then dir="$out/tc"; extra="--fused-kernels on"; mkdir -p "$dir"; fi
+    "$py" bench/precision_check.py --flags "$dir" | while read -r model prefix flags; do
+        # shellcheck disable=SC2086 # $flags and $extra are lists of flags
+        $rl train --device cuda:0 --model "$model" --init "testdata/golden/${model}_init.safetensors" \
+            --no-shuffle --val-split 0 --max-steps 20 --batch-size 64 --log-every 1 $flags $extra \
+            --save "$dir/prec-$model-$prefix.safetensors" --run-dir "$dir/run-prec-$model-$prefix" \
+            --monitor-interval 0
+    done
+    "$py" bench/precision_check.py "$dir" | tee "$dir/precision-goldens.md"
 done
-"$py" bench/precision_check.py "$out" | tee "$out/precision-goldens.md"
 # Speed and memory per precision, Redline then PyTorch, MLP (b64, b512) and CNN.
 for p in bf16-mixed 16-mixed bf16-true; do
     run "mlp-$p" --precision "$p"
@@ -116,9 +123,12 @@ for p in bf16-mixed 16-mixed bf16-true; do
     "$py" bench/torch_mnist.py --device cuda --workload tensor --model mlp --batch-size 512 \
         --epochs 5 --threads 4 --precision "$p" > "$out/torch-prec-mlp-b512-$p.json"
 done
-# The 16-bit CNN with candle's convolution (im2col + cuBLAS) in place of the
-# tensor-core implicit GEMMs (cuda/conv_mma.cu) that the fused kernels run.
-run cnn-bf16-mixed-candle-conv --model cnn --precision bf16-mixed --fused-kernels off
+# The tensor-core kernels (cuda/conv_mma.cu, the 16-bit cuBLASLt layer and CNN
+# block) beside the defaults' candle 16-bit ops above, and the TF32 convolution
+# beside the redline part's cnn-tf32 (f32 kernels under auto).
+run mlp-b512-bf16-mixed-tc --precision bf16-mixed --batch-size 512 --fused-kernels on
+run cnn-bf16-mixed-tc --model cnn --precision bf16-mixed --fused-kernels on
+run cnn-tf32-tc --model cnn --matmul-precision high --fused-kernels on
 fi
 set +x
 "$py" bench/gpu_table.py "$out"

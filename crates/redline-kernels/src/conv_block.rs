@@ -77,10 +77,14 @@ pub(crate) fn pool_relu_with(
     if (1..16).contains(&k)
         && crate::fused_gpu::enabled()
         && x.device().is_cuda()
-        && matches!(
-            x.dtype(),
-            candle_core::DType::F32 | candle_core::DType::BF16 | candle_core::DType::F16
-        )
+        && match x.dtype() {
+            candle_core::DType::F32 => true,
+            // The tensor-core kernels, with the reduced-precision variants admitted.
+            candle_core::DType::BF16 | candle_core::DType::F16 => {
+                crate::fused_gpu::reduced_precision()
+            }
+            _ => false,
+        }
         && [w, b].iter().all(|t| t.dtype() == x.dtype())
     {
         // The implicit-GEMM convolution (16-bit: on tensor cores), then bias,

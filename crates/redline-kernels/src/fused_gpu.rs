@@ -1,11 +1,19 @@
 //! Whether Redline's fused GPU kernels replace candle's generic ops in the
 //! ops that have one (`--fused-kernels`; docs/gpu-kernels.md). A
-//! process-wide switch, as PyTorch's `torch.backends` flags are; off by
-//! default, and without effect off a CUDA device or in a build without CUDA.
+//! process-wide switch, as PyTorch's `torch.backends` flags are; without
+//! effect off a CUDA device or in a build without CUDA.
+//!
+//! A second switch, [`reduced_precision`], admits the kernels' variants that
+//! have not run on a GPU yet: the tensor-core convolutions (bf16, fp16,
+//! TF32), the 16-bit linear layer and CNN block, the bf16 optimizer and the
+//! optimizer's skip on the loss scaler's flag. `--fused-kernels on` turns
+//! them on; `auto` leaves them off until a GPU check passes
+//! (`redline_train::graph::AUTO_FUSES_REDUCED`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 static ON: AtomicBool = AtomicBool::new(false);
+static REDUCED: AtomicBool = AtomicBool::new(false);
 
 /// Turns the fused GPU kernels on or off for every op that reads the switch.
 pub fn set_enabled(on: bool) {
@@ -15,4 +23,17 @@ pub fn set_enabled(on: bool) {
 /// Whether the fused GPU kernels are on.
 pub fn enabled() -> bool {
     ON.load(Ordering::Relaxed)
+}
+
+/// Admits (or not) the fused kernels' reduced-precision variants, while the
+/// kernels are [`enabled`].
+pub fn set_reduced_precision(on: bool) {
+    REDUCED.store(on, Ordering::Relaxed);
+}
+
+/// Whether the fused kernels are on with their reduced-precision variants
+/// (16-bit and TF32 tensor-core kernels, the bf16 optimizer, the scaler's
+/// skip).
+pub fn reduced_precision() -> bool {
+    enabled() && REDUCED.load(Ordering::Relaxed)
 }

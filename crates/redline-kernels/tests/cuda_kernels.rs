@@ -81,9 +81,12 @@ fn max_abs(t: &Tensor) -> f32 {
 /// A layer's output and the gradients of `vars` (input, weight, bias) under
 /// a fixed upstream gradient, with the fused GPU kernels `fused` or not.
 fn layer_run(fused: bool, forward: &dyn Fn() -> Tensor, vars: [&Var; 3]) -> [Tensor; 4] {
+    // With the reduced-precision variants (16-bit, TF32), as `--fused-kernels on`.
     redline_kernels::fused_gpu::set_enabled(fused);
+    redline_kernels::fused_gpu::set_reduced_precision(fused);
     let y = forward();
     redline_kernels::fused_gpu::set_enabled(false);
+    redline_kernels::fused_gpu::set_reduced_precision(false);
     let r = values(y.elem_count(), 4.1, y.device())
         .reshape(y.shape())
         .unwrap();
@@ -534,6 +537,7 @@ fn cuda_matmul_precision_reaches_the_conv_kernels() {
         let wg = Var::from_tensor(&w.to_device(&dev).unwrap()).unwrap();
         let zero = Tensor::zeros(cout, DType::F32, &dev).unwrap();
         fused_gpu::set_enabled(true);
+        fused_gpu::set_reduced_precision(true);
         let y = conv2d(xg.as_tensor(), wg.as_tensor(), &zero, 1).unwrap();
         let grads = (&y * gy.to_device(&dev).unwrap())
             .unwrap()
@@ -542,6 +546,7 @@ fn cuda_matmul_precision_reaches_the_conv_kernels() {
             .backward()
             .unwrap();
         fused_gpu::set_enabled(false);
+        fused_gpu::set_reduced_precision(false);
         let got = [
             y,
             grads.get(xg.as_tensor()).unwrap().clone(),

@@ -25,6 +25,24 @@ pub const AUTO_CAPTURES: bool = true;
 /// (`bench/results/h100-2026-11-25/`).
 pub const AUTO_FUSES: bool = true;
 
+/// Whether `--fused-kernels auto` also admits the fused kernels' variants
+/// that have not run on a GPU yet (`redline_kernels::fused_gpu::
+/// reduced_precision`: the 16-bit and TF32 tensor-core convolutions, the
+/// 16-bit linear layer and CNN block, the bf16 optimizer, the optimizer's
+/// skip on the loss scaler's flag). Off until `bench/gpu.sh tests` and
+/// `precision` pass on a GPU; `--fused-kernels on` runs them.
+pub const AUTO_FUSES_REDUCED: bool = false;
+
+/// Whether `mode` (of `--fused-kernels`) admits the reduced-precision
+/// variants of the fused GPU kernels.
+pub fn reduced_kernels_on(mode: GraphMode) -> bool {
+    match mode {
+        GraphMode::On => true,
+        GraphMode::Off => false,
+        GraphMode::Auto => AUTO_FUSES_REDUCED,
+    }
+}
+
 /// Whether `mode` (of `--fused-kernels`) turns the fused GPU kernels on.
 pub fn fused_kernels_on(mode: GraphMode) -> bool {
     match mode {
@@ -233,6 +251,10 @@ mod tests {
         assert!(fused_kernels_on(GraphMode::On));
         assert!(!fused_kernels_on(GraphMode::Off));
         assert_eq!(fused_kernels_on(GraphMode::Auto), AUTO_FUSES);
+        // The variants not yet run on a GPU: `on` alone admits them.
+        assert!(reduced_kernels_on(GraphMode::On));
+        assert!(!reduced_kernels_on(GraphMode::Off));
+        assert_eq!(reduced_kernels_on(GraphMode::Auto), AUTO_FUSES_REDUCED);
     }
 
     fn split(n: usize) -> Result<Split> {

@@ -338,8 +338,10 @@ impl Optimizer {
         };
         #[cfg(feature = "cuda")]
         // The same switch as the ops' fused kernels (`--fused-kernels`); the
-        // kernel reads the scaler's flag on the device.
+        // kernel reads the scaler's flag on the device (a variant admitted
+        // with the reduced-precision ones).
         if redline_kernels::fused_gpu::enabled()
+            && (found_inf.is_none() || redline_kernels::fused_gpu::reduced_precision())
             && crate::optim_gpu::step(&mut self.state, &pending, hyper, hp, self.step, found_inf)?
         {
             return Ok(());

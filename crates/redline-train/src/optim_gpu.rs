@@ -24,7 +24,9 @@ pub(crate) fn step(
     found_inf: Option<&Tensor>,
 ) -> Result<bool> {
     let dtype = pending.first().map(|(_, p, _)| p.dtype());
-    let eligible = matches!(dtype, Some(DType::F32 | DType::BF16))
+    // bf16 (bf16-true): a reduced-precision variant, admitted or not.
+    let bf16 = redline_kernels::fused_gpu::reduced_precision();
+    let eligible = (dtype == Some(DType::F32) || (bf16 && dtype == Some(DType::BF16)))
         && pending.iter().all(|(_, p, g)| {
             Some(p.dtype()) == dtype && g.dtype() == p.dtype() && p.device().is_cuda()
         });

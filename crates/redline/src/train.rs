@@ -330,7 +330,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             json!(precision_path(
                 precision,
                 &device,
-                redline_train::graph::fused_kernels_on(loop_cfg.fused_kernels),
+                redline_train::graph::reduced_kernels_on(loop_cfg.fused_kernels),
             )),
         ),
         (
@@ -588,7 +588,8 @@ fn recorded_args(
 }
 
 /// How this run's 16-bit products are computed, for the summary (`None` in
-/// fp32); `fused`: whether `--fused-kernels` turns Redline's GPU kernels on.
+/// fp32); `fused`: whether `--fused-kernels` admits Redline's 16-bit GPU
+/// kernels ([`redline_train::graph::reduced_kernels_on`]).
 /// Called after the trainer set the CPU's bf16 GEMM switch.
 fn precision_path(
     precision: Precision,
@@ -644,7 +645,7 @@ fn precision_path(
 }
 
 /// [`precision_path`] on a GPU: Redline's tensor-core kernels with
-/// `--fused-kernels`, else candle's 16-bit CUDA ops.
+/// `--fused-kernels on`, else candle's 16-bit CUDA ops.
 fn gpu_precision_path(precision: Precision, weights: &str, fused: bool) -> String {
     let ty = if precision == Precision::Fp16Mixed {
         "fp16"
@@ -655,7 +656,7 @@ fn gpu_precision_path(precision: Precision, weights: &str, fused: bool) -> Strin
         format!(
             "{precision} on the GPU: {weights}; linear layers (cuBLASLt) and convolutions \
              (Redline's implicit GEMMs) on {ty} tensor cores with fp32 accumulation, outputs \
-             rounded to {ty} (--fused-kernels)"
+             rounded to {ty} (--fused-kernels on)"
         )
     } else {
         format!("{precision} on the GPU: {weights}; candle's {ty} CUDA kernels (cuBLAS)")

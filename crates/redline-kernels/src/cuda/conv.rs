@@ -47,10 +47,15 @@ fn load_kernel(dev: &CudaDevice, name: &str) -> candle_core::Result<CudaFunction
 /// The kernels' name suffix and block size for operands of `dtype`: f32
 /// takes the TF32 tensor-core kernels where `--matmul-precision high`
 /// allows TF32 products ([`redline_core::matmul_precision`]), as cuBLASLt's
-/// linear layer and PyTorch's default cuDNN convolutions do.
+/// linear layer and PyTorch's default cuDNN convolutions do, and the
+/// reduced-precision variants are admitted ([`crate::fused_gpu`]).
 fn kernels_for(dtype: DType) -> candle_core::Result<(&'static str, u32)> {
     match dtype {
-        DType::F32 if redline_core::matmul_precision().tf32() => Ok(("tf32", MMA_THREADS)),
+        DType::F32
+            if redline_core::matmul_precision().tf32() && crate::fused_gpu::reduced_precision() =>
+        {
+            Ok(("tf32", MMA_THREADS))
+        }
         DType::F32 => Ok(("f32", THREADS)),
         DType::BF16 => Ok(("bf16", MMA_THREADS)),
         DType::F16 => Ok(("f16", MMA_THREADS)),

@@ -337,6 +337,9 @@ impl TrainerBuilder {
             redline_kernels::fused_gpu::set_enabled(crate::graph::fused_kernels_on(
                 self.cfg.fused_kernels,
             ));
+            redline_kernels::fused_gpu::set_reduced_precision(crate::graph::reduced_kernels_on(
+                self.cfg.fused_kernels,
+            ));
         }
         Ok(Trainer {
             cfg: self.cfg,

@@ -30,9 +30,10 @@ use redline_core::trace;
 /// `x (B, Cin, H, W)`, `w (Cout, Cin, kh, kw)`, `b (Cout)` ->
 /// `(B, Cout, H + 2p - kh + 1, W + 2p - kw + 1)`. CPU f32 tensors take the
 /// fused kernel (the input gradient is computed only when `x` is tracked),
-/// CUDA tensors of one dtype (f32, or bf16 and f16 on tensor cores) the
-/// implicit-GEMM kernels where `--fused-kernels` turned them on; anything
-/// else takes [`conv2d_generic`]. The weight's and bias's
+/// CUDA tensors of one dtype the implicit-GEMM kernels where
+/// `--fused-kernels` turned them on (bf16 and f16, on tensor cores, with
+/// [`crate::fused_gpu::reduced_precision`]); anything else takes
+/// [`conv2d_generic`]. The weight's and bias's
 /// gradients come back in candle's `GradStore`.
 pub fn conv2d(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Result<Tensor> {
     conv2d_with(x, w, b, padding, None)

@@ -56,16 +56,8 @@ pub(crate) fn conv2d_with(
 ) -> Result<Tensor> {
     let geom = Geom::new(x, w, b, padding)?;
     #[cfg(feature = "cuda")]
-    if crate::fused_gpu::enabled()
-        && x.device().is_cuda()
-        && match x.dtype() {
-            candle_core::DType::F32 => true,
-            // The tensor-core kernels, with the reduced-precision variants admitted.
-            candle_core::DType::BF16 | candle_core::DType::F16 => {
-                crate::fused_gpu::reduced_precision()
-            }
-            _ => false,
-        }
+    if x.device().is_cuda()
+        && crate::fused_gpu::takes(x.dtype())
         && [w, b].iter().all(|t| t.dtype() == x.dtype())
     {
         // Redline's implicit-GEMM convolution (16-bit: on tensor cores),

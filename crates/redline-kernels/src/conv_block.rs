@@ -75,16 +75,8 @@ pub(crate) fn pool_relu_with(
     let geom = Geom::new(x, w, b, padding)?;
     #[cfg(feature = "cuda")]
     if (1..16).contains(&k)
-        && crate::fused_gpu::enabled()
         && x.device().is_cuda()
-        && match x.dtype() {
-            candle_core::DType::F32 => true,
-            // The tensor-core kernels, with the reduced-precision variants admitted.
-            candle_core::DType::BF16 | candle_core::DType::F16 => {
-                crate::fused_gpu::reduced_precision()
-            }
-            _ => false,
-        }
+        && crate::fused_gpu::takes(x.dtype())
         && [w, b].iter().all(|t| t.dtype() == x.dtype())
     {
         // The implicit-GEMM convolution (16-bit: on tensor cores), then bias,

@@ -37,3 +37,14 @@ pub fn set_reduced_precision(on: bool) {
 pub fn reduced_precision() -> bool {
     enabled() && REDUCED.load(Ordering::Relaxed)
 }
+
+/// Whether a fused GPU kernel takes operands of `dtype` now: f32 while the
+/// kernels are [`enabled`]; bf16 and f16 (the tensor-core kernels) with the
+/// [`reduced_precision`] variants admitted; nothing else.
+pub fn takes(dtype: candle_core::DType) -> bool {
+    match dtype {
+        candle_core::DType::F32 => enabled(),
+        candle_core::DType::BF16 | candle_core::DType::F16 => reduced_precision(),
+        _ => false,
+    }
+}

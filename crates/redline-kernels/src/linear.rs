@@ -42,16 +42,10 @@ pub(crate) fn linear_with(
 ) -> Result<Tensor> {
     let cpu = fused_cpu(x) && fused_cpu(w) && fused_cpu(b);
     // Redline's cuBLASLt path where `--fused-kernels` turned it on.
-    // f32, or one 16-bit type (autocast's cast operands: tensor cores, with
-    // the reduced-precision variants admitted).
+    // f32, or one 16-bit type (autocast's cast operands: tensor cores).
     let gpu = cfg!(feature = "cuda")
-        && crate::fused_gpu::enabled()
         && x.device().is_cuda()
-        && match x.dtype() {
-            DType::F32 => true,
-            DType::BF16 | DType::F16 => crate::fused_gpu::reduced_precision(),
-            _ => false,
-        }
+        && crate::fused_gpu::takes(x.dtype())
         && [w, b].iter().all(|t| t.dtype() == x.dtype())
         && [w, b].iter().all(|t| t.device().same_device(x.device()));
     if !cpu && !gpu {

@@ -13,7 +13,10 @@ mod emulated;
 use std::ffi::CString;
 
 use candle_core::{Device, Tensor, Var};
-use emulated::{arg, elementwise, emulator, flat, launch, max_rel, tensor, values, ConvPass};
+use emulated::{
+    arg, conv_outputs, conv_reference, elementwise, emulator, flat, launch, max_rel,
+    sum_splits_f32, tensor, values, ConvPass,
+};
 use redline_kernels::conv_igemm::{ConvDims, THREADS};
 use redline_kernels::max_pool2d_generic;
 
@@ -32,16 +35,8 @@ fn emulated_implicit_gemm_conv_matches_candle() {
         let case = format!("{x_dims:?} {w_dims:?} pad {pad}");
         let xs = values(x_dims.iter().product(), 0.3);
         let ws = values(w_dims.iter().product(), 1.1);
-        let x = Var::from_tensor(&tensor(&xs, &x_dims)).unwrap();
-        let w = Var::from_tensor(&tensor(&ws, &w_dims)).unwrap();
-        let y = x.as_tensor().conv2d(w.as_tensor(), pad, 1, 1, 1).unwrap();
-        let gy = values(y.elem_count(), 2.3);
-        let grads = (&y * tensor(&gy, y.dims()))
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
+        let gy = values(conv_outputs(&d), 2.3);
+        let [y, want_dx, want_dw] = conv_reference(&d, &xs, &ws, &gy);
         let run = |kernel: &str, a: &[f32], b: &[f32], len: usize, grid, chunk: Option<u32>| {
             let pass = ConvPass {
                 kernel,
@@ -55,15 +50,15 @@ fn emulated_implicit_gemm_conv_matches_candle() {
             "redline_conv_fwd_f32",
             &xs,
             &ws,
-            y.elem_count(),
+            y.len(),
             d.fwd_grid(),
             None,
         );
         // Sums of up to 630 terms in another order than candle's (1.4e-6 seen).
-        let r = max_rel(&ours, &flat(&y));
+        let r = max_rel(&ours, &y);
         assert!(r < 1e-5, "{case}: y {r:e}");
         let dx = run("redline_conv_dx_f32", &gy, &ws, xs.len(), d.dx_grid(), None);
-        let r = max_rel(&dx, &flat(grads.get(x.as_tensor()).unwrap()));
+        let r = max_rel(&dx, &want_dx);
         assert!(r < 1e-5, "{case}: dx {r:e}");
 
         let (grid, chunk) = d.dw_plan();
@@ -76,15 +71,8 @@ fn emulated_implicit_gemm_conv_matches_candle() {
             grid,
             Some(chunk as u32),
         );
-        let mut dw = vec![f32::NAN; ws.len()];
-        let (pp, pd, s, c) = (partial.as_ptr(), dw.as_mut_ptr(), grid.2, ws.len() as u32);
-        launch(
-            "redline_sum_splits_f32",
-            elementwise(ws.len(), THREADS),
-            THREADS,
-            &mut [arg(&pp), arg(&pd), arg(&s), arg(&c)],
-        );
-        let r = max_rel(&dw, &flat(grads.get(w.as_tensor()).unwrap()));
+        let dw = sum_splits_f32(&partial, grid.2, ws.len());
+        let r = max_rel(&dw, &want_dw);
         assert!(r < 1e-5, "{case}: dw over {splits} splits {r:e}");
         if splits == 1 {
             assert_eq!(partial, dw, "{case}: one split is the sum");

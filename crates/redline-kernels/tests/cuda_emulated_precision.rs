@@ -11,7 +11,10 @@
 mod emulated;
 
 use candle_core::Var;
-use emulated::{arg, elementwise, flat, launch, max_rel, tensor, values, ConvPass};
+use emulated::{
+    arg, conv_outputs, conv_reference, elementwise, flat, launch, max_rel, sum_splits_f32, tensor,
+    values, ConvPass,
+};
 use redline_kernels::conv_igemm::{ConvDims, MMA_THREADS};
 
 /// A 16-bit format as the kernels name it, and its conversions.
@@ -162,16 +165,8 @@ fn emulated_tensor_core_conv_matches_candle_on_16_bit_values() {
             let case = format!("{fmt:?} {x_dims:?} {w_dims:?} pad {pad}");
             let (xb, xs) = rounded(fmt, &values(x_dims.iter().product(), 0.3));
             let (wb, ws) = rounded(fmt, &values(w_dims.iter().product(), 1.1));
-            let x = Var::from_tensor(&tensor(&xs, &x_dims)).unwrap();
-            let w = Var::from_tensor(&tensor(&ws, &w_dims)).unwrap();
-            let y = x.as_tensor().conv2d(w.as_tensor(), pad, 1, 1, 1).unwrap();
-            let (gb, gy) = rounded(fmt, &values(y.elem_count(), 2.3));
-            let grads = (&y * tensor(&gy, y.dims()))
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
+            let (gb, gy) = rounded(fmt, &values(conv_outputs(&d), 2.3));
+            let [y, want_dx, want_dw] = conv_reference(&d, &xs, &ws, &gy);
             let run16 = |name: &str, a: &[u16], b: &[u16], len: usize, grid| {
                 let pass = ConvPass {
                     kernel: &format!("redline_conv_{name}_{}", fmt.suffix()),
@@ -200,10 +195,10 @@ fn emulated_tensor_core_conv_matches_candle_on_16_bit_values() {
                     want.len()
                 );
             };
-            let ours = run16("fwd", &xb, &wb, y.elem_count(), d.fwd_grid());
-            check("y", &ours, &flat(&y));
+            let ours = run16("fwd", &xb, &wb, y.len(), d.fwd_grid());
+            check("y", &ours, &y);
             let dx = run16("dx", &gb, &wb, xs.len(), d.dx_grid());
-            check("dx", &dx, &flat(grads.get(x.as_tensor()).unwrap()));
+            check("dx", &dx, &want_dx);
 
             let (grid, chunk) = d.dw_plan();
             let dw_pass = ConvPass {
@@ -217,11 +212,7 @@ fn emulated_tensor_core_conv_matches_candle_on_16_bit_values() {
                 .iter()
                 .map(|&b| fmt.up(b))
                 .collect();
-            check(
-                &format!("dw over {} splits", grid.2),
-                &dw,
-                &flat(grads.get(w.as_tensor()).unwrap()),
-            );
+            check(&format!("dw over {} splits", grid.2), &dw, &want_dw);
         }
     }
 }
@@ -399,17 +390,9 @@ fn emulated_tf32_conv_matches_candle_on_tf32_values() {
             .map(|v| v * 1.000_123_4)
             .collect();
         let ws = values(w_dims.iter().product(), 1.1);
+        let gy = values(conv_outputs(&d), 2.3);
         let round = |v: &[f32]| v.iter().map(|&x| tf32(x)).collect::<Vec<f32>>();
-        let x = Var::from_tensor(&tensor(&round(&xs), &x_dims)).unwrap();
-        let w = Var::from_tensor(&tensor(&round(&ws), &w_dims)).unwrap();
-        let y = x.as_tensor().conv2d(w.as_tensor(), pad, 1, 1, 1).unwrap();
-        let gy = values(y.elem_count(), 2.3);
-        let grads = (&y * tensor(&round(&gy), y.dims()))
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
+        let [y, want_dx, want_dw] = conv_reference(&d, &round(&xs), &round(&ws), &round(&gy));
         let run = |kernel: &str, a: &[f32], b: &[f32], len: usize, grid, chunk: Option<u32>| {
             let pass = ConvPass {
                 kernel,
@@ -423,17 +406,15 @@ fn emulated_tf32_conv_matches_candle_on_tf32_values() {
             "redline_conv_fwd_tf32",
             &xs,
             &ws,
-            y.elem_count(),
+            y.len(),
             d.fwd_grid(),
             None,
         );
-        let r = max_rel(&ours, &flat(&y));
+        let r = max_rel(&ours, &y);
         assert!(r < 1e-5, "{case}: y {r:e}");
         // The unrounded operands' convolution is further off: TF32 rounded them.
-        let exact = tensor(&xs, &x_dims)
-            .conv2d(&tensor(&ws, &w_dims), pad, 1, 1, 1)
-            .unwrap();
-        let off = max_rel(&ours, &flat(&exact));
+        let [exact, _, _] = conv_reference(&d, &xs, &ws, &gy);
+        let off = max_rel(&ours, &exact);
         assert!(off > 1e-5, "{case}: y is the unrounded product ({off:e})");
         let dx = run(
             "redline_conv_dx_tf32",
@@ -443,7 +424,7 @@ fn emulated_tf32_conv_matches_candle_on_tf32_values() {
             d.dx_grid(),
             None,
         );
-        let r = max_rel(&dx, &flat(grads.get(x.as_tensor()).unwrap()));
+        let r = max_rel(&dx, &want_dx);
         assert!(r < 1e-5, "{case}: dx {r:e}");
         let (grid, chunk) = d.dw_plan();
         let partial = run(
@@ -454,15 +435,8 @@ fn emulated_tf32_conv_matches_candle_on_tf32_values() {
             grid,
             Some(chunk as u32),
         );
-        let mut dw = vec![f32::NAN; ws.len()];
-        let (pp, pd, s, c) = (partial.as_ptr(), dw.as_mut_ptr(), grid.2, ws.len() as u32);
-        launch(
-            "redline_sum_splits_f32",
-            elementwise(ws.len(), 256),
-            256,
-            &mut [arg(&pp), arg(&pd), arg(&s), arg(&c)],
-        );
-        let r = max_rel(&dw, &flat(grads.get(w.as_tensor()).unwrap()));
+        let dw = sum_splits_f32(&partial, grid.2, ws.len());
+        let r = max_rel(&dw, &want_dw);
         assert!(r < 1e-5, "{case}: dw over {} splits {r:e}", grid.2);
     }
 }

@@ -144,3 +144,44 @@ impl ConvPass<'_> {
         out
     }
 }
+
+/// candle's f32 convolution (stride 1, `d.pad`) of `xs` by `ws` and, under
+/// the upstream gradient `gy`, the gradients of both: `[y, dx, dw]`,
+/// flattened: what the kernels' three passes are held to.
+pub fn conv_reference(
+    d: &redline_kernels::conv_igemm::ConvDims,
+    xs: &[f32],
+    ws: &[f32],
+    gy: &[f32],
+) -> [Vec<f32>; 3] {
+    let x = candle_core::Var::from_tensor(&tensor(xs, &[d.n, d.cin, d.h, d.w])).unwrap();
+    let w = candle_core::Var::from_tensor(&tensor(ws, &[d.cout, d.cin, d.kh, d.kw])).unwrap();
+    let y = x.as_tensor().conv2d(w.as_tensor(), d.pad, 1, 1, 1).unwrap();
+    let grads = (&y * tensor(gy, y.dims()))
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let grad = |v: &candle_core::Var| flat(grads.get(v.as_tensor()).unwrap());
+    [flat(&y), grad(&x), grad(&w)]
+}
+
+/// The number of outputs of `d`'s forward.
+pub fn conv_outputs(d: &redline_kernels::conv_igemm::ConvDims) -> usize {
+    d.n * d.cout * d.oh() * d.ow()
+}
+
+/// `redline_sum_splits_f32`: the in-order f32 sum of `splits` partial sums of
+/// `count` values each.
+pub fn sum_splits_f32(partial: &[f32], splits: u32, count: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; count];
+    let (pp, po, c) = (partial.as_ptr(), out.as_mut_ptr(), count as u32);
+    launch(
+        "redline_sum_splits_f32",
+        elementwise(count, 256),
+        256,
+        &mut [arg(&pp), arg(&po), arg(&splits), arg(&c)],
+    );
+    out
+}

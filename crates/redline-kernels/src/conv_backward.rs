@@ -137,6 +137,26 @@ pub(super) fn backward(
     unpack_grads(&flat, w.shape(), x.shape(), input_grad, buffered)
 }
 
+/// The input gradient's columns of one sample, `dcols (K, n) = w^T (K,
+/// Cout) * dy (Cout, n)` (n: the output pixels, in the plain or the wide
+/// layout), for `col2im` to scatter.
+fn input_cols(
+    g: Geom,
+    name: &str,
+    w: &[f32],
+    dy: Mat<'_>,
+    dcols: &mut [f32],
+) -> candle_core::Result<()> {
+    gemm_or_err(
+        g.gemm,
+        name,
+        dcols,
+        Mat::new(w, g.cout, g.k()).t(),
+        dy,
+        false,
+    )
+}
+
 /// The backward kernel: `(x, w, dy) -> [dW | db | dx]` (dx only when asked),
 /// or only dx when dW and db go to the parameters' gradient buffers. With
 /// `unpool`, the third input is the pooled gradient instead of dy.
@@ -189,15 +209,7 @@ impl Conv2dBackward {
             )?;
             add_row_sums(db, dy, g.ohw());
             if let Some(dx) = dx.as_mut().and_then(Iterator::next) {
-                // dcols (K, oh*ow) = w^T (K, Cout) * dy (Cout, oh*ow)
-                gemm_or_err(
-                    g.gemm,
-                    name,
-                    &mut dcols,
-                    Mat::new(w, g.cout, g.k()).t(),
-                    dym,
-                    false,
-                )?;
+                input_cols(g, name, w, dym, &mut dcols)?;
                 g.col2im(&dcols, dx);
             }
         }
@@ -241,15 +253,7 @@ impl Conv2dBackward {
             gemm_or_err(g.gemm, name, dw, dym, Mat::new(&cols, g.k(), n).t(), true)?;
             add_row_sums(db, &dy, n);
             if let Some(dx) = dx.as_mut().and_then(Iterator::next) {
-                // dcols (K, oh*wp) = w^T (K, Cout) * dy (Cout, oh*wp)
-                gemm_or_err(
-                    g.gemm,
-                    name,
-                    &mut dcols,
-                    Mat::new(w, g.cout, g.k()).t(),
-                    dym,
-                    false,
-                )?;
+                input_cols(g, name, w, dym, &mut dcols)?;
                 dxp.fill(0.0);
                 g.col2im_wide(&dcols, &mut dxp);
                 g.unpad_into(&dxp, dx);

@@ -585,12 +585,7 @@ mod tests {
             bufs,
         )?;
         let up = data(y.dims(), 3.0)?.to_dtype(DType::BF16)?;
-        let g = (&y * &up)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
-        let flat = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
-        let dx = g.get(x.as_tensor()).expect("dx");
-        let dw = w.grad().to_tensor(w.as_tensor())?.expect("dW");
-        let db = b.grad().to_tensor(b.as_tensor())?.expect("db");
-        Ok([flat(&y)?, flat(dx)?, flat(&dw)?, flat(&db)?])
+        crate::grad::outputs_and_grads(&y, &up, &x, &w, &b)
     }
 
     /// On the native bf16 GEMM (forward, dW and dx) the block gives the

@@ -387,6 +387,34 @@ pub(crate) fn half_buffers(w: &Param, b: &Param) -> Option<ParamBuffers> {
     half(w).zip(half(b))
 }
 
+/// What the layers' tests compare: a layer's output and gradients under an
+/// upstream gradient `up`, as f32 values `[y, dx, dW, db]`, with dW and db
+/// from the parameters' buffers.
+#[cfg(test)]
+pub(crate) fn outputs_and_grads(
+    y: &Tensor,
+    up: &Tensor,
+    x: &Var,
+    w: &Param,
+    b: &Param,
+) -> Result<[Vec<f32>; 4]> {
+    let g = (y * up)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
+    let flat = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+    let missing = |what: &str| {
+        crate::error::Error::Candle(candle_core::Error::Msg(format!("{what}: no gradient")))
+    };
+    let dx = g.get(x.as_tensor()).ok_or_else(|| missing("dx"))?;
+    let dw = w
+        .grad()
+        .to_tensor(w.as_tensor())?
+        .ok_or_else(|| missing("dW"))?;
+    let db = b
+        .grad()
+        .to_tensor(b.as_tensor())?
+        .ok_or_else(|| missing("db"))?;
+    Ok([flat(y)?, flat(dx)?, flat(&dw)?, flat(&db)?])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

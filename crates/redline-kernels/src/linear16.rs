@@ -339,12 +339,7 @@ mod native {
             kinds,
             bufs,
         )?;
-        let g = (&y * &up)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
-        let flat = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
-        let dx = g.get(x.as_tensor()).expect("dx");
-        let dw = w.grad().to_tensor(w.as_tensor())?.expect("dW");
-        let db = bias.grad().to_tensor(bias.as_tensor())?.expect("db");
-        Ok([flat(&y)?, flat(dx)?, flat(&dw)?, flat(&db)?])
+        crate::grad::outputs_and_grads(&y, &up, &x, &w, &bias)
     }
 
     /// On the native bf16 GEMM the layer's output and gradients are the

@@ -14,8 +14,8 @@ use std::ffi::CString;
 
 use candle_core::{Device, Tensor, Var};
 use emulated::{
-    arg, conv_outputs, conv_reference, elementwise, emulator, flat, launch, max_rel,
-    sum_splits_f32, tensor, values, ConvPass,
+    arg, check_f32_conv, conv_outputs, conv_reference, elementwise, emulator, flat, launch,
+    max_rel, tensor, values,
 };
 use redline_kernels::conv_igemm::{ConvDims, THREADS};
 use redline_kernels::max_pool2d_generic;
@@ -36,47 +36,8 @@ fn emulated_implicit_gemm_conv_matches_candle() {
         let xs = values(x_dims.iter().product(), 0.3);
         let ws = values(w_dims.iter().product(), 1.1);
         let gy = values(conv_outputs(&d), 2.3);
-        let [y, want_dx, want_dw] = conv_reference(&d, &xs, &ws, &gy);
-        let run = |kernel: &str, a: &[f32], b: &[f32], len: usize, grid, chunk: Option<u32>| {
-            let pass = ConvPass {
-                kernel,
-                grid,
-                threads: THREADS,
-                chunk,
-            };
-            pass.run(&d, (a, b), f32::NAN, len)
-        };
-        let ours = run(
-            "redline_conv_fwd_f32",
-            &xs,
-            &ws,
-            y.len(),
-            d.fwd_grid(),
-            None,
-        );
-        // Sums of up to 630 terms in another order than candle's (1.4e-6 seen).
-        let r = max_rel(&ours, &y);
-        assert!(r < 1e-5, "{case}: y {r:e}");
-        let dx = run("redline_conv_dx_f32", &gy, &ws, xs.len(), d.dx_grid(), None);
-        let r = max_rel(&dx, &want_dx);
-        assert!(r < 1e-5, "{case}: dx {r:e}");
-
-        let (grid, chunk) = d.dw_plan();
-        let splits = grid.2 as usize;
-        let partial = run(
-            "redline_conv_dw_f32",
-            &gy,
-            &xs,
-            splits * ws.len(),
-            grid,
-            Some(chunk as u32),
-        );
-        let dw = sum_splits_f32(&partial, grid.2, ws.len());
-        let r = max_rel(&dw, &want_dw);
-        assert!(r < 1e-5, "{case}: dw over {splits} splits {r:e}");
-        if splits == 1 {
-            assert_eq!(partial, dw, "{case}: one split is the sum");
-        }
+        let want = conv_reference(&d, &xs, &ws, &gy);
+        check_f32_conv(&case, &d, ("f32", THREADS), (&xs, &ws, &gy), &want);
     }
 }
 

@@ -12,7 +12,7 @@ mod emulated;
 
 use candle_core::Var;
 use emulated::{
-    arg, conv_outputs, conv_reference, elementwise, flat, launch, max_rel, sum_splits_f32, tensor,
+    arg, check_f32_conv, conv_outputs, conv_reference, elementwise, flat, launch, max_rel, tensor,
     values, ConvPass,
 };
 use redline_kernels::conv_igemm::{ConvDims, MMA_THREADS};
@@ -392,51 +392,11 @@ fn emulated_tf32_conv_matches_candle_on_tf32_values() {
         let ws = values(w_dims.iter().product(), 1.1);
         let gy = values(conv_outputs(&d), 2.3);
         let round = |v: &[f32]| v.iter().map(|&x| tf32(x)).collect::<Vec<f32>>();
-        let [y, want_dx, want_dw] = conv_reference(&d, &round(&xs), &round(&ws), &round(&gy));
-        let run = |kernel: &str, a: &[f32], b: &[f32], len: usize, grid, chunk: Option<u32>| {
-            let pass = ConvPass {
-                kernel,
-                grid,
-                threads: MMA_THREADS,
-                chunk,
-            };
-            pass.run(&d, (a, b), f32::NAN, len)
-        };
-        let ours = run(
-            "redline_conv_fwd_tf32",
-            &xs,
-            &ws,
-            y.len(),
-            d.fwd_grid(),
-            None,
-        );
-        let r = max_rel(&ours, &y);
-        assert!(r < 1e-5, "{case}: y {r:e}");
+        let want = conv_reference(&d, &round(&xs), &round(&ws), &round(&gy));
+        let ours = check_f32_conv(&case, &d, ("tf32", MMA_THREADS), (&xs, &ws, &gy), &want);
         // The unrounded operands' convolution is further off: TF32 rounded them.
         let [exact, _, _] = conv_reference(&d, &xs, &ws, &gy);
         let off = max_rel(&ours, &exact);
         assert!(off > 1e-5, "{case}: y is the unrounded product ({off:e})");
-        let dx = run(
-            "redline_conv_dx_tf32",
-            &gy,
-            &ws,
-            xs.len(),
-            d.dx_grid(),
-            None,
-        );
-        let r = max_rel(&dx, &want_dx);
-        assert!(r < 1e-5, "{case}: dx {r:e}");
-        let (grid, chunk) = d.dw_plan();
-        let partial = run(
-            "redline_conv_dw_tf32",
-            &gy,
-            &xs,
-            grid.2 as usize * ws.len(),
-            grid,
-            Some(chunk as u32),
-        );
-        let dw = sum_splits_f32(&partial, grid.2, ws.len());
-        let r = max_rel(&dw, &want_dw);
-        assert!(r < 1e-5, "{case}: dw over {} splits {r:e}", grid.2);
     }
 }

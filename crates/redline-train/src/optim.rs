@@ -285,9 +285,6 @@ impl Optimizer {
         self.step += 1;
         let hp = self.step_params();
         let lr = self.cfg.lr();
-        let skip = found_inf
-            .map(redline_kernels::optim::skip_mask)
-            .transpose()?;
         if let Some(h) = &mut self.hyper {
             h.set_lr(lr)?;
             match found_inf {
@@ -304,7 +301,7 @@ impl Optimizer {
             // the generic path.
             let declined = slot.param.grad().take_with(|g| -> Result<Option<Tensor>> {
                 let done = match hp {
-                    _ if skip.is_some() => false,
+                    _ if found_inf.is_some() => false,
                     StepParams::Adam(hp) => adam_step(&p, g, fused, hp)?,
                     StepParams::Sgd(hp) => sgd_step(&p, g, fused, hp)?,
                 };
@@ -346,6 +343,10 @@ impl Optimizer {
         {
             return Ok(());
         }
+        // The generic path's mask of a flagged step (made only when it runs).
+        let skip = found_inf
+            .map(redline_kernels::optim::skip_mask)
+            .transpose()?;
         let mut consts: Vec<(DType, Generic)> = Vec::new();
         for (i, p, g) in pending {
             // bf16 parameters (bf16-true) round as PyTorch's bf16 ops do,

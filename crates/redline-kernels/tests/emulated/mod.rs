@@ -185,3 +185,45 @@ pub fn sum_splits_f32(partial: &[f32], splits: u32, count: usize) -> Vec<f32> {
     );
     out
 }
+
+/// Runs the f32-operand convolution kernels `redline_conv_{fwd,dx,dw}_{suffix}`
+/// (`threads` per block; grids and splits from `d`, as `src/cuda/conv.rs`
+/// launches them) on `xs`, `ws` and the upstream gradient `gy`, and holds
+/// each pass within 1e-5 of the largest value to `want` (`[y, dx, dw]`:
+/// candle's, on the values the kernels compute with); with one split, dW's
+/// partial sum is the sum. Returns the forward's output.
+pub fn check_f32_conv(
+    case: &str,
+    d: &redline_kernels::conv_igemm::ConvDims,
+    (suffix, threads): (&str, u32),
+    (xs, ws, gy): (&[f32], &[f32], &[f32]),
+    want: &[Vec<f32>; 3],
+) -> Vec<f32> {
+    let run = |pass: &str, a: &[f32], b: &[f32], len: usize, grid, chunk: Option<u32>| {
+        let pass = ConvPass {
+            kernel: &format!("redline_conv_{pass}_{suffix}"),
+            grid,
+            threads,
+            chunk,
+        };
+        pass.run(d, (a, b), f32::NAN, len)
+    };
+    let [y, want_dx, want_dw] = want;
+    // Sums of up to 630 terms in another order than candle's (1.4e-6 seen).
+    let ours = run("fwd", xs, ws, y.len(), d.fwd_grid(), None);
+    let r = max_rel(&ours, y);
+    assert!(r < 1e-5, "{case}: y {r:e}");
+    let dx = run("dx", gy, ws, xs.len(), d.dx_grid(), None);
+    let r = max_rel(&dx, want_dx);
+    assert!(r < 1e-5, "{case}: dx {r:e}");
+    let (grid, chunk) = d.dw_plan();
+    let splits = grid.2 as usize;
+    let partial = run("dw", gy, xs, splits * ws.len(), grid, Some(chunk as u32));
+    let dw = sum_splits_f32(&partial, grid.2, ws.len());
+    let r = max_rel(&dw, want_dw);
+    assert!(r < 1e-5, "{case}: dw over {splits} splits {r:e}");
+    if splits == 1 {
+        assert_eq!(partial, dw, "{case}: one split is the sum");
+    }
+    ours
+}

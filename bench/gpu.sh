@@ -17,6 +17,8 @@
 #      beside PyTorch autocast / GradScaler / model.to(bfloat16) on the same GPU.
 # One part at a time keeps each device call under its 10 minutes:
 #   bash bench/gpu.sh [all|tests|redline|torch|precision]   (default all; the table ends each part)
+# GPU_EPOCHS (default 5) sets the epochs of every timed run, Redline's and PyTorch's alike.
+# bench/gpu-session.sh runs several parts in one device call, each under its own time limit.
 set -uo pipefail
 part="${1:-all}"
 case "$part" in all|tests|redline|torch|precision) ;; *) echo "usage: bash bench/gpu.sh [all|tests|redline|torch|precision]" >&2; exit 2 ;; esac
@@ -31,6 +33,7 @@ export REDLINE_REPO_ROOT="$PWD"
 bin="$(mktemp -d)"
 tar -C "$bin" -xJf .gpu/bundle.tar.xz
 rl="$bin/redline"
+epochs="${GPU_EPOCHS:-5}"
 want() { [ "$part" = all ] || [ "$part" = "$1" ]; }
 set -x
 nvidia-smi
@@ -46,7 +49,7 @@ $rl train --device cuda:0 --strategy ddp --max-steps 50 --run-dir "$out/run-ddp-
 fi
 run() { # name, then redline train flags
     local name="$1"; shift
-    $rl train --device cuda:0 --run-dir "$out/run-$name" --monitor-interval 0.1 --profiler simple "$@"
+    $rl train --device cuda:0 --run-dir "$out/run-$name" --monitor-interval 0.1 --profiler simple --epochs "$epochs" "$@"
     cp "$out/run-$name/summary.json" "$out/$name.summary.json" 2>/dev/null
 }
 if want redline; then
@@ -77,22 +80,22 @@ fi
 if want torch; then
 for w in tensor; do
     for m in mlp cnn; do
-        "$py" bench/torch_mnist.py --device cuda --workload "$w" --model "$m" --epochs 5 --threads 4 \
+        "$py" bench/torch_mnist.py --device cuda --workload "$w" --model "$m" --epochs "$epochs" --threads 4 \
             > "$out/torch-$w-$m.json"
     done
 done
-"$py" bench/torch_mnist.py --device cuda --workload tensor --model mlp --batch-size 512 --epochs 5 \
+"$py" bench/torch_mnist.py --device cuda --workload tensor --model mlp --batch-size 512 --epochs "$epochs" \
     --threads 4 > "$out/torch-tensor-mlp-b512.json"
 # Issue 12: PyTorch's strongest loop, the whole step as one CUDA graph (capturable Adam).
 for m in mlp cnn; do
     for b in 64 512; do
         "$py" bench/torch_mnist.py --device cuda --workload graph --model "$m" --batch-size "$b" \
-            --epochs 5 --threads 4 > "$out/torch-graph-$m-b$b.json"
+            --epochs "$epochs" --threads 4 > "$out/torch-graph-$m-b$b.json"
     done
 done
 # PyTorch's default CNN runs TF32 convolutions (cudnn.allow_tf32): also fp32 throughout.
 "$py" bench/torch_mnist.py --device cuda --workload graph --model cnn --batch-size 64 \
-    --epochs 5 --threads 4 --matmul-precision highest > "$out/torch-graph-cnn-b64-highest.json"
+    --epochs "$epochs" --threads 4 --matmul-precision highest > "$out/torch-graph-cnn-b64-highest.json"
 fi
 if want precision; then
 # The goldens' jobs (init, data order, 20 steps), each precision, on cuda:0: with
@@ -111,24 +114,24 @@ for set in default tc; do
     done
     "$py" bench/precision_check.py "$dir" | tee "$dir/precision-goldens.md"
 done
+# The tensor-core kernels (cuda/conv_mma.cu, the 16-bit cuBLASLt layer and CNN
+# block) (first: they are new) beside the defaults' candle 16-bit ops below, and the TF32 convolution
+# beside the redline part's cnn-tf32 (f32 kernels under auto).
+run mlp-b512-bf16-mixed-tc --precision bf16-mixed --batch-size 512 --fused-kernels on
+run cnn-bf16-mixed-tc --model cnn --precision bf16-mixed --fused-kernels on
+run cnn-tf32-tc --model cnn --matmul-precision high --fused-kernels on
 # Speed and memory per precision, Redline then PyTorch, MLP (b64, b512) and CNN.
 for p in bf16-mixed 16-mixed bf16-true; do
     run "mlp-$p" --precision "$p"
     run "mlp-b512-$p" --precision "$p" --batch-size 512
     run "cnn-$p" --model cnn --precision "$p"
     for m in mlp cnn; do
-        "$py" bench/torch_mnist.py --device cuda --workload tensor --model "$m" --epochs 5 \
+        "$py" bench/torch_mnist.py --device cuda --workload tensor --model "$m" --epochs "$epochs" \
             --threads 4 --precision "$p" > "$out/torch-prec-$m-$p.json"
     done
     "$py" bench/torch_mnist.py --device cuda --workload tensor --model mlp --batch-size 512 \
-        --epochs 5 --threads 4 --precision "$p" > "$out/torch-prec-mlp-b512-$p.json"
+        --epochs "$epochs" --threads 4 --precision "$p" > "$out/torch-prec-mlp-b512-$p.json"
 done
-# The tensor-core kernels (cuda/conv_mma.cu, the 16-bit cuBLASLt layer and CNN
-# block) beside the defaults' candle 16-bit ops above, and the TF32 convolution
-# beside the redline part's cnn-tf32 (f32 kernels under auto).
-run mlp-b512-bf16-mixed-tc --precision bf16-mixed --batch-size 512 --fused-kernels on
-run cnn-bf16-mixed-tc --model cnn --precision bf16-mixed --fused-kernels on
-run cnn-tf32-tc --model cnn --matmul-precision high --fused-kernels on
 fi
 set +x
 "$py" bench/gpu_table.py "$out"

@@ -2,8 +2,9 @@
 # One device call for the GPU check: the parts of bench/gpu.sh (and a short
 # CPU comparison at 4 and 16 threads, part `cpu`, CPU_EPOCHS epochs, default 1), each under its own time limit, so a
 # part that hangs or runs long cannot take the others' time. The device tool
-# returns at most 8 files, so every log, summary and run folder is packed into
-# $OUT/results.tgz after each part (kept even if the call is cut off):
+# returns at most 8 files of at most 16 MB, so each part's logs, summaries and
+# run folders (less checkpoints and HTML reports) are packed into $OUT/PART.tgz
+# as the part ends (kept even if the call is cut off later):
 #   device tool: run(command="GPU_EPOCHS=3 bash bench/gpu-session.sh tests:80 precision:230", carry=[".gpu"])
 # Each argument is PART:SECONDS; PART is tests, ties, precision, redline, torch or cpu.
 set -uo pipefail
@@ -11,7 +12,11 @@ final="${OUT:?the device tool sets OUT}"
 work="$(mktemp -d)"
 epochs="${GPU_EPOCHS:-5}"
 echo "commit ${COMMIT:-unknown}; GPU_EPOCHS=$epochs; $*" >"$work/commit.txt"
-pack() { tar -C "$work" --exclude='prec-*.safetensors' -czf "$final/results.tgz" . ; }
+pack() { # this part's new files (those newer than its stamp) into $OUT/$1.tgz
+    (cd "$work" && find . -type f -newer "$work/.stamp" ! -path '*/checkpoints/*' ! -name 'report.html' \
+        ! -name 'prec-*.safetensors' -print0 | tar --null -T - -czf "$final/$1.tgz")
+    ls -l "$final/$1.tgz"
+}
 py="$(command -v python3)"
 cpu_part() { # the CNN on the host's cores, Redline beside PyTorch, 4 and 16 threads
     local bin t
@@ -28,13 +33,16 @@ for spec in "$@"; do
     part="${spec%%:*}"
     limit="${spec#*:}"
     start=$(date +%s)
+    touch "$work/.stamp"
     case "$part" in
-        ties) OUT="$work" timeout -k 5 "$limit" "$py" tools/reference/cnn_ties.py --write "$work/golden" \
+        ties) mkdir -p "$work/golden"
+            OUT="$work" timeout -k 5 "$limit" "$py" tools/reference/cnn_ties.py --write "$work/golden" \
             2>&1 | tee "$work/cnn-ties.log" ;;
         cpu) export -f cpu_part; export work epochs py
             timeout -k 5 "$limit" bash -c cpu_part 2>&1 | tee "$work/cpu.log" ;;
         *) OUT="$work" timeout -k 5 "$limit" bash bench/gpu.sh "$part" ;;
     esac
     echo "part $part: exit ${PIPESTATUS[0]} after $(($(date +%s) - start)) s (limit $limit s)" | tee -a "$work/parts.txt"
-    pack
+    cp "$work/parts.txt" "$work/commit.txt" "$final/"
+    pack "$part"
 done

@@ -18,6 +18,7 @@ The precision column says how each run's fp32 products were computed (Redline's
 
 from __future__ import annotations
 
+import csv
 import json
 import statistics
 import sys
@@ -27,10 +28,27 @@ N_TRAIN = 60000
 
 
 def records(run: Path) -> list[dict]:
+    """The run's metrics records: metrics.jsonl, else metrics.csv (which has
+    the step and epoch records but not the NVML samples)."""
     path = run / "metrics.jsonl"
+    if path.exists():
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    path = run / "metrics.csv"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    out = []
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            rec = {}
+            for key, value in row.items():
+                if value in ("", None):
+                    continue
+                try:
+                    rec[key] = float(value)
+                except ValueError:
+                    rec[key] = value
+            out.append(rec)
+    return out
 
 
 def redline_row(run: Path) -> dict:

@@ -12,6 +12,18 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// Output columns per block of the linear backward's mask + bias-gradient
+/// kernel (`cuda/linear.cu`'s `MASK_COLS`).
+pub const MASK_COLS: u32 = 32;
+
+/// Threads per block of that kernel: `MASK_COLS` columns times its 16 row
+/// groups (`MASK_GROUPS`).
+pub const MASK_THREADS: u32 = 512;
+
+/// The kernel's row groups: group `k` sums rows `k, k + MASK_GROUPS, ...` of
+/// a column in order, then the groups' sums are added in group order.
+pub const MASK_GROUPS: usize = (MASK_THREADS / MASK_COLS) as usize;
+
 static ON: AtomicBool = AtomicBool::new(false);
 static REDUCED: AtomicBool = AtomicBool::new(false);
 

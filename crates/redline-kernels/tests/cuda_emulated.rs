@@ -15,7 +15,7 @@ use std::ffi::CString;
 use candle_core::{Device, Tensor, Var};
 use emulated::{
     arg, check_f32_conv, conv_outputs, conv_reference, elementwise, emulator, flat, launch,
-    max_rel, tensor, values,
+    mask_grid, mask_sum, max_rel, tensor, values,
 };
 use redline_kernels::conv_igemm::{ConvDims, THREADS};
 use redline_kernels::max_pool2d_generic;
@@ -205,45 +205,43 @@ fn emulated_cross_entropy_matches_the_cpu_kernel() {
 
 /// The linear backward's mask + bias-gradient kernel: the gradient zeroed
 /// where the forward's ReLU output was not positive, and the bias gradient
-/// summed over rows in order; without a ReLU (`y` null) nothing is masked.
+/// summed over rows in the kernel's fixed order (`mask_sum`); without a ReLU (`y` null) nothing is masked.
 #[test]
 fn emulated_relu_mask_bias_grad_matches_a_reference() {
-    let (rows, cols) = (37usize, 150usize);
-    let g = values(rows * cols, 0.2);
-    let y: Vec<f32> = values(rows * cols, 1.7)
-        .iter()
-        .map(|v| v.max(0.0))
-        .collect();
-    for relu in [true, false] {
-        let mut dz = vec![f32::NAN; rows * cols];
-        let mut db = vec![f32::NAN; cols];
-        let py = if relu { y.as_ptr() } else { std::ptr::null() };
-        let (pg, pdz, pdb) = (g.as_ptr(), dz.as_mut_ptr(), db.as_mut_ptr());
-        let (r32, c32) = (rows as u32, cols as u32);
-        let mut args = [
-            arg(&pg),
-            arg(&py),
-            arg(&pdz),
-            arg(&pdb),
-            arg(&r32),
-            arg(&c32),
-        ];
-        launch(
-            "redline_relu_mask_bias_grad_f32",
-            ((cols as u32).div_ceil(128), 1, 1),
-            128,
-            &mut args,
-        );
-        let want: Vec<f32> = g
+    // More row groups than rows, and many rows per group.
+    for (rows, cols) in [(37usize, 150usize), (5, 40), (300, 10)] {
+        let g = values(rows * cols, 0.2);
+        let y: Vec<f32> = values(rows * cols, 1.7)
             .iter()
-            .zip(&y)
-            .map(|(&g, &y)| if relu && y <= 0.0 { 0.0 } else { g })
+            .map(|v| v.max(0.0))
             .collect();
-        assert_eq!(dz, want, "relu {relu}: dz");
-        let want_db: Vec<f32> = (0..cols)
-            .map(|j| (0..rows).fold(0f32, |s, r| s + want[r * cols + j]))
-            .collect();
-        assert_eq!(db, want_db, "relu {relu}: db");
+        for relu in [true, false] {
+            let mut dz = vec![f32::NAN; rows * cols];
+            let mut db = vec![f32::NAN; cols];
+            let py = if relu { y.as_ptr() } else { std::ptr::null() };
+            let (pg, pdz, pdb) = (g.as_ptr(), dz.as_mut_ptr(), db.as_mut_ptr());
+            let (r32, c32) = (rows as u32, cols as u32);
+            let mut args = [
+                arg(&pg),
+                arg(&py),
+                arg(&pdz),
+                arg(&pdb),
+                arg(&r32),
+                arg(&c32),
+            ];
+            let (grid, threads) = mask_grid(cols);
+            launch("redline_relu_mask_bias_grad_f32", grid, threads, &mut args);
+            let want: Vec<f32> = g
+                .iter()
+                .zip(&y)
+                .map(|(&g, &y)| if relu && y <= 0.0 { 0.0 } else { g })
+                .collect();
+            assert_eq!(dz, want, "relu {relu}: dz");
+            let want_db: Vec<f32> = (0..cols)
+                .map(|j| mask_sum(rows, |r| want[r * cols + j]))
+                .collect();
+            assert_eq!(db, want_db, "relu {relu}: db");
+        }
     }
 }
 

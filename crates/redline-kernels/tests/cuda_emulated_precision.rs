@@ -12,8 +12,8 @@ mod emulated;
 
 use candle_core::Var;
 use emulated::{
-    arg, check_f32_conv, conv_outputs, conv_reference, elementwise, flat, launch, max_rel, tensor,
-    values, ConvPass,
+    arg, check_f32_conv, conv_outputs, conv_reference, elementwise, flat, launch, mask_grid,
+    mask_sum, max_rel, tensor, values, ConvPass,
 };
 use redline_kernels::conv_igemm::{ConvDims, MMA_THREADS};
 
@@ -219,53 +219,56 @@ fn emulated_tensor_core_conv_matches_candle_on_16_bit_values() {
 
 /// The 16-bit linear layer's backward kernel: the incoming gradient's bits
 /// where the ReLU passed (all of them without one), and the bias gradient
-/// summed in f32 in row order, rounded once to the format.
+/// summed in f32 in the kernel's fixed order (`mask_sum`), rounded once to
+/// the format.
 #[test]
 fn emulated_16_bit_relu_mask_bias_grad_matches_a_reference() {
-    let (rows, cols) = (37usize, 150usize);
-    for fmt in [Fmt::Bf16, Fmt::F16] {
-        let (g, gv) = rounded(fmt, &values(rows * cols, 0.2));
-        let (y, yv) = rounded(fmt, &values(rows * cols, 1.7));
-        // The ReLU's output: zeros (some -0.0) where it blocked.
-        let y: Vec<u16> = y
-            .iter()
-            .zip(&yv)
-            .map(|(&b, &v)| if v > 0.0 { b } else { fmt.down(-0.0 * v.abs()) })
-            .collect();
-        for relu in [true, false] {
-            let mut dz = vec![fmt.nan(); rows * cols];
-            let mut db = vec![fmt.nan(); cols];
-            let py = if relu { y.as_ptr() } else { std::ptr::null() };
-            let (pg, pdz, pdb) = (g.as_ptr(), dz.as_mut_ptr(), db.as_mut_ptr());
-            let (r32, c32) = (rows as u32, cols as u32);
-            let mut args = [
-                arg(&pg),
-                arg(&py),
-                arg(&pdz),
-                arg(&pdb),
-                arg(&r32),
-                arg(&c32),
-            ];
-            launch(
-                &format!("redline_relu_mask_bias_grad_{}", fmt.suffix()),
-                ((cols as u32).div_ceil(128), 1, 1),
-                128,
-                &mut args,
-            );
-            let want: Vec<u16> = (0..rows * cols)
-                .map(|i| if relu && yv[i] <= 0.0 { 0 } else { g[i] })
+    // More row groups than rows, and many rows per group.
+    for (rows, cols) in [(37usize, 150usize), (5, 40), (300, 10)] {
+        for fmt in [Fmt::Bf16, Fmt::F16] {
+            let (g, gv) = rounded(fmt, &values(rows * cols, 0.2));
+            let (y, yv) = rounded(fmt, &values(rows * cols, 1.7));
+            // The ReLU's output: zeros (some -0.0) where it blocked.
+            let y: Vec<u16> = y
+                .iter()
+                .zip(&yv)
+                .map(|(&b, &v)| if v > 0.0 { b } else { fmt.down(-0.0 * v.abs()) })
                 .collect();
-            assert_eq!(dz, want, "{fmt:?} relu {relu}: dz");
-            let want_db: Vec<u16> = (0..cols)
-                .map(|j| {
-                    let s = (0..rows).fold(0f32, |s, r| {
-                        let i = r * cols + j;
-                        s + if relu && yv[i] <= 0.0 { 0.0 } else { gv[i] }
-                    });
-                    fmt.down(s)
-                })
-                .collect();
-            assert_eq!(db, want_db, "{fmt:?} relu {relu}: db");
+            for relu in [true, false] {
+                let mut dz = vec![fmt.nan(); rows * cols];
+                let mut db = vec![fmt.nan(); cols];
+                let py = if relu { y.as_ptr() } else { std::ptr::null() };
+                let (pg, pdz, pdb) = (g.as_ptr(), dz.as_mut_ptr(), db.as_mut_ptr());
+                let (r32, c32) = (rows as u32, cols as u32);
+                let mut args = [
+                    arg(&pg),
+                    arg(&py),
+                    arg(&pdz),
+                    arg(&pdb),
+                    arg(&r32),
+                    arg(&c32),
+                ];
+                let (grid, threads) = mask_grid(cols);
+                let kernel = format!("redline_relu_mask_bias_grad_{}", fmt.suffix());
+                launch(&kernel, grid, threads, &mut args);
+                let want: Vec<u16> = (0..rows * cols)
+                    .map(|i| if relu && yv[i] <= 0.0 { 0 } else { g[i] })
+                    .collect();
+                assert_eq!(dz, want, "{fmt:?} relu {relu}: dz");
+                let want_db: Vec<u16> = (0..cols)
+                    .map(|j| {
+                        fmt.down(mask_sum(rows, |r| {
+                            let i = r * cols + j;
+                            if relu && yv[i] <= 0.0 {
+                                0.0
+                            } else {
+                                gv[i]
+                            }
+                        }))
+                    })
+                    .collect();
+                assert_eq!(db, want_db, "{fmt:?} relu {relu}: db");
+            }
         }
     }
 }

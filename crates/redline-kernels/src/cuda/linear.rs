@@ -26,6 +26,7 @@ use candle_core::cuda_backend::{CudaDevice, DeviceId};
 use candle_core::{bail, CudaStorage, DType, Layout};
 
 use super::function;
+use crate::fused_gpu::{MASK_COLS, MASK_THREADS};
 use crate::gemm_plan::{linear_forward, linear_input_grad, linear_weight_grad, Epilogue, GemmPlan};
 
 /// cuBLASLt's workspace: 32 MiB, NVIDIA's recommendation for Hopper.
@@ -441,8 +442,8 @@ pub(crate) fn backward(
         .arg(&rows)
         .arg(&cols);
     let cfg = LaunchConfig {
-        grid_dim: (cols.div_ceil(128), 1, 1),
-        block_dim: (128, 1, 1),
+        grid_dim: (cols.div_ceil(MASK_COLS), 1, 1),
+        block_dim: (MASK_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: pointer arguments as the kernel declares them: g, y (or 0), dz

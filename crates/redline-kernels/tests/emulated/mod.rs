@@ -103,6 +103,26 @@ pub fn max_rel(ours: &[f32], want: &[f32]) -> f32 {
         / scale
 }
 
+/// The linear backward's bias-gradient sum of one column, in the kernel's
+/// order: row group `k` adds rows `k, k + MASK_GROUPS, ...` in order from
+/// +0.0, then the groups' sums are added in group order from +0.0, in f32.
+pub fn mask_sum(rows: usize, value: impl Fn(usize) -> f32) -> f32 {
+    use redline_kernels::fused_gpu::MASK_GROUPS;
+    (0..MASK_GROUPS)
+        .map(|k| {
+            (k..rows)
+                .step_by(MASK_GROUPS)
+                .fold(0f32, |s, r| s + value(r))
+        })
+        .fold(0f32, |s, p| s + p)
+}
+
+/// The mask + bias-gradient kernel's grid, as `src/cuda/linear.rs` launches it.
+pub fn mask_grid(cols: usize) -> ((u32, u32, u32), u32) {
+    use redline_kernels::fused_gpu::{MASK_COLS, MASK_THREADS};
+    (((cols as u32).div_ceil(MASK_COLS), 1, 1), MASK_THREADS)
+}
+
 /// The elementwise-kernels' grid: one thread per element, at most 65535 blocks.
 pub fn elementwise(n: usize, threads: u32) -> (u32, u32, u32) {
     (n.div_ceil(threads as usize).clamp(1, 65_535) as u32, 1, 1)

@@ -102,6 +102,10 @@ if want precision; then
 # the defaults (candle's 16-bit ops), then in $out/tc with --fused-kernels on (the
 # tensor-core kernels, 16-bit layers, bf16 and flag-skipping optimizer: off under
 # auto until these pass; then set graph::AUTO_FUSES_REDUCED).
+# PyTorch's own CUDA autocast runs of the same jobs: the reference on a GPU, beside the
+# CPU goldens (the CNN's pooling ties move with a GPU's rounding, PyTorch's alike).
+"$py" tools/reference/make_golden_precision.py --device cuda --init testdata/golden \
+    --out "$out/torch-ref" --precisions bf16-mixed,16-mixed,bf16-true
 for set in default tc; do
     dir="$out"; extra=""
     if [ "$set" = tc ]; then dir="$out/tc"; extra="--fused-kernels on"; mkdir -p "$dir"; fi
@@ -113,6 +117,7 @@ for set in default tc; do
             --monitor-interval 0
     done
     "$py" bench/precision_check.py "$dir" | tee "$dir/precision-goldens.md"
+    "$py" bench/precision_check.py "$dir" --golden "$out/torch-ref" | tee "$dir/precision-goldens-cuda.md"
 done
 # The tensor-core kernels (cuda/conv_mma.cu, the 16-bit cuBLASLt layer and CNN
 # block) (first: they are new) beside the defaults' candle 16-bit ops below, and the TF32 convolution

@@ -4,7 +4,11 @@ tools/reference/make_golden_precision.py (PyTorch autocast, GradScaler, model.to
 with the bounds crates/redline/tests/precision.rs holds the CPU to. bench/gpu.sh runs the
 jobs on cuda:0 and then this; it runs anywhere (the CPU runs of the same jobs pass).
 
-    python3 bench/precision_check.py RUNS_DIR [--golden testdata/golden]
+    python3 bench/precision_check.py RUNS_DIR [--golden testdata/golden] [--init testdata/golden]
+
+--golden may name the CUDA reference of `make_golden_precision.py --device cuda` (the same
+jobs under PyTorch's CUDA autocast), which `bench/gpu.sh precision` makes on the GPU; the
+initial weights stay those of --init.
 
 RUNS_DIR holds, per job, `run-prec-<model>-<golden prefix>/` (the run folder) and
 `prec-<model>-<golden prefix>.safetensors` (its --save). Prints one row per job: the worst
@@ -14,6 +18,7 @@ torch alone (the GPU image's PyTorch may lack the safetensors package).
 """
 
 import argparse
+import csv
 import json
 import struct
 import sys
@@ -60,23 +65,37 @@ def load(path: Path) -> dict:
     return out
 
 
+def step_records(run: Path):
+    """The run's step records (loss, loss_scale) from metrics.jsonl, else metrics.csv;
+    None when it has neither."""
+    if (run / "metrics.jsonl").exists():
+        recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if l]
+    elif (run / "metrics.csv").exists():
+        with (run / "metrics.csv").open(newline="") as f:
+            recs = [{k: (float(v) if k in ("loss", "loss_scale") and v else v) for k, v in r.items()}
+                    for r in csv.DictReader(f)]
+    else:
+        return None
+    return [r for r in recs if r.get("kind") == "step"]
+
+
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def check(runs: Path, golden: Path, model: str, prefix: str, loss_tol: float, upd_tol: float):
+def check(runs: Path, golden: Path, init_dir: Path, model: str, prefix: str, loss_tol: float,
+          upd_tol: float):
     run, saved = runs / f"run-prec-{model}-{prefix}", runs / f"prec-{model}-{prefix}.safetensors"
-    if not (run / "metrics.jsonl").exists() or not saved.exists():
+    steps = step_records(run)
+    if steps is None or not saved.exists():
         return None
     trace = json.loads((golden / f"{prefix}_{model}_trace.json").read_text())
-    steps = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in steps if r.get("kind") == "step"]
     ours = [r["loss"] for r in steps]
     theirs = trace["losses"]
     if len(ours) != len(theirs):
         return {"error": f"{len(ours)} steps logged, PyTorch has {len(theirs)}"}
     loss = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
-    init = load(golden / f"{model}_init.safetensors")
+    init = load(init_dir / f"{model}_init.safetensors")
     want, got = load(golden / f"{prefix}_{model}_final.safetensors"), load(saved)
     worst, name = max((rel_l2(got[k] - init[k], want[k] - init[k]), k) for k in want)
     row = {"loss": loss, "update": worst, "tensor": name}
@@ -90,6 +109,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", type=Path)
     ap.add_argument("--golden", type=Path, default=Path("testdata/golden"))
+    ap.add_argument("--init", type=Path, default=Path("testdata/golden"),
+                    help="folder of <model>_init.safetensors")
     ap.add_argument("--flags", action="store_true",
                     help="print each job's name and flags (for the shell loop that runs them)")
     a = ap.parse_args()
@@ -97,11 +118,12 @@ def main() -> int:
         for model, prefix, _, _ in JOBS:
             print(model, prefix, " ".join(FLAGS[prefix]))
         return 0
+    print(f"Against {a.golden}:\n")
     print("| job | loss vs PyTorch (max rel) | update (rel L2, worst) | scales | CPU bounds |")
     print("| --- | --- | --- | --- | --- |")
     ok = True
     for model, prefix, loss_tol, upd_tol in JOBS:
-        r = check(a.runs, a.golden, model, prefix, loss_tol, upd_tol)
+        r = check(a.runs, a.golden, a.init, model, prefix, loss_tol, upd_tol)
         if r is None or "error" in r:
             ok = False
             print(f"| {model} {prefix} | {'missing' if r is None else r['error']} | | | FAIL |")

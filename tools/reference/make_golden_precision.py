@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Mixed-precision golden files for Redline's `--precision bf16-mixed`: PyTorch's CPU
-autocast (`torch.autocast("cpu", dtype=torch.bfloat16)`) around the forward and the loss,
+autocast (`torch.autocast(DEVICE, dtype=torch.bfloat16)`) around the forward and the loss,
 fp32 master weights and Adam 1e-3 state, the backward outside the autocast region, as
 Lightning's `precision="bf16-mixed"` runs it. Same initial weights and data (file order,
 batch 64) as the fp32 goldens (`mlp_init`, `cnn_init`), 20 steps for both models (the fp32
@@ -16,6 +16,12 @@ Usage (from the repository root):
 
 Writes `bf16_mixed_<model>_trace.json` and `bf16_mixed_<model>_final.safetensors`.
 
+With `--device cuda --init testdata/golden --out DIR` the same jobs run on cuda:0 under
+`torch.autocast("cuda", ...)` and `torch.amp.GradScaler("cuda")` (deterministic algorithms,
+TF32 off for the fp32 ops): the reference `bench/gpu.sh precision` checks Redline's GPU runs
+against, beside the CPU goldens (a GPU's sums round in another order, and the CNN's pooling
+ties move with them, as `cnn_ties.py` shows in fp32). Not committed: made on each GPU.
+
 `bf16-true` (Lightning's `precision="bf16-true"`, its `HalfPrecision` plugin): the model
 converted with `.to(torch.bfloat16)` after the fp32 init is loaded, the batch's inputs cast
 to bf16, the forward, the loss (`F.cross_entropy` on bf16 logits, a bf16 loss) and the
@@ -26,7 +32,7 @@ And the same with the loss computed in fp32 from the bf16 logits
 `bf16_true_fp32_loss_<model>_*`: it checks the rest of the bf16 step (kernels, gradients,
 the bf16 Adam) without the bf16 loss's own rounding.
 
-`16-mixed` (Lightning's `precision="16-mixed"`): `torch.autocast("cpu", dtype=torch.float16)`
+`16-mixed` (Lightning's `precision="16-mixed"`): `torch.autocast(DEVICE, dtype=torch.float16)`
 with `torch.amp.GradScaler("cpu")` (`scaler.scale(loss).backward()`, `scaler.step(opt)`,
 `scaler.update()`), twice per model: with GradScaler's defaults (`fp16_mixed_<model>_*`),
 and made to overflow (`fp16_overflow_<model>_*`: `init_scale=2**24`, `growth_interval=3`, so
@@ -52,19 +58,31 @@ from make_golden import BATCH_SIZE, MODELS, load_split  # noqa: E402
 # Steps of every precision run (the issue's 20, for both models).
 STEPS = {"mlp": 20, "cnn": 20}
 
+# Where the runs go: "cpu" (the committed goldens) or "cuda" (--device cuda: the same jobs
+# under CUDA autocast, the reference for Redline's runs on a GPU), and the folder holding
+# `<model>_init.safetensors` (--init; default: --out).
+DEVICE = "cpu"
+INIT = None
+
+
+def start(name, data):
+    """The job's batches and its model from the fp32 init, on DEVICE."""
+    x, y = load_split(data, "train", BATCH_SIZE * STEPS[name])
+    model = MODELS[name]()
+    model.load_state_dict(load_file(os.path.join(INIT, f"{name}_init.safetensors")))
+    return x.to(DEVICE), y.to(DEVICE), model.to(DEVICE)
+
 
 def final_weights(model, name, dtype=torch.float32):
     """The model's weights for a golden file, in `dtype`; the CNN's without fc1.weight."""
-    return {k: v.detach().to(dtype).clone().contiguous() for k, v in model.state_dict().items()
+    return {k: v.detach().to(dtype).cpu().clone().contiguous() for k, v in model.state_dict().items()
             if not (name == "cnn" and k == "fc1.weight")}
 
 
 def run_fp32(name, data, out):
     """The same job in fp32, for the precision tests' "nearer the 16-bit run than fp32"."""
     steps = STEPS[name]
-    x, y = load_split(data, "train", BATCH_SIZE * steps)
-    model = MODELS[name]()
-    model.load_state_dict(load_file(os.path.join(out, f"{name}_init.safetensors")))
+    x, y, model = start(name, data)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     for i in range(steps):
         xb, yb = x[i * BATCH_SIZE:(i + 1) * BATCH_SIZE], y[i * BATCH_SIZE:(i + 1) * BATCH_SIZE]
@@ -80,9 +98,7 @@ def run_fp32(name, data, out):
 
 def run_bf16_true(name, data, out, fp32_loss=False):
     steps = STEPS[name]
-    x, y = load_split(data, "train", BATCH_SIZE * steps)
-    model = MODELS[name]()
-    model.load_state_dict(load_file(os.path.join(out, f"{name}_init.safetensors")))
+    x, y, model = start(name, data)
     model = model.to(torch.bfloat16)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     losses, logits_dtype, loss_dtype = [], None, None
@@ -121,15 +137,13 @@ def run_bf16_true(name, data, out, fp32_loss=False):
 
 def run(name, data, out):
     steps = STEPS[name]
-    x, y = load_split(data, "train", BATCH_SIZE * steps)
-    model = MODELS[name]()
-    model.load_state_dict(load_file(os.path.join(out, f"{name}_init.safetensors")))
+    x, y, model = start(name, data)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     losses, logits_dtype = [], None
     for i in range(steps):
         xb, yb = x[i * BATCH_SIZE:(i + 1) * BATCH_SIZE], y[i * BATCH_SIZE:(i + 1) * BATCH_SIZE]
         opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
             logits = model(xb)
             loss = F.cross_entropy(logits, yb)
         logits_dtype = str(logits.dtype)
@@ -141,7 +155,7 @@ def run(name, data, out):
     with open(os.path.join(out, f"bf16_mixed_{name}_trace.json"), "w") as f:
         json.dump({
             "model": name,
-            "precision": "bf16-mixed (torch.autocast cpu bfloat16)",
+            "precision": f"bf16-mixed (torch.autocast {DEVICE} bfloat16)",
             "steps": steps,
             "batch": BATCH_SIZE,
             "optimizer": "adam",
@@ -171,11 +185,9 @@ def run_fp16(name, data, out, prefix, settings, accumulate, clip):
     if accumulate > 1 and name != "mlp":
         return
     steps = STEPS[name]
-    x, y = load_split(data, "train", BATCH_SIZE * steps)
-    model = MODELS[name]()
-    model.load_state_dict(load_file(os.path.join(out, f"{name}_init.safetensors")))
+    x, y, model = start(name, data)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler("cpu", **settings)
+    scaler = torch.amp.GradScaler(DEVICE, **settings)
     losses, scales, skipped, logits_dtype = [], [], [], None
     for i in range(steps // accumulate):
         opt.zero_grad()
@@ -184,7 +196,7 @@ def run_fp16(name, data, out, prefix, settings, accumulate, clip):
         for j in range(accumulate):
             k = i * accumulate + j
             xb, yb = x[k * BATCH_SIZE:(k + 1) * BATCH_SIZE], y[k * BATCH_SIZE:(k + 1) * BATCH_SIZE]
-            with torch.autocast("cpu", dtype=torch.float16):
+            with torch.autocast(DEVICE, dtype=torch.float16):
                 logits = model(xb)
                 loss = F.cross_entropy(logits, yb)
             logits_dtype = str(logits.dtype)
@@ -206,7 +218,7 @@ def run_fp16(name, data, out, prefix, settings, accumulate, clip):
     with open(os.path.join(out, f"{prefix}_{name}_trace.json"), "w") as f:
         json.dump({
             "model": name,
-            "precision": "16-mixed (torch.autocast cpu float16, torch.amp.GradScaler cpu)",
+            "precision": f"16-mixed (torch.autocast {DEVICE} float16, torch.amp.GradScaler {DEVICE})",
             "scaler": {"init": settings["init_scale"], "growth": 2.0, "backoff": 0.5,
                        "interval": settings["growth_interval"]},
             "steps": steps // accumulate,
@@ -233,7 +245,21 @@ def main():
     ap.add_argument("--data", default="data/fashion-mnist")
     ap.add_argument("--models", default="mlp,cnn")
     ap.add_argument("--precisions", default="32-true,bf16-mixed,16-mixed,bf16-true")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: the same jobs under CUDA autocast on cuda:0, deterministic, the "
+                         "fp32 ops without TF32 (bench/gpu.sh precision's reference)")
+    ap.add_argument("--init", help="folder of <model>_init.safetensors (default: --out)")
     a = ap.parse_args()
+    global DEVICE, INIT
+    DEVICE, INIT = a.device, a.init or a.out
+    os.makedirs(a.out, exist_ok=True)
+    if DEVICE == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+        if not torch.cuda.is_available():
+            sys.exit("--device cuda: torch sees no CUDA device")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     precisions = a.precisions.split(",")
     for name in a.models.split(","):

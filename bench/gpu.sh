@@ -99,16 +99,16 @@ done
 fi
 if want precision; then
 # The goldens' jobs (init, data order, 20 steps), each precision, on cuda:0: with
-# the defaults (candle's 16-bit ops), then in $out/tc with --fused-kernels on (the
-# tensor-core kernels, 16-bit layers, bf16 and flag-skipping optimizer: off under
-# auto until these pass; then set graph::AUTO_FUSES_REDUCED).
-# PyTorch's own CUDA autocast runs of the same jobs: the reference on a GPU, beside the
-# CPU goldens (the CNN's pooling ties move with a GPU's rounding, PyTorch's alike).
+# the defaults (the tensor-core kernels, 16-bit layers, bf16 and flag-skipping
+# optimizer: graph::AUTO_FUSES_REDUCED), then in $out/candle with --fused-kernels off
+# (candle's 16-bit ops). Each checked against the CPU goldens and against PyTorch's
+# own CUDA autocast runs of the same jobs, made first: the reference on a GPU (the
+# CNN's pooling ties move with a GPU's rounding, PyTorch's alike).
 "$py" tools/reference/make_golden_precision.py --device cuda --init testdata/golden \
     --out "$out/torch-ref" --precisions bf16-mixed,16-mixed,bf16-true
-for set in default tc; do
+for set in default candle; do
     dir="$out"; extra=""
-    if [ "$set" = tc ]; then dir="$out/tc"; extra="--fused-kernels on"; mkdir -p "$dir"; fi
+    if [ "$set" = candle ]; then dir="$out/candle"; extra="--fused-kernels off"; mkdir -p "$dir"; fi
     "$py" bench/precision_check.py --flags "$dir" | while read -r model prefix flags; do
         # shellcheck disable=SC2086 # $flags and $extra are lists of flags
         $rl train --device cuda:0 --model "$model" --init "testdata/golden/${model}_init.safetensors" \
@@ -119,12 +119,10 @@ for set in default tc; do
     "$py" bench/precision_check.py "$dir" | tee "$dir/precision-goldens.md"
     "$py" bench/precision_check.py "$dir" --golden "$out/torch-ref" | tee "$dir/precision-goldens-cuda.md"
 done
-# The tensor-core kernels (cuda/conv_mma.cu, the 16-bit cuBLASLt layer and CNN
-# block) (first: they are new) beside the defaults' candle 16-bit ops below, and the TF32 convolution
-# beside the redline part's cnn-tf32 (f32 kernels under auto).
-run mlp-b512-bf16-mixed-tc --precision bf16-mixed --batch-size 512 --fused-kernels on
-run cnn-bf16-mixed-tc --model cnn --precision bf16-mixed --fused-kernels on
-run cnn-tf32-tc --model cnn --matmul-precision high --fused-kernels on
+# Candle's 16-bit ops (--fused-kernels off) beside the defaults' tensor-core
+# kernels below (the redline part's cnn-tf32 runs the TF32 tensor-core convolution).
+run mlp-b512-bf16-mixed-candle --precision bf16-mixed --batch-size 512 --fused-kernels off
+run cnn-bf16-mixed-candle --model cnn --precision bf16-mixed --fused-kernels off
 # Speed and memory per precision, Redline then PyTorch, MLP (b64, b512) and CNN.
 for p in bf16-mixed 16-mixed bf16-true; do
     run "mlp-$p" --precision "$p"

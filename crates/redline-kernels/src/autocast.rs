@@ -51,8 +51,8 @@ fn cpu16(x: &Tensor, w: &Param, b: &Param) -> Option<ParamBuffers> {
 }
 
 /// `y = x W^T + b` (ReLU'd when `relu`) in `dtype`: the fused kernel for an
-/// fp32 layer, else the cast operands' product (on a GPU with
-/// `--fused-kernels on`, Redline's cuBLASLt layer in the 16-bit type).
+/// fp32 layer, else the cast operands' product (on a GPU with the fused
+/// kernels, Redline's cuBLASLt layer in the 16-bit type).
 // (B, in) -> (B, out)
 pub fn linear_in(x: &Tensor, w: &Param, b: &Param, relu: bool, dtype: DType) -> Result<Tensor> {
     if dtype == DType::F32 && x.dtype() == DType::F32 && w.as_tensor().dtype() == DType::F32 {
@@ -67,14 +67,14 @@ pub fn linear_in(x: &Tensor, w: &Param, b: &Param, relu: bool, dtype: DType) -> 
         w.as_tensor().to_dtype(dtype)?,
         b.as_tensor().to_dtype(dtype)?,
     );
-    // On a GPU with `--fused-kernels on`: one cuBLASLt call with the bias
+    // On a GPU with the fused kernels (`--fused-kernels auto` or `on`): one cuBLASLt call with the bias
     // and ReLU in its epilogue; else candle's matmul, add and ReLU.
     linear(&x, &wt, &bt, relu)
 }
 
 /// A stride-1 convolution with bias, then (`pool_relu: Some(k)`) ReLU and a
 /// k x k max pool, in `dtype`: the fused kernels for an fp32 layer, else
-/// the cast operands' convolution (on a GPU with `--fused-kernels on`,
+/// the cast operands' convolution (on a GPU with the fused kernels (`--fused-kernels auto` or `on`),
 /// the 16-bit tensor-core kernels; else candle's).
 // (B, Cin, H, W) -> (B, Cout, H', W')
 pub fn conv2d_in(
@@ -122,7 +122,7 @@ pub fn conv2d_in(
         w.as_tensor().to_dtype(dtype)?,
         b.as_tensor().to_dtype(dtype)?,
     );
-    // On a GPU with `--fused-kernels on`: the tensor-core implicit GEMMs
+    // On a GPU with the fused kernels (`--fused-kernels auto` or `on`): the tensor-core implicit GEMMs
     // (and one kernel for the bias, pooling and ReLU); else candle's ops.
     match pool_relu {
         Some(k) => Ok(pool_relu_with(&x, &wt, &bt, padding, k, None)?),

@@ -3,12 +3,12 @@
 //! process-wide switch, as PyTorch's `torch.backends` flags are; without
 //! effect off a CUDA device or in a build without CUDA.
 //!
-//! A second switch, [`reduced_precision`], admits the kernels' variants that
-//! have not run on a GPU yet: the tensor-core convolutions (bf16, fp16,
+//! A second switch, [`reduced_precision`], admits the kernels'
+//! reduced-precision variants: the tensor-core convolutions (bf16, fp16,
 //! TF32), the 16-bit linear layer and CNN block, the bf16 optimizer and the
-//! optimizer's skip on the loss scaler's flag. `--fused-kernels on` turns
-//! them on; `auto` leaves them off until a GPU check passes
-//! (`redline_train::graph::AUTO_FUSES_REDUCED`).
+//! optimizer's skip on the loss scaler's flag. `--fused-kernels on` and
+//! `auto` turn them on (`auto` since their first GPU run:
+//! `redline_train::graph::AUTO_FUSES_REDUCED`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -333,8 +333,8 @@ pub struct TrainArgs {
     pub kernel_trace: String,
     /// On a GPU, use Redline's fused kernels where it has them (the optimizer
     /// update, the cross-entropy, linear layers, convolutions, the CNN
-    /// block): auto (the fp32 kernels, checked on an H100), on (also their
-    /// 16-bit and TF32 tensor-core variants, not yet run on a GPU) or off.
+    /// block), with their 16-bit and TF32 tensor-core variants: auto or on
+    /// (the same since the variants ran on an H200) or off (candle's ops).
     /// The CPU always uses its own.
     #[arg(long, default_value = "auto", value_name = "MODE", value_parser = ["auto", "on", "off"])]
     pub fused_kernels: String,

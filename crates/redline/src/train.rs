@@ -644,8 +644,9 @@ fn precision_path(
     ))
 }
 
-/// [`precision_path`] on a GPU: Redline's tensor-core kernels with
-/// `--fused-kernels on`, else candle's 16-bit CUDA ops.
+/// [`precision_path`] on a GPU: Redline's tensor-core kernels with the
+/// fused kernels (`--fused-kernels auto` or `on`), else candle's 16-bit
+/// CUDA ops.
 fn gpu_precision_path(precision: Precision, weights: &str, fused: bool) -> String {
     let ty = if precision == Precision::Fp16Mixed {
         "fp16"
@@ -656,7 +657,7 @@ fn gpu_precision_path(precision: Precision, weights: &str, fused: bool) -> Strin
         format!(
             "{precision} on the GPU: {weights}; linear layers (cuBLASLt) and convolutions \
              (Redline's implicit GEMMs) on {ty} tensor cores with fp32 accumulation, outputs \
-             rounded to {ty} (--fused-kernels on)"
+             rounded to {ty} (Redline's fused kernels)"
         )
     } else {
         format!("{precision} on the GPU: {weights}; candle's {ty} CUDA kernels (cuBLAS)")

@@ -91,11 +91,14 @@ impl DeviceCursor {
     }
 
     /// The sample indices of the current batch, `(B,)` u32, computed on the
-    /// device from the counter.
+    /// device from the counter. Detached from the cursor's variables, so a
+    /// batch gathered with them is data that no backward pass differentiates
+    /// (a tracked batch made the first layer's input gradient run every step,
+    /// unused: on an H200, the CNN's first convolution's dx).
     pub fn rows(&self) -> Result<Tensor> {
         let first = self.counter.as_tensor().affine(self.batch as f64, 0.0)?;
         let at = self.lanes.broadcast_add(&first)?;
-        Ok(self.perm.as_tensor().index_select(&at, 0)?)
+        Ok(self.perm.as_tensor().index_select(&at, 0)?.detach())
     }
 
     /// The current batch of a device-resident `split`: its inputs and targets.
@@ -125,7 +128,11 @@ impl DeviceCursor {
         if start == self.len {
             return Ok(None);
         }
-        let rows = self.perm.as_tensor().narrow(0, start, self.len - start)?;
+        let rows = self
+            .perm
+            .as_tensor()
+            .narrow(0, start, self.len - start)?
+            .detach();
         Ok(Some((
             split.x.index_select(&rows, 0)?,
             split.y.index_select(&rows, 0)?,
@@ -185,6 +192,10 @@ mod tests {
             assert_eq!(batches.len(), 11, "10 full batches and a last one of 3");
             for b in &batches[..10] {
                 let (x, y) = cursor.gather(&data)?;
+                assert!(
+                    !x.track_op() && !y.track_op(),
+                    "a batch is data, not tracked"
+                );
                 assert_eq!(x.to_vec2::<f32>()?, b.x.to_vec2::<f32>()?, "epoch {epoch}");
                 assert_eq!(y.to_vec1::<u32>()?, b.y.to_vec1::<u32>()?);
                 cursor.advance()?;
@@ -193,6 +204,10 @@ mod tests {
             let Some((x, y)) = cursor.rest(&data)? else {
                 panic!("103 samples leave a batch of 3")
             };
+            assert!(
+                !x.track_op() && !y.track_op(),
+                "the last batch is not tracked"
+            );
             assert_eq!(x.to_vec2::<f32>()?, batches[10].x.to_vec2::<f32>()?);
             assert_eq!(y.to_vec1::<u32>()?, batches[10].y.to_vec1::<u32>()?);
         }

@@ -106,9 +106,15 @@ if want precision; then
 # CNN's pooling ties move with a GPU's rounding, PyTorch's alike).
 "$py" tools/reference/make_golden_precision.py --device cuda --init testdata/golden \
     --out "$out/torch-ref" --precisions bf16-mixed,16-mixed,bf16-true
-for set in default candle; do
+# A third set, in $out/graph, captures every job (--cuda-graph on): the 16-mixed
+# goldens in graph mode (graph::AUTO_CAPTURES_SCALED waits for them).
+for set in default candle graph; do
     dir="$out"; extra=""
-    if [ "$set" = candle ]; then dir="$out/candle"; extra="--fused-kernels off"; mkdir -p "$dir"; fi
+    case "$set" in
+        candle) dir="$out/candle"; extra="--fused-kernels off" ;;
+        graph) dir="$out/graph"; extra="--cuda-graph on" ;;
+    esac
+    mkdir -p "$dir"
     "$py" bench/precision_check.py --flags "$dir" | while read -r model prefix flags; do
         # shellcheck disable=SC2086 # $flags and $extra are lists of flags
         $rl train --device cuda:0 --model "$model" --init "testdata/golden/${model}_init.safetensors" \
@@ -123,6 +129,9 @@ done
 # kernels below (the redline part's cnn-tf32 runs the TF32 tensor-core convolution).
 run mlp-b512-bf16-mixed-candle --precision bf16-mixed --batch-size 512 --fused-kernels off
 run cnn-bf16-mixed-candle --model cnn --precision bf16-mixed --fused-kernels off
+# 16-mixed captured (--cuda-graph on; auto runs it eagerly, the rows below).
+run mlp-16-mixed-graph --precision 16-mixed --cuda-graph on
+run cnn-16-mixed-graph --model cnn --precision 16-mixed --cuda-graph on
 # Speed and memory per precision, Redline then PyTorch, MLP (b64, b512) and CNN.
 for p in bf16-mixed 16-mixed bf16-true; do
     run "mlp-$p" --precision "$p"

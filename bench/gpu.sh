@@ -62,9 +62,6 @@ run mlp-defaults
 run mlp-b512-defaults --batch-size 512
 run cnn-defaults --model cnn
 run cnn-b512-defaults --model cnn --batch-size 512
-# The same jobs eagerly, without the fused kernels: what the defaults replace.
-run mlp-eager --cuda-graph off --fused-kernels off
-run cnn-eager --model cnn --cuda-graph off --fused-kernels off
 # Streamed batches (pinned slots, the raw copy stream) into the captured step.
 run mlp-streaming --data-on-device off
 # The kernel trace's own cost (GPU busy is then timed from the graph replays).
@@ -76,16 +73,12 @@ run cnn-b512-tf32 --model cnn --batch-size 512 --matmul-precision high
 # Which device `--device auto` picks for the default job, with its timings.
 $rl train --run-dir "$out/run-auto" --monitor-interval 0 --epochs 1
 cp "$out/run-auto/summary.json" "$out/auto.summary.json" 2>/dev/null
+# Last (the slowest, measured before): the same jobs eagerly, without the
+# fused kernels: what the defaults replace.
+run mlp-eager --cuda-graph off --fused-kernels off
+run cnn-eager --model cnn --cuda-graph off --fused-kernels off
 fi
 if want torch; then
-for w in tensor; do
-    for m in mlp cnn; do
-        "$py" bench/torch_mnist.py --device cuda --workload "$w" --model "$m" --epochs "$epochs" --threads 4 \
-            > "$out/torch-$w-$m.json"
-    done
-done
-"$py" bench/torch_mnist.py --device cuda --workload tensor --model mlp --batch-size 512 --epochs "$epochs" \
-    --threads 4 > "$out/torch-tensor-mlp-b512.json"
 # Issue 12: PyTorch's strongest loop, the whole step as one CUDA graph (capturable Adam).
 for m in mlp cnn; do
     for b in 64 512; do
@@ -96,6 +89,14 @@ done
 # PyTorch's default CNN runs TF32 convolutions (cudnn.allow_tf32): also fp32 throughout.
 "$py" bench/torch_mnist.py --device cuda --workload graph --model cnn --batch-size 64 \
     --epochs "$epochs" --threads 4 --matmul-precision highest > "$out/torch-graph-cnn-b64-highest.json"
+for w in tensor; do
+    for m in mlp cnn; do
+        "$py" bench/torch_mnist.py --device cuda --workload "$w" --model "$m" --epochs "$epochs" --threads 4 \
+            > "$out/torch-$w-$m.json"
+    done
+done
+"$py" bench/torch_mnist.py --device cuda --workload tensor --model mlp --batch-size 512 --epochs "$epochs" \
+    --threads 4 > "$out/torch-tensor-mlp-b512.json"
 fi
 if want precision; then
 # The goldens' jobs (init, data order, 20 steps), each precision, on cuda:0: with

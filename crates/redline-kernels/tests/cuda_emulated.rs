@@ -15,7 +15,7 @@ use std::ffi::CString;
 use candle_core::{Device, Tensor, Var};
 use emulated::{
     arg, check_f32_conv, conv_outputs, conv_reference, elementwise, emulator, flat, launch,
-    mask_grid, mask_sum, max_rel, tensor, values,
+    mask_sum, max_rel, run_mask_kernel, tensor, values,
 };
 use redline_kernels::conv_igemm::{ConvDims, THREADS};
 use redline_kernels::max_pool2d_generic;
@@ -216,21 +216,13 @@ fn emulated_relu_mask_bias_grad_matches_a_reference() {
             .map(|v| v.max(0.0))
             .collect();
         for relu in [true, false] {
-            let mut dz = vec![f32::NAN; rows * cols];
-            let mut db = vec![f32::NAN; cols];
-            let py = if relu { y.as_ptr() } else { std::ptr::null() };
-            let (pg, pdz, pdb) = (g.as_ptr(), dz.as_mut_ptr(), db.as_mut_ptr());
-            let (r32, c32) = (rows as u32, cols as u32);
-            let mut args = [
-                arg(&pg),
-                arg(&py),
-                arg(&pdz),
-                arg(&pdb),
-                arg(&r32),
-                arg(&c32),
-            ];
-            let (grid, threads) = mask_grid(cols);
-            launch("redline_relu_mask_bias_grad_f32", grid, threads, &mut args);
+            let (dz, db) = run_mask_kernel(
+                "redline_relu_mask_bias_grad_f32",
+                &g,
+                relu.then_some(&y[..]),
+                (rows, cols),
+                f32::NAN,
+            );
             let want: Vec<f32> = g
                 .iter()
                 .zip(&y)

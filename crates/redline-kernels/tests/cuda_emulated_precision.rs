@@ -12,8 +12,8 @@ mod emulated;
 
 use candle_core::Var;
 use emulated::{
-    arg, check_f32_conv, conv_outputs, conv_reference, elementwise, flat, launch, mask_grid,
-    mask_sum, max_rel, tensor, values, ConvPass,
+    arg, check_f32_conv, conv_outputs, conv_reference, elementwise, flat, launch, mask_sum,
+    max_rel, run_mask_kernel, tensor, values, ConvPass,
 };
 use redline_kernels::conv_igemm::{ConvDims, MMA_THREADS};
 
@@ -235,22 +235,9 @@ fn emulated_16_bit_relu_mask_bias_grad_matches_a_reference() {
                 .map(|(&b, &v)| if v > 0.0 { b } else { fmt.down(-0.0 * v.abs()) })
                 .collect();
             for relu in [true, false] {
-                let mut dz = vec![fmt.nan(); rows * cols];
-                let mut db = vec![fmt.nan(); cols];
-                let py = if relu { y.as_ptr() } else { std::ptr::null() };
-                let (pg, pdz, pdb) = (g.as_ptr(), dz.as_mut_ptr(), db.as_mut_ptr());
-                let (r32, c32) = (rows as u32, cols as u32);
-                let mut args = [
-                    arg(&pg),
-                    arg(&py),
-                    arg(&pdz),
-                    arg(&pdb),
-                    arg(&r32),
-                    arg(&c32),
-                ];
-                let (grid, threads) = mask_grid(cols);
                 let kernel = format!("redline_relu_mask_bias_grad_{}", fmt.suffix());
-                launch(&kernel, grid, threads, &mut args);
+                let y = relu.then_some(&y[..]);
+                let (dz, db) = run_mask_kernel(&kernel, &g, y, (rows, cols), fmt.nan());
                 let want: Vec<u16> = (0..rows * cols)
                     .map(|i| if relu && yv[i] <= 0.0 { 0 } else { g[i] })
                     .collect();

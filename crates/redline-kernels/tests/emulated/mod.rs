@@ -117,10 +117,34 @@ pub fn mask_sum(rows: usize, value: impl Fn(usize) -> f32) -> f32 {
         .fold(0f32, |s, p| s + p)
 }
 
-/// The mask + bias-gradient kernel's grid, as `src/cuda/linear.rs` launches it.
-pub fn mask_grid(cols: usize) -> ((u32, u32, u32), u32) {
+/// Runs a mask + bias-gradient `kernel` as `src/cuda/linear.rs` launches it
+/// over the incoming gradient `g` (`rows x cols`) and the ReLU's output `y`
+/// (none: no ReLU); returns dz and db, which start as `fill` (NaN), so an
+/// element no thread writes shows.
+pub fn run_mask_kernel<T: Copy>(
+    kernel: &str,
+    g: &[T],
+    y: Option<&[T]>,
+    (rows, cols): (usize, usize),
+    fill: T,
+) -> (Vec<T>, Vec<T>) {
     use redline_kernels::fused_gpu::{MASK_COLS, MASK_THREADS};
-    (((cols as u32).div_ceil(MASK_COLS), 1, 1), MASK_THREADS)
+    let mut dz = vec![fill; rows * cols];
+    let mut db = vec![fill; cols];
+    let py = y.map_or(std::ptr::null(), |y| y.as_ptr());
+    let (pg, pdz, pdb) = (g.as_ptr(), dz.as_mut_ptr(), db.as_mut_ptr());
+    let (r32, c32) = (rows as u32, cols as u32);
+    let mut args = [
+        arg(&pg),
+        arg(&py),
+        arg(&pdz),
+        arg(&pdb),
+        arg(&r32),
+        arg(&c32),
+    ];
+    let grid = (c32.div_ceil(MASK_COLS), 1, 1);
+    launch(kernel, grid, MASK_THREADS, &mut args);
+    (dz, db)
 }
 
 /// The elementwise-kernels' grid: one thread per element, at most 65535 blocks.

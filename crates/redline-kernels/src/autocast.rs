@@ -67,15 +67,16 @@ pub fn linear_in(x: &Tensor, w: &Param, b: &Param, relu: bool, dtype: DType) -> 
         w.as_tensor().to_dtype(dtype)?,
         b.as_tensor().to_dtype(dtype)?,
     );
-    // On a GPU with the fused kernels (`--fused-kernels auto` or `on`): one cuBLASLt call with the bias
-    // and ReLU in its epilogue; else candle's matmul, add and ReLU.
+    // On a GPU with the fused kernels (`--fused-kernels auto` or `on`): one
+    // cuBLASLt call with the bias and ReLU in its epilogue; else candle's
+    // matmul, add and ReLU.
     linear(&x, &wt, &bt, relu)
 }
 
 /// A stride-1 convolution with bias, then (`pool_relu: Some(k)`) ReLU and a
 /// k x k max pool, in `dtype`: the fused kernels for an fp32 layer, else
-/// the cast operands' convolution (on a GPU with the fused kernels (`--fused-kernels auto` or `on`),
-/// the 16-bit tensor-core kernels; else candle's).
+/// the cast operands' convolution (on a GPU with the fused kernels, the
+/// 16-bit tensor-core kernels; else candle's).
 // (B, Cin, H, W) -> (B, Cout, H', W')
 pub fn conv2d_in(
     x: &Tensor,
@@ -122,8 +123,9 @@ pub fn conv2d_in(
         w.as_tensor().to_dtype(dtype)?,
         b.as_tensor().to_dtype(dtype)?,
     );
-    // On a GPU with the fused kernels (`--fused-kernels auto` or `on`): the tensor-core implicit GEMMs
-    // (and one kernel for the bias, pooling and ReLU); else candle's ops.
+    // On a GPU with the fused kernels (`--fused-kernels auto` or `on`): the
+    // tensor-core implicit GEMMs (and one kernel for the bias, pooling and
+    // ReLU); else candle's ops.
     match pool_relu {
         Some(k) => Ok(pool_relu_with(&x, &wt, &bt, padding, k, None)?),
         None => conv2d(&x, &wt, &bt, padding),

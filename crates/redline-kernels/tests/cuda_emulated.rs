@@ -205,7 +205,8 @@ fn emulated_cross_entropy_matches_the_cpu_kernel() {
 
 /// The linear backward's mask + bias-gradient kernel: the gradient zeroed
 /// where the forward's ReLU output was not positive, and the bias gradient
-/// summed over rows in the kernel's fixed order (`mask_sum`); without a ReLU (`y` null) nothing is masked.
+/// summed over rows in the kernel's fixed order (`mask_sum`); without a ReLU
+/// (`y` null) nothing is masked.
 #[test]
 fn emulated_relu_mask_bias_grad_matches_a_reference() {
     // More row groups than rows, and many rows per group.

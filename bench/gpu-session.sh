@@ -5,13 +5,14 @@
 # returns at most 8 files of at most 16 MB, so each part's logs, summaries and
 # run folders (less checkpoints and HTML reports) are packed into $OUT/PART.tgz
 # as the part ends (kept even if the call is cut off later):
-#   device tool: run(command="GPU_EPOCHS=3 bash bench/gpu-session.sh tests:80 precision:230", carry=[".gpu"])
+#   device tool: run(command="COMMIT=<sha> GPU_EPOCHS=3 bash bench/gpu-session.sh tests:60 redline:150", carry=[".gpu"])
 # Each argument is PART:SECONDS; PART is tests, ties, precision, redline, torch or cpu.
 set -uo pipefail
 final="${OUT:?the device tool sets OUT}"
 work="$(mktemp -d)"
 epochs="${GPU_EPOCHS:-5}"
-echo "commit ${COMMIT:-unknown}; GPU_EPOCHS=$epochs; $*" >"$work/commit.txt"
+bundle="$(cat .gpu/commit 2>/dev/null || echo unknown)"
+echo "commit ${COMMIT:-unknown}; bundle built at $bundle; GPU_EPOCHS=$epochs; $*" >"$work/commit.txt"
 pack() { # this part's new files (those newer than its stamp) into $OUT/$1.tgz
     (cd "$work" && find . -type f -newer "$work/.stamp" ! -path '*/checkpoints/*' ! -name 'report.html' \
         ! -name 'prec-*.safetensors' -print0 | tar --null -T - -czf "$final/$1.tgz")

@@ -48,6 +48,8 @@ mkdir -p .gpu
 # -9's 64 MiB window and 15 MB with the default preset), which keeps the tree
 # the device tool carries under its 64 MiB.
 tar -C "$stage" -cf - "${bins[@]}" | xz --lzma2=preset=9,dict=256MiB -T1 >.gpu/bundle.tar.xz
+# The commit the binaries were built from (bench/gpu-session.sh logs it).
+{ git rev-parse --short HEAD | tr -d '\n'; git diff --quiet HEAD -- crates || printf -- '-dirty'; echo; } >.gpu/commit
 ls -l "$stage" .gpu >&2
 # What the device tool carries: the tracked files and the bundle, 64 MiB at most,
 # counted in disk blocks (a tree of 66.9 MB in bytes, 68.6 MB in blocks, was refused).

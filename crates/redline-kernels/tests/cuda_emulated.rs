@@ -15,7 +15,7 @@ use std::ffi::CString;
 use candle_core::{Device, Tensor, Var};
 use emulated::{
     arg, check_f32_conv, conv_outputs, conv_reference, elementwise, emulator, flat, launch,
-    mask_sum, max_rel, run_mask_kernel, tensor, values,
+    mask_sum, max_rel, run_bias_pool_relu, run_mask_kernel, tensor, values, CONV_CASES,
 };
 use redline_kernels::conv_igemm::{ConvDims, THREADS};
 use redline_kernels::max_pool2d_generic;
@@ -25,12 +25,7 @@ use redline_kernels::max_pool2d_generic;
 /// gradients. Outputs start as NaN, so an element no thread writes fails.
 #[test]
 fn emulated_implicit_gemm_conv_matches_candle() {
-    for (x_dims, w_dims, pad) in [
-        ([2usize, 3, 7, 6], [4usize, 3, 3, 3], 1usize),
-        ([3, 2, 9, 9], [5, 2, 5, 3], 2),
-        ([2, 70, 5, 5], [65, 70, 3, 3], 1),
-        ([16, 8, 14, 14], [16, 8, 3, 3], 1),
-    ] {
+    for (x_dims, w_dims, pad) in CONV_CASES {
         let d = ConvDims::new(&x_dims, &w_dims, pad).unwrap();
         let case = format!("{x_dims:?} {w_dims:?} pad {pad}");
         let xs = values(x_dims.iter().product(), 0.3);
@@ -69,54 +64,14 @@ fn emulated_bias_pool_relu_matches_the_generic_ops() {
             .unwrap()
             .backward()
             .unwrap();
-        let dims = [n, c, h, w, k, ph, pw].map(|v| v as u32);
-
-        let mut y = vec![f32::NAN; pooled];
-        let mut winner = vec![0u8; pooled];
-        let (px, pb, py, pa) = (
-            conv.as_ptr(),
-            bias.as_ptr(),
-            y.as_mut_ptr(),
-            winner.as_mut_ptr(),
-        );
-        let mut args = vec![arg(&px), arg(&pb), arg(&py), arg(&pa)];
-        args.extend(dims.iter().map(arg));
-        launch(
-            "redline_bias_pool_relu_f32",
-            elementwise(pooled, 256),
-            256,
-            &mut args,
-        );
-        assert_eq!(y, flat(&want), "{case}: y");
-
-        let mut dconv = vec![f32::NAN; conv.len()];
-        let (pg, pa, pd) = (gy.as_ptr(), winner.as_ptr(), dconv.as_mut_ptr());
-        let mut args = vec![arg(&pg), arg(&pa), arg(&pd)];
-        args.extend(dims.iter().map(arg));
-        launch(
-            "redline_bias_pool_relu_bwd_f32",
-            elementwise(conv.len(), 256),
-            256,
-            &mut args,
-        );
+        let out = run_bias_pool_relu("f32", (&conv, &bias, &gy), [n, c, h, w, k], f32::NAN);
+        assert_eq!(out.y, flat(&want), "{case}: y");
         assert_eq!(
-            dconv,
+            out.dconv,
             flat(grads.get(cv.as_tensor()).unwrap()),
             "{case}: dconv"
         );
-
-        let mut db = vec![f32::NAN; c];
-        let pd = db.as_mut_ptr();
-        let db_dims = [dims[0], dims[1], dims[5], dims[6]];
-        let mut args = vec![arg(&pg), arg(&pa), arg(&pd)];
-        args.extend(db_dims.iter().map(arg));
-        launch(
-            "redline_bias_pool_relu_dbias_f32",
-            (c as u32, 1, 1),
-            256,
-            &mut args,
-        );
-        let r = max_rel(&db, &flat(grads.get(bv.as_tensor()).unwrap()));
+        let r = max_rel(&out.db, &flat(grads.get(bv.as_tensor()).unwrap()));
         assert!(r < 1e-6, "{case}: db {r:e}");
     }
 }

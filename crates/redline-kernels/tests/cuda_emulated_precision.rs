@@ -13,7 +13,7 @@ mod emulated;
 use candle_core::Var;
 use emulated::{
     arg, check_f32_conv, conv_outputs, conv_reference, elementwise, flat, launch, mask_sum,
-    max_rel, run_mask_kernel, tensor, values, ConvPass,
+    max_rel, run_bias_pool_relu, run_mask_kernel, tensor, values, ConvPass, CONV_CASES,
 };
 use redline_kernels::conv_igemm::{ConvDims, MMA_THREADS};
 
@@ -155,12 +155,7 @@ fn emulated_16_bit_rounding_matches_the_half_crate() {
 #[test]
 fn emulated_tensor_core_conv_matches_candle_on_16_bit_values() {
     for fmt in [Fmt::Bf16, Fmt::F16] {
-        for (x_dims, w_dims, pad) in [
-            ([2usize, 3, 7, 6], [4usize, 3, 3, 3], 1usize),
-            ([3, 2, 9, 9], [5, 2, 5, 3], 2),
-            ([2, 70, 5, 5], [65, 70, 3, 3], 1),
-            ([16, 8, 14, 14], [16, 8, 3, 3], 1),
-        ] {
+        for (x_dims, w_dims, pad) in CONV_CASES {
             let d = ConvDims::new(&x_dims, &w_dims, pad).unwrap();
             let case = format!("{fmt:?} {x_dims:?} {w_dims:?} pad {pad}");
             let (xb, xs) = rounded(fmt, &values(x_dims.iter().product(), 0.3));
@@ -301,50 +296,24 @@ fn emulated_16_bit_bias_pool_relu_matches_the_generic_ops() {
                 .unwrap()
                 .backward()
                 .unwrap();
-            let dims = [n, c, h, w, k, ph, pw].map(|v| v as u32);
-            let kernel = |name: &str| format!("redline_bias_pool_relu{name}_{}", fmt.suffix());
-
-            let mut y = vec![fmt.nan(); pooled];
-            let mut winner = vec![0u8; pooled];
-            let (px, pb, py, pa) = (
-                conv.as_ptr(),
-                bias.as_ptr(),
-                y.as_mut_ptr(),
-                winner.as_mut_ptr(),
+            let out = run_bias_pool_relu(
+                fmt.suffix(),
+                (&conv, &bias, &gy),
+                [n, c, h, w, k],
+                fmt.nan(),
             );
-            let mut args = vec![arg(&px), arg(&pb), arg(&py), arg(&pa)];
-            args.extend(dims.iter().map(arg));
-            launch(&kernel(""), elementwise(pooled, 256), 256, &mut args);
-            let y: Vec<f32> = y.iter().map(|&b| fmt.up(b)).collect();
+            let y: Vec<f32> = out.y.iter().map(|&b| fmt.up(b)).collect();
             assert_eq!(y, flat(&want), "{case}: y");
-
-            let mut dconv = vec![fmt.nan(); conv.len()];
-            let (pg, pa, pd) = (gy.as_ptr(), winner.as_ptr(), dconv.as_mut_ptr());
-            let mut args = vec![arg(&pg), arg(&pa), arg(&pd)];
-            args.extend(dims.iter().map(arg));
-            launch(
-                &kernel("_bwd"),
-                elementwise(conv.len(), 256),
-                256,
-                &mut args,
-            );
-            let dconv: Vec<f32> = dconv.iter().map(|&b| fmt.up(b)).collect();
+            let dconv: Vec<f32> = out.dconv.iter().map(|&b| fmt.up(b)).collect();
             assert_eq!(
                 dconv,
                 flat(grads.get(sv.as_tensor()).unwrap()),
                 "{case}: dconv"
             );
-
-            let mut db = vec![fmt.nan(); c];
-            let pd = db.as_mut_ptr();
-            let db_dims = [dims[0], dims[1], dims[5], dims[6]];
-            let mut args = vec![arg(&pg), arg(&pa), arg(&pd)];
-            args.extend(db_dims.iter().map(arg));
-            launch(&kernel("_dbias"), (c as u32, 1, 1), 256, &mut args);
             // The bias gradient: the passed gradients summed (in f32, in
             // another order than here), rounded once.
             let sums = flat(&grads.get(sv.as_tensor()).unwrap().sum((0, 2, 3)).unwrap());
-            for (ch, (&b, s)) in db.iter().zip(&sums).enumerate() {
+            for (ch, (&b, s)) in out.db.iter().zip(&sums).enumerate() {
                 let got = fmt.up(b);
                 assert!(
                     (got - s).abs() <= s.abs() * 2.0 * fmt.half_step() + 1e-6,
@@ -367,11 +336,7 @@ fn tf32(v: f32) -> f32 {
 /// error, and differs from the unrounded convolution by TF32's rounding.
 #[test]
 fn emulated_tf32_conv_matches_candle_on_tf32_values() {
-    for (x_dims, w_dims, pad) in [
-        ([2usize, 3, 7, 6], [4usize, 3, 3, 3], 1usize),
-        ([2, 70, 5, 5], [65, 70, 3, 3], 1),
-        ([16, 8, 14, 14], [16, 8, 3, 3], 1),
-    ] {
+    for (x_dims, w_dims, pad) in CONV_CASES {
         let d = ConvDims::new(&x_dims, &w_dims, pad).unwrap();
         let case = format!("{x_dims:?} {w_dims:?} pad {pad}");
         // Values with all 23 mantissa bits in use, so TF32 rounds them.

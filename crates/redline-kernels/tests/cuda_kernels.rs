@@ -68,6 +68,47 @@ fn var_of(len: usize, seed: f32, shape: &[usize], dev: &Device) -> Var {
     Var::from_tensor(&values(len, seed, dev).reshape(shape).unwrap()).unwrap()
 }
 
+/// The convolution tests' cases, `[n, cin, h, w, cout, kh, kw, pad]`:
+/// ragged tiles, padding, a 5x3 and a 1x1 kernel, the zoo CNN's second layer,
+/// its first at batch 64 (dW's reduction split 131 ways) and a tile past 64
+/// channels.
+const CONV_CASES: [[usize; 8]; 6] = [
+    [2, 3, 7, 6, 4, 3, 3, 1],
+    [3, 2, 9, 9, 5, 5, 3, 2],
+    [2, 4, 5, 7, 3, 1, 1, 0],
+    [16, 32, 14, 14, 64, 3, 3, 1],
+    [64, 1, 28, 28, 32, 3, 3, 1],
+    [4, 70, 9, 9, 65, 3, 3, 0],
+];
+
+/// The CNN block tests' cases, `[n, cin, hw, cout, k]` (3x3 kernels, padding
+/// 1): planes that leave a row and a column outside the last window, the zoo
+/// CNN's second block, a 3x3 window.
+const BLOCK_CASES: [[usize; 5]; 3] = [[8, 3, 13, 5, 2], [4, 32, 14, 64, 2], [2, 2, 10, 3, 3]];
+
+/// A convolution's input, weight and bias variables, `[n, cin, h, w, cout,
+/// kh, kw]`, with the tests' values.
+fn conv_vars([n, cin, h, w, cout, kh, kw]: [usize; 7], dev: &Device) -> [Var; 3] {
+    [
+        var_of(n * cin * h * w, 0.7, &[n, cin, h, w], dev),
+        var_of(cout * cin * kh * kw, 1.9, &[cout, cin, kh, kw], dev),
+        var_of(cout, 0.2, &[cout], dev),
+    ]
+}
+
+/// The multi-tensor Adam's items: parameter `p[i]` with gradient `g[i]` and
+/// moments `m[i]`, `v[i]`.
+fn adam_items<'a>(p: &'a [Var], g: &'a [Tensor], m: &'a [Var], v: &'a [Var]) -> Vec<AdamItem<'a>> {
+    (0..p.len())
+        .map(|i| AdamItem {
+            p: p[i].as_tensor(),
+            g: &g[i],
+            m: m[i].as_tensor(),
+            v: v[i].as_tensor(),
+        })
+        .collect()
+}
+
 /// The largest absolute element of `t`.
 fn max_abs(t: &Tensor) -> f32 {
     t.abs()
@@ -169,14 +210,7 @@ fn cuda_multi_adam_matches_the_generic_path() {
                 h.set_lr(lr).unwrap();
                 h.advance().unwrap();
             }
-            let items: Vec<AdamItem<'_>> = (0..sizes.len())
-                .map(|i| AdamItem {
-                    p: fused_p[i].as_tensor(),
-                    g: &grads[i],
-                    m: m[i].as_tensor(),
-                    v: v[i].as_tensor(),
-                })
-                .collect();
+            let items = adam_items(&fused_p, &grads, &m, &v);
             multi_adam(&items, &h_fused, hp, None).unwrap();
             let c = h_generic.adam(hp, DType::F32).unwrap();
             for i in 0..sizes.len() {
@@ -345,14 +379,7 @@ fn cuda_optimizers_skip_a_flagged_step() {
         .map(|(i, &n)| values(n, 3.0 + i as f32, &dev))
         .collect();
     let h = DeviceHyper::new(&dev, 1e-2, 1).unwrap();
-    let items: Vec<AdamItem<'_>> = (0..sizes.len())
-        .map(|i| AdamItem {
-            p: vars[i].as_tensor(),
-            g: &grads[i],
-            m: m[i].as_tensor(),
-            v: v[i].as_tensor(),
-        })
-        .collect();
+    let items = adam_items(&vars, &grads, &m, &v);
     let set = Tensor::new(1f32, &dev).unwrap();
     let clear = Tensor::new(0f32, &dev).unwrap();
     multi_adam(&items, &h, adam_hp(1, 1e-2, true), Some(&set)).unwrap();
@@ -489,20 +516,8 @@ fn cuda_linear_matches_the_generic_path() {
 fn cuda_implicit_gemm_conv_matches_the_generic_path() {
     use redline_kernels::conv2d;
     let dev = gpu();
-    for (n, cin, h, w, cout, kh, kw, pad) in [
-        (
-            2usize, 3usize, 7usize, 6usize, 4usize, 3usize, 3usize, 1usize,
-        ),
-        (3, 2, 9, 9, 5, 5, 3, 2),
-        (2, 4, 5, 7, 3, 1, 1, 0),
-        (16, 32, 14, 14, 64, 3, 3, 1),
-        (64, 1, 28, 28, 32, 3, 3, 1),
-        (4, 70, 9, 9, 65, 3, 3, 0),
-    ] {
-        let var = |len: usize, s: f32, shape: &[usize]| var_of(len, s, shape, &dev);
-        let x = var(n * cin * h * w, 0.7, &[n, cin, h, w]);
-        let wt = var(cout * cin * kh * kw, 1.9, &[cout, cin, kh, kw]);
-        let b = var(cout, 0.2, &[cout]);
+    for [n, cin, h, w, cout, kh, kw, pad] in CONV_CASES {
+        let [x, wt, b] = conv_vars([n, cin, h, w, cout, kh, kw], &dev);
         let forward = || conv2d(x.as_tensor(), wt.as_tensor(), b.as_tensor(), pad).unwrap();
         let case = format!("x ({n}, {cin}, {h}, {w}), w ({cout}, {cin}, {kh}, {kw}), pad {pad}");
         assert_layer_matches(&case, &forward, [&x, &wt, &b], 1e-5);
@@ -643,19 +658,8 @@ fn cuda_16_bit_tensor_core_conv_matches_candles() {
     use redline_kernels::conv2d;
     let dev = gpu();
     for (dtype, tol) in [(DType::BF16, 2e-2), (DType::F16, 4e-3)] {
-        for (n, cin, h, w, cout, kh, kw, pad) in [
-            (
-                2usize, 3usize, 7usize, 6usize, 4usize, 3usize, 3usize, 1usize,
-            ),
-            (3, 2, 9, 9, 5, 5, 3, 2),
-            (16, 32, 14, 14, 64, 3, 3, 1),
-            (64, 1, 28, 28, 32, 3, 3, 1),
-            (4, 70, 9, 9, 65, 3, 3, 0),
-        ] {
-            let var = |len: usize, s: f32, shape: &[usize]| var_of(len, s, shape, &dev);
-            let x = var(n * cin * h * w, 0.7, &[n, cin, h, w]);
-            let wt = var(cout * cin * kh * kw, 1.9, &[cout, cin, kh, kw]);
-            let b = var(cout, 0.2, &[cout]);
+        for [n, cin, h, w, cout, kh, kw, pad] in CONV_CASES {
+            let [x, wt, b] = conv_vars([n, cin, h, w, cout, kh, kw], &dev);
             let cast = |v: &Var| v.as_tensor().to_dtype(dtype).unwrap();
             let forward = || {
                 conv2d(&cast(&x), &cast(&wt), &cast(&b), pad)
@@ -679,15 +683,8 @@ fn cuda_16_bit_tensor_core_conv_matches_candles() {
 fn cuda_conv_pool_relu_block_matches_the_generic_path() {
     use redline_kernels::conv2d_pool_relu;
     let dev = gpu();
-    for (n, cin, hw, cout, k) in [
-        (8usize, 3usize, 13usize, 5usize, 2usize),
-        (4, 32, 14, 64, 2),
-        (2, 2, 10, 3, 3),
-    ] {
-        let var = |len: usize, s: f32, shape: &[usize]| var_of(len, s, shape, &dev);
-        let x = var(n * cin * hw * hw, 0.7, &[n, cin, hw, hw]);
-        let w = var(cout * cin * 9, 1.9, &[cout, cin, 3, 3]);
-        let b = var(cout, 0.2, &[cout]);
+    for [n, cin, hw, cout, k] in BLOCK_CASES {
+        let [x, w, b] = conv_vars([n, cin, hw, hw, cout, 3, 3], &dev);
         let forward =
             || conv2d_pool_relu(x.as_tensor(), w.as_tensor(), b.as_tensor(), 1, k).unwrap();
         let case = format!("({n}, {cin}, {hw}, {cout}, k {k})");
@@ -713,15 +710,8 @@ fn cuda_16_bit_conv_pool_relu_block_matches_the_same_convolution_then_candles_op
     use redline_kernels::{conv2d, conv2d_pool_relu, fused_gpu, max_pool2d_generic};
     let dev = gpu();
     for (dtype, tol) in [(DType::BF16, 2e-2), (DType::F16, 4e-3)] {
-        for (n, cin, hw, cout, k) in [
-            (8usize, 3usize, 13usize, 5usize, 2usize),
-            (4, 32, 14, 64, 2),
-            (2, 2, 10, 3, 3),
-        ] {
-            let var = |len: usize, s: f32, shape: &[usize]| var_of(len, s, shape, &dev);
-            let x = var(n * cin * hw * hw, 0.7, &[n, cin, hw, hw]);
-            let w = var(cout * cin * 9, 1.9, &[cout, cin, 3, 3]);
-            let b = var(cout, 0.2, &[cout]);
+        for [n, cin, hw, cout, k] in BLOCK_CASES {
+            let [x, w, b] = conv_vars([n, cin, hw, hw, cout, 3, 3], &dev);
             let cast = |v: &Var| v.as_tensor().to_dtype(dtype).unwrap();
             let forward = || {
                 conv2d_pool_relu(&cast(&x), &cast(&w), &cast(&b), 1, k)
@@ -889,14 +879,7 @@ fn cuda_bf16_multi_adam_matches_the_cpu_bf16_loop() {
             .map(|(i, &n)| bf(values(n, (step * 7 + i as u64) as f32, &Device::Cpu)))
             .collect();
         let on_gpu: Vec<Tensor> = grads.iter().map(|g| g.to_device(&dev).unwrap()).collect();
-        let items: Vec<AdamItem<'_>> = (0..sizes.len())
-            .map(|i| AdamItem {
-                p: gpu_p[i].as_tensor(),
-                g: &on_gpu[i],
-                m: m[i].as_tensor(),
-                v: v[i].as_tensor(),
-            })
-            .collect();
+        let items = adam_items(&gpu_p, &on_gpu, &m, &v);
         multi_adam(&items, &h, hp, None).unwrap();
         for i in 0..sizes.len() {
             assert!(adam_step(&cpu_p[i], GradRef::Tensor(&grads[i]), &mut slots[i], hp).unwrap());

@@ -147,6 +147,70 @@ pub fn run_mask_kernel<T: Copy>(
     (dz, db)
 }
 
+/// Outputs of the CNN block's bias + max pool + ReLU kernels.
+pub struct BiasPoolRelu<T> {
+    /// The pooled output.
+    pub y: Vec<T>,
+    /// The convolution's gradient (from the backward kernel).
+    pub dconv: Vec<T>,
+    /// The bias gradient (from the bias-gradient kernel).
+    pub db: Vec<T>,
+}
+
+/// Runs the block's three kernels (`redline_bias_pool_relu{,_bwd,_dbias}_
+/// {suffix}`) as `src/cuda/pool.rs` launches them, over `conv` (n, c, h, w),
+/// `bias` (c) and the pooled output's gradient `gy`, with a `k x k` window;
+/// every output starts as `fill` (NaN), so an element no thread writes shows.
+pub fn run_bias_pool_relu<T: Copy>(
+    suffix: &str,
+    (conv, bias, gy): (&[T], &[T], &[T]),
+    [n, c, h, w, k]: [usize; 5],
+    fill: T,
+) -> BiasPoolRelu<T> {
+    let (ph, pw) = (h / k, w / k);
+    let pooled = n * c * ph * pw;
+    let dims = [n, c, h, w, k, ph, pw].map(|v| v as u32);
+    let mut y = vec![fill; pooled];
+    let mut winner = vec![0u8; pooled];
+    let (px, pb, py, pa) = (
+        conv.as_ptr(),
+        bias.as_ptr(),
+        y.as_mut_ptr(),
+        winner.as_mut_ptr(),
+    );
+    let mut args = vec![arg(&px), arg(&pb), arg(&py), arg(&pa)];
+    args.extend(dims.iter().map(arg));
+    let kernel = format!("redline_bias_pool_relu_{suffix}");
+    launch(&kernel, elementwise(pooled, 256), 256, &mut args);
+
+    let mut dconv = vec![fill; conv.len()];
+    let (pg, pa, pd) = (gy.as_ptr(), winner.as_ptr(), dconv.as_mut_ptr());
+    let mut args = vec![arg(&pg), arg(&pa), arg(&pd)];
+    args.extend(dims.iter().map(arg));
+    let kernel = format!("redline_bias_pool_relu_bwd_{suffix}");
+    launch(&kernel, elementwise(conv.len(), 256), 256, &mut args);
+
+    let mut db = vec![fill; c];
+    let pd = db.as_mut_ptr();
+    let db_dims = [dims[0], dims[1], dims[5], dims[6]];
+    let mut args = vec![arg(&pg), arg(&pa), arg(&pd)];
+    args.extend(db_dims.iter().map(arg));
+    let kernel = format!("redline_bias_pool_relu_dbias_{suffix}");
+    launch(&kernel, (c as u32, 1, 1), 256, &mut args);
+    BiasPoolRelu { y, dconv, db }
+}
+
+/// The emulated convolution tests' cases, `(x dims, w dims, padding)`:
+/// ragged tiles (M, N and K not multiples of the tile), padding, a 5 x 3
+/// kernel, more than one tile in each direction and a weight gradient over
+/// many splits.
+pub const CONV_CASES: [([usize; 4], [usize; 4], usize); 4] = [
+    ([2, 3, 7, 6], [4, 3, 3, 3], 1),
+    ([3, 2, 9, 9], [5, 2, 5, 3], 2),
+    ([2, 70, 5, 5], [65, 70, 3, 3], 1),
+    ([16, 8, 14, 14], [16, 8, 3, 3], 1),
+];
+
 /// The elementwise-kernels' grid: one thread per element, at most 65535 blocks.
 pub fn elementwise(n: usize, threads: u32) -> (u32, u32, u32) {
     (n.div_ceil(threads as usize).clamp(1, 65_535) as u32, 1, 1)

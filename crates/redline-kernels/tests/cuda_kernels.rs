@@ -109,6 +109,18 @@ fn adam_items<'a>(p: &'a [Var], g: &'a [Tensor], m: &'a [Var], v: &'a [Var]) -> 
         .collect()
 }
 
+/// The largest difference of `got` (any device, any float dtype) from the
+/// float64 `want` on the CPU, over `want`'s largest absolute element.
+fn rel_err_f64(got: &Tensor, want: &Tensor) -> f64 {
+    let f64_of = |t: &Tensor| -> f64 { t.max_all().unwrap().to_scalar::<f64>().unwrap() };
+    let got = got
+        .to_device(&Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap();
+    f64_of(&(got - want).unwrap().abs().unwrap()) / f64_of(&want.abs().unwrap())
+}
+
 /// The largest absolute element of `t`.
 fn max_abs(t: &Tensor) -> f32 {
     t.abs()
@@ -576,20 +588,10 @@ fn cuda_matmul_precision_reaches_the_conv_kernels() {
             grads.get(xg.as_tensor()).unwrap().clone(),
             grads.get(wg.as_tensor()).unwrap().clone(),
         ];
-        let mut worst = 0f64;
-        for (g, e) in got.iter().zip(&want) {
-            let g = f64s(&g.to_device(&Device::Cpu).unwrap());
-            let scale = e
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f64>()
-                .unwrap();
-            let d = (g - e).unwrap().abs().unwrap().max_all().unwrap();
-            worst = worst.max(d.to_scalar::<f64>().unwrap() / scale);
-        }
-        worst
+        got.iter()
+            .zip(&want)
+            .map(|(g, e)| rel_err_f64(g, e))
+            .fold(0f64, f64::max)
     };
     let exact = run();
     set_matmul_precision(MatmulPrecision::High);
@@ -790,18 +792,7 @@ fn cuda_matmul_precision_reaches_both_gemm_paths() {
         .unwrap()
         .broadcast_add(&f64s(&b))
         .unwrap();
-    let scale = want
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f64>()
-        .unwrap();
-    let err = |y: Tensor| {
-        let y = f64s(&y.to_device(&Device::Cpu).unwrap());
-        let d = (y - &want).unwrap().abs().unwrap().max_all().unwrap();
-        d.to_scalar::<f64>().unwrap() / scale
-    };
+    let err = |y: Tensor| rel_err_f64(&y, &want);
     let (xg, wg, bg) = (
         x.to_device(&dev).unwrap(),
         w.to_device(&dev).unwrap(),

@@ -16,12 +16,15 @@
 #      PyTorch's references (bench/precision_check.py), then each precision's epochs
 #      beside PyTorch autocast / GradScaler / model.to(bfloat16) on the same GPU.
 # One part at a time keeps each device call under its 10 minutes:
-#   bash bench/gpu.sh [all|tests|redline|torch|precision]   (default all; the table ends each part)
+#   bash bench/gpu.sh [all|tests|redline|torch|precision|steps]   (default all; the table ends each part)
+# Part `steps` saves the CNN's 16-mixed golden jobs' weights after 3 and 8 steps, with the
+# defaults and with candle's ops, as steps-<set>-<job>-<n>.safetensors, for a per-tensor
+# comparison with PyTorch's weights after as many steps (tools/reference/precision_steps.py).
 # GPU_EPOCHS (default 5) sets the epochs of every timed run, Redline's and PyTorch's alike.
 # bench/gpu-session.sh runs several parts in one device call, each under its own time limit.
 set -uo pipefail
 part="${1:-all}"
-case "$part" in all|tests|redline|torch|precision) ;; *) echo "usage: bash bench/gpu.sh [all|tests|redline|torch|precision]" >&2; exit 2 ;; esac
+case "$part" in all|tests|redline|torch|precision|steps) ;; *) echo "usage: bash bench/gpu.sh [all|tests|redline|torch|precision|steps]" >&2; exit 2 ;; esac
 out="${OUT:-bench/results/gpu-raw}"
 mkdir -p "$out"
 exec > >(tee -a "$out/gpu-$part.log") 2>&1
@@ -107,13 +110,14 @@ if want precision; then
 # CNN's pooling ties move with a GPU's rounding, PyTorch's alike).
 "$py" tools/reference/make_golden_precision.py --device cuda --init testdata/golden \
     --out "$out/torch-ref" --precisions bf16-mixed,16-mixed,bf16-true
-# A third set, in $out/graph, captures every job (--cuda-graph on): the 16-mixed
-# goldens in graph mode (graph::AUTO_CAPTURES_SCALED waits for them).
-for set in default candle graph; do
+# A third set, in $out/eager, runs every job step by step (--cuda-graph off): the
+# defaults capture them all (16-mixed too: graph::AUTO_CAPTURES_SCALED), and the
+# two should agree bit for bit.
+for set in default candle eager; do
     dir="$out"; extra=""
     case "$set" in
         candle) dir="$out/candle"; extra="--fused-kernels off" ;;
-        graph) dir="$out/graph"; extra="--cuda-graph on" ;;
+        eager) dir="$out/eager"; extra="--cuda-graph off" ;;
     esac
     mkdir -p "$dir"
     "$py" bench/precision_check.py --flags "$dir" | while read -r model prefix flags; do
@@ -124,15 +128,15 @@ for set in default candle graph; do
             --monitor-interval 0
     done
     "$py" bench/precision_check.py "$dir" | tee "$dir/precision-goldens.md"
-    "$py" bench/precision_check.py "$dir" --golden "$out/torch-ref" | tee "$dir/precision-goldens-cuda.md"
+    "$py" bench/precision_check.py "$dir" --golden "$out/torch-ref" --also testdata/golden | tee "$dir/precision-goldens-cuda.md"
 done
 # Candle's 16-bit ops (--fused-kernels off) beside the defaults' tensor-core
 # kernels below (the redline part's cnn-tf32 runs the TF32 tensor-core convolution).
 run mlp-b512-bf16-mixed-candle --precision bf16-mixed --batch-size 512 --fused-kernels off
 run cnn-bf16-mixed-candle --model cnn --precision bf16-mixed --fused-kernels off
-# 16-mixed captured (--cuda-graph on; auto runs it eagerly, the rows below).
-run mlp-16-mixed-graph --precision 16-mixed --cuda-graph on
-run cnn-16-mixed-graph --model cnn --precision 16-mixed --cuda-graph on
+# 16-mixed step by step (--cuda-graph off), beside the defaults' captured rows below.
+run mlp-16-mixed-eager --precision 16-mixed --cuda-graph off
+run cnn-16-mixed-eager --model cnn --precision 16-mixed --cuda-graph off
 # Speed and memory per precision, Redline then PyTorch, MLP (b64, b512) and CNN.
 for p in bf16-mixed 16-mixed bf16-true; do
     run "mlp-$p" --precision "$p"
@@ -144,6 +148,21 @@ for p in bf16-mixed 16-mixed bf16-true; do
     done
     "$py" bench/torch_mnist.py --device cuda --workload tensor --model mlp --batch-size 512 \
         --epochs "$epochs" --threads 4 --precision "$p" > "$out/torch-prec-mlp-b512-$p.json"
+done
+fi
+if want steps; then
+for extra in "" "--fused-kernels off"; do
+    set_name=default; [ -n "$extra" ] && set_name=candle
+    for job in fp16_overflow fp16_mixed; do
+        flags="$("$py" bench/precision_check.py --flags x | awk -v j="$job" '$1 == "cnn" && $2 == j { $1 = $2 = ""; print }')"
+        for n in 3 8; do
+            # shellcheck disable=SC2086 # $flags and $extra are lists of flags
+            $rl train --device cuda:0 --model cnn --init testdata/golden/cnn_init.safetensors \
+                --no-shuffle --val-split 0 --max-steps "$n" --batch-size 64 --log-every 1 $flags $extra \
+                --save "$out/steps-$set_name-$job-$n.safetensors" --run-dir "$out/run-steps-$set_name-$job-$n" \
+                --monitor-interval 0
+        done
+    done
 done
 fi
 set +x

@@ -10,6 +10,13 @@ jobs on cuda:0 and then this; it runs anywhere (the CPU runs of the same jobs pa
 jobs under PyTorch's CUDA autocast), which `bench/gpu.sh precision` makes on the GPU; the
 initial weights stay those of --init.
 
+--also names a second reference (the CPU goldens beside the CUDA ones): each row then also
+gives the run's distance to it and PyTorch's own distance between the two references, and a
+job passes when it is within the CPU's bounds of either. PyTorch's CUDA and CPU autocast runs
+are both PyTorch; on an H200 they differ by more than the CPU bounds (the MLP's bf16-mixed
+update by 2.6e-2, the CNN's fp16-mixed overflows at another step), so a GPU run is held to the
+bounds against whichever of the two it follows.
+
 RUNS_DIR holds, per job, `run-prec-<model>-<golden prefix>/` (the run folder) and
 `prec-<model>-<golden prefix>.safetensors` (its --save). Prints one row per job: the worst
 loss and update against PyTorch's, the scale trajectory for 16-mixed, and PASS or FAIL
@@ -83,26 +90,51 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+def distance(trace_a: dict, final_a: dict, trace_b: dict, final_b: dict, init: dict):
+    """Loss (max rel over the steps) and update (worst rel L2) of run `a` against `b`; the
+    tensor of the worst update; whether the loss-scale trajectories are equal (None without
+    one)."""
+    loss = max(abs(x - y) / abs(y) for x, y in zip(trace_a["losses"], trace_b["losses"]))
+    worst, name = max((rel_l2(final_a[k] - init[k], final_b[k] - init[k]), k) for k in final_b)
+    scales = trace_a["scales"] == trace_b["scales"] if "scales" in trace_b else None
+    return loss, worst, name, scales
+
+
+def reference(golden: Path, model: str, prefix: str):
+    """A PyTorch reference's trace and final weights."""
+    trace = json.loads((golden / f"{prefix}_{model}_trace.json").read_text())
+    return trace, load(golden / f"{prefix}_{model}_final.safetensors")
+
+
 def check(runs: Path, golden: Path, init_dir: Path, model: str, prefix: str, loss_tol: float,
-          upd_tol: float):
+          upd_tol: float, also: Path | None = None):
     run, saved = runs / f"run-prec-{model}-{prefix}", runs / f"prec-{model}-{prefix}.safetensors"
     steps = step_records(run)
     if steps is None or not saved.exists():
         return None
-    trace = json.loads((golden / f"{prefix}_{model}_trace.json").read_text())
-    ours = [r["loss"] for r in steps]
-    theirs = trace["losses"]
-    if len(ours) != len(theirs):
-        return {"error": f"{len(ours)} steps logged, PyTorch has {len(theirs)}"}
-    loss = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
+    ours = {"losses": [r["loss"] for r in steps], "scales": [r.get("loss_scale") for r in steps]}
     init = load(init_dir / f"{model}_init.safetensors")
-    want, got = load(golden / f"{prefix}_{model}_final.safetensors"), load(saved)
-    worst, name = max((rel_l2(got[k] - init[k], want[k] - init[k]), k) for k in want)
-    row = {"loss": loss, "update": worst, "tensor": name}
-    if "scales" in trace:
-        row["scales_equal"] = [r.get("loss_scale") for r in steps] == trace["scales"]
-    row["pass"] = loss < loss_tol and worst < upd_tol and row.get("scales_equal", True)
+    got = load(saved)
+    refs = [reference(golden, model, prefix)] + ([reference(also, model, prefix)] if also else [])
+    if any(len(ours["losses"]) != len(t["losses"]) for t, _ in refs):
+        return {"error": f"{len(ours['losses'])} steps logged, PyTorch has "
+                         f"{len(refs[0][0]['losses'])}"}
+    rows = [distance(ours, got, t, f, init) for t, f in refs]
+    ok = [l < loss_tol and u < upd_tol and s is not False for l, u, _, s in rows]
+    loss, worst, name, scales = rows[0]
+    row = {"loss": loss, "update": worst, "tensor": name, "pass": any(ok)}
+    if scales is not None:
+        row["scales_equal"] = scales
+    if also:
+        row["also"] = rows[1]
+        row["spread"] = distance(*refs[0], *refs[1], init)
     return row
+
+
+def fmt(loss: float, update: float, tensor: str, scales) -> str:
+    """One distance as table cells: loss, update (tensor), scales."""
+    eq = {True: "equal", False: "DIFFER"}.get(scales, "-")
+    return f"{loss:.2e} | {update:.2e} ({tensor}) | {eq}"
 
 
 def main() -> int:
@@ -113,26 +145,35 @@ def main() -> int:
                     help="folder of <model>_init.safetensors")
     ap.add_argument("--flags", action="store_true",
                     help="print each job's name and flags (for the shell loop that runs them)")
+    ap.add_argument("--also", type=Path,
+                    help="a second PyTorch reference (the CPU goldens beside --golden's CUDA ones)")
     a = ap.parse_args()
     if a.flags:
         for model, prefix, _, _ in JOBS:
             print(model, prefix, " ".join(FLAGS[prefix]))
         return 0
-    print(f"Against {a.golden}:\n")
-    print("| job | loss vs PyTorch (max rel) | update (rel L2, worst) | scales | CPU bounds |")
-    print("| --- | --- | --- | --- | --- |")
+    head = "| job | loss vs PyTorch (max rel) | update (rel L2, worst) | scales |"
+    if a.also:
+        print(f"Against {a.golden} and {a.also} (PASS: within the CPU bounds of either):\n")
+        head += (" loss vs the second | update vs the second | scales |"
+                 " PyTorch's own: loss | update | scales |")
+    else:
+        print(f"Against {a.golden}:\n")
+    print(head + " CPU bounds |")
+    print("|" + " --- |" * head.count("|"))
     ok = True
     for model, prefix, loss_tol, upd_tol in JOBS:
-        r = check(a.runs, a.golden, a.init, model, prefix, loss_tol, upd_tol)
+        r = check(a.runs, a.golden, a.init, model, prefix, loss_tol, upd_tol, a.also)
         if r is None or "error" in r:
             ok = False
             print(f"| {model} {prefix} | {'missing' if r is None else r['error']} | | | FAIL |")
             continue
         ok &= r["pass"]
-        scales = {True: "equal", False: "DIFFER"}.get(r.get("scales_equal"), "-")
-        print(f"| {model} {prefix} | {r['loss']:.2e} | {r['update']:.2e} ({r['tensor']}) | "
-              f"{scales} | {'PASS' if r['pass'] else 'FAIL'} (loss {loss_tol:g}, update "
-              f"{upd_tol:g}) |")
+        cells = fmt(r["loss"], r["update"], r["tensor"], r.get("scales_equal"))
+        if a.also:
+            cells += " | " + fmt(*r["also"]) + " | " + fmt(*r["spread"])
+        print(f"| {model} {prefix} | {cells} | {'PASS' if r['pass'] else 'FAIL'} (loss "
+              f"{loss_tol:g}, update {upd_tol:g}) |")
     return 0 if ok else 1
 
 

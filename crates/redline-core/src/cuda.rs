@@ -73,34 +73,15 @@ const STEP_MODULES: [(&str, &candle_core::cuda_backend::kernels::Module); 9] = {
 /// device). candle ships PTX: on a machine whose driver has not compiled it
 /// before, this is where it does (about 23 s on an H100, 16.9 s on an H200,
 /// for these modules), instead of inside the first training step; the
-/// driver caches the result. candle loads its modules one at a time under a
-/// lock, so [`warm_jit_cache`] compiles them on a thread each first.
+/// driver caches the result. Compiling the nine on a thread each first
+/// (into the driver's JIT cache) did not help: 21.6 s on an H200 against
+/// 16.9 s one at a time (`bench/results/h200-2026-11-26-2/`).
 pub fn load_kernels(dev: &CudaDevice) -> Result<()> {
-    warm_jit_cache(&context(dev));
     for (func, module) in STEP_MODULES {
         dev.get_or_load_func(func, module)
             .map_err(|e| driver(&format!("loading kernel module of {func}"), e))?;
     }
     Ok(())
-}
-
-/// Has the driver compile [`STEP_MODULES`]' PTX on a thread per module and
-/// drops the modules: the compiled code lands in the driver's JIT cache,
-/// from which candle's one-at-a-time loads then read it. Skipped where the
-/// cache is off (`CUDA_CACHE_DISABLE=1`: the loads would compile twice).
-/// Errors are left to candle's own load, which reports them.
-fn warm_jit_cache(ctx: &Arc<CudaContext>) {
-    if std::env::var_os("CUDA_CACHE_DISABLE").is_some_and(|v| v == "1") {
-        return;
-    }
-    std::thread::scope(|s| {
-        for (_, module) in STEP_MODULES {
-            s.spawn(move || {
-                let ptx = cudarc::nvrtc::Ptx::from_src(module.ptx());
-                drop(ctx.load_module(ptx));
-            });
-        }
-    });
 }
 
 /// Keeps freed blocks in the pool instead of returning them to the driver at

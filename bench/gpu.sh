@@ -17,7 +17,7 @@
 #      beside PyTorch autocast / GradScaler / model.to(bfloat16) on the same GPU.
 # One part at a time keeps each device call under its 10 minutes:
 #   bash bench/gpu.sh [all|tests|redline|torch|precision|steps]   (default all; the table ends each part)
-# Part `steps` saves the CNN's 16-mixed golden jobs' weights after 3 and 8 steps, with the
+# Part `steps` saves the CNN's 16-mixed golden jobs' weights after 6 and 10 steps, with the
 # defaults and with candle's ops, as steps-<set>-<job>-<n>.safetensors, for a per-tensor
 # comparison with PyTorch's weights after as many steps (tools/reference/precision_steps.py).
 # GPU_EPOCHS (default 5) sets the epochs of every timed run, Redline's and PyTorch's alike.
@@ -155,7 +155,7 @@ for extra in "" "--fused-kernels off"; do
     set_name=default; [ -n "$extra" ] && set_name=candle
     for job in fp16_overflow fp16_mixed; do
         flags="$("$py" bench/precision_check.py --flags x | awk -v j="$job" '$1 == "cnn" && $2 == j { $1 = $2 = ""; print }')"
-        for n in 3 8; do
+        for n in 6 10; do
             # shellcheck disable=SC2086 # $flags and $extra are lists of flags
             $rl train --device cuda:0 --model cnn --init testdata/golden/cnn_init.safetensors \
                 --no-shuffle --val-split 0 --max-steps "$n" --batch-size 64 --log-every 1 $flags $extra \

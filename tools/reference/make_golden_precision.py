@@ -249,7 +249,12 @@ def main():
                     help="cuda: the same jobs under CUDA autocast on cuda:0, deterministic, the "
                          "fp32 ops without TF32 (bench/gpu.sh precision's reference)")
     ap.add_argument("--init", help="folder of <model>_init.safetensors (default: --out)")
+    ap.add_argument("--steps", type=int,
+                    help="steps of every run instead of 20 (precision_steps.py's shorter "
+                         "references; not for the goldens)")
     a = ap.parse_args()
+    if a.steps:
+        STEPS.update({k: a.steps for k in STEPS})
     global DEVICE, INIT
     DEVICE, INIT = a.device, a.init or a.out
     os.makedirs(a.out, exist_ok=True)

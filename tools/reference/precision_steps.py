@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Which tensor of a 16-bit GPU run leaves PyTorch's first: Redline's weights after a few
+steps of a CNN precision golden job (`bash bench/gpu.sh steps` saves them as
+`steps-<set>-<job>-<n>.safetensors`) against PyTorch's after as many steps of the same job
+(`make_golden_precision.py --steps n`, on this machine's CPU, or the GPU's when run there).
+
+    ~/.venvs/redline-ref/bin/python tools/reference/precision_steps.py DIR [--device cpu]
+
+Prints, per file, each tensor's update (final - init) relative L2 distance from PyTorch's,
+worst first. The CNN references leave out fc1.weight (make_golden_precision.py says why).
+"""
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+HERE = Path(__file__).resolve().parent
+PRECISION = {"fp16_mixed": "16-mixed", "fp16_overflow": "16-mixed", "bf16_mixed": "bf16-mixed",
+             "bf16_true": "bf16-true"}
+
+
+def reference(job: str, steps: int, device: str, cache: Path) -> dict:
+    """PyTorch's CNN weights after `steps` steps of golden job `job`."""
+    out = cache / f"{device}-{steps}"
+    path = out / f"{job}_cnn_final.safetensors"
+    if not path.exists():
+        subprocess.run([sys.executable, str(HERE / "make_golden_precision.py"), "--models", "cnn",
+                        "--precisions", PRECISION[job], "--steps", str(steps), "--device", device,
+                        "--init", "testdata/golden", "--out", str(out)], check=True)
+    return load_file(path)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("dir", type=Path)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    a = ap.parse_args()
+    init = load_file("testdata/golden/cnn_init.safetensors")
+    files = sorted(a.dir.glob("steps-*.safetensors"))
+    if not files:
+        sys.exit(f"no steps-*.safetensors in {a.dir}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in files:
+            m = re.fullmatch(r"steps-(\w+?)-(\w+)-(\d+)\.safetensors", f.name)
+            if not m or m.group(2) not in PRECISION:
+                print(f"{f.name}: not steps-<set>-<job>-<n>.safetensors, skipped")
+                continue
+            want = reference(m.group(2), int(m.group(3)), a.device, Path(tmp))
+            got = load_file(f)
+            rows = []
+            for k, w in want.items():
+                upd_w = w.float() - init[k].float()
+                upd_g = got[k].float() - init[k].float()
+                rows.append((float((upd_g - upd_w).norm() / upd_w.norm().clamp_min(1e-30)), k))
+            rows.sort(reverse=True)
+            print(f"{f.name} against PyTorch {a.device}, {m.group(3)} steps: " +
+                  ", ".join(f"{k} {r:.2e}" for r, k in rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

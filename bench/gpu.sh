@@ -164,6 +164,8 @@ for extra in "" "--fused-kernels off"; do
         done
     done
 done
+# Against PyTorch's CUDA run of the same steps, and PyTorch's CUDA run against its CPU run.
+"$py" tools/reference/precision_steps.py "$out" --device cuda
 fi
 set +x
 "$py" bench/gpu_table.py "$out"

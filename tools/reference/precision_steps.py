@@ -7,7 +7,14 @@ steps of a CNN precision golden job (`bash bench/gpu.sh steps` saves them as
     ~/.venvs/redline-ref/bin/python tools/reference/precision_steps.py DIR [--device cpu]
 
 Prints, per file, each tensor's update (final - init) relative L2 distance from PyTorch's,
-worst first. The CNN references leave out fc1.weight (make_golden_precision.py says why).
+worst first. With `--device cuda` (on the GPU machine) also PyTorch's CUDA run against its
+CPU run of the same job and steps: how far apart PyTorch's own two devices are. The CNN
+references leave out fc1.weight (make_golden_precision.py says why).
+
+On the H200 (bench/results/h200-2026-11-26-2/steps/), against the CPU: after 6 steps of
+fp16_overflow (one update, at scale 2**20; the others skipped) the first Adam step's sign
+differs on 1 of 32 conv1.bias, 3 of 288 conv1.weight and about 1.2% of conv2.weight
+elements, gradients that nearly cancel, alike with Redline's kernels and with candle's ops.
 """
 
 import argparse
@@ -36,6 +43,17 @@ def reference(job: str, steps: int, device: str, cache: Path) -> dict:
     return load_file(path)
 
 
+def updates(got: dict, want: dict, init: dict) -> str:
+    """Each tensor's update in `got` against `want`'s (relative L2), worst first."""
+    rows = []
+    for k, w in want.items():
+        upd_w = w.float() - init[k].float()
+        upd_g = got[k].float() - init[k].float()
+        rows.append((float((upd_g - upd_w).norm() / upd_w.norm().clamp_min(1e-30)), k))
+    rows.sort(reverse=True)
+    return ", ".join(f"{k} {r:.2e}" for r, k in rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dir", type=Path)
@@ -45,22 +63,22 @@ def main() -> int:
     files = sorted(a.dir.glob("steps-*.safetensors"))
     if not files:
         sys.exit(f"no steps-*.safetensors in {a.dir}")
+    spread = set()
     with tempfile.TemporaryDirectory() as tmp:
         for f in files:
             m = re.fullmatch(r"steps-(\w+?)-(\w+)-(\d+)\.safetensors", f.name)
             if not m or m.group(2) not in PRECISION:
                 print(f"{f.name}: not steps-<set>-<job>-<n>.safetensors, skipped")
                 continue
-            want = reference(m.group(2), int(m.group(3)), a.device, Path(tmp))
-            got = load_file(f)
-            rows = []
-            for k, w in want.items():
-                upd_w = w.float() - init[k].float()
-                upd_g = got[k].float() - init[k].float()
-                rows.append((float((upd_g - upd_w).norm() / upd_w.norm().clamp_min(1e-30)), k))
-            rows.sort(reverse=True)
-            print(f"{f.name} against PyTorch {a.device}, {m.group(3)} steps: " +
-                  ", ".join(f"{k} {r:.2e}" for r, k in rows))
+            job, steps = m.group(2), int(m.group(3))
+            want = reference(job, steps, a.device, Path(tmp))
+            print(f"{f.name} against PyTorch {a.device}, {steps} steps: "
+                  f"{updates(load_file(f), want, init)}")
+            if a.device == "cuda" and (job, steps) not in spread:
+                spread.add((job, steps))
+                cpu = reference(job, steps, "cpu", Path(tmp))
+                print(f"PyTorch cuda against cpu, {job}, {steps} steps: "
+                      f"{updates(want, cpu, init)}")
     return 0
 
 

@@ -11,9 +11,9 @@ worst first. With `--device cuda` (on the GPU machine) also PyTorch's CUDA run a
 CPU run of the same job and steps: how far apart PyTorch's own two devices are. The CNN
 references leave out fc1.weight (make_golden_precision.py says why).
 
-On the H200 (bench/results/h200-2026-11-26-2/steps/), against the CPU: after 6 steps of
-fp16_overflow (one update, at scale 2**20; the others skipped) the first Adam step's sign
-differs on 1 of 32 conv1.bias, 3 of 288 conv1.weight and about 1.2% of conv2.weight
+On the H200 (bench/results/h200-2026-11-26-2/, call3/steps/ in runs.tar.xz), against the CPU:
+after 6 steps of fp16_overflow (one update, at scale 2**20; the others skipped) the first Adam
+step's sign differs on 1 of 32 conv1.bias, 3 of 288 conv1.weight and about 1.2% of conv2.weight
 elements, gradients that nearly cancel, alike with Redline's kernels and with candle's ops.
 """
 

@@ -43,7 +43,7 @@ pub const AUTO_FUSES_REDUCED: bool = true;
 /// the scale, its clean-step count and the skipped-step count are device
 /// variables updated in place, the fused optimizer reads the overflow flag
 /// on the device, and a capture that fails falls back to eager steps. On an
-/// H200 (`bench/results/h200-2026-11-26-2/precision/graph/`) the four
+/// H200 (`bench/results/h200-2026-11-26-2/`, `precision/graph/`) the four
 /// `16-mixed` goldens captured at step 3 (MLP 359 nodes, CNN 574) gave the
 /// eager runs' losses and scales bit for bit, skipped steps included, and
 /// the MLP's epoch took 0.198 s against 0.865 s eagerly. `false` sends

@@ -118,12 +118,13 @@ impl Layer for Flatten {
     }
 }
 
-/// `nn.ReLU()`.
+/// `nn.ReLU()`, with PyTorch's gradient (none where the input is exactly
+/// 0: [`redline_kernels::relu`]).
 pub(super) struct Relu;
 
 impl Layer for Relu {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
-        Ok(x.relu()?)
+        Ok(redline_kernels::relu(x)?)
     }
 }
 

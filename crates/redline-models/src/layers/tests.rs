@@ -239,3 +239,18 @@ fn the_zoo_resnet_fits_cifar_and_other_square_images() -> Result<()> {
     assert!(m.is_err(), "--hidden does not shape the resnet");
     Ok(())
 }
+
+#[test]
+fn relu_gives_no_gradient_at_zero_as_pytorch() -> Result<()> {
+    // A ReLU the layer set does not fuse (after a flatten): its gradient at
+    // exactly 0 is 0, as torch.relu's, not 1 as candle's relu.
+    let text = r#"[model]
+layers = [{ type = "flatten" }, { type = "relu" }, { type = "linear" }]"#;
+    let model = parse(text, &[3], 2)?.build(&mut init())?;
+    let x = candle_core::Var::new(&[[-1f32, 0.0, 2.0]], &Device::Cpu)?;
+    let h = model.body[1].1.forward_t(x.as_tensor(), true)?;
+    let grads = h.sum_all()?.backward()?;
+    let dx = grads.get(x.as_tensor()).map(|g| g.to_vec2::<f32>());
+    assert_eq!(dx.transpose()?, Some(vec![vec![0.0, 0.0, 1.0]]));
+    Ok(())
+}

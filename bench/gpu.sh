@@ -65,6 +65,11 @@ run mlp-defaults
 run mlp-b512-defaults --batch-size 512
 run cnn-defaults --model cnn
 run cnn-b512-defaults --model cnn --batch-size 512
+# The convolutions through cuDNN (--gpu-conv cudnn) beside Redline's kernels
+# above: graph::AUTO_CONV_CUDNN waits for these rows and the cudnn golden.
+run cnn-cudnn --model cnn --gpu-conv cudnn
+run cnn-b512-cudnn --model cnn --batch-size 512 --gpu-conv cudnn
+run cnn-bf16-cudnn --model cnn --precision bf16-mixed --gpu-conv cudnn
 # Streamed batches (pinned slots, the raw copy stream) into the captured step.
 run mlp-streaming --data-on-device off
 # The kernel trace's own cost (GPU busy is then timed from the graph replays).

@@ -27,7 +27,7 @@ const SPLIT_TARGET: usize = 384;
 const MAX_SPLITS: usize = 512;
 
 /// Sizes of one convolution: `x (n, cin, h, w)`, `w (cout, cin, kh, kw)`, padding `pad`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ConvDims {
     /// Batch.
     pub n: usize,

@@ -26,6 +26,7 @@ pub const MASK_GROUPS: usize = (MASK_THREADS / MASK_COLS) as usize;
 
 static ON: AtomicBool = AtomicBool::new(false);
 static REDUCED: AtomicBool = AtomicBool::new(false);
+static CUDNN: AtomicBool = AtomicBool::new(false);
 
 /// Turns the fused GPU kernels on or off for every op that reads the switch.
 pub fn set_enabled(on: bool) {
@@ -59,4 +60,17 @@ pub fn takes(dtype: candle_core::DType) -> bool {
         candle_core::DType::BF16 | candle_core::DType::F16 => reduced_precision(),
         _ => false,
     }
+}
+
+/// Routes the fused path's convolutions (the plain convolution and the CNN
+/// block's) to cuDNN instead of Redline's implicit-GEMM kernels
+/// (`--gpu-conv cudnn`): forward, input and weight gradients alike, in every
+/// dtype the kernels take. The bias, pooling and ReLU stay Redline's.
+pub fn set_conv_cudnn(on: bool) {
+    CUDNN.store(on, Ordering::Relaxed);
+}
+
+/// Whether the fused path's convolutions run on cuDNN ([`set_conv_cudnn`]).
+pub fn conv_cudnn() -> bool {
+    CUDNN.load(Ordering::Relaxed)
 }

@@ -14,6 +14,8 @@ pub mod conv_igemm;
 mod conv_wide;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(any(feature = "cuda", test))]
+pub mod cudnn_ffi;
 mod error;
 pub mod fused_gpu;
 pub mod gemm;

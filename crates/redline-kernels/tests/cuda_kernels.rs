@@ -686,6 +686,70 @@ fn cuda_16_bit_tensor_core_conv_matches_candles() {
     }
 }
 
+/// `--gpu-conv cudnn`: the convolution's three passes through cuDNN against
+/// Redline's kernels, in fp32 (full fp32 math on both, so only the order of
+/// the sums differs) and on tensor cores in bf16 and fp16, for the plain
+/// convolution and the CNN block. Fails with cuDNN's load error where it is
+/// missing.
+#[test]
+fn cuda_cudnn_conv_matches_redlines_kernels() {
+    use redline_kernels::{conv2d, conv2d_pool_relu, fused_gpu};
+    let dev = gpu();
+    let version = redline_kernels::cuda::cudnn::version().unwrap_or_else(|e| panic!("{e}"));
+    println!("cuDNN {version}");
+    let with_cudnn = |on: bool, forward: &dyn Fn() -> Tensor, vars: [&Var; 3]| {
+        fused_gpu::set_conv_cudnn(on);
+        let out = layer_run(true, forward, vars);
+        fused_gpu::set_conv_cudnn(false);
+        out
+    };
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2), (DType::F16, 4e-3)] {
+        for [n, cin, h, w, cout, kh, kw, pad] in CONV_CASES {
+            let [x, wt, b] = conv_vars([n, cin, h, w, cout, kh, kw], &dev);
+            let cast = |v: &Var| v.as_tensor().to_dtype(dtype).unwrap();
+            let forward = || {
+                conv2d(&cast(&x), &cast(&wt), &cast(&b), pad)
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+            };
+            let case = format!(
+                "{dtype:?} x ({n}, {cin}, {h}, {w}), w ({cout}, {cin}, {kh}, {kw}), pad {pad}"
+            );
+            let vars = [&x, &wt, &b];
+            let ours = with_cudnn(false, &forward, vars);
+            assert_close(&case, &with_cudnn(true, &forward, vars), &ours, tol);
+        }
+        for [n, cin, hw, cout, k] in BLOCK_CASES {
+            let [x, w, b] = conv_vars([n, cin, hw, hw, cout, 3, 3], &dev);
+            let cast = |v: &Var| v.as_tensor().to_dtype(dtype).unwrap();
+            let forward = || {
+                conv2d_pool_relu(&cast(&x), &cast(&w), &cast(&b), 1, k)
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+            };
+            let case = format!("{dtype:?} block ({n}, {cin}, {hw}, {cout}, k {k})");
+            let vars = [&x, &w, &b];
+            let ours = with_cudnn(false, &forward, vars);
+            // In 16 bits a block's output rounds one step apart now and then
+            // and a near-tied window sends its gradient elsewhere (the 16-bit
+            // block test's note): the output and the weight and bias
+            // gradients (sums) are compared; dx only in fp32.
+            let theirs = with_cudnn(true, &forward, vars);
+            if dtype == DType::F32 {
+                assert_close(&case, &theirs, &ours, tol);
+            } else {
+                for i in [0, 2, 3] {
+                    let scale = max_abs(&ours[i]).max(1e-6);
+                    let d = max_abs(&(&theirs[i] - &ours[i]).unwrap());
+                    assert!(d <= 4.0 * tol * scale, "{case}: [{i}] differs by {d:e} of {scale:e}");
+                }
+            }
+        }
+    }
+}
+
 /// The CNN block (implicit-GEMM conv, then one bias + max pool + ReLU kernel) against
 /// candle's conv, broadcast_add, max_pool2d and relu: output and the
 /// gradients of input, weight and bias, with planes that leave a row and a

@@ -50,6 +50,15 @@ pub const AUTO_FUSES_REDUCED: bool = true;
 /// `16-mixed` to eager steps under `auto`.
 pub const AUTO_CAPTURES_SCALED: bool = true;
 
+/// Whether `--gpu-conv auto` runs the fused path's convolutions on cuDNN
+/// rather than Redline's implicit-GEMM kernels. On an H200
+/// (`bench/results/h200-2026-11-26-2/`) Redline's take 105 µs (weight
+/// gradient), 153 µs (input gradient) and 49 µs (forward) a call in the
+/// batch-64 CNN, 460 of its 650 µs of kernels a step, where PyTorch's whole
+/// cuDNN step takes 495 µs; cuDNN has not run under Redline on a GPU yet.
+/// Off until it has (`bench/gpu.sh redline`'s `cnn-cudnn` rows).
+pub const AUTO_CONV_CUDNN: bool = false;
+
 /// Whether `mode` (of `--fused-kernels`) admits the reduced-precision
 /// variants of the fused GPU kernels.
 pub fn reduced_kernels_on(mode: GraphMode) -> bool {

@@ -48,4 +48,6 @@ pub use scaler::{GradScaler, LossScale, ScalerState};
 pub use schedule::LrSchedule;
 pub use step::{Classifier, Metric, RegressionLoss, Regressor, StepOutput, TrainStep};
 pub use strategy::Strategy;
-pub use trainer::{set_cpu_bf16_gemm, CheckpointLog, TrainConfig, Trainer, TrainerBuilder};
+pub use trainer::{
+    set_cpu_bf16_gemm, set_gpu_conv, CheckpointLog, TrainConfig, Trainer, TrainerBuilder,
+};

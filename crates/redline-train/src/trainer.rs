@@ -29,7 +29,7 @@ mod config;
 mod graph_run;
 
 pub use checkpointing::CheckpointLog;
-pub use config::{set_cpu_bf16_gemm, TrainConfig, TrainerBuilder};
+pub use config::{set_cpu_bf16_gemm, set_gpu_conv, TrainConfig, TrainerBuilder};
 
 /// Fits a model with an optimizer, telling callbacks what happens.
 pub struct Trainer {

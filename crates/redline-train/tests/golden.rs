@@ -685,6 +685,41 @@ mod cuda {
         }
     }
 
+    /// `--gpu-conv cudnn`: the CNN's first batch, then 8 Adam steps eagerly
+    /// and as a CUDA graph (cuDNN's calls inside the captured step), at the
+    /// CPU's tolerances. The switch is reset even if a check fails.
+    #[test]
+    fn cuda_cnn_matches_pytorch_through_cudnn() {
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                redline_kernels::fused_gpu::set_conv_cudnn(false);
+                redline_kernels::fused_gpu::set_enabled(false);
+            }
+        }
+        let _reset = Reset;
+        redline_train::set_gpu_conv("cudnn").unwrap_or_else(|e| panic!("{e}"));
+        redline_kernels::fused_gpu::set_enabled(true);
+        first_batch_check_against(
+            "cnn",
+            "cnn_cuda_first_batch.safetensors",
+            1e-5,
+            1e-5,
+            &on(true),
+        );
+        redline_kernels::fused_gpu::set_enabled(false);
+        for graph in [redline_train::GraphMode::Off, redline_train::GraphMode::On] {
+            check_cnn_adam_with(
+                &on(true),
+                TrainConfig {
+                    cuda_graph: graph,
+                    fused_kernels: redline_train::GraphMode::On,
+                    ..steps_config(8)
+                },
+            );
+        }
+    }
+
     /// The CNN's 8 Adam steps captured as a CUDA graph on candle's ops.
     #[test]
     fn cuda_cnn_adam_matches_pytorch_as_a_cuda_graph() {

@@ -345,6 +345,13 @@ pub struct TrainArgs {
     /// on the CPU.
     #[arg(long, default_value = "highest", value_name = "PRECISION", value_parser = ["highest", "high"])]
     pub matmul_precision: String,
+    /// On a GPU, where the convolutions of the fused path (--fused-kernels auto or on) run:
+    /// redline (Redline's implicit-GEMM kernels), cudnn (NVIDIA's cuDNN 9, loaded at run
+    /// time: it must be installed) or auto (Redline's, until a GPU run shows cuDNN faster).
+    /// No effect on the CPU.
+    #[arg(long, default_value = "auto", value_name = "BACKEND", value_parser = ["auto", "redline", "cudnn"])]
+    #[serde(default = "default_auto", skip_serializing_if = "is_auto")]
+    pub gpu_conv: String,
     /// On the CPU, the bf16 products of --precision bf16-mixed and bf16-true on Redline's
     /// AVX-512 BF16 GEMM (vdpbf16ps, fp32 accumulation): auto (where the CPU has it), on
     /// (refused where it has not) or off (the fp32 GEMM of the bf16-rounded operands).

@@ -246,3 +246,23 @@ fn a_bad_cpu_bf16_gemm_is_refused_by_name() {
         assert!(err.contains("no AVX-512 BF16"), "{err}");
     }
 }
+
+/// `--gpu-conv` takes auto, redline or cudnn; `cudnn` is refused before any
+/// training where it cannot run: in a build without CUDA (this one, in CI),
+/// or where cuDNN does not load, saying which and what to do.
+#[test]
+fn gpu_conv_names_what_it_cannot_do() {
+    for v in ["maybe", "", "CUDNN", "cublas"] {
+        let err = train(&[format!("--gpu-conv={v}")]).err().unwrap_or_default();
+        assert!(err.contains("--gpu-conv"), "{v:?}: {err}");
+    }
+    for ok in ["auto", "redline"] {
+        assert_eq!(train(&[format!("--gpu-conv={ok}")]), Ok(()), "{ok}");
+    }
+    let err = train(&["--gpu-conv=cudnn".into()]).err().unwrap_or_default();
+    if cfg!(feature = "cuda") {
+        assert!(err.is_empty() || err.contains("cuDNN"), "{err}");
+    } else {
+        assert!(err.contains("no CUDA support"), "{err}");
+    }
+}

@@ -216,6 +216,7 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
     redline_core::set_matmul_precision(args.matmul_precision.parse()?);
     // So is the CPU's bf16 GEMM: the precision timing below runs on it too.
     redline_train::set_cpu_bf16_gemm(args.cpu_bf16_gemm.parse()?)?;
+    redline_train::set_gpu_conv(&args.gpu_conv)?;
     let data_dir = match &args.data {
         Some(d) => d.clone(),
         None => default_data_dir()?,

@@ -148,8 +148,8 @@ fn launch<T: CudaDType + DeviceRepr, O: DeviceRepr>(
 }
 
 /// Which GEMM of the convolution an op runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Pass {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Pass {
     /// `(x, w) -> y (N, Cout, OH, OW)`, with a backward.
     Forward,
     /// `(dy, w) -> dx (N, Cin, H, W)`.
@@ -191,6 +191,15 @@ impl Conv {
     ) -> candle_core::Result<CudaStorage> {
         let d = self.d;
         let dev = a.0.device().clone();
+        if crate::fused_gpu::conv_cudnn() {
+            // cuDNN (beta 0) writes every element of its output.
+            // SAFETY: as below.
+            let mut out = unsafe { dev.alloc::<T>(count) }?;
+            let tf32 =
+                redline_core::matmul_precision().tf32() && crate::fused_gpu::reduced_precision();
+            super::cudnn::run::<T>(&dev, (self.pass, d, tf32), a, b, &mut out)?;
+            return Ok(CudaStorage::wrap_cuda_slice(out, dev));
+        }
         let (suffix, threads) = kernels_for(a.0.dtype())?;
         // SAFETY: every pass writes each element of its output (below).
         let mut out = unsafe { dev.alloc::<T>(count) }?;

@@ -4,6 +4,7 @@
 //! compiles them.
 
 pub(crate) mod conv;
+pub mod cudnn;
 pub(crate) mod linear;
 pub(crate) mod loss;
 mod optim;

@@ -386,3 +386,38 @@ pub fn set_cpu_bf16_gemm(mode: GraphMode) -> Result<()> {
     gemm_bf16::set_enabled(mode != GraphMode::Off);
     Ok(())
 }
+
+/// Sets where a GPU's convolutions run (`--gpu-conv`): `redline`, Redline's
+/// implicit-GEMM kernels (`cuda/conv.cu`, `cuda/conv_mma.cu`); `cudnn`,
+/// NVIDIA's cuDNN, loaded at run time (refused where it does not load, or in
+/// a build without CUDA); `auto`, Redline's kernels until a GPU run shows
+/// cuDNN faster (`graph::AUTO_CONV_CUDNN`). It reaches the fused path's
+/// convolutions (`--fused-kernels auto | on`); candle's (`off`) are its own.
+/// Process-wide, as `redline_core::set_matmul_precision` is.
+pub fn set_gpu_conv(name: &str) -> Result<()> {
+    let cudnn = match name {
+        "auto" => crate::graph::AUTO_CONV_CUDNN,
+        "redline" => false,
+        "cudnn" => true,
+        other => {
+            return Err(Error::Config(format!(
+                "--gpu-conv {other:?}: expected auto, redline or cudnn"
+            )))
+        }
+    };
+    if cudnn {
+        #[cfg(feature = "cuda")]
+        redline_kernels::cuda::cudnn::version()
+            .map_err(|e| Error::Config(format!("--gpu-conv {name}: {e}")))?;
+        #[cfg(not(feature = "cuda"))]
+        if name == "cudnn" {
+            return Err(Error::Config(
+                "--gpu-conv cudnn: this build has no CUDA support\nHINT: build with \
+                 --features cuda (README.md, GPU section)"
+                    .into(),
+            ));
+        }
+    }
+    redline_kernels::fused_gpu::set_conv_cudnn(cudnn);
+    Ok(())
+}

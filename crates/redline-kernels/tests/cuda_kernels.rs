@@ -86,6 +86,31 @@ const CONV_CASES: [[usize; 8]; 6] = [
 /// CNN's second block, a 3x3 window.
 const BLOCK_CASES: [[usize; 5]; 3] = [[8, 3, 13, 5, 2], [4, 32, 14, 64, 2], [2, 2, 10, 3, 3]];
 
+/// The convolution of `vars` (input, weight, bias) cast to `dtype`, with
+/// padding `pad`, its output in f32.
+fn conv_in(dtype: DType, vars: [&Var; 3], pad: usize) -> Tensor {
+    let [x, w, b] = vars.map(|v| v.as_tensor().to_dtype(dtype).unwrap());
+    redline_kernels::conv2d(&x, &w, &b, pad)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+}
+
+/// The CNN block (padding 1, pooling `k`) of `vars` cast to `dtype`, its
+/// output in f32.
+fn block_in(dtype: DType, vars: [&Var; 3], k: usize) -> Tensor {
+    let [x, w, b] = vars.map(|v| v.as_tensor().to_dtype(dtype).unwrap());
+    redline_kernels::conv2d_pool_relu(&x, &w, &b, 1, k)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+}
+
+/// A [`CONV_CASES`] case's name.
+fn conv_case(dtype: DType, [n, cin, h, w, cout, kh, kw, pad]: [usize; 8]) -> String {
+    format!("{dtype:?} x ({n}, {cin}, {h}, {w}), w ({cout}, {cin}, {kh}, {kw}), pad {pad}")
+}
+
 /// A convolution's input, weight and bias variables, `[n, cin, h, w, cout,
 /// kh, kw]`, with the tests' values.
 fn conv_vars([n, cin, h, w, cout, kh, kw]: [usize; 7], dev: &Device) -> [Var; 3] {
@@ -174,15 +199,6 @@ fn assert_close(case: &str, ours: &[Tensor; 4], want: &[Tensor; 4], tol: f32) {
 /// gradient is rounded to `dtype` on the way back, as a 16-bit input's is.
 fn round_trip(v: &Tensor, dtype: DType) -> Tensor {
     v.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap()
-}
-
-/// ReLU with PyTorch's gradient, none where the input is 0 (the kernels'
-/// rule). candle's `relu` passes it there (`x >= 0`), and a 16-bit sum
-/// rounds to exactly 0 now and then: 6 pooled maxima of 12,544 in the bf16
-/// (4, 32, 14, 64) case, each moving a whole window's gradient.
-fn torch_relu(v: &Tensor) -> Tensor {
-    let positive = v.gt(0f64).unwrap().to_dtype(v.dtype()).unwrap();
-    (v * positive).unwrap()
 }
 
 /// Starting parameters of `sizes` on `dev`, and a copy of them in variables
@@ -666,22 +682,12 @@ fn cuda_16_bit_linear_matches_f32_on_16_bit_values() {
 /// format, from sums in different orders).
 #[test]
 fn cuda_16_bit_tensor_core_conv_matches_candles() {
-    use redline_kernels::conv2d;
     let dev = gpu();
     for (dtype, tol) in [(DType::BF16, 2e-2), (DType::F16, 4e-3)] {
-        for [n, cin, h, w, cout, kh, kw, pad] in CONV_CASES {
-            let [x, wt, b] = conv_vars([n, cin, h, w, cout, kh, kw], &dev);
-            let cast = |v: &Var| v.as_tensor().to_dtype(dtype).unwrap();
-            let forward = || {
-                conv2d(&cast(&x), &cast(&wt), &cast(&b), pad)
-                    .unwrap()
-                    .to_dtype(DType::F32)
-                    .unwrap()
-            };
-            let case = format!(
-                "{dtype:?} x ({n}, {cin}, {h}, {w}), w ({cout}, {cin}, {kh}, {kw}), pad {pad}"
-            );
-            assert_layer_matches(&case, &forward, [&x, &wt, &b], tol);
+        for dims in CONV_CASES {
+            let [x, wt, b] = conv_vars(dims[..7].try_into().unwrap(), &dev);
+            let forward = || conv_in(dtype, [&x, &wt, &b], dims[7]);
+            assert_layer_matches(&conv_case(dtype, dims), &forward, [&x, &wt, &b], tol);
         }
     }
 }
@@ -693,7 +699,7 @@ fn cuda_16_bit_tensor_core_conv_matches_candles() {
 /// missing.
 #[test]
 fn cuda_cudnn_conv_matches_redlines_kernels() {
-    use redline_kernels::{conv2d, conv2d_pool_relu, fused_gpu};
+    use redline_kernels::fused_gpu;
     let dev = gpu();
     let version = redline_kernels::cuda::cudnn::version().unwrap_or_else(|e| panic!("{e}"));
     println!("cuDNN {version}");
@@ -704,31 +710,21 @@ fn cuda_cudnn_conv_matches_redlines_kernels() {
         out
     };
     for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2), (DType::F16, 4e-3)] {
-        for [n, cin, h, w, cout, kh, kw, pad] in CONV_CASES {
-            let [x, wt, b] = conv_vars([n, cin, h, w, cout, kh, kw], &dev);
-            let cast = |v: &Var| v.as_tensor().to_dtype(dtype).unwrap();
-            let forward = || {
-                conv2d(&cast(&x), &cast(&wt), &cast(&b), pad)
-                    .unwrap()
-                    .to_dtype(DType::F32)
-                    .unwrap()
-            };
-            let case = format!(
-                "{dtype:?} x ({n}, {cin}, {h}, {w}), w ({cout}, {cin}, {kh}, {kw}), pad {pad}"
-            );
+        for dims in CONV_CASES {
+            let [x, wt, b] = conv_vars(dims[..7].try_into().unwrap(), &dev);
+            let forward = || conv_in(dtype, [&x, &wt, &b], dims[7]);
             let vars = [&x, &wt, &b];
             let ours = with_cudnn(false, &forward, vars);
-            assert_close(&case, &with_cudnn(true, &forward, vars), &ours, tol);
+            assert_close(
+                &conv_case(dtype, dims),
+                &with_cudnn(true, &forward, vars),
+                &ours,
+                tol,
+            );
         }
         for [n, cin, hw, cout, k] in BLOCK_CASES {
             let [x, w, b] = conv_vars([n, cin, hw, hw, cout, 3, 3], &dev);
-            let cast = |v: &Var| v.as_tensor().to_dtype(dtype).unwrap();
-            let forward = || {
-                conv2d_pool_relu(&cast(&x), &cast(&w), &cast(&b), 1, k)
-                    .unwrap()
-                    .to_dtype(DType::F32)
-                    .unwrap()
-            };
+            let forward = || block_in(dtype, [&x, &w, &b], k);
             let case = format!("{dtype:?} block ({n}, {cin}, {hw}, {cout}, k {k})");
             let vars = [&x, &w, &b];
             let ours = with_cudnn(false, &forward, vars);
@@ -743,7 +739,10 @@ fn cuda_cudnn_conv_matches_redlines_kernels() {
                 for i in [0, 2, 3] {
                     let scale = max_abs(&ours[i]).max(1e-6);
                     let d = max_abs(&(&theirs[i] - &ours[i]).unwrap());
-                    assert!(d <= 4.0 * tol * scale, "{case}: [{i}] differs by {d:e} of {scale:e}");
+                    assert!(
+                        d <= 4.0 * tol * scale,
+                        "{case}: [{i}] differs by {d:e} of {scale:e}"
+                    );
                 }
             }
         }
@@ -769,32 +768,28 @@ fn cuda_conv_pool_relu_block_matches_the_generic_path() {
 
 /// The 16-bit CNN block (tensor-core convolution, then the 16-bit bias +
 /// max pool + ReLU kernel) against the same tensor-core convolution followed
-/// by candle's f32 add, Redline's generic first-maximum pool and a ReLU with
-/// PyTorch's gradient ([`torch_relu`]) on the
-/// 16-bit values, rounded to the format where the block's outputs are:
-/// output and gradients within about two steps of the format. The output
-/// also against candle's 16-bit ops throughout.
+/// by candle's f32 add, Redline's generic first-maximum pool and ReLU
+/// (`redline_kernels::relu`, PyTorch's gradient) on the 16-bit values,
+/// rounded to the format where the block's outputs are: output and
+/// gradients within about two steps of the format. The output also against
+/// candle's 16-bit ops throughout.
 ///
-/// The gradients are not compared with candle's 16-bit convolution: its sums
-/// in another order round a 16-bit output one step apart now and then, which
-/// turns a near tie in a pooling window and moves the window's gradient to
-/// another element. On an H200, dx was 1.1 of 7.5 off in the bf16
-/// (4, 32, 14, 64) case (`bench/results/h200-2026-11-26`); the convolution
-/// test above checks the convolution alone against candle's.
+/// Not candle's `relu` in the reference: it passes the gradient where its
+/// input is exactly 0, and a 16-bit sum rounds to exactly 0 now and then (6
+/// pooled maxima of 12,544 in the bf16 (4, 32, 14, 64) case: dx 1.1 of 7.5
+/// off on an H200, `bench/results/h200-2026-11-26-2`). Nor candle's 16-bit
+/// convolution for the gradients: its sums in another order round an output
+/// one step apart now and then, which can turn a near tie in a pooling
+/// window.
 #[test]
 fn cuda_16_bit_conv_pool_relu_block_matches_the_same_convolution_then_candles_ops() {
-    use redline_kernels::{conv2d, conv2d_pool_relu, fused_gpu, max_pool2d_generic};
+    use redline_kernels::{conv2d, fused_gpu, max_pool2d_generic};
     let dev = gpu();
     for (dtype, tol) in [(DType::BF16, 2e-2), (DType::F16, 4e-3)] {
         for [n, cin, hw, cout, k] in BLOCK_CASES {
             let [x, w, b] = conv_vars([n, cin, hw, hw, cout, 3, 3], &dev);
+            let forward = || block_in(dtype, [&x, &w, &b], k);
             let cast = |v: &Var| v.as_tensor().to_dtype(dtype).unwrap();
-            let forward = || {
-                conv2d_pool_relu(&cast(&x), &cast(&w), &cast(&b), 1, k)
-                    .unwrap()
-                    .to_dtype(DType::F32)
-                    .unwrap()
-            };
             let reference = || {
                 // The tensor-core convolution (a zero bias adds nothing),
                 // then the rest with the fused kernels off.
@@ -813,7 +808,7 @@ fn cuda_16_bit_conv_pool_relu_block_matches_the_same_convolution_then_candles_op
                     .broadcast_add(&bias)
                     .unwrap();
                 let pooled = max_pool2d_generic(&round_trip(&z, dtype), k).unwrap();
-                round_trip(&torch_relu(&pooled), dtype)
+                round_trip(&redline_kernels::relu(&pooled).unwrap(), dtype)
             };
             let vars = [&x, &w, &b];
             let case = format!("{dtype:?} ({n}, {cin}, {hw}, {cout}, k {k})");

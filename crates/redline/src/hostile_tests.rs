@@ -253,13 +253,17 @@ fn a_bad_cpu_bf16_gemm_is_refused_by_name() {
 #[test]
 fn gpu_conv_names_what_it_cannot_do() {
     for v in ["maybe", "", "CUDNN", "cublas"] {
-        let err = train(&[format!("--gpu-conv={v}")]).err().unwrap_or_default();
+        let err = train(&[format!("--gpu-conv={v}")])
+            .err()
+            .unwrap_or_default();
         assert!(err.contains("--gpu-conv"), "{v:?}: {err}");
     }
     for ok in ["auto", "redline"] {
         assert_eq!(train(&[format!("--gpu-conv={ok}")]), Ok(()), "{ok}");
     }
-    let err = train(&["--gpu-conv=cudnn".into()]).err().unwrap_or_default();
+    let err = train(&["--gpu-conv=cudnn".into()])
+        .err()
+        .unwrap_or_default();
     if cfg!(feature = "cuda") {
         assert!(err.is_empty() || err.contains("cuDNN"), "{err}");
     } else {

@@ -27,6 +27,10 @@ cpu_part() { # the CNN on the host's cores, Redline beside PyTorch, 4 and 16 thr
     for t in 4 16; do
         "$bin/redline" train --device cpu --model cnn --threads "$t" --epochs "${CPU_EPOCHS:-1}" \
             --run-dir "$work/cpu-cnn-t$t" --monitor-interval 0
+        # candle's elementwise pool at the thread count (the default before
+        # threads::configure set CANDLE_NUM_THREADS=1 on its own).
+        CANDLE_NUM_THREADS="$t" "$bin/redline" train --device cpu --model cnn --threads "$t" \
+            --epochs "${CPU_EPOCHS:-1}" --run-dir "$work/cpu-cnn-t$t-candle-pool" --monitor-interval 0
         "$py" bench/torch_mnist.py --device cpu --workload tensor --model cnn --threads "$t" \
             --epochs "${CPU_EPOCHS:-1}" >"$work/torch-cpu-cnn-t$t.json"
     done

@@ -89,9 +89,31 @@ pub fn configure(requested: Option<usize>) -> usize {
         .max(1);
     // candle (matmul, conv) and rayon's global pool read this; set before first use.
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    // candle's elementwise ops over 64K elements or more split over a pool of
+    // their own (`CANDLE_NUM_THREADS`, else `RAYON_NUM_THREADS`, less one),
+    // whose workers spin after each op while the compute pool runs the next
+    // kernel. In a training step those ops are candle's gradient
+    // accumulation (`zeros + grad` per activation in `backward`). On a
+    // 2-core VM at --threads 2, one thread for them made the CNN's steps 21%
+    // faster in fp32 and 12% in bf16-mixed, the MLP's 28% at batch 512 and
+    // the same at batch 64 (medians of three,
+    // bench/results/2026-11-26-vm-candle-threads.md). A user's own setting
+    // stands.
+    one_candle_thread_unless_set();
     set_compute_threads(n);
     n
 }
+
+/// Sets [`CANDLE_THREADS`] to 1 where the environment does not set it.
+fn one_candle_thread_unless_set() {
+    if std::env::var_os(CANDLE_THREADS).is_none() {
+        std::env::set_var(CANDLE_THREADS, "1");
+    }
+}
+
+/// candle's own thread count for its elementwise ops ([`configure`] sets 1
+/// unless the user set it).
+pub const CANDLE_THREADS: &str = "CANDLE_NUM_THREADS";
 
 /// Compute threads for the fused kernels (0 = not set).
 static COMPUTE_THREADS: AtomicUsize = AtomicUsize::new(0);
@@ -176,6 +198,17 @@ mod tests {
         assert!(check(1).is_ok() && check(MAX_THREADS).is_ok());
         assert!(check(0).is_err_and(|e| e.contains("--threads 0: give 1 to 1024")));
         assert!(check(MAX_THREADS + 1).is_err_and(|e| e.contains("at most 1024")));
+    }
+
+    #[test]
+    fn candles_elementwise_ops_get_one_thread_unless_set() {
+        // The only test in this crate that touches the variable.
+        std::env::remove_var(CANDLE_THREADS);
+        one_candle_thread_unless_set();
+        assert_eq!(std::env::var(CANDLE_THREADS).as_deref(), Ok("1"));
+        std::env::set_var(CANDLE_THREADS, "3");
+        one_candle_thread_unless_set();
+        assert_eq!(std::env::var(CANDLE_THREADS).as_deref(), Ok("3"));
     }
 
     #[test]

@@ -71,7 +71,8 @@ type Destroy = unsafe extern "C" fn(Handle) -> Status;
 type Tensor4d = unsafe extern "C" fn(Handle, c_int, c_int, c_int, c_int, c_int, c_int) -> Status;
 type Conv2d =
     unsafe extern "C" fn(Handle, c_int, c_int, c_int, c_int, c_int, c_int, c_int, c_int) -> Status;
-type AlgoV7 = unsafe extern "C" fn(
+/// `cudnnGetConvolution*Algorithm_v7(handle, in1, in2, conv, out, asked, &found, perf)`.
+pub type AlgoV7 = unsafe extern "C" fn(
     Handle,
     Handle,
     Handle,
@@ -81,9 +82,12 @@ type AlgoV7 = unsafe extern "C" fn(
     *mut c_int,
     *mut AlgoPerf,
 ) -> Status;
-type Workspace =
+/// `cudnnGetConvolution*WorkspaceSize(handle, in1, in2, conv, out, algo, &bytes)`.
+pub type Workspace =
     unsafe extern "C" fn(Handle, Handle, Handle, Handle, Handle, c_int, *mut usize) -> Status;
-type Run = unsafe extern "C" fn(
+/// `cudnnConvolution*(handle, alpha, in1_desc, in1, in2_desc, in2, conv, algo, ws, ws_bytes,
+/// beta, out_desc, out)`.
+pub type Run = unsafe extern "C" fn(
     Handle,
     *const c_void,
     Handle,

@@ -139,6 +139,47 @@ fn dim(v: usize) -> candle_core::Result<c_int> {
     c_int::try_from(v).map_err(msg)
 }
 
+/// A pass's cuDNN entry points and its name, with the plan's descriptors in
+/// the order all three take them: first operand, second operand, output.
+/// cuDNN names them forward `(x, w) -> y`, backward data `(w, dy) -> dx`,
+/// backward filter `(x, dy) -> dw`.
+struct Entry {
+    name: &'static str,
+    algos: ffi::AlgoV7,
+    workspace: ffi::Workspace,
+    run: ffi::Run,
+    descs: [Handle; 3],
+}
+
+impl Plan {
+    fn entry(&self, pass: Pass) -> Entry {
+        let (api, x, y, w) = (self.api, self.x, self.y, self.w);
+        match pass {
+            Pass::Forward => Entry {
+                name: "cudnnConvolutionForward",
+                algos: api.fwd_algos,
+                workspace: api.fwd_workspace,
+                run: api.forward,
+                descs: [x, w, y],
+            },
+            Pass::InputGrad => Entry {
+                name: "cudnnConvolutionBackwardData",
+                algos: api.bwd_data_algos,
+                workspace: api.bwd_data_workspace,
+                run: api.backward_data,
+                descs: [w, y, x],
+            },
+            Pass::WeightGrad => Entry {
+                name: "cudnnConvolutionBackwardFilter",
+                algos: api.bwd_filter_algos,
+                workspace: api.bwd_filter_workspace,
+                run: api.backward_filter,
+                descs: [x, y, w],
+            },
+        }
+    }
+}
+
 impl Dnn {
     /// The plan of `key`, made now if this is its first call.
     fn plan(&self, dev: &CudaDevice, key: Key) -> candle_core::Result<Plan> {
@@ -213,44 +254,23 @@ impl Dnn {
             )?;
             check((api.set_math_type)(plan.conv, math), "math type")?;
         }
-        let (x, y, w, c) = (plan.x, plan.y, plan.w, plan.conv);
+        let e = plan.entry(pass);
+        let [in1, in2, out] = e.descs;
         let mut perf = [AlgoPerf::default(); 8];
         let mut found: c_int = 0;
         let asked = perf.len() as c_int;
         // SAFETY: `perf` holds `asked` results; the descriptors are set.
         let status = unsafe {
-            match pass {
-                Pass::Forward => (api.fwd_algos)(
-                    self.handle,
-                    x,
-                    w,
-                    c,
-                    y,
-                    asked,
-                    &mut found,
-                    perf.as_mut_ptr(),
-                ),
-                Pass::InputGrad => (api.bwd_data_algos)(
-                    self.handle,
-                    w,
-                    y,
-                    c,
-                    x,
-                    asked,
-                    &mut found,
-                    perf.as_mut_ptr(),
-                ),
-                Pass::WeightGrad => (api.bwd_filter_algos)(
-                    self.handle,
-                    x,
-                    y,
-                    c,
-                    w,
-                    asked,
-                    &mut found,
-                    perf.as_mut_ptr(),
-                ),
-            }
+            (e.algos)(
+                self.handle,
+                in1,
+                in2,
+                plan.conv,
+                out,
+                asked,
+                &mut found,
+                perf.as_mut_ptr(),
+            )
         };
         check(status, "algorithm heuristics")?;
         let found = usize::try_from(found).unwrap_or(0).min(perf.len());
@@ -272,19 +292,8 @@ impl Dnn {
         }
         let mut bytes = 0usize;
         // SAFETY: the descriptors and algorithm as for the call itself.
-        let status = unsafe {
-            match pass {
-                Pass::Forward => {
-                    (api.fwd_workspace)(self.handle, x, w, c, y, best.algo, &mut bytes)
-                }
-                Pass::InputGrad => {
-                    (api.bwd_data_workspace)(self.handle, w, y, c, x, best.algo, &mut bytes)
-                }
-                Pass::WeightGrad => {
-                    (api.bwd_filter_workspace)(self.handle, x, y, c, w, best.algo, &mut bytes)
-                }
-            }
-        };
+        let status =
+            unsafe { (e.workspace)(self.handle, in1, in2, plan.conv, out, best.algo, &mut bytes) };
         check(status, "workspace size")?;
         plan.algo = best.algo;
         if bytes > 0 {
@@ -313,6 +322,9 @@ pub(crate) fn run<T: CudaDType + DeviceRepr + WithDType>(
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(e) => e.insert(dnn.plan(dev, key)?),
     };
+    let e = plan.entry(pass);
+    let [d1, d2, d_out] = e.descs;
+    let (conv, algo) = (plan.conv, plan.algo);
     let stream = dev.cuda_stream();
     let a = s1.as_cuda_slice::<T>()?.slice(r1.0..r1.1);
     let b = s2.as_cuda_slice::<T>()?.slice(r2.0..r2.1);
@@ -333,23 +345,31 @@ pub(crate) fn run<T: CudaDType + DeviceRepr + WithDType>(
         (&alpha as *const f32).cast::<c_void>(),
         (&beta as *const f32).cast::<c_void>(),
     );
-    let (pa, pb, po) = (pa as *const c_void, pb as *const c_void, po as *mut c_void);
-    let (x, y, w, c) = (plan.x, plan.y, plan.w, plan.conv);
+    // Forward takes its operands in the op's order (x, w); the gradients
+    // take the op's second operand first (w or x, then dy).
+    let (p1, p2) = match pass {
+        Pass::Forward => (pa, pb),
+        Pass::InputGrad | Pass::WeightGrad => (pb, pa),
+    };
     // SAFETY: the operands were checked against `d`'s shapes by the caller
     // and match the plan's descriptors (same sizes and dtype); `out` holds
     // the result's elements; the workspace is the plan's own, of `ws_bytes`.
     let status = unsafe {
-        match pass {
-            Pass::Forward => (api.forward)(
-                dnn.handle, one, x, pa, w, pb, c, plan.algo, pw, ws_bytes, zero, y, po,
-            ),
-            Pass::InputGrad => (api.backward_data)(
-                dnn.handle, one, w, pb, y, pa, c, plan.algo, pw, ws_bytes, zero, x, po,
-            ),
-            Pass::WeightGrad => (api.backward_filter)(
-                dnn.handle, one, x, pb, y, pa, c, plan.algo, pw, ws_bytes, zero, w, po,
-            ),
-        }
+        (e.run)(
+            dnn.handle,
+            one,
+            d1,
+            p1 as *const c_void,
+            d2,
+            p2 as *const c_void,
+            conv,
+            algo,
+            pw,
+            ws_bytes,
+            zero,
+            d_out,
+            po as *mut c_void,
+        )
     };
-    api.check(status, &format!("{pass:?}")).map_err(msg)
+    api.check(status, e.name).map_err(msg)
 }

@@ -169,8 +169,9 @@ for extra in "" "--fused-kernels off"; do
         done
     done
 done
-# Against PyTorch's CUDA run of the same steps, and PyTorch's CUDA run against its CPU run.
-"$py" tools/reference/precision_steps.py "$out" --device cuda
+# Against PyTorch's CUDA run of the same steps, kept in $out/torch-steps: another machine
+# compares PyTorch's CUDA run against its CPU run (precision_steps.py --cache DIR --spread).
+"$py" tools/reference/precision_steps.py "$out" --device cuda --cache "$out/torch-steps"
 fi
 set +x
 "$py" bench/gpu_table.py "$out"

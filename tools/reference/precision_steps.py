@@ -5,11 +5,14 @@ steps of a CNN precision golden job (`bash bench/gpu.sh steps` saves them as
 (`make_golden_precision.py --steps n`, on this machine's CPU, or the GPU's when run there).
 
     ~/.venvs/redline-ref/bin/python tools/reference/precision_steps.py DIR [--device cpu]
+        [--cache REFS] [--spread]
 
 Prints, per file, each tensor's update (final - init) relative L2 distance from PyTorch's,
-worst first. With `--device cuda` (on the GPU machine) also PyTorch's CUDA run against its
-CPU run of the same job and steps: how far apart PyTorch's own two devices are. The CNN
-references leave out fc1.weight (make_golden_precision.py says why).
+worst first. PyTorch's runs are kept in REFS/<device>-<steps>/ (`--cache`; a temporary
+folder without it) and read from there when present: `bench/gpu.sh steps` keeps its CUDA runs
+in $OUT/torch-steps, so another machine can compare them. `--spread` also prints PyTorch's run
+on `--device` against its CPU run of the same job and steps: how far apart PyTorch's own two
+devices are. The CNN references leave out fc1.weight (make_golden_precision.py says why).
 
 On the H200 (bench/results/h200-2026-11-26-2/, call3/steps/ in runs.tar.xz), against the CPU:
 after 6 steps of fp16_overflow (one update, at scale 2**20; the others skipped) the first Adam
@@ -58,6 +61,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dir", type=Path)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--cache", type=Path, help="keep (and reuse) PyTorch's runs here")
+    ap.add_argument("--spread", action="store_true", help="also PyTorch's device against its CPU")
     a = ap.parse_args()
     init = load_file("testdata/golden/cnn_init.safetensors")
     files = sorted(a.dir.glob("steps-*.safetensors"))
@@ -65,19 +70,20 @@ def main() -> int:
         sys.exit(f"no steps-*.safetensors in {a.dir}")
     spread = set()
     with tempfile.TemporaryDirectory() as tmp:
+        cache = a.cache or Path(tmp)
         for f in files:
             m = re.fullmatch(r"steps-(\w+?)-(\w+)-(\d+)\.safetensors", f.name)
             if not m or m.group(2) not in PRECISION:
                 print(f"{f.name}: not steps-<set>-<job>-<n>.safetensors, skipped")
                 continue
             job, steps = m.group(2), int(m.group(3))
-            want = reference(job, steps, a.device, Path(tmp))
+            want = reference(job, steps, a.device, cache)
             print(f"{f.name} against PyTorch {a.device}, {steps} steps: "
                   f"{updates(load_file(f), want, init)}")
-            if a.device == "cuda" and (job, steps) not in spread:
+            if a.spread and a.device != "cpu" and (job, steps) not in spread:
                 spread.add((job, steps))
-                cpu = reference(job, steps, "cpu", Path(tmp))
-                print(f"PyTorch cuda against cpu, {job}, {steps} steps: "
+                cpu = reference(job, steps, "cpu", cache)
+                print(f"PyTorch {a.device} against cpu, {job}, {steps} steps: "
                       f"{updates(want, cpu, init)}")
     return 0
 

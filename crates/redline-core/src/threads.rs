@@ -93,26 +93,42 @@ pub fn configure(requested: Option<usize>) -> usize {
     // their own (`CANDLE_NUM_THREADS`, else `RAYON_NUM_THREADS`, less one),
     // whose workers spin after each op while the compute pool runs the next
     // kernel. In a training step those ops are candle's gradient
-    // accumulation (`zeros + grad` per activation in `backward`). On a
-    // 2-core VM at --threads 2, one thread for them made the CNN's steps 21%
-    // faster in fp32 and 12% in bf16-mixed, the MLP's 28% at batch 512 and
-    // the same at batch 64 (medians of three,
-    // bench/results/2026-11-26-vm-candle-threads.md). A user's own setting
-    // stands.
-    one_candle_thread_unless_set();
+    // accumulation (`zeros + grad` per activation in `backward`). Where the
+    // compute threads take every core, that pool only takes their time: on a
+    // 2-core VM at --threads 2, one thread for it made the CNN's steps 21%
+    // faster in fp32 and 12% in bf16-mixed, the MLP's 28% at batch 512
+    // (bench/results/2026-11-26-vm-candle-threads.md); on a 16-core host at
+    // --threads 16, 22% faster for the CNN (5.07 s/epoch against 6.51 s).
+    // Where cores are left over it is worth having: at --threads 4 on that
+    // host, a pool of 4 made the CNN's epoch 11% faster (9.16 s against
+    // 10.25 s; bench/results/h100-2026-11-26/cpu/). So it gets the cores the
+    // compute threads leave, up to their count ([`candle_threads`]). A
+    // user's own setting stands.
+    candle_threads_unless_set(n);
     set_compute_threads(n);
     n
 }
 
-/// Sets [`CANDLE_THREADS`] to 1 where the environment does not set it.
-fn one_candle_thread_unless_set() {
+/// Sets [`CANDLE_THREADS`] to [`candle_threads`] beside `n` compute threads
+/// where the environment does not set it.
+fn candle_threads_unless_set(n: usize) {
     if std::env::var_os(CANDLE_THREADS).is_none() {
-        std::env::set_var(CANDLE_THREADS, "1");
+        std::env::set_var(
+            CANDLE_THREADS,
+            candle_threads(n, usable_cores()).to_string(),
+        );
     }
 }
 
-/// candle's own thread count for its elementwise ops ([`configure`] sets 1
-/// unless the user set it).
+/// The thread count [`configure`] gives candle's elementwise pool beside `n`
+/// compute threads on `cores` cores: the cores they leave, at least 1 and at
+/// most `n`.
+pub fn candle_threads(n: usize, cores: usize) -> usize {
+    cores.saturating_sub(n).clamp(1, n.max(1))
+}
+
+/// candle's own thread count for its elementwise ops ([`configure`] sets
+/// [`candle_threads`] unless the user set it).
 pub const CANDLE_THREADS: &str = "CANDLE_NUM_THREADS";
 
 /// Compute threads for the fused kernels (0 = not set).
@@ -193,6 +209,21 @@ mod tests {
         assert_eq!(other.join().unwrap(), 5);
     }
 
+    /// candle's pool gets the cores the compute threads leave: none left
+    /// (every core computing, as on the 2-core VM or --threads 16 on 16
+    /// cores) gives it one thread; spare cores give it up to the compute
+    /// threads' count.
+    #[test]
+    fn candles_pool_gets_the_cores_left_over() {
+        assert_eq!(candle_threads(2, 2), 1);
+        assert_eq!(candle_threads(16, 16), 1);
+        assert_eq!(candle_threads(32, 16), 1, "more threads than cores");
+        assert_eq!(candle_threads(4, 16), 4);
+        assert_eq!(candle_threads(12, 16), 4);
+        assert_eq!(candle_threads(1, 2), 1);
+        assert_eq!(candle_threads(0, 8), 1);
+    }
+
     #[test]
     fn thread_counts_are_bounded() {
         assert!(check(1).is_ok() && check(MAX_THREADS).is_ok());
@@ -201,13 +232,13 @@ mod tests {
     }
 
     #[test]
-    fn candles_elementwise_ops_get_one_thread_unless_set() {
+    fn candles_elementwise_ops_get_the_spare_cores_unless_set() {
         // The only test in this crate that touches the variable.
         std::env::remove_var(CANDLE_THREADS);
-        one_candle_thread_unless_set();
+        candle_threads_unless_set(usable_cores());
         assert_eq!(std::env::var(CANDLE_THREADS).as_deref(), Ok("1"));
         std::env::set_var(CANDLE_THREADS, "3");
-        one_candle_thread_unless_set();
+        candle_threads_unless_set(1);
         assert_eq!(std::env::var(CANDLE_THREADS).as_deref(), Ok("3"));
     }
 

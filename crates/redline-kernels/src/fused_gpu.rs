@@ -10,7 +10,7 @@
 //! `auto` turn them on (`auto` since their first GPU run:
 //! `redline_train::graph::AUTO_FUSES_REDUCED`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// Output columns per block of the linear backward's mask + bias-gradient
 /// kernel (`cuda/linear.cu`'s `MASK_COLS`).
@@ -26,7 +26,20 @@ pub const MASK_GROUPS: usize = (MASK_THREADS / MASK_COLS) as usize;
 
 static ON: AtomicBool = AtomicBool::new(false);
 static REDUCED: AtomicBool = AtomicBool::new(false);
-static CUDNN: AtomicBool = AtomicBool::new(false);
+static CONV: AtomicU8 = AtomicU8::new(ConvBackend::Redline as u8);
+static RAN_CUDNN: AtomicBool = AtomicBool::new(false);
+static RAN_REDLINE: AtomicBool = AtomicBool::new(false);
+
+/// Where the fused path's convolutions run (`--gpu-conv`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvBackend {
+    /// Redline's implicit-GEMM kernels (`cuda/conv.cu`, `cuda/conv_mma.cu`).
+    Redline = 0,
+    /// NVIDIA's cuDNN, which must load.
+    Cudnn = 1,
+    /// cuDNN where it loads in this process, Redline's kernels where not.
+    CudnnWhereItLoads = 2,
+}
 
 /// Turns the fused GPU kernels on or off for every op that reads the switch.
 pub fn set_enabled(on: bool) {
@@ -63,14 +76,73 @@ pub fn takes(dtype: candle_core::DType) -> bool {
 }
 
 /// Routes the fused path's convolutions (the plain convolution and the CNN
-/// block's) to cuDNN instead of Redline's implicit-GEMM kernels
-/// (`--gpu-conv cudnn`): forward, input and weight gradients alike, in every
-/// dtype the kernels take. The bias, pooling and ReLU stay Redline's.
+/// block's) to cuDNN instead of Redline's implicit-GEMM kernels, or back
+/// (`--gpu-conv cudnn | redline`): forward, input and weight gradients
+/// alike, in every dtype the kernels take. The bias, pooling and ReLU stay
+/// Redline's.
 pub fn set_conv_cudnn(on: bool) {
-    CUDNN.store(on, Ordering::Relaxed);
+    set_conv_backend(if on {
+        ConvBackend::Cudnn
+    } else {
+        ConvBackend::Redline
+    });
 }
 
-/// Whether the fused path's convolutions run on cuDNN ([`set_conv_cudnn`]).
-pub fn conv_cudnn() -> bool {
-    CUDNN.load(Ordering::Relaxed)
+/// Sets where the fused path's convolutions run ([`ConvBackend`]).
+pub fn set_conv_backend(backend: ConvBackend) {
+    CONV.store(backend as u8, Ordering::Relaxed);
+}
+
+/// Where the fused path's convolutions are set to run ([`set_conv_backend`]).
+pub fn conv_backend() -> ConvBackend {
+    match CONV.load(Ordering::Relaxed) {
+        1 => ConvBackend::Cudnn,
+        2 => ConvBackend::CudnnWhereItLoads,
+        _ => ConvBackend::Redline,
+    }
+}
+
+/// Notes that a convolution of the fused path ran on cuDNN (`true`) or on
+/// Redline's kernels, for [`take_conv_ran`].
+pub fn note_conv_ran(cudnn: bool) {
+    if cudnn {
+        RAN_CUDNN.store(true, Ordering::Relaxed);
+    } else {
+        RAN_REDLINE.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Which backends ran the fused path's convolutions since the last call, as
+/// (cuDNN, Redline's kernels), and forgets it: a fit takes it at its start
+/// and end to say which ran its steps.
+pub fn take_conv_ran() -> (bool, bool) {
+    (
+        RAN_CUDNN.swap(false, Ordering::Relaxed),
+        RAN_REDLINE.swap(false, Ordering::Relaxed),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_conv_backend_round_trips_and_the_record_is_taken_once() {
+        let before = conv_backend();
+        for b in [
+            ConvBackend::Cudnn,
+            ConvBackend::CudnnWhereItLoads,
+            ConvBackend::Redline,
+        ] {
+            set_conv_backend(b);
+            assert_eq!(conv_backend(), b);
+        }
+        set_conv_cudnn(true);
+        assert_eq!(conv_backend(), ConvBackend::Cudnn);
+        set_conv_backend(before);
+        take_conv_ran();
+        note_conv_ran(true);
+        assert_eq!(take_conv_ran(), (true, false));
+        assert_eq!(take_conv_ran(), (false, false), "taken, so forgotten");
+    }
 }

@@ -201,6 +201,10 @@ fn header(run: &RunData) -> String {
             .as_ref()
             .filter(|_| !run.is_cpu())
             .map(|p| format!("matmul precision: {p}")),
+        s.gpu_conv
+            .as_ref()
+            .filter(|_| !run.is_cpu())
+            .map(|c| format!("convolutions: {c}")),
     ];
     for n in device_notes.iter().flatten().chain(&run.notes) {
         let _ = write!(h, r#"<p class="note">{}</p>"#, esc(n));

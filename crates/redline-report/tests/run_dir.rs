@@ -187,6 +187,10 @@ fn a_gpu_run_says_how_its_device_was_chosen_and_whether_it_replayed_a_graph() {
     );
     assert!(html.contains("cuda graph: on (the step captured at step 3"));
     assert!(html.contains("matmul precision: highest (fp32 products)"));
+    assert!(
+        html.contains("convolutions: cuDNN 9.19.0"),
+        "no convolution backend"
+    );
     // The GPU's kernel time beside NVML's utilization, as a note and a card.
     assert!(
         html.contains("GPU busy 41.5% of wall (")
@@ -213,6 +217,7 @@ fn a_gpu_run_says_how_its_device_was_chosen_and_whether_it_replayed_a_graph() {
         !html.contains("cuda graph:")
             && !html.contains("device auto:")
             && !html.contains("matmul precision")
+            && !html.contains("convolutions:")
     );
     assert!(!html.contains("GPU busy") && !html.contains("GPU kernels"));
 }

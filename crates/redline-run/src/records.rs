@@ -155,6 +155,10 @@ pub struct Summary {
     /// (`--matmul-precision`: fp32 or TF32).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub matmul_precision: Option<String>,
+    /// On a GPU: what ran the fused path's convolutions (`--gpu-conv`: cuDNN
+    /// and its version, or Redline's implicit-GEMM kernels).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_conv: Option<String>,
     /// On a GPU: the time kernels ran over the fit's wall time (CUPTI's
     /// kernel records), with the kernels per step and the longest kernels.
     #[serde(skip_serializing_if = "Option::is_none")]

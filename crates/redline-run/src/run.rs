@@ -305,6 +305,9 @@ pub fn summarize(mut m: Map<String, Value>, ending: Ending<'_>, samples: usize) 
         if let Some(p) = f.matmul_precision {
             m.insert("matmul_precision".into(), json!(p.describe()));
         }
+        if let Some(c) = &f.gpu_conv {
+            m.insert("gpu_conv".into(), json!(c));
+        }
         if let Some(s) = &f.loss_scale {
             m.insert("loss_scale".into(), json!(s));
         }

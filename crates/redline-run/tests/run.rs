@@ -201,11 +201,18 @@ fn summary_json_carries_gpu_busy_or_why_it_is_missing() -> R {
     let cpu = summary_of(&fit)?;
     assert!(cpu.gpu_busy.is_none() && cpu.gpu_busy_note.is_none());
     assert!(cpu.matmul_precision.is_none());
+    assert!(
+        fit.gpu_conv.is_none() && cpu.gpu_conv.is_none(),
+        "no GPU convolution"
+    );
     fit.matmul_precision = Some(redline_core::MatmulPrecision::High);
+    fit.gpu_conv = Some("cuDNN 9.19.0".into());
+    let gpu = summary_of(&fit)?;
     assert_eq!(
-        summary_of(&fit)?.matmul_precision.as_deref(),
+        gpu.matmul_precision.as_deref(),
         Some("high (TF32 products, fp32 accumulation)")
     );
+    assert_eq!(gpu.gpu_conv.as_deref(), Some("cuDNN 9.19.0"));
 
     let mut tally = redline_profile::KernelTally::new(0);
     let k = tally.name_id("affine_f32");

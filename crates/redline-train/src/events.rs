@@ -114,6 +114,10 @@ pub struct FitSummary {
     /// On a GPU: how its fp32 matrix products were computed
     /// (`--matmul-precision`); `None` on the CPU, where they are always fp32.
     pub matmul_precision: Option<redline_core::MatmulPrecision>,
+    /// On a GPU: what ran the fused path's convolutions (`--gpu-conv`), e.g.
+    /// "cuDNN 9.19.0"; `None` where none ran there (no convolution, the CPU,
+    /// candle's ops).
+    pub gpu_conv: Option<String>,
     /// Data-parallel: every rank's training time and breakdown (empty in one
     /// process); the slowest rank is the one the others waited for.
     pub ranks: Vec<crate::strategy::RankTimes>,

@@ -51,13 +51,14 @@ pub const AUTO_FUSES_REDUCED: bool = true;
 pub const AUTO_CAPTURES_SCALED: bool = true;
 
 /// Whether `--gpu-conv auto` runs the fused path's convolutions on cuDNN
-/// rather than Redline's implicit-GEMM kernels. On an H200
-/// (`bench/results/h200-2026-11-26-2/`) Redline's take 105 µs (weight
-/// gradient), 153 µs (input gradient) and 49 µs (forward) a call in the
-/// batch-64 CNN, 460 of its 650 µs of kernels a step, where PyTorch's whole
-/// cuDNN step takes 495 µs; cuDNN has not run under Redline on a GPU yet.
-/// Off until it has (`bench/gpu.sh redline`'s `cnn-cudnn` rows).
-pub const AUTO_CONV_CUDNN: bool = false;
+/// where it loads, rather than Redline's implicit-GEMM kernels. On an H100
+/// (`bench/results/h100-2026-11-26/`, cuDNN 9.19) cuDNN's tests and the CNN
+/// golden through it passed, and the CNN's epoch took 0.320 s against
+/// 0.606 s on Redline's kernels at batch 64 (fp32), 0.187 s against 0.308 s
+/// at batch 512 and 0.355 s against 0.644 s in bf16-mixed. Where cuDNN does
+/// not load (`redline_kernels::cudnn_ffi`), `auto` keeps Redline's kernels;
+/// the fit's `gpu_conv` says which ran. `false` keeps Redline's kernels.
+pub const AUTO_CONV_CUDNN: bool = true;
 
 /// Whether `mode` (of `--fused-kernels`) admits the reduced-precision
 /// variants of the fused GPU kernels.

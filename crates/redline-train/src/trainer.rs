@@ -181,6 +181,8 @@ impl Trainer {
     ) -> Result<FitSummary> {
         let fit_start = Instant::now();
         let reads_before = self.reads.count();
+        // Which backend ran this fit's convolutions, for `gpu_conv` below.
+        redline_kernels::fused_gpu::take_conv_ran();
         self.memory = None;
         let batches_per_epoch = train.batches_per_epoch();
         let steps_per_epoch = batches_per_epoch.div_ceil(self.cfg.accumulate);
@@ -467,6 +469,7 @@ impl Trainer {
                 .then(|| std::mem::take(&mut self.writer.log)),
             gpu_busy,
             matmul_precision: (!self.device.is_cpu()).then(redline_core::matmul_precision),
+            gpu_conv: config::gpu_conv_ran(redline_kernels::fused_gpu::take_conv_ran()),
             ranks,
             // Read once, after the per-step count above.
             loss_scale: self.scaler.as_ref().map(|s| s.state()).transpose()?,

@@ -664,13 +664,17 @@ mod cuda {
     /// steps eagerly and as a CUDA graph, at the CPU's tolerances.
     #[test]
     fn cuda_cnn_matches_pytorch_with_the_fused_kernels() {
-        check_cnn_fused();
+        redline_kernels::fused_gpu::set_conv_cudnn(false);
+        check_cnn_fused(false);
     }
 
-    /// The CNN's first batch with the fused kernels on, then 8 Adam steps
-    /// with them eagerly and as a CUDA graph.
-    fn check_cnn_fused() {
+    /// The CNN's first batch with the fused kernels on, its convolutions on
+    /// cuDNN or on Redline's kernels (`cudnn`, checked by what the kernels
+    /// recorded), then 8 Adam steps with them eagerly and as a CUDA graph.
+    fn check_cnn_fused(cudnn: bool) {
+        use redline_kernels::fused_gpu::take_conv_ran;
         redline_kernels::fused_gpu::set_enabled(true);
+        take_conv_ran();
         first_batch_check_against(
             "cnn",
             "cnn_cuda_first_batch.safetensors",
@@ -678,6 +682,7 @@ mod cuda {
             1e-5,
             &on(true),
         );
+        assert_eq!(take_conv_ran(), (cudnn, !cudnn), "(cuDNN, Redline's) ran");
         redline_kernels::fused_gpu::set_enabled(false);
         for graph in [redline_train::GraphMode::Off, redline_train::GraphMode::On] {
             check_cnn_adam_with(
@@ -705,7 +710,7 @@ mod cuda {
         }
         let _reset = Reset;
         redline_train::set_gpu_conv("cudnn").unwrap_or_else(|e| panic!("{e}"));
-        check_cnn_fused();
+        check_cnn_fused(true);
     }
 
     /// The CNN's 8 Adam steps captured as a CUDA graph on candle's ops.

@@ -483,6 +483,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                 args.matmul_precision
             );
         }
+        if let Some(c) = &fit.gpu_conv {
+            println!("convolutions: {c} (--gpu-conv {})", args.gpu_conv);
+        }
         if let Some(m) = &fit.memory {
             println!("memory: {}", m.line());
         }

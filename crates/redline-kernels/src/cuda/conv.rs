@@ -28,6 +28,17 @@ fn msg(e: impl std::fmt::Display) -> candle_core::Error {
 }
 
 /// Kernel `name`, with what a build for a GPU before sm_80 lacks said.
+/// Whether this convolution runs on cuDNN (`fused_gpu::conv_backend`):
+/// under `CudnnWhereItLoads`, where cuDNN loads in this process (the load is
+/// tried once, at the first convolution, before any capture).
+fn use_cudnn() -> bool {
+    match crate::fused_gpu::conv_backend() {
+        crate::fused_gpu::ConvBackend::Redline => false,
+        crate::fused_gpu::ConvBackend::Cudnn => true,
+        crate::fused_gpu::ConvBackend::CudnnWhereItLoads => super::cudnn::version().is_ok(),
+    }
+}
+
 fn load_kernel(dev: &CudaDevice, name: &str) -> candle_core::Result<CudaFunction> {
     function(dev, name).map_err(|e| {
         if name.ends_with("16") || name.ends_with("tf32") {
@@ -191,7 +202,9 @@ impl Conv {
     ) -> candle_core::Result<CudaStorage> {
         let d = self.d;
         let dev = a.0.device().clone();
-        if crate::fused_gpu::conv_cudnn() {
+        let cudnn = use_cudnn();
+        crate::fused_gpu::note_conv_ran(cudnn);
+        if cudnn {
             // cuDNN (beta 0) writes every element of its output.
             // SAFETY: as below.
             let mut out = unsafe { dev.alloc::<T>(count) }?;

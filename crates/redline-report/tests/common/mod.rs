@@ -139,7 +139,8 @@ pub fn write_run(dir: &Path, f: &Fixture) {
             } else {
                 "on (the step captured at step 3, replayed for 9378 steps)"
             },
-            "matmul_precision": (f.device != "cpu").then_some("highest (fp32 products)")})
+            "matmul_precision": (f.device != "cpu").then_some("highest (fp32 products)"),
+            "gpu_conv": (f.device != "cpu").then_some("cuDNN 9.19.0")})
         .to_string(),
     );
     write(

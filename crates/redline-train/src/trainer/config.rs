@@ -390,34 +390,101 @@ pub fn set_cpu_bf16_gemm(mode: GraphMode) -> Result<()> {
 /// Sets where a GPU's convolutions run (`--gpu-conv`): `redline`, Redline's
 /// implicit-GEMM kernels (`cuda/conv.cu`, `cuda/conv_mma.cu`); `cudnn`,
 /// NVIDIA's cuDNN, loaded at run time (refused where it does not load, or in
-/// a build without CUDA); `auto`, Redline's kernels until a GPU run shows
-/// cuDNN faster (`graph::AUTO_CONV_CUDNN`). It reaches the fused path's
-/// convolutions (`--fused-kernels auto | on`); candle's (`off`) are its own.
-/// Process-wide, as `redline_core::set_matmul_precision` is.
+/// a build without CUDA); `auto`, cuDNN where it loads and Redline's kernels
+/// where not (`graph::AUTO_CONV_CUDNN`; the fit's `gpu_conv` says which
+/// ran). It reaches the fused path's convolutions (`--fused-kernels auto |
+/// on`); candle's (`off`) are its own. Process-wide, as
+/// `redline_core::set_matmul_precision` is.
 pub fn set_gpu_conv(name: &str) -> Result<()> {
-    let cudnn = match name {
-        "auto" => crate::graph::AUTO_CONV_CUDNN,
-        "redline" => false,
-        "cudnn" => true,
+    use redline_kernels::fused_gpu::ConvBackend;
+    let backend = match name {
+        "auto" if crate::graph::AUTO_CONV_CUDNN => ConvBackend::CudnnWhereItLoads,
+        "auto" | "redline" => ConvBackend::Redline,
+        "cudnn" => {
+            #[cfg(feature = "cuda")]
+            redline_kernels::cuda::cudnn::version()
+                .map_err(|e| Error::Config(format!("--gpu-conv {name}: {e}")))?;
+            #[cfg(not(feature = "cuda"))]
+            return Err(Error::Config(
+                "--gpu-conv cudnn: this build has no CUDA support\nHINT: build with \
+                 --features cuda (README.md, GPU section)"
+                    .into(),
+            ));
+            #[cfg(feature = "cuda")]
+            ConvBackend::Cudnn
+        }
         other => {
             return Err(Error::Config(format!(
                 "--gpu-conv {other:?}: expected auto, redline or cudnn"
             )))
         }
     };
-    if cudnn {
-        #[cfg(feature = "cuda")]
-        redline_kernels::cuda::cudnn::version()
-            .map_err(|e| Error::Config(format!("--gpu-conv {name}: {e}")))?;
-        #[cfg(not(feature = "cuda"))]
-        if name == "cudnn" {
-            return Err(Error::Config(
-                "--gpu-conv cudnn: this build has no CUDA support\nHINT: build with \
-                 --features cuda (README.md, GPU section)"
-                    .into(),
-            ));
-        }
-    }
-    redline_kernels::fused_gpu::set_conv_cudnn(cudnn);
+    redline_kernels::fused_gpu::set_conv_backend(backend);
     Ok(())
+}
+
+/// Which backend ran the fused path's convolutions, from what
+/// `redline_kernels::fused_gpu` recorded since `ran` was last taken: cuDNN
+/// with its version, Redline's kernels, or both (`--gpu-conv` changed
+/// during the fit); `None` where no convolution ran on the fused path.
+pub(crate) fn gpu_conv_ran((cudnn, redline): (bool, bool)) -> Option<String> {
+    let cudnn_name = || {
+        #[cfg(feature = "cuda")]
+        if let Ok(v) = redline_kernels::cuda::cudnn::version() {
+            return format!("cuDNN {}.{}.{}", v / 10000, v % 10000 / 100, v % 100);
+        }
+        "cuDNN".to_string()
+    };
+    match (cudnn, redline) {
+        (true, false) => Some(cudnn_name()),
+        (false, true) => Some("Redline's implicit-GEMM kernels".into()),
+        (true, true) => Some(format!(
+            "{} and Redline's implicit-GEMM kernels",
+            cudnn_name()
+        )),
+        (false, false) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fit's `gpu_conv` names what ran, and nothing where nothing ran.
+    #[test]
+    fn gpu_conv_ran_names_the_backend_that_ran() {
+        assert_eq!(gpu_conv_ran((false, false)), None);
+        assert_eq!(
+            gpu_conv_ran((false, true)).as_deref(),
+            Some("Redline's implicit-GEMM kernels")
+        );
+        let cudnn = gpu_conv_ran((true, false)).unwrap_or_default();
+        assert!(cudnn.starts_with("cuDNN"), "{cudnn}");
+        let both = gpu_conv_ran((true, true)).unwrap_or_default();
+        assert!(both.starts_with("cuDNN") && both.ends_with("Redline's implicit-GEMM kernels"));
+    }
+
+    /// `auto` follows `graph::AUTO_CONV_CUDNN` (cuDNN where it loads); the
+    /// names set their backends; others are refused.
+    #[test]
+    fn set_gpu_conv_sets_the_kernels_switch() {
+        use redline_kernels::fused_gpu::{conv_backend, set_conv_backend, ConvBackend};
+        let before = conv_backend();
+        set_gpu_conv("auto").unwrap_or_else(|e| panic!("{e}"));
+        let auto = conv_backend();
+        set_gpu_conv("redline").unwrap_or_else(|e| panic!("{e}"));
+        let redline = conv_backend();
+        let bad = set_gpu_conv("cuDNN").is_err();
+        set_conv_backend(before);
+        assert_eq!(
+            auto,
+            if crate::graph::AUTO_CONV_CUDNN {
+                ConvBackend::CudnnWhereItLoads
+            } else {
+                ConvBackend::Redline
+            }
+        );
+        assert_eq!(redline, ConvBackend::Redline);
+        assert!(bad, "names are lower case, as the CLI's");
+    }
 }

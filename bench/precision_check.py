@@ -12,10 +12,15 @@ initial weights stay those of --init.
 
 --also names a second reference (the CPU goldens beside the CUDA ones): each row then also
 gives the run's distance to it and PyTorch's own distance between the two references, and a
-job passes when it is within the CPU's bounds of either. PyTorch's CUDA and CPU autocast runs
-are both PyTorch; on an H200 they differ by more than the CPU bounds (the MLP's bf16-mixed
-update by 2.6e-2, the CNN's fp16-mixed overflows at another step), so a GPU run is held to the
-bounds against whichever of the two it follows.
+job passes when it is within the CPU's bounds of either, or ("PASS (spread)") when it is as
+close to the first reference (PyTorch's CUDA run) as PyTorch's two runs are to each other, with
+the first's loss scales. PyTorch's CUDA and CPU autocast runs are both PyTorch; on an H200
+they differ by more than the CPU bounds (the MLP's bf16-mixed update by 2.6e-2, the CNN's
+fp16-mixed overflows at another step), and on an H100 PyTorch's CUDA run of the CNN's
+fp16_overflow job flips as many signs of the first Adam step (the conv gradients that nearly
+cancel) against its CPU run as Redline's does (tools/reference/precision_steps.py --spread;
+bench/results/h100-2026-11-26/steps/), so a GPU run is held to the bounds against whichever of
+the two it follows, or to PyTorch's own spread.
 
 RUNS_DIR holds, per job, `run-prec-<model>-<golden prefix>/` (the run folder) and
 `prec-<model>-<golden prefix>.safetensors` (its --save). Prints one row per job: the worst
@@ -120,15 +125,44 @@ def check(runs: Path, golden: Path, init_dir: Path, model: str, prefix: str, los
         return {"error": f"{len(ours['losses'])} steps logged, PyTorch has "
                          f"{len(refs[0][0]['losses'])}"}
     rows = [distance(ours, got, t, f, init) for t, f in refs]
-    ok = [l < loss_tol and u < upd_tol and s is not False for l, u, _, s in rows]
+    spread = distance(*refs[0], *refs[1], init) if also else None
     loss, worst, name, scales = rows[0]
-    row = {"loss": loss, "update": worst, "tensor": name, "pass": any(ok)}
+    row = {"loss": loss, "update": worst, "tensor": name,
+           "verdict": verdict(rows, spread, loss_tol, upd_tol)}
     if scales is not None:
         row["scales_equal"] = scales
     if also:
         row["also"] = rows[1]
-        row["spread"] = distance(*refs[0], *refs[1], init)
+        row["spread"] = spread
     return row
+
+
+def verdict(rows, spread, loss_tol: float, upd_tol: float) -> str:
+    """PASS when a run is within the CPU bounds of any reference (`rows`: its distances to
+    each); "PASS (spread)" when, beyond them, it is as close to the first as PyTorch's two
+    references are to each other (`spread`), with the first's scales; else FAIL.
+
+    >>> verdict([(1e-4, 1e-3, "w", True)], None, 1e-3, 5e-3)
+    'PASS'
+    >>> verdict([(2e-2, 1e-3, "w", True), (1e-4, 1e-3, "w", True)], None, 1e-3, 5e-3)
+    'PASS'
+    >>> verdict([(1e-4, 1e-3, "w", False)], None, 1e-3, 5e-3)
+    'FAIL'
+    >>> cuda, cpu = (4.5e-3, 4.8e-2, "w", True), (5.3e-2, 8.9e-2, "w", False)
+    >>> verdict([cuda, cpu], (5.2e-2, 9.0e-2, "w", False), 1e-3, 5e-3)
+    'PASS (spread)'
+    >>> verdict([cuda, cpu], (1.2e-3, 2.6e-2, "w", True), 1e-3, 5e-3)
+    'FAIL'
+    >>> verdict([(4.5e-3, 4.8e-2, "w", False), cpu], (5.2e-2, 9.0e-2, "w", False), 1e-3, 5e-3)
+    'FAIL'
+    """
+    if any(l < loss_tol and u < upd_tol and s is not False for l, u, _, s in rows):
+        return "PASS"
+    if spread is not None:
+        loss, update, _, scales = rows[0]
+        if loss <= spread[0] and update <= spread[1] and scales is not False:
+            return "PASS (spread)"
+    return "FAIL"
 
 
 def fmt(loss: float, update: float, tensor: str, scales) -> str:
@@ -154,7 +188,8 @@ def main() -> int:
         return 0
     head = "| job | loss vs PyTorch (max rel) | update (rel L2, worst) | scales |"
     if a.also:
-        print(f"Against {a.golden} and {a.also} (PASS: within the CPU bounds of either):\n")
+        print(f"Against {a.golden} and {a.also} (PASS: within the CPU bounds of either; "
+              "PASS (spread): as close to the first as PyTorch's two are to each other):\n")
         head += (" loss vs the second | update vs the second | scales |"
                  " PyTorch's own: loss | update | scales |")
     else:
@@ -168,11 +203,11 @@ def main() -> int:
             ok = False
             print(f"| {model} {prefix} | {'missing' if r is None else r['error']} | | | FAIL |")
             continue
-        ok &= r["pass"]
+        ok &= r["verdict"] != "FAIL"
         cells = fmt(r["loss"], r["update"], r["tensor"], r.get("scales_equal"))
         if a.also:
             cells += " | " + fmt(*r["also"]) + " | " + fmt(*r["spread"])
-        print(f"| {model} {prefix} | {cells} | {'PASS' if r['pass'] else 'FAIL'} (loss "
+        print(f"| {model} {prefix} | {cells} | {r['verdict']} (loss "
               f"{loss_tol:g}, update {upd_tol:g}) |")
     return 0 if ok else 1
 

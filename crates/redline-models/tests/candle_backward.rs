@@ -1,0 +1,93 @@
+//! The vendored candle-core's backward (`vendor/candle-core/REDLINE.md`): a
+//! tensor's first gradient is stored as it comes, not added to a tensor of
+//! zeros, and no two stored gradients are one tensor.
+
+use std::sync::Mutex;
+
+use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor, Var};
+
+/// The identity, whose backward hands back a gradient it keeps a handle to.
+struct Identity {
+    grad: std::sync::Arc<Mutex<Option<Tensor>>>,
+}
+
+impl CustomOp1 for Identity {
+    fn name(&self) -> &'static str {
+        "identity"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let v = s.as_slice::<f32>()?;
+        let v = match l.contiguous_offsets() {
+            Some((a, b)) => v[a..b].to_vec(),
+            None => candle_core::bail!("identity: contiguous input only"),
+        };
+        Ok((CpuStorage::F32(v), l.shape().clone()))
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let g = (grad * 2.0)?;
+        if let Ok(mut kept) = self.grad.lock() {
+            *kept = Some(g.clone());
+        }
+        Ok(Some(g))
+    }
+}
+
+#[test]
+fn a_first_gradient_is_stored_as_it_comes() -> Result<()> {
+    let w = Var::from_tensor(&Tensor::new(&[1f32, -2., 3.], &Device::Cpu)?)?;
+    let kept = std::sync::Arc::new(Mutex::new(None));
+    let y = w.as_tensor().apply_op1(Identity {
+        grad: kept.clone(),
+    })?;
+    let grads = y.sum_all()?.backward()?;
+    let got = grads.get(w.as_tensor()).cloned();
+    let handed = kept.lock().ok().and_then(|g| g.clone());
+    let (Some(got), Some(handed)) = (got, handed) else {
+        panic!("no gradient for w, or the op's backward did not run");
+    };
+    assert_eq!(got.to_vec1::<f32>()?, [2.0, 2.0, 2.0]);
+    // candle 0.11.1 stores zeros + g, a new tensor; the patched backward, g.
+    assert_eq!(
+        got.id(),
+        handed.id(),
+        "w's gradient is not the tensor the op handed back: candle-core's backward is \
+         not the vendored one"
+    );
+    Ok(())
+}
+
+#[test]
+fn two_inputs_of_one_sum_get_gradients_of_their_own() -> Result<()> {
+    let dev = Device::Cpu;
+    let a = Var::ones(3, DType::F32, &dev)?;
+    let b = Var::ones(3, DType::F32, &dev)?;
+    let c = Var::ones(3, DType::F32, &dev)?;
+    // An add hands its gradient to both inputs; a broadcast sum hands a view.
+    let loss = ((a.as_tensor() + b.as_tensor())? * 3.0)?.sum_all()?;
+    let loss = (loss + c.as_tensor().sum_keepdim(0)?.squeeze(0)?)?;
+    let grads = loss.backward()?;
+    let g = |v: &Var| -> Result<Tensor> {
+        grads
+            .get(v.as_tensor())
+            .cloned()
+            .ok_or_else(|| candle_core::Error::Msg("no gradient".into()))
+    };
+    let (ga, gb, gc) = (g(&a)?, g(&b)?, g(&c)?);
+    assert_ne!(ga.id(), gb.id(), "a and b share one gradient tensor");
+    assert_eq!(ga.to_vec1::<f32>()?, [3.0; 3]);
+    assert_eq!(gb.to_vec1::<f32>()?, [3.0; 3]);
+    assert_eq!(gc.to_vec1::<f32>()?, [1.0; 3]);
+    assert!(gc.is_contiguous(), "a broadcast gradient is stored contiguous");
+    // A gradient that arrives twice is summed.
+    let twice = (a.as_tensor() * a.as_tensor())?.sum_all()?.backward()?;
+    assert_eq!(
+        twice
+            .get(a.as_tensor())
+            .map(|t| t.to_vec1::<f32>())
+            .transpose()?,
+        Some(vec![2.0; 3])
+    );
+    Ok(())
+}

@@ -38,9 +38,7 @@ impl CustomOp1 for Identity {
 fn a_first_gradient_is_stored_as_it_comes() -> Result<()> {
     let w = Var::from_tensor(&Tensor::new(&[1f32, -2., 3.], &Device::Cpu)?)?;
     let kept = std::sync::Arc::new(Mutex::new(None));
-    let y = w.as_tensor().apply_op1(Identity {
-        grad: kept.clone(),
-    })?;
+    let y = w.as_tensor().apply_op1(Identity { grad: kept.clone() })?;
     let grads = y.sum_all()?.backward()?;
     let got = grads.get(w.as_tensor()).cloned();
     let handed = kept.lock().ok().and_then(|g| g.clone());
@@ -79,7 +77,10 @@ fn two_inputs_of_one_sum_get_gradients_of_their_own() -> Result<()> {
     assert_eq!(ga.to_vec1::<f32>()?, [3.0; 3]);
     assert_eq!(gb.to_vec1::<f32>()?, [3.0; 3]);
     assert_eq!(gc.to_vec1::<f32>()?, [1.0; 3]);
-    assert!(gc.is_contiguous(), "a broadcast gradient is stored contiguous");
+    assert!(
+        gc.is_contiguous(),
+        "a broadcast gradient is stored contiguous"
+    );
     // A gradient that arrives twice is summed.
     let twice = (a.as_tensor() * a.as_tensor())?.sum_all()?.backward()?;
     assert_eq!(

@@ -347,8 +347,8 @@ pub struct TrainArgs {
     pub matmul_precision: String,
     /// On a GPU, where the convolutions of the fused path (--fused-kernels auto or on) run:
     /// redline (Redline's implicit-GEMM kernels), cudnn (NVIDIA's cuDNN 9, loaded at run
-    /// time: it must be installed) or auto (Redline's, until a GPU run shows cuDNN faster).
-    /// No effect on the CPU.
+    /// time: it must be installed) or auto (cuDNN where it loads, else Redline's; the
+    /// summary's `convolutions:` line says which ran). No effect on the CPU.
     #[arg(long, default_value = "auto", value_name = "BACKEND", value_parser = ["auto", "redline", "cudnn"])]
     #[serde(default = "default_auto", skip_serializing_if = "is_auto")]
     pub gpu_conv: String,

@@ -423,6 +423,21 @@ pub fn set_gpu_conv(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Why `--gpu-conv auto` ran Redline's kernels: cuDNN did not load (the
+/// refusal of `--gpu-conv cudnn` gives the paths tried and the fix); empty
+/// where it was not asked for or did load.
+fn why_not_cudnn() -> String {
+    use redline_kernels::fused_gpu::{conv_backend, ConvBackend};
+    if conv_backend() != ConvBackend::CudnnWhereItLoads {
+        return String::new();
+    }
+    #[cfg(feature = "cuda")]
+    if redline_kernels::cuda::cudnn::version().is_err() {
+        return " (cuDNN did not load: --gpu-conv cudnn says why)".into();
+    }
+    String::new()
+}
+
 /// Which backend ran the fused path's convolutions, from what
 /// `redline_kernels::fused_gpu` recorded since `ran` was last taken: cuDNN
 /// with its version, Redline's kernels, or both (`--gpu-conv` changed
@@ -437,7 +452,10 @@ pub(crate) fn gpu_conv_ran((cudnn, redline): (bool, bool)) -> Option<String> {
     };
     match (cudnn, redline) {
         (true, false) => Some(cudnn_name()),
-        (false, true) => Some("Redline's implicit-GEMM kernels".into()),
+        (false, true) => Some(format!(
+            "Redline's implicit-GEMM kernels{}",
+            why_not_cudnn()
+        )),
         (true, true) => Some(format!(
             "{} and Redline's implicit-GEMM kernels",
             cudnn_name()

@@ -27,7 +27,6 @@ fn msg(e: impl std::fmt::Display) -> candle_core::Error {
     candle_core::Error::Msg(format!("conv2d on the GPU: {e}"))
 }
 
-/// Kernel `name`, with what a build for a GPU before sm_80 lacks said.
 /// Whether this convolution runs on cuDNN (`fused_gpu::conv_backend`):
 /// under `CudnnWhereItLoads`, where cuDNN loads in this process (the load is
 /// tried once, at the first convolution, before any capture).
@@ -39,6 +38,7 @@ fn use_cudnn() -> bool {
     }
 }
 
+/// Kernel `name`, with what a build for a GPU before sm_80 lacks said.
 fn load_kernel(dev: &CudaDevice, name: &str) -> candle_core::Result<CudaFunction> {
     function(dev, name).map_err(|e| {
         if name.ends_with("16") || name.ends_with("tf32") {

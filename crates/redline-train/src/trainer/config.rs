@@ -439,8 +439,8 @@ fn why_not_cudnn() -> String {
 }
 
 /// Which backend ran the fused path's convolutions, from what
-/// `redline_kernels::fused_gpu` recorded since `ran` was last taken: cuDNN
-/// with its version, Redline's kernels, or both (`--gpu-conv` changed
+/// `redline_kernels::fused_gpu::take_conv_ran` returned (the fit takes it
+/// at its start and end): cuDNN with its version, Redline's kernels, or both (`--gpu-conv` changed
 /// during the fit); `None` where no convolution ran on the fused path.
 pub(crate) fn gpu_conv_ran((cudnn, redline): (bool, bool)) -> Option<String> {
     let cudnn_name = || {

@@ -113,7 +113,7 @@ pub fn conv2d_in(
             // first maximum among them (PyTorch's choice, and the fused
             // pool's) takes the gradient. Pooling the fp32 output would
             // route it to a different element of about one window in ten.
-            Some(k) => max_pool2d(&crate::relu(&rounded(&y, dtype)?)?, k)?,
+            Some(k) => max_pool2d(&rounded(&y, dtype)?.relu()?, k)?,
             None => y,
         };
         return Ok(y.to_dtype(dtype)?);

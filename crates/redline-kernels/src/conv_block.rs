@@ -86,7 +86,7 @@ pub(crate) fn pool_relu_with(
     }
     if !(1..16).contains(&k) || ![x, w, b].into_iter().all(fused_cpu) {
         let y = conv2d_with(x, w, b, padding, buffers)?;
-        return crate::relu(&max_pool2d(&y, k)?);
+        return Ok(max_pool2d(&y, k)?.relu()?);
     }
     block(geom, x, w, b, k, buffers, None)
 }

@@ -34,7 +34,6 @@ mod optim_generic;
 mod optim_generic_bf16;
 pub mod optim_math;
 pub mod pool;
-mod relu;
 mod slices;
 
 pub use autocast::{conv2d_in, linear_in};
@@ -44,4 +43,3 @@ pub use error::{Error, Result};
 pub use linear::{linear, linear_param};
 pub use loss::{cross_entropy, cross_entropy_counted};
 pub use pool::{max_pool2d, max_pool2d_generic};
-pub use relu::relu;

@@ -50,7 +50,7 @@ pub(crate) fn linear_with(
         && [w, b].iter().all(|t| t.device().same_device(x.device()));
     if !cpu && !gpu {
         let y = x.matmul(&w.t()?)?.broadcast_add(b)?;
-        return if relu { crate::relu(&y) } else { Ok(y) };
+        return Ok(if relu { y.relu()? } else { y });
     }
     let op = LinearOp {
         relu,

@@ -769,16 +769,16 @@ fn cuda_conv_pool_relu_block_matches_the_generic_path() {
 /// The 16-bit CNN block (tensor-core convolution, then the 16-bit bias +
 /// max pool + ReLU kernel) against the same tensor-core convolution followed
 /// by candle's f32 add, Redline's generic first-maximum pool and ReLU
-/// (`redline_kernels::relu`, PyTorch's gradient) on the 16-bit values,
+/// (PyTorch's gradient, in the vendored candle-core) on the 16-bit values,
 /// rounded to the format where the block's outputs are: output and
 /// gradients within about two steps of the format. The output also against
 /// candle's 16-bit ops throughout.
 ///
-/// Not candle's `relu` in the reference: it passes the gradient where its
-/// input is exactly 0, and a 16-bit sum rounds to exactly 0 now and then (6
+/// candle-core 0.11.1's `relu` passed the gradient where its input is
+/// exactly 0, and a 16-bit sum rounds to exactly 0 now and then (6
 /// pooled maxima of 12,544 in the bf16 (4, 32, 14, 64) case: dx 1.1 of 7.5
-/// off on an H200, `bench/results/h200-2026-11-26-2`). Nor candle's 16-bit
-/// convolution for the gradients: its sums in another order round an output
+/// off on an H200, `bench/results/h200-2026-11-26-2`); the vendored one does
+/// not. Not candle's 16-bit convolution for the gradients: its sums in another order round an output
 /// one step apart now and then, which can turn a near tie in a pooling
 /// window.
 #[test]
@@ -808,7 +808,7 @@ fn cuda_16_bit_conv_pool_relu_block_matches_the_same_convolution_then_candles_op
                     .broadcast_add(&bias)
                     .unwrap();
                 let pooled = max_pool2d_generic(&round_trip(&z, dtype), k).unwrap();
-                round_trip(&redline_kernels::relu(&pooled).unwrap(), dtype)
+                round_trip(&pooled.relu().unwrap(), dtype)
             };
             let vars = [&x, &w, &b];
             let case = format!("{dtype:?} ({n}, {cin}, {hw}, {cout}, k {k})");

@@ -1,6 +1,7 @@
 //! The vendored candle-core's backward (`vendor/candle-core/REDLINE.md`): a
 //! tensor's first gradient is stored as it comes, not added to a tensor of
-//! zeros, and no two stored gradients are one tensor.
+//! zeros, and no two stored gradients are one tensor; ReLU's gradient is
+//! PyTorch's.
 
 use std::sync::Mutex;
 
@@ -90,5 +91,28 @@ fn two_inputs_of_one_sum_get_gradients_of_their_own() -> Result<()> {
             .transpose()?,
         Some(vec![2.0; 3])
     );
+    Ok(())
+}
+
+#[test]
+fn relu_takes_no_gradient_at_zero_as_in_pytorch() -> Result<()> {
+    // torch.relu(x).backward(g): x.grad = [0, 0, 3, 0, 5] for
+    // x = [-1, 0, 2, -0.0, 4], g = [1, 2, 3, 4, 5]; candle-core 0.11.1 gave
+    // [0, 2, 3, 4, 5] (its `arg >= 0`).
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        let x = Var::from_tensor(
+            &Tensor::new(&[-1f32, 0.0, 2.0, -0.0, 4.0], &Device::Cpu)?.to_dtype(dtype)?,
+        )?;
+        let g = Tensor::new(&[1f32, 2.0, 3.0, 4.0, 5.0], &Device::Cpu)?.to_dtype(dtype)?;
+        let y = x.as_tensor().relu()?;
+        let out = y.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        assert_eq!(out, [0.0, 0.0, 2.0, 0.0, 4.0], "{dtype:?}");
+        let grads = (y * g)?.sum_all()?.backward()?;
+        let dx = grads
+            .get(x.as_tensor())
+            .map(|d| d.to_dtype(DType::F32)?.to_vec1::<f32>())
+            .transpose()?;
+        assert_eq!(dx, Some(vec![0.0, 0.0, 3.0, 0.0, 5.0]), "{dtype:?}");
+    }
     Ok(())
 }

@@ -589,7 +589,8 @@ impl Tensor {
                         grads.accumulate(arg, &(&grad * gelu_erf_grad)?)?;
                     }
                     Op::Unary(arg, UnaryOp::Relu) => {
-                        let relu_grad = arg.ge(&arg.zeros_like()?)?.to_dtype(arg.dtype())?;
+                        // Redline: no gradient where the input is exactly 0, as PyTorch's.
+                        let relu_grad = arg.gt(&arg.zeros_like()?)?.to_dtype(arg.dtype())?;
                         grads.accumulate(arg, &(&grad * relu_grad)?)?;
                     }
                     Op::Unary(arg, UnaryOp::Silu) => {

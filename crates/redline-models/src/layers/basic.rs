@@ -118,13 +118,13 @@ impl Layer for Flatten {
     }
 }
 
-/// `nn.ReLU()`, with PyTorch's gradient (none where the input is exactly
-/// 0: [`redline_kernels::relu`]).
+/// `nn.ReLU()`, with PyTorch's gradient: none where the input is exactly 0
+/// (the vendored candle-core's, `vendor/candle-core/REDLINE.md`).
 pub(super) struct Relu;
 
 impl Layer for Relu {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
-        Ok(redline_kernels::relu(x)?)
+        Ok(x.relu()?)
     }
 }
 

@@ -62,6 +62,10 @@ if want redline; then
 # (the driver's JIT cache emptied), so `gpu_kernels_load_s` is a first start.
 rm -rf "${HOME:-/root}/.nv/ComputeCache"
 run mlp-defaults
+# The same first start taking candle's PTX instead of its machine code
+# (vendor/candle-kernels/REDLINE.md): what every first run paid before.
+rm -rf "${HOME:-/root}/.nv/ComputeCache"
+REDLINE_CANDLE_PTX=1 run mlp-ptx-jit --max-steps 50
 run mlp-b512-defaults --batch-size 512
 run cnn-defaults --model cnn
 run cnn-b512-defaults --model cnn --batch-size 512

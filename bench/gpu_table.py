@@ -158,6 +158,11 @@ def main(out: Path) -> int:
     ]:
         if rl in by and ref in by and by[rl]["epoch_s"] == by[rl]["epoch_s"]:
             print(f"- {model}: {ref} / {rl} = {by[ref]['epoch_s'] / by[rl]['epoch_s']:.2f}x")
+    code = by.get("redline mlp-defaults", {}).get("kernels_load_s")
+    jit = by.get("redline mlp-ptx-jit", {}).get("kernels_load_s")
+    if code is not None and jit is not None:
+        print(f"- first kernel load, JIT cache emptied: {code:.3g} s from candle's machine code "
+              f"(mlp-defaults), {jit:.3g} s JIT-compiling its PTX (mlp-ptx-jit, REDLINE_CANDLE_PTX=1)")
     print()
     targets(by)
     return 0

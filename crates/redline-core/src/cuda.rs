@@ -70,12 +70,13 @@ const STEP_MODULES: [(&str, &candle_core::cuda_backend::kernels::Module); 9] = {
 };
 
 /// Loads the modules of [`STEP_MODULES`] into `dev` (candle keeps them per
-/// device). candle ships PTX: on a machine whose driver has not compiled it
-/// before, this is where it does (about 23 s on an H100, 16.9 s on an H200,
-/// for these modules), instead of inside the first training step; the
-/// driver caches the result. Compiling the nine on a thread each first
-/// (into the driver's JIT cache) did not help: 21.6 s on an H200 against
-/// 16.9 s one at a time (`bench/results/h200-2026-11-26-2/`).
+/// device), before the first training step. The vendored candle-kernels
+/// ships them as machine code for the build's GPU architecture
+/// (`vendor/candle-kernels/REDLINE.md`); where it has none (another GPU, or
+/// `REDLINE_CANDLE_PTX=1`), the driver JIT-compiles their PTX here: 16.6 to
+/// 21.8 s on a fresh H100, 16.9 s on an H200, cached by the driver after.
+/// Compiling the nine on a thread each (into the driver's JIT cache) did not
+/// help: 21.6 s on an H200 (`bench/results/h200-2026-11-26-2/`).
 pub fn load_kernels(dev: &CudaDevice) -> Result<()> {
     for (func, module) in STEP_MODULES {
         dev.get_or_load_func(func, module)

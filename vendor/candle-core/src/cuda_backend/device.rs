@@ -347,7 +347,7 @@ impl CudaDevice {
         }
         drop(ms);
         let mut ms = self.modules.write().unwrap();
-        let cuda_module = self.context.load_module(mdl.ptx().into()).w()?;
+        let cuda_module = self.context.load_module(module_image(mdl)).w()?;
         ms.mdls[mdl.index()] = Some(cuda_module.clone());
         let func = cuda_module.load_function(fn_name).w()?;
         Ok(CudaFunc {
@@ -358,6 +358,21 @@ impl CudaDevice {
 
     pub fn cublas_handle(&self) -> Arc<cudarc::cublas::CudaBlas> {
         self.blas.clone()
+    }
+}
+
+/// Redline: what a kernel module is loaded from. The fatbin where the build
+/// made one (machine code for the GPU the PTX targets: loading takes
+/// milliseconds; another GPU gets the PTX inside it, JIT-compiled by the
+/// driver), else the PTX (JIT-compiled at the first load on a machine whose
+/// driver has not cached it: seconds per module). `REDLINE_CANDLE_PTX=1`
+/// takes the PTX, to measure the difference.
+fn module_image(mdl: &kernels::Module) -> cudarc::nvrtc::Ptx {
+    let ptx_only = std::env::var_os("REDLINE_CANDLE_PTX").is_some_and(|v| v == "1");
+    if mdl.fatbin().is_empty() || ptx_only {
+        mdl.ptx().into()
+    } else {
+        cudarc::nvrtc::Ptx::from_binary(mdl.fatbin().to_vec())
     }
 }
 

@@ -60,6 +60,17 @@ impl DeviceCursor {
         self.batch
     }
 
+    /// The epoch's sample order on the device (u32, one per sample), for a
+    /// kernel that draws the batch itself (`redline_kernels::cuda::cursor_gather`).
+    pub fn perm(&self) -> &Tensor {
+        self.perm.as_tensor()
+    }
+
+    /// The batches drawn this epoch, on the device (u32, shape (1,)).
+    pub fn counter(&self) -> &Tensor {
+        self.counter.as_tensor()
+    }
+
     /// Full batches in an epoch: how many draws an epoch allows.
     pub fn full_batches(&self) -> usize {
         self.len / self.batch

@@ -6,3 +6,4 @@
 #include "pool.cu"
 #include "conv.cu"
 #include "conv_mma.cu"
+#include "gather.cu"

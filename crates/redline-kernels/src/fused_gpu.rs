@@ -122,6 +122,17 @@ pub fn take_conv_ran() -> (bool, bool) {
     )
 }
 
+/// 32-bit words per sample of a tensor whose first dimension counts samples
+/// with `elems` elements of `size` bytes each, stored from element `offset`:
+/// `None` unless the samples are whole, aligned words (the kernel's unit).
+pub fn sample_words(elems: usize, size: usize, offset: usize) -> Option<u32> {
+    let bytes = elems.checked_mul(size)?;
+    if bytes % 4 != 0 || (offset * size) % 4 != 0 {
+        return None;
+    }
+    u32::try_from(bytes / 4).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +155,21 @@ mod tests {
         note_conv_ran(true);
         assert_eq!(take_conv_ran(), (true, false));
         assert_eq!(take_conv_ran(), (false, false), "taken, so forgotten");
+    }
+
+    #[test]
+    fn cursor_samples_must_be_whole_aligned_words() {
+        // An MNIST image as f32 and as u8, a class index as u32 and i64.
+        assert_eq!(sample_words(784, 4, 0), Some(784));
+        assert_eq!(sample_words(784, 1, 0), Some(196));
+        assert_eq!(sample_words(1, 4, 7), Some(1));
+        assert_eq!(sample_words(1, 8, 0), Some(2));
+        // A u8 label, three u8 values, a bf16 scalar: not whole words.
+        assert_eq!(sample_words(1, 1, 0), None);
+        assert_eq!(sample_words(3, 1, 0), None);
+        assert_eq!(sample_words(1, 2, 0), None);
+        // Whole words, but the tensor starts mid-word.
+        assert_eq!(sample_words(4, 1, 2), None);
+        assert_eq!(sample_words(2, 2, 1), None);
     }
 }

@@ -41,7 +41,16 @@ fn emulated_implicit_gemm_conv_matches_candle() {
 /// and ReLU, with tied windows and a row and column past the last window.
 #[test]
 fn emulated_bias_pool_relu_matches_the_generic_ops() {
-    for (n, c, h, w, k) in [(2usize, 3usize, 9usize, 7usize, 2usize), (3, 5, 6, 6, 3)] {
+    // The last three sum more than a block's 256 values per channel
+    // (the bias gradient's stepping over images): 196 positions per image,
+    // 9 (28 images a step), and 400 (more than a step).
+    for (n, c, h, w, k) in [
+        (2usize, 3usize, 9usize, 7usize, 2usize),
+        (3, 5, 6, 6, 3),
+        (3, 4, 28, 28, 2),
+        (30, 2, 6, 6, 2),
+        (2, 2, 40, 40, 2),
+    ] {
         let case = format!("({n}, {c}, {h}, {w}), k {k}");
         // Steps of 1/8 tie often; none lands on exactly -bias (a zero after the ReLU).
         let conv: Vec<f32> = (0..n * c * h * w)
@@ -105,12 +114,14 @@ fn worst_relative(ours: &[f32], want: &[f32]) -> f32 {
         .fold(0f32, f32::max)
 }
 
-/// Cross-entropy: the one-block forward (32 warps, shuffles, fixed-order
-/// sums) and the backward against the CPU's fused kernel: loss, count of
+/// Cross-entropy: the one-block forward (a thread or a warp per row,
+/// shuffles, fixed-order sums) and the backward against the CPU's fused kernel: loss, count of
 /// first-maximum hits and gradient; a bad target gives a NaN loss.
 #[test]
 fn emulated_cross_entropy_matches_the_cpu_kernel() {
-    for (rows, cols) in [(64usize, 10usize), (45, 70), (3, 1)] {
+    // A thread per row (at most 32 classes; more rows than threads in the
+    // second case), and a warp per row (70 classes).
+    for (rows, cols) in [(64usize, 10usize), (1100, 10), (45, 70), (3, 1)] {
         let case = format!("({rows}, {cols})");
         let mut logits = values(rows * cols, 0.4);
         // A tied row: its first maximum counts.
@@ -513,5 +524,46 @@ fn emulated_bf16_optimizers_match_the_cpu_loop() {
             "{kind}: {differ} of {total} values differ"
         );
         assert!(total > 500_000);
+    }
+}
+
+/// The device cursor's gather (`cuda/gather.cu`): batch row `b` is sample
+/// `perm[counter * batch + b]` of x and of y, for every batch of an epoch,
+/// with fewer threads than a sample's words (the stride loop) and with more.
+/// Outputs start as u32::MAX, so a word no thread writes shows.
+#[test]
+fn emulated_cursor_gather_draws_the_counters_batch() {
+    let (len, batch, x_words, y_words) = (10usize, 3usize, 37u32, 2u32);
+    let perm: Vec<u32> = vec![7, 2, 9, 0, 4, 1, 8, 3, 6, 5];
+    let x: Vec<u32> = (0..len as u32 * x_words).map(|i| i * 3 + 1).collect();
+    let y: Vec<u32> = (0..len as u32 * y_words).map(|i| 1000 + i).collect();
+    for threads in [32u32, 256] {
+        for counter in 0..(len / batch) as u32 {
+            let mut out_x = vec![u32::MAX; batch * x_words as usize];
+            let mut out_y = vec![u32::MAX; batch * y_words as usize];
+            let c = [counter];
+            let (pp, pc, px, py) = (perm.as_ptr(), c.as_ptr(), x.as_ptr(), y.as_ptr());
+            let (ox, oy) = (out_x.as_mut_ptr(), out_y.as_mut_ptr());
+            let b32 = batch as u32;
+            let mut args = vec![
+                arg(&pp),
+                arg(&pc),
+                arg(&px),
+                arg(&py),
+                arg(&ox),
+                arg(&oy),
+                arg(&b32),
+                arg(&x_words),
+                arg(&y_words),
+            ];
+            launch("redline_cursor_gather", (b32, 1, 1), threads, &mut args);
+            let (xw, yw) = (x_words as usize, y_words as usize);
+            for b in 0..batch {
+                let row = perm[counter as usize * batch + b] as usize;
+                let case = format!("threads {threads}, batch {counter}, row {b}");
+                assert_eq!(out_x[b * xw..][..xw], x[row * xw..][..xw], "{case}: x");
+                assert_eq!(out_y[b * yw..][..yw], y[row * yw..][..yw], "{case}: y");
+            }
+        }
     }
 }

@@ -962,3 +962,105 @@ fn cuda_bf16_multi_adam_matches_the_cpu_bf16_loop() {
     eprintln!("bf16 adam: {differ} of {total} parameter elements differ from the CPU loop");
     assert!(differ * 10_000 <= total, "{differ} of {total} differ");
 }
+
+/// candle's kernel modules that a training step loads ship machine code (the
+/// vendored candle-kernels' fatbins, `vendor/candle-kernels/REDLINE.md`), so
+/// a first run does not JIT-compile their PTX. Needs no GPU: it reads the
+/// bytes the build embedded.
+#[test]
+fn cuda_candle_kernels_ship_machine_code() {
+    use candle_core::cuda_backend::kernels as k;
+    let modules = [
+        ("affine", k::AFFINE),
+        ("binary", k::BINARY),
+        ("cast", k::CAST),
+        ("conv", k::CONV),
+        ("fill", k::FILL),
+        ("indexing", k::INDEXING),
+        ("reduce", k::REDUCE),
+        ("sort", k::SORT),
+        ("ternary", k::TERNARY),
+        ("unary", k::UNARY),
+    ];
+    for (name, m) in modules {
+        let fatbin = m.fatbin();
+        // A fatbin's header starts with its magic, 0xBA55ED50 little-endian.
+        assert_eq!(
+            fatbin.get(..4),
+            Some(&[0x50, 0xED, 0x55, 0xBA][..]),
+            "module {name}: no fatbin ({} bytes)",
+            fatbin.len()
+        );
+        let elf = fatbin.windows(4).filter(|w| *w == b"\x7fELF").count();
+        assert!(elf >= 1, "module {name}: its fatbin holds no machine code");
+        assert!(m.ptx().contains(".target sm_"), "module {name}: PTX");
+    }
+    // quantized is left as PTX (Redline never loads it).
+    assert!(k::QUANTIZED.fatbin().is_empty());
+}
+
+/// The device cursor's one-launch draw against candle's ops (what
+/// `DeviceCursor::gather` runs): every batch of an epoch, f32 images with u32
+/// classes and u8 images with i64 classes, bit for bit; a u8 class (not a
+/// whole word per sample) is left to candle's ops.
+#[test]
+fn cuda_cursor_gather_matches_candles_ops() {
+    use redline_kernels::cuda::cursor_gather;
+    let dev = gpu();
+    let (len, batch) = (1000usize, 64usize);
+    let order: Vec<u32> = (0..len as u32)
+        .map(|i| (i * 389 + 17) % len as u32)
+        .collect();
+    let perm = Tensor::from_slice(&order, len, &dev).unwrap();
+    let images = values(len * 784, 0.7, &dev)
+        .reshape((len, 1, 28, 28))
+        .unwrap();
+    let classes: Vec<u32> = (0..len as u32).map(|i| i % 10).collect();
+    let cases = [
+        (
+            images.clone(),
+            Tensor::from_slice(&classes, len, &dev).unwrap(),
+        ),
+        (
+            images
+                .affine(100.0, 120.0)
+                .unwrap()
+                .to_dtype(DType::U8)
+                .unwrap(),
+            Tensor::from_slice(&classes, len, &dev)
+                .unwrap()
+                .to_dtype(DType::I64)
+                .unwrap(),
+        ),
+    ];
+    for (x, y) in &cases {
+        for n in 0..(len / batch) as u32 {
+            let counter = Tensor::from_slice(&[n], 1, &dev).unwrap();
+            let (gx, gy) = cursor_gather(&perm, &counter, batch, x, y)
+                .unwrap()
+                .expect("applies");
+            let rows = perm.narrow(0, n as usize * batch, batch).unwrap();
+            let (wx, wy) = (
+                x.index_select(&rows, 0).unwrap(),
+                y.index_select(&rows, 0).unwrap(),
+            );
+            assert_eq!(gx.dims(), wx.dims());
+            assert_eq!(gx.dtype(), wx.dtype());
+            let bits = |t: &Tensor| {
+                t.flatten_all()
+                    .unwrap()
+                    .to_dtype(DType::F64)
+                    .unwrap()
+                    .to_vec1::<f64>()
+                    .unwrap()
+            };
+            assert_eq!(bits(&gx), bits(&wx), "{:?} batch {n}: x", x.dtype());
+            assert_eq!(bits(&gy), bits(&wy), "{:?} batch {n}: y", y.dtype());
+        }
+    }
+    let counter = Tensor::from_slice(&[0u32], 1, &dev).unwrap();
+    let y8 = cases[0].1.to_dtype(DType::U8).unwrap();
+    assert!(cursor_gather(&perm, &counter, batch, &images, &y8)
+        .unwrap()
+        .is_none());
+}

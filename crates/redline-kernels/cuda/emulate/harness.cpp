@@ -42,6 +42,7 @@ const Entry KERNELS[] = {
     EMU_KERNEL(redline_relu_mask_bias_grad_f16),
     EMU_KERNEL(redline_ce_fwd_f32),
     EMU_KERNEL(redline_ce_bwd_f32),
+    EMU_KERNEL(redline_cursor_gather),
     EMU_KERNEL(redline_multi_adam_f32),
     EMU_KERNEL(redline_multi_sgd_f32),
     EMU_KERNEL(redline_multi_adam_bf16),

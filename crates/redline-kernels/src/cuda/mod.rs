@@ -5,6 +5,7 @@
 
 pub(crate) mod conv;
 pub mod cudnn;
+mod gather;
 pub(crate) mod linear;
 pub(crate) mod loss;
 mod optim;
@@ -19,6 +20,7 @@ use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::cuda_backend::{CudaDevice, DeviceId};
 use candle_core::{DType, Storage, Tensor};
 
+pub use gather::cursor_gather;
 pub use optim::{multi_adam, multi_sgd, AdamItem, SgdItem};
 
 use crate::error::{Error, Result};

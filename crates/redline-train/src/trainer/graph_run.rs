@@ -9,7 +9,7 @@
 
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
 use candle_core::cuda_backend::CudaDevice;
-use candle_core::Var;
+use candle_core::{Tensor, Var};
 use redline_core::cuda::EventTimer;
 use redline_core::Device;
 use redline_data::{Batch, DeviceCursor, Loader, Split};
@@ -317,7 +317,7 @@ impl Trainer {
         prof: &mut Profiler,
     ) -> Result<()> {
         prof.switch(Action::DataWait);
-        let (x, y) = cursor.gather(split)?;
+        let (x, y) = draw(cursor, split)?;
         let batch = Batch { x, y, index };
         self.micro_step(&batch, st, epoch_sums, prof)?;
         self.optimizer_step(st, epoch_sums, prof)?;
@@ -394,4 +394,22 @@ impl Trainer {
         }
         Ok(())
     }
+}
+
+/// The cursor's batch: with the fused kernels on a GPU, one launch
+/// (`redline_kernels::cuda::cursor_gather`), else candle's ops (five
+/// launches on a GPU).
+fn draw(cursor: &DeviceCursor, split: &Split) -> Result<(Tensor, Tensor)> {
+    if redline_kernels::fused_gpu::enabled() && split.len() == cursor.perm().elem_count() {
+        if let Some(xy) = redline_kernels::cuda::cursor_gather(
+            cursor.perm(),
+            cursor.counter(),
+            cursor.batch_size(),
+            &split.x,
+            &split.y,
+        )? {
+            return Ok(xy);
+        }
+    }
+    Ok(cursor.gather(split)?)
 }

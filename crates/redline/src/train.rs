@@ -612,15 +612,16 @@ fn precision_path(
     if !device.is_cpu() {
         return Some(gpu_precision_path(precision, weights, fused));
     }
+    let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let has = |f: &str| flags.split_whitespace().any(|w| w == f);
     if precision != Precision::Fp16Mixed && redline_kernels::gemm_bf16::enabled() {
+        let amx = amx_note(&flags);
         return Some(format!(
             "{precision} on the CPU: {weights}; bf16 GEMMs and convolutions on AVX-512 BF16 \
              (Redline's vdpbf16ps kernel, fp32 accumulation, subnormals flushed), outputs \
-             rounded to bf16"
+             rounded to bf16{amx}"
         ));
     }
-    let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let has = |f: &str| flags.split_whitespace().any(|w| w == f);
     let (ty, why) = match precision {
         Precision::Fp16Mixed => (
             "fp16",
@@ -645,6 +646,16 @@ fn precision_path(
         "{precision} on the CPU: {weights}; fp32 GEMMs and convolutions on {ty}-rounded \
          operands, outputs rounded to {ty} (a {ty} product with fp32 accumulation){scaler}; {why}"
     ))
+}
+
+/// What the bf16 path's summary adds on a CPU whose `/proc/cpuinfo` `flags`
+/// list AMX-BF16: that the faster instruction is there and not used.
+fn amx_note(flags: &str) -> &'static str {
+    if flags.split_whitespace().any(|w| w == "amx_bf16") {
+        "; this CPU also has AMX-BF16 (tdpbf16ps tiles), which Redline does not use yet"
+    } else {
+        ""
+    }
 }
 
 /// [`precision_path`] on a GPU: Redline's tensor-core kernels with the
@@ -681,6 +692,14 @@ mod tests {
     use super::*;
 
     /// A GPU run's summary names the kernels its 16-bit products take.
+    #[test]
+    fn an_amx_cpu_is_told_that_amx_is_not_used() {
+        let spr = "flags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile amx_int8";
+        assert!(amx_note(spr).contains("AMX-BF16"));
+        assert_eq!(amx_note("flags\t\t: fpu avx512f avx512_bf16"), "");
+        assert_eq!(amx_note("flags: amx_bf16x"), "", "whole words only");
+    }
+
     #[test]
     fn the_gpu_precision_path_says_which_kernels_run() {
         let fused = gpu_precision_path(Precision::Bf16Mixed, "fp32 master weights", true);

@@ -127,7 +127,7 @@ pub fn take_conv_ran() -> (bool, bool) {
 /// `None` unless the samples are whole, aligned words (the kernel's unit).
 pub fn sample_words(elems: usize, size: usize, offset: usize) -> Option<u32> {
     let bytes = elems.checked_mul(size)?;
-    if bytes % 4 != 0 || (offset * size) % 4 != 0 {
+    if !bytes.is_multiple_of(4) || !(offset * size).is_multiple_of(4) {
         return None;
     }
     u32::try_from(bytes / 4).ok()

@@ -2,7 +2,8 @@
 # Builds the CUDA binaries here (no GPU needed) and packs them into
 # .gpu/bundle.tar.xz, the folder the device tool carries to a GPU machine
 # (64 MiB at most with the tracked files; the three stripped binaries are about
-# 180 MB, mostly PTX that xz shrinks to about 9 MB), where bench/gpu.sh unpacks and runs them:
+# 145 MB, mostly candle's kernels as machine code and PTX, which xz shrinks to
+# about 5.7 MB), where bench/gpu.sh unpacks and runs them:
 #   redline   the CLI built with --features cuda
 #   golden    the golden tests against PyTorch (their cuda_* tests run on cuda:0)
 #   kernels   Redline's GPU kernels against the generic ops they replace
@@ -43,13 +44,14 @@ cp "$kernels" "$stage/kernels"
 [ -n "${nccl:-}" ] && cp "$nccl" "$stage/nccl"
 (cd "$stage" && strip "${bins[@]}")
 mkdir -p .gpu
-# xz with a 256 MiB window, one thread (one block): it finds the PTX the
+# xz with a 256 MiB window, one thread (one block): it finds the kernels the
 # binaries share across all of them (8.9 MB for the three, against 12.7 MB with
-# -9's 64 MiB window and 15 MB with the default preset), which keeps the tree
-# the device tool carries under its 64 MiB.
+# -9's 64 MiB window and 15 MB with the default preset, when candle's GGUF/MoE
+# kernels were still in them), which keeps the tree the device tool carries
+# under its 64 MiB.
 tar -C "$stage" -cf - "${bins[@]}" | xz --lzma2=preset=9,dict=256MiB -T1 >.gpu/bundle.tar.xz
 # The commit the binaries were built from (bench/gpu-session.sh logs it).
-{ git rev-parse --short HEAD | tr -d '\n'; git diff --quiet HEAD -- crates || printf -- '-dirty'; echo; } >.gpu/commit
+{ git rev-parse --short HEAD | tr -d '\n'; git diff --quiet HEAD -- crates vendor Cargo.toml Cargo.lock || printf -- '-dirty'; echo; } >.gpu/commit
 ls -l "$stage" .gpu >&2
 # What the device tool carries: the tracked files and the bundle, 64 MiB at most,
 # counted in disk blocks (a tree of 66.9 MB in bytes, 68.6 MB in blocks, was refused).

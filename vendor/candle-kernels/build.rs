@@ -3,8 +3,6 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const CUTILE_FEATURE: &str = "CARGO_FEATURE_CUTILE";
-
 fn main() -> Result<()> {
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-changed=src");
@@ -27,61 +25,11 @@ fn main() -> Result<()> {
     // Redline: each module's machine code beside its PTX (REDLINE.md).
     write_fatbins(&out_dir);
 
-    let mut moe_sources = vec![
-        "src/moe/moe_gguf.cu",
-        "src/moe/moe_wmma.cu",
-        "src/moe/moe_wmma_gguf.cu",
-        "src/mmvq_gguf.cu",
-        "src/mmq_gguf/mmq_quantize.cu",
-        "src/mmq_gguf/mmq_instance_q4_0.cu",
-        "src/mmq_gguf/mmq_instance_q4_1.cu",
-        "src/mmq_gguf/mmq_instance_q5_0.cu",
-        "src/mmq_gguf/mmq_instance_q5_1.cu",
-        "src/mmq_gguf/mmq_instance_q8_0.cu",
-        "src/mmq_gguf/mmq_instance_q2_k.cu",
-        "src/mmq_gguf/mmq_instance_q3_k.cu",
-        "src/mmq_gguf/mmq_instance_q4_k.cu",
-        "src/mmq_gguf/mmq_instance_q5_k.cu",
-        "src/mmq_gguf/mmq_instance_q6_k.cu",
-    ];
-    if env::var_os(CUTILE_FEATURE).is_some() {
-        moe_sources.push("src/moe/moe_align.cu");
-    }
-
-    let mut moe_builder = KernelBuilder::default()
-        .source_files(moe_sources)
-        .arg("--expt-relaxed-constexpr")
-        .arg("-std=c++17")
-        .arg("-O3");
-
-    // Disable bf16 WMMA kernels on GPUs older than sm_80 (Ampere).
-    // bf16 WMMA fragments require compute capability >= 8.0.
-    let compute_cap = cudaforge::detect_compute_cap()
-        .map(|arch| arch.base())
-        .unwrap_or(80);
-    if compute_cap < 80 {
-        moe_builder = moe_builder.arg("-DNO_BF16_KERNEL");
-    }
-
-    let mut is_target_msvc = false;
-    if let Ok(target) = std::env::var("TARGET") {
-        if target.contains("msvc") {
-            is_target_msvc = true;
-            moe_builder = moe_builder.arg("-D_USE_MATH_DEFINES");
-        }
-    }
-
-    if !is_target_msvc {
-        moe_builder = moe_builder.arg("-Xcompiler").arg("-fPIC");
-    }
-
-    moe_builder.build_lib(out_dir.join("libmoe.a"))?;
-    println!("cargo:rustc-link-search={}", out_dir.display());
-    println!("cargo:rustc-link-lib=moe");
-    println!("cargo:rustc-link-lib=dylib=cudart");
-    if !is_target_msvc {
-        println!("cargo:rustc-link-lib=stdc++");
-    }
+    // Redline: candle's GGUF and MoE kernels (src/moe, src/mmq_gguf,
+    // mmvq_gguf.cu, built into libmoe.a here upstream) are left out: Redline
+    // trains no quantized or mixture-of-experts models, and they were 32 MB
+    // of machine code in every binary and six minutes of nvcc per build
+    // (REDLINE.md). src/ffi.rs says so to any caller.
     Ok(())
 }
 

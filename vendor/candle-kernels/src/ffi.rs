@@ -4,6 +4,7 @@
 //! their 32 MB of machine code per binary and 6 minutes of nvcc per build went
 //! unused), so each function here stops the process with a message saying so
 //! (a panic cannot unwind out of an `extern "C"` function: it aborts).
+#![allow(non_snake_case)] // upstream's names, as candle-core calls them
 use core::ffi::c_void;
 
 /// Redline: the call of a kernel this build of candle-kernels leaves out.

@@ -691,7 +691,7 @@ fn grad_clip(args: &TrainArgs) -> Option<GradClip> {
 mod tests {
     use super::*;
 
-    /// A GPU run's summary names the kernels its 16-bit products take.
+    /// A CPU with AMX-BF16 is told that Redline's bf16 kernel does not use it.
     #[test]
     fn an_amx_cpu_is_told_that_amx_is_not_used() {
         let spr = "flags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile amx_int8";
@@ -700,6 +700,7 @@ mod tests {
         assert_eq!(amx_note("flags: amx_bf16x"), "", "whole words only");
     }
 
+    /// A GPU run's summary names the kernels its 16-bit products take.
     #[test]
     fn the_gpu_precision_path_says_which_kernels_run() {
         let fused = gpu_precision_path(Precision::Bf16Mixed, "fp32 master weights", true);

@@ -1064,3 +1064,19 @@ fn cuda_cursor_gather_matches_candles_ops() {
         .unwrap()
         .is_none());
 }
+
+/// `REDLINE_CANDLE_PTX` (which makes candle-core load its kernels' PTX, to
+/// time the JIT against the machine code) takes exactly `1`; any other value,
+/// hostile ones included, leaves the machine code. Needs no GPU.
+#[test]
+fn cuda_candle_ptx_switch_takes_exactly_one() {
+    use candle_core::cuda_backend::kernels::ptx_requested;
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    assert!(ptx_requested(Some(OsStr::new("1"))));
+    for v in ["", "0", "true", "yes", " 1", "1 ", "01", "11", "1\0"] {
+        assert!(!ptx_requested(Some(OsStr::new(v))), "{v:?}");
+    }
+    assert!(!ptx_requested(Some(OsStr::from_bytes(b"\xff1"))));
+    assert!(!ptx_requested(None));
+}

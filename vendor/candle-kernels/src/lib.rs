@@ -38,6 +38,14 @@ pub const ALL_IDS: [Id; 11] = [
     Id::Unary,
 ];
 
+/// Redline: whether a value of `REDLINE_CANDLE_PTX` asks candle-core to load
+/// the modules' PTX instead of their machine code. Exactly `1` does; anything
+/// else (unset, `0`, `true`, ` 1`, bytes that are not UTF-8) leaves the
+/// machine code.
+pub fn ptx_requested(value: Option<&std::ffi::OsStr>) -> bool {
+    value.is_some_and(|v| v == "1")
+}
+
 pub struct Module {
     index: usize,
     ptx: &'static str,

@@ -2,43 +2,18 @@
 //! of a device-resident split, looked up through the epoch's permutation at
 //! the batch number the device keeps, where candle's ops take five launches.
 
-use std::sync::Arc;
-
 use candle_core::backend::BackendDevice;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
-};
-use candle_core::cuda_backend::{CudaStorage, CudaStorageSlice};
+use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::CudaStorage;
 use candle_core::op::BackpropOp;
 use candle_core::{DType, Layout, Storage, Tensor};
 
-use super::function;
+use super::{address, function};
 use crate::error::{Error, Result};
 use crate::fused_gpu::sample_words;
 
 /// Threads per block (one block per batch row).
 const THREADS: u32 = 256;
-
-/// The address of `s`'s element `offset`, in stream order on `stream`.
-fn address(s: &CudaStorage, offset: usize, stream: &Arc<CudaStream>) -> u64 {
-    let (ptr, size) = match &s.slice {
-        CudaStorageSlice::U8(v) => (v.device_ptr(stream).0, 1),
-        CudaStorageSlice::U32(v) => (v.device_ptr(stream).0, 4),
-        CudaStorageSlice::I16(v) => (v.device_ptr(stream).0, 2),
-        CudaStorageSlice::I32(v) => (v.device_ptr(stream).0, 4),
-        CudaStorageSlice::I64(v) => (v.device_ptr(stream).0, 8),
-        CudaStorageSlice::BF16(v) => (v.device_ptr(stream).0, 2),
-        CudaStorageSlice::F16(v) => (v.device_ptr(stream).0, 2),
-        CudaStorageSlice::F32(v) => (v.device_ptr(stream).0, 4),
-        CudaStorageSlice::F64(v) => (v.device_ptr(stream).0, 8),
-        CudaStorageSlice::F8E4M3(v) => (v.device_ptr(stream).0, 1),
-        CudaStorageSlice::F6E2M3(v)
-        | CudaStorageSlice::F6E3M2(v)
-        | CudaStorageSlice::F4(v)
-        | CudaStorageSlice::F8E8M0(v) => (v.device_ptr(stream).0, 1),
-    };
-    ptr + (offset * size) as u64
-}
 
 /// A contiguous tensor on a CUDA device: its storage and layout, or `None`.
 fn on_gpu<'a>(storage: &'a Storage, layout: &Layout) -> Option<(&'a CudaStorage, usize)> {

@@ -14,10 +14,9 @@ pub(crate) mod pool;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, CudaStream, DevicePtr};
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
-use candle_core::cuda_backend::{CudaDevice, DeviceId};
+use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, DeviceId};
 use candle_core::{DType, Storage, Tensor};
 
 pub use gather::cursor_gather;
@@ -51,6 +50,27 @@ pub(crate) fn function(dev: &CudaDevice, name: &str) -> Result<CudaFunction> {
     module
         .load_function(name)
         .map_err(|e| Error::Gpu(format!("kernel {name}: {e}")))
+}
+
+/// The address of `s`'s element `offset`, in stream order on `stream`.
+pub(crate) fn address(s: &CudaStorage, offset: usize, stream: &Arc<CudaStream>) -> u64 {
+    let (ptr, size) = match &s.slice {
+        CudaStorageSlice::U8(v) => (v.device_ptr(stream).0, 1),
+        CudaStorageSlice::U32(v) => (v.device_ptr(stream).0, 4),
+        CudaStorageSlice::I16(v) => (v.device_ptr(stream).0, 2),
+        CudaStorageSlice::I32(v) => (v.device_ptr(stream).0, 4),
+        CudaStorageSlice::I64(v) => (v.device_ptr(stream).0, 8),
+        CudaStorageSlice::BF16(v) => (v.device_ptr(stream).0, 2),
+        CudaStorageSlice::F16(v) => (v.device_ptr(stream).0, 2),
+        CudaStorageSlice::F32(v) => (v.device_ptr(stream).0, 4),
+        CudaStorageSlice::F64(v) => (v.device_ptr(stream).0, 8),
+        CudaStorageSlice::F8E4M3(v) => (v.device_ptr(stream).0, 1),
+        CudaStorageSlice::F6E2M3(v)
+        | CudaStorageSlice::F6E3M2(v)
+        | CudaStorageSlice::F4(v)
+        | CudaStorageSlice::F8E8M0(v) => (v.device_ptr(stream).0, 1),
+    };
+    ptr + (offset * size) as u64
 }
 
 /// Device addresses of tensors, valid while the value lives: it holds the
@@ -99,12 +119,7 @@ impl<'t> Addresses<'t> {
                 };
                 // The records cudarc keeps for other streams are not needed:
                 // the kernels run on the stream candle's ops use.
-                let (ptr, size) = match cs.dtype() {
-                    DType::F64 => (cs.as_cuda_slice::<f64>()?.device_ptr(stream).0, 8),
-                    DType::BF16 => (cs.as_cuda_slice::<half::bf16>()?.device_ptr(stream).0, 2),
-                    _ => (cs.as_cuda_slice::<f32>()?.device_ptr(stream).0, 4),
-                };
-                Ok(ptr + (layout.start_offset() * size) as u64)
+                Ok(address(cs, layout.start_offset(), stream))
             })
             .collect()
     }

@@ -368,7 +368,7 @@ impl CudaDevice {
 /// driver has not cached it: seconds per module). `REDLINE_CANDLE_PTX=1`
 /// takes the PTX, to measure the difference.
 fn module_image(mdl: &kernels::Module) -> cudarc::nvrtc::Ptx {
-    let ptx_only = std::env::var_os("REDLINE_CANDLE_PTX").is_some_and(|v| v == "1");
+    let ptx_only = kernels::ptx_requested(std::env::var_os("REDLINE_CANDLE_PTX").as_deref());
     if mdl.fatbin().is_empty() || ptx_only {
         mdl.ptx().into()
     } else {

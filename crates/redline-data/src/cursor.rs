@@ -81,6 +81,20 @@ impl DeviceCursor {
     /// counter to 0. Both are copies into the existing buffers, made between
     /// captured steps, never inside one.
     pub fn start_epoch(&self, order: &[u32]) -> Result<()> {
+        self.start_epoch_at(order, 0)
+    }
+
+    /// [`DeviceCursor::start_epoch`] with the counter at `batch`: the next
+    /// draw is the epoch's batch `batch` (a run resumed mid-epoch). `batch`
+    /// may be [`DeviceCursor::full_batches`] itself (only the last, shorter
+    /// batch is left), not more.
+    pub fn start_epoch_at(&self, order: &[u32], batch: usize) -> Result<()> {
+        if batch > self.full_batches() {
+            return Err(Error::Config(format!(
+                "an epoch started at batch {batch}, past its {} full batches",
+                self.full_batches()
+            )));
+        }
         if order.len() != self.len {
             return Err(Error::Config(format!(
                 "an epoch order of {} samples for a cursor over {}",
@@ -97,7 +111,8 @@ impl DeviceCursor {
         let device = self.perm.device();
         self.perm
             .set(&Tensor::from_slice(order, self.len, device)?)?;
-        self.counter.set(&Tensor::zeros(1, DType::U32, device)?)?;
+        // `batch` <= full_batches <= len, which fits a u32 (checked in `new`).
+        self.counter.set(&Tensor::new(&[batch as u32], device)?)?;
         Ok(())
     }
 
@@ -222,6 +237,49 @@ mod tests {
             assert_eq!(x.to_vec2::<f32>()?, batches[10].x.to_vec2::<f32>()?);
             assert_eq!(y.to_vec1::<u32>()?, batches[10].y.to_vec1::<u32>()?);
         }
+        Ok(())
+    }
+
+    /// An epoch started at batch k draws the loader's batches from k on
+    /// (a resumed run), and the last, shorter batch is still the rest.
+    #[test]
+    fn an_epoch_can_start_at_any_full_batch() -> Result<()> {
+        let data = split(53)?;
+        let cfg = LoaderConfig {
+            batch_size: 10,
+            shuffle: true,
+            seed: 11,
+            prefetch: 0,
+            ..LoaderConfig::default()
+        };
+        let loader = Loader::new(data.clone(), cfg)?;
+        let cursor = DeviceCursor::new(data.len(), 10, &Device::Cpu)?;
+        for first in [0, 1, 3, 5] {
+            cursor.start_epoch_at(&loader.order(2), first)?;
+            assert_eq!(cursor.position()?, first);
+            let batches: Vec<_> = loader.epoch_from(2, first).collect::<Result<_>>()?;
+            assert_eq!(
+                batches.len(),
+                6 - first,
+                "5 full batches and a last one of 3"
+            );
+            for b in &batches[..5 - first] {
+                let (x, y) = cursor.gather(&data)?;
+                assert_eq!(x.to_vec2::<f32>()?, b.x.to_vec2::<f32>()?, "from {first}");
+                assert_eq!(y.to_vec1::<u32>()?, b.y.to_vec1::<u32>()?);
+                cursor.advance()?;
+            }
+            let rest = cursor.rest(&data)?.map(|(x, _)| x.to_vec2::<f32>());
+            assert_eq!(
+                rest.transpose()?,
+                Some(batches[5 - first].x.to_vec2::<f32>()?)
+            );
+        }
+        let msg = cursor
+            .start_epoch_at(&loader.order(0), 6)
+            .err()
+            .map(|e| e.to_string());
+        assert!(msg.is_some_and(|m| m.contains("batch 6, past its 5 full batches")));
         Ok(())
     }
 

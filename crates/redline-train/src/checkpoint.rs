@@ -155,18 +155,22 @@ impl CheckpointMeta {
                 self.epoch - 1
             ));
         }
-        if self.batch >= batches_per_epoch.max(1) || !self.batch.is_multiple_of(accumulate) {
+        // `batch` == the epoch's batches: its steps all ran and its end
+        // (validation, its log) had not (a signal or a periodic checkpoint at
+        // the epoch's last step; its last step may take fewer micro-batches).
+        let inside = self.batch < batches_per_epoch;
+        if self.batch > batches_per_epoch || (inside && !self.batch.is_multiple_of(accumulate)) {
             return Err(format!(
                 "`batch` {}: an epoch of this data has {batches_per_epoch} batches, and a step \
                  every {accumulate} (was the data or --batch-size changed?)",
                 self.batch
             ));
         }
-        if self.step < self.batch / accumulate {
+        if self.step < self.batch.div_ceil(accumulate) {
             return Err(format!(
                 "`step` {} is fewer than the {} steps of the epoch so far",
                 self.step,
-                self.batch / accumulate
+                self.batch.div_ceil(accumulate)
             ));
         }
         if !(self.lr.is_finite() && self.lr >= 0.0) {

@@ -1,32 +1,37 @@
 //! The trainer: fit, validate, test. Built by a by-value builder; the loop emits
 //! [`Event`]s to callbacks and reads device values only at log points.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
 use redline_core::host::HostReads;
 use redline_core::Device;
-use redline_data::{Batch, Loader};
+use redline_data::Loader;
 use redline_models::Params;
 use redline_profile::{Action, Mode, Profile, Profiler};
 
 use crate::checkpoint::{CheckpointConfig, CheckpointMeta};
-use crate::clip;
 use crate::early_stop::EarlyStopState;
 use crate::error::{Error, Result};
-use crate::events::{Callback, EpochLog, EvalResult, Event, FitSummary, StepLog};
+use crate::events::{Callback, EpochLog, Event, FitSummary};
 use crate::graph::GraphStatus;
 use crate::kernel_trace::KernelTrace;
 use crate::optim::Optimizer;
-use crate::running::{batch_loss_sum, Means, Running};
-use crate::step::{StepOutput, TrainStep};
+use crate::running::Running;
+use crate::step::TrainStep;
 use crate::strategy::Strategy;
 
 mod checkpointing;
 mod config;
+mod cursor_run;
+mod evaluate;
 #[cfg(feature = "cuda")]
 mod graph_run;
+mod progress;
+mod stepping;
+
+use progress::check_finite;
 
 pub use checkpointing::CheckpointLog;
 pub use config::{set_cpu_bf16_gemm, set_gpu_conv, TrainConfig, TrainerBuilder};
@@ -68,6 +73,8 @@ pub struct Trainer {
     scaler: Option<crate::scaler::GradScaler>,
     /// This fit's memory split, measured at its first step.
     memory: Option<crate::memory::MemorySplit>,
+    /// Graph mode's loop without a capture ([`TrainerBuilder::cursor_steps`]).
+    cursor_steps: bool,
 }
 
 impl Trainer {
@@ -225,11 +232,6 @@ impl Trainer {
             Err(why) => GraphStatus::Off(why.clone()),
             Ok(()) => GraphStatus::Unknown,
         };
-        #[cfg(feature = "cuda")]
-        let mut engine = match plan {
-            Ok(()) => Some(graph_run::Engine::new(train, &self.device)?),
-            Err(_) => None,
-        };
         let resume = match self.resume.take() {
             Some((dir, meta)) => {
                 // A state.json someone edited may name any position: one this
@@ -243,20 +245,22 @@ impl Trainer {
             }
             None => None,
         };
-        // The graph's device cursor starts an epoch at its first batch.
-        let plan = match (&resume, plan) {
-            (Some(r), Ok(())) if r.batch > 0 => Err(format!(
-                "resumed mid-epoch (epoch {}, batch {}): the captured step starts epochs at \
-                 batch 0",
-                r.epoch, r.batch
-            )),
-            (_, plan) => plan,
+        // The capturable step's loop (cursor_run.rs): captured on a GPU, or
+        // run eagerly where asked (`cursor_steps`, for tests of that loop).
+        let cursor = plan.is_ok()
+            || (self.cursor_steps
+                && crate::graph::loop_eligibility(train, &self.cfg, self.module.as_ref()).is_ok());
+        let mut engine = match cursor {
+            true => Some(cursor_run::Engine::new(train, &self.device, plan.is_ok())?),
+            false => None,
         };
-        if let (Err(why), GraphStatus::Unknown) = (&plan, &graph_status) {
-            graph_status = GraphStatus::Off(why.clone());
+        if let (Some(_), Err(why)) = (&engine, &plan) {
+            graph_status = GraphStatus::Off(format!(
+                "{why}; graph mode's loop ran uncaptured (cursor steps)"
+            ));
         }
         // A captured step adds into the same buffers at every replay.
-        let in_place = plan.is_ok();
+        let in_place = engine.is_some();
         let candle_dev = self.device.candle().clone();
         let mut st = LoopState {
             step: 0,
@@ -300,7 +304,6 @@ impl Trainer {
         // Dropped unfinished on an error, which stops it.
         let trace = KernelTrace::start(&self.device, self.cfg.kernel_trace);
         let trace_start = Instant::now();
-        #[cfg(feature = "cuda")]
         if let (Some(engine), KernelTrace::Unavailable(_)) = (engine.as_mut(), &trace) {
             engine.time_replays();
         }
@@ -326,17 +329,9 @@ impl Trainer {
                 st.epoch_s_before = r.epoch_s;
             }
             let first_step = st.step - st.batch.div_ceil(self.cfg.accumulate);
-            #[cfg(feature = "cuda")]
-            let graphed = match engine.as_mut() {
-                Some(engine) => {
-                    self.graph_epoch(engine, train, epoch, &mut st, &mut epoch_sums, prof)?;
-                    true
-                }
-                None => false,
-            };
-            #[cfg(not(feature = "cuda"))]
-            let graphed = false;
-            if !graphed {
+            if let Some(engine) = engine.as_mut() {
+                self.graph_epoch(engine, train, epoch, &mut st, &mut epoch_sums, prof)?;
+            } else {
                 self.eager_epoch(
                     train,
                     batches_per_epoch,
@@ -351,7 +346,6 @@ impl Trainer {
             // them rather than carry them into the next epoch.
             self.optimizer.zero_grad();
             prof.switch(Action::HostSync);
-            #[cfg(feature = "cuda")]
             if let Some(engine) = engine.as_mut() {
                 engine.collect_replay_time()?;
             }
@@ -405,9 +399,8 @@ impl Trainer {
                 break;
             }
         }
-        #[cfg(feature = "cuda")]
-        if let Some(engine) = &engine {
-            graph_status = engine.status();
+        if let Some(status) = engine.as_ref().and_then(cursor_run::Engine::status) {
+            graph_status = status;
         }
         if graph_status == GraphStatus::Unknown {
             graph_status = GraphStatus::Off("no step ran".into());
@@ -418,17 +411,13 @@ impl Trainer {
             prof.switch(Action::HostSync);
         }
         let wall_traced = trace_start.elapsed().as_secs_f64();
-        #[allow(unused_mut)]
         let mut gpu_busy = trace.finish(&self.device, step);
         // Without kernel records, a replayed graph's event times stand in.
-        #[cfg(feature = "cuda")]
         if let (Some(Err(why)), Some(engine)) = (&gpu_busy, &engine) {
             if let Some(b) = engine.replay_busy(wall_traced, step, why) {
                 gpu_busy = Some(Ok(b));
             }
         }
-        #[cfg(not(feature = "cuda"))]
-        let _ = wall_traced;
         match &gpu_busy {
             Some(Ok(g)) => self.gpu_busy = Some(g.clone()),
             Some(Err(why)) => tracing::info!("GPU busy not measured: {why}"),
@@ -559,350 +548,35 @@ impl Trainer {
             pending = 0;
             self.optimizer_step(st, epoch_sums, prof)?;
             st.batch = seen;
-            let done = match self.after_step(st, epoch, prof) {
-                // A signal: the loop's state is written before the fit ends.
-                Err(e @ Error::Interrupted { .. }) => {
-                    self.stop_checkpoint(st, epoch, epoch_sums)?;
-                    return Err(e);
-                }
-                other => other?,
-            };
-            if done {
+            if self.step_end(st, epoch, epoch_sums, prof)? {
                 break;
             }
-            self.step_checkpoint(st, epoch, epoch_sums)?;
         }
         Ok(())
     }
 
-    /// Forward, loss and backward of one (micro-)batch, and its sums.
-    fn micro_step(
-        &mut self,
-        batch: &Batch,
-        st: &mut LoopState,
-        epoch_sums: &mut Running,
-        prof: &mut Profiler,
-    ) -> Result<()> {
-        let measure = self.memory.is_none();
-        let before = match measure {
-            true => redline_core::memory::stats(&self.device)?.map(|m| m.allocated),
-            false => None,
-        };
-        prof.switch(Action::TrainingStep);
-        let out = checked(self.module.training_step(batch)?)?;
-        if st.first_loss.is_none() {
-            st.first_loss = Some(out.loss.detach());
-        }
-        if measure {
-            self.memory = Some(self.measure_forward(&out.loss, before, out.samples)?);
-        }
-        prof.switch(Action::Backward);
-        self.backward(&out.loss)?;
-        if let (true, Some(m)) = (measure, self.memory.as_mut()) {
-            m.gradients = crate::memory::gradient_bytes(self.module.params());
-        }
-        prof.switch(Action::Metrics);
-        let loss_sum = batch_loss_sum(&out.loss, out.samples)?;
-        epoch_sums.add(&loss_sum, out.samples, &out.metrics)?;
-        st.window.add_loss(&loss_sum, out.samples)?;
-        Ok(())
-    }
-
-    /// The memory split's forward side, at a fit's first step: the
-    /// parameters, and the activations of `samples` samples (by the
-    /// allocator on a GPU that reports it, where `before` is what was
-    /// allocated before the forward; else by the graph's tensor sizes).
-    fn measure_forward(
-        &self,
-        loss: &candle_core::Tensor,
-        before: Option<u64>,
-        samples: usize,
-    ) -> Result<crate::memory::MemorySplit> {
-        let params = self.module.params();
-        let after = match before {
-            Some(_) => redline_core::memory::stats(&self.device)?.map(|m| m.allocated),
-            None => None,
-        };
-        let (activations, measured_by) = match (before, after) {
-            (Some(b), Some(a)) => (a.saturating_sub(b), "allocator"),
-            _ => (
-                crate::memory::activation_bytes(loss, params),
-                "tensor sizes",
-            ),
-        };
-        Ok(crate::memory::MemorySplit {
-            parameters: crate::memory::parameter_bytes(params),
-            activations,
-            batch: samples,
-            measured_by: measured_by.into(),
-            ..Default::default()
-        })
-    }
-
-    /// Clipping and the optimizer update; the gradient norm into the sums.
-    fn optimizer_step(
-        &mut self,
-        st: &mut LoopState,
-        epoch_sums: &mut Running,
-        prof: &mut Profiler,
-    ) -> Result<()> {
-        if self.strategy.is_distributed() {
-            prof.switch(Action::AllReduce);
-            let params: Vec<&redline_kernels::grad::Param> = self.optimizer.params().collect();
-            let local = self
-                .stop
-                .as_ref()
-                .is_some_and(|f| f.load(Ordering::Relaxed));
-            self.ranks_stop = self
-                .strategy
-                .reduce_gradients(&params, local, st.step + 1)?;
-        }
-        prof.switch(Action::OptimizerStep);
-        if let Some(norm) = self.update()? {
-            prof.switch(Action::Metrics);
-            let m = crate::step::Metric::mean("grad_norm", norm, 1.0);
-            epoch_sums.add_extra(&m)?;
-            st.window.add_extra(&m)?;
-        }
-        Ok(())
-    }
-
-    /// After an optimizer step: counts it, tells the callbacks, reads the
-    /// window back at log points. `Ok(true)` once the fit has run its steps.
-    fn after_step(
+    /// After an optimizer step that left the loop at batch `st.batch`:
+    /// [`Trainer::after_step`], then the periodic checkpoint; on a signal,
+    /// the loop's state is written before the fit ends. `Ok(true)` once the
+    /// fit has run its steps.
+    fn step_end(
         &mut self,
         st: &mut LoopState,
         epoch: usize,
+        epoch_sums: &Running,
         prof: &mut Profiler,
     ) -> Result<bool> {
-        prof.switch(Action::Logging);
-        st.step += 1;
-        let step = st.step;
-        self.emit(&Event::StepEnd { step, epoch })?;
-        if step.is_multiple_of(self.cfg.log_every) || step == st.total_steps {
-            prof.switch(Action::HostSync);
-            let log = self.log_point(&st.window, step, epoch, st.window_start, st.fit_start)?;
-            self.check_divergence(log.loss, &st.first_loss, &mut st.start_loss, step, epoch)?;
-            prof.sync_device_clock();
-            prof.switch(Action::Logging);
-            self.emit(&Event::Log(&log))?;
-            prof.switch(Action::Other);
-            st.window.reset()?;
-            st.window_start = Instant::now();
-        }
-        self.apply_schedule(st, epoch)?;
-        prof.end_step();
-        self.check_stop(step, epoch)?;
-        Ok(step >= st.total_steps)
-    }
-
-    /// Sets the rate of the next step from the schedule: after `st.step`
-    /// steps, in `epoch` (1-based). A no-op for the constant rate.
-    fn apply_schedule(&mut self, st: &LoopState, epoch: usize) -> Result<()> {
-        let s = &self.cfg.schedule;
-        if s.is_constant() {
-            return Ok(());
-        }
-        let lr = s.lr(
-            self.base_lr,
-            st.step,
-            epoch.saturating_sub(1),
-            st.total_steps,
-            st.epochs,
-        );
-        self.optimizer.set_lr(lr)
-    }
-
-    /// [`Error::Interrupted`] once the stop flag is set (data-parallel: once
-    /// any rank's was, as the last gradient all-reduce said).
-    fn check_stop(&self, step: usize, epoch: usize) -> Result<()> {
-        if self.strategy.is_distributed() && step > 0 {
-            return match self.ranks_stop {
-                true => Err(Error::Interrupted { step, epoch }),
-                false => Ok(()),
-            };
-        }
-        match &self.stop {
-            Some(flag) if flag.load(Ordering::Relaxed) => Err(Error::Interrupted { step, epoch }),
-            _ => Ok(()),
-        }
-    }
-
-    /// Stops the fit when `loss` exceeds the divergence threshold times the
-    /// fit's first step's loss (`first`, read back once into `start`).
-    fn check_divergence(
-        &self,
-        loss: f64,
-        first: &Option<candle_core::Tensor>,
-        start: &mut Option<f64>,
-        step: usize,
-        epoch: usize,
-    ) -> Result<()> {
-        let (Some(factor), true) = (self.cfg.divergence_threshold, loss.is_finite()) else {
-            return Ok(());
-        };
-        let first = match (*start, first) {
-            (Some(v), _) => v,
-            (None, Some(t)) => {
-                let mut v = [f64::from(
-                    self.reads
-                        .scalar::<f32>(&t.to_dtype(candle_core::DType::F32)?)?,
-                )];
-                // Every rank measures against the same start: the ranks' mean.
-                self.strategy.reduce_sums(&mut v, "the first step's loss")?;
-                let v = v[0] / self.strategy.world_size() as f64;
-                *start = Some(v);
-                v
+        let done = match self.after_step(st, epoch, prof) {
+            Err(e @ Error::Interrupted { .. }) => {
+                self.stop_checkpoint(st, epoch, epoch_sums)?;
+                return Err(e);
             }
-            (None, None) => return Ok(()),
+            other => other?,
         };
-        // A start at zero (or below, for a loss of your own) has no scale to grow from.
-        if first > 0.0 && loss > factor * first {
-            return Err(Error::Diverged {
-                value: loss,
-                start: first,
-                ratio: loss / first,
-                factor,
-                step,
-                epoch,
-                lr: self.optimizer.lr(),
-            });
+        if !done {
+            self.step_checkpoint(st, epoch, epoch_sums)?;
         }
-        Ok(())
-    }
-
-    /// Back-propagates a micro-batch's loss into the parameters' gradients,
-    /// divided by the accumulation count (Lightning's normalisation).
-    /// With a loss scaler, the loss is scaled first (the same scale for
-    /// every micro-batch of a step: it changes only at the update).
-    fn backward(&self, loss: &candle_core::Tensor) -> Result<()> {
-        let n = self.cfg.accumulate;
-        let params = self.module.params();
-        let scaled;
-        let loss = match &self.scaler {
-            Some(s) => {
-                scaled = s.scale_loss(loss)?;
-                &scaled
-            }
-            None => loss,
-        };
-        if n > 1 {
-            params.backward(&loss.affine(1.0 / n as f64, 0.0)?)?;
-        } else {
-            params.backward(loss)?;
-        }
-        Ok(())
-    }
-
-    /// Clips the accumulated gradients and applies one optimizer update;
-    /// returns the gradient norm before clipping when it was computed. With
-    /// a loss scaler (PyTorch's order): unscale, clip, step unless the
-    /// gradients overflowed, update the scale; the norm is then of the
-    /// unscaled gradients (inf or NaN on a skipped step).
-    fn update(&mut self) -> Result<Option<candle_core::Tensor>> {
-        let (clip, want_norm) = (self.cfg.clip, self.cfg.log_grad_norm);
-        // A plain step (no scaler, no clipping, no norm) lists no parameters.
-        if self.scaler.is_none() && clip.is_none() && !want_norm {
-            self.optimizer.step()?;
-            return Ok(None);
-        }
-        let params: Vec<&redline_kernels::grad::Param> = self.optimizer.params().collect();
-        let found_inf = self
-            .scaler
-            .as_ref()
-            .map(|s| s.unscale(&params))
-            .transpose()?;
-        let norm = clip::prepare(&params, clip, want_norm)?;
-        drop(params);
-        match (&found_inf, &self.scaler) {
-            (Some(f), Some(s)) => {
-                self.optimizer.step_skipping(f)?;
-                s.update(f)?;
-            }
-            _ => self.optimizer.step()?,
-        }
-        Ok(norm)
-    }
-
-    fn log_point(
-        &self,
-        window: &Running,
-        step: usize,
-        epoch: usize,
-        window_start: Instant,
-        fit_start: Instant,
-    ) -> Result<StepLog> {
-        let Means {
-            loss,
-            metrics: grad_norm,
-            samples,
-        } = window.read_across(
-            &self.reads,
-            &self.strategy,
-            false,
-            &format!("the log point of step {step}"),
-        )?;
-        check_finite(loss, step, epoch, self.optimizer.lr())?;
-        let secs = window_start.elapsed().as_secs_f64();
-        Ok(StepLog {
-            step,
-            epoch,
-            loss,
-            grad_norm: grad_norm.get("grad_norm"),
-            lr: self.optimizer.lr(),
-            loss_scale: self
-                .scaler
-                .as_ref()
-                .map(|s| s.read_scale(&self.reads))
-                .transpose()?,
-            samples_per_s: if secs > 0.0 {
-                samples as f64 / secs
-            } else {
-                f64::NAN
-            },
-            elapsed_s: fit_start.elapsed().as_secs_f64(),
-        })
-    }
-
-    /// One validation pass over `loader`: the step's mean loss and metrics
-    /// (model in eval mode, nothing trained).
-    pub fn validate(&self, loader: &Loader) -> Result<EvalResult> {
-        let _threads = self.threads.map(redline_core::threads::scoped);
-        self.evaluate_inner(loader)
-            .map_err(|e| e.with_oom_context(&self.device.to_string(), loader.config().batch_size))
-    }
-
-    /// A test pass over `loader` (as [`Trainer::validate`]), reported to the
-    /// callbacks as [`Event::Test`]: `test_*` in the records.
-    /// After a fit, the pass is profiled (as validation) by the fit's profiler.
-    pub fn test(&mut self, loader: &Loader) -> Result<EvalResult> {
-        let result = self.after_fit(Action::Validation, |t| t.validate(loader))?;
-        self.emit(&Event::Test(&result))?;
-        Ok(result)
-    }
-
-    fn evaluate_inner(&self, loader: &Loader) -> Result<EvalResult> {
-        let start = Instant::now();
-        let mut sums = Running::new(self.device.candle())?;
-        for batch in loader.epoch(0) {
-            self.check_stop(0, 0)?;
-            let out = checked(self.module.validation_step(&batch?)?)?;
-            let loss_sum = batch_loss_sum(&out.loss, out.samples)?;
-            sums.add(&loss_sum, out.samples, &out.metrics)?;
-        }
-        // A sharded loader saw this rank's part: the ranks' sums add up to
-        // the whole split's (an unsharded one saw all of it on every rank).
-        let means = match loader.sharding() {
-            Some(_) => sums.read_across(&self.reads, &self.strategy, true, "evaluation")?,
-            None => sums.read(&self.reads)?,
-        };
-        let samples = means.samples;
-        Ok(EvalResult {
-            loss: means.loss,
-            metrics: means.metrics,
-            samples,
-            seconds: start.elapsed().as_secs_f64(),
-        })
+        Ok(done)
     }
 }
 
@@ -947,35 +621,4 @@ struct Done {
     samples: usize,
     /// The early stop's standing.
     early: Option<EarlyStopState>,
-}
-
-/// Refuses a step output the loop cannot use (host-side shape checks only).
-fn checked(out: StepOutput) -> Result<StepOutput> {
-    if out.loss.rank() != 0 {
-        return Err(Error::Config(format!(
-            "the step returned a loss of shape {:?}: it must be a scalar (the batch mean)",
-            out.loss.dims()
-        )));
-    }
-    if let Some(m) = out.metrics.iter().find(|m| m.sum.rank() != 0) {
-        return Err(Error::Config(format!(
-            "the step's metric `{}` has shape {:?}: a metric sum must be a scalar",
-            m.name,
-            m.sum.dims()
-        )));
-    }
-    Ok(out)
-}
-
-fn check_finite(loss: f64, step: usize, epoch: usize, lr: f64) -> Result<()> {
-    if loss.is_finite() {
-        Ok(())
-    } else {
-        Err(Error::NonFiniteLoss {
-            value: loss,
-            step,
-            epoch,
-            lr,
-        })
-    }
 }

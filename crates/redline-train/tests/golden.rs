@@ -846,6 +846,110 @@ mod cuda {
         check_losses(&losses.lock().unwrap(), &trace("mlp_trace.json"), 1e-5);
     }
 
+    /// Sets the stop flag after step `1`, as a signal would.
+    struct StopAt(Arc<std::sync::atomic::AtomicBool>, usize);
+
+    impl redline_train::Callback for StopAt {
+        fn name(&self) -> &str {
+            "stop-at"
+        }
+        fn on_event(&mut self, e: &redline_train::Event<'_>) -> Result<(), String> {
+            if matches!(e, redline_train::Event::StepEnd { step, .. } if *step == self.1) {
+                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(())
+        }
+    }
+
+    /// Graph mode (a GPU's default) stopped by a signal mid-epoch: its step
+    /// checkpoints and the signal's are written, and the run resumed from
+    /// the signal's ends with the uninterrupted captured run's weights, bit
+    /// for bit (after the resume: two eager warm-up steps, a new capture,
+    /// replays). Before, graph mode wrote neither checkpoint and restarted
+    /// the epoch at its first batch.
+    #[test]
+    fn cuda_graph_mode_resumes_mid_epoch_bit_for_bit() {
+        use redline_train::checkpoint::{self, CheckpointConfig};
+        let dev = on(true);
+        let train = train_loader(64, &dev, Placement::Resident);
+        let identity =
+            std::collections::BTreeMap::from([("model".to_string(), serde_json::json!("mlp"))]);
+        let dir = tempfile::tempdir().unwrap();
+        let build = |ckpt: bool, stop_at: Option<usize>| -> Trainer {
+            let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let mut b = Trainer::builder()
+                .config(TrainConfig {
+                    cuda_graph: redline_train::GraphMode::On,
+                    ..steps_config(20)
+                })
+                .optimizer(OptimizerConfig::by_name("adam", 1e-3).unwrap())
+                .stop_when(flag.clone());
+            if let Some(step) = stop_at {
+                b = b.callback(Box::new(StopAt(flag, step)));
+            }
+            if ckpt {
+                b = b.checkpoints(CheckpointConfig {
+                    dir: dir.path().to_path_buf(),
+                    every: Some(5),
+                    keep_last: 10,
+                    monitor: None,
+                    identity: identity.clone(),
+                });
+            }
+            let m = Classifier::new(model("mlp", "mlp_init.safetensors", &dev));
+            b.build(m, dev.clone()).unwrap()
+        };
+        let bits = |t: &Trainer| -> Vec<(String, Vec<u32>)> {
+            t.params()
+                .state()
+                .map(|(n, v)| {
+                    let v = v
+                        .as_tensor()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap();
+                    (n.to_string(), v.iter().map(|x| x.to_bits()).collect())
+                })
+                .collect()
+        };
+        let mut whole = build(false, None);
+        whole.fit(&train, None).unwrap();
+        let mut first = build(true, Some(12));
+        let err = first.fit(&train, None).err();
+        assert!(
+            matches!(
+                err,
+                Some(redline_train::Error::Interrupted { step: 12, .. })
+            ),
+            "{err:?}"
+        );
+        let steps: Vec<usize> = checkpoint::list(dir.path()).iter().map(|c| c.0).collect();
+        assert_eq!(steps, [5, 10, 12], "the step checkpoints and the signal's");
+        let mut second = build(true, None);
+        let shapes: Vec<(String, Vec<usize>)> = second
+            .params()
+            .state()
+            .map(|(n, v)| (n.to_string(), v.as_tensor().dims().to_vec()))
+            .collect();
+        let (loaded, refused) = checkpoint::latest_good(dir.path(), &identity, &shapes).unwrap();
+        assert!(refused.is_empty(), "{refused:?}");
+        assert_eq!((loaded.meta.step, loaded.meta.batch), (12, 12));
+        second.resume_from(loaded).unwrap();
+        let fit = second.fit(&train, None).unwrap();
+        eprintln!("cuda graph after the resume: {}", fit.cuda_graph);
+        assert!(
+            matches!(fit.cuda_graph, redline_train::GraphStatus::Replayed { .. }),
+            "{}",
+            fit.cuda_graph
+        );
+        assert_eq!(fit.steps, 20);
+        assert!(
+            bits(&second) == bits(&whole),
+            "weights differ from the uninterrupted run's"
+        );
+    }
+
     /// The CNN's eager GPU path (candle's conv2d and its backward, Redline's
     /// generic max pool) against the CPU on the first batch, where plain
     /// image regions tie in the pooling windows: the batch the GPU loader

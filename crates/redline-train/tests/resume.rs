@@ -88,7 +88,18 @@ fn identity() -> BTreeMap<String, serde_json::Value> {
 fn trainer(
     ckpt: Option<(&Path, Option<usize>)>,
     stop_at: Option<usize>,
+    case: (usize, bool),
+) -> anyhow::Result<(Trainer, Arc<Mutex<Seen>>)> {
+    trainer_with(ckpt, stop_at, case, false)
+}
+
+/// [`trainer`], through graph mode's loop where `cursor` is set (the loop a
+/// GPU captures, its steps run uncaptured here).
+fn trainer_with(
+    ckpt: Option<(&Path, Option<usize>)>,
+    stop_at: Option<usize>,
     (accumulate, dropout): (usize, bool),
+    cursor: bool,
 ) -> anyhow::Result<(Trainer, Arc<Mutex<Seen>>)> {
     let cfg = match dropout {
         false => ModelConfig::Mlp(MlpConfig {
@@ -122,6 +133,7 @@ layers = [
             ..TrainConfig::default()
         })
         .optimizer(OptimizerConfig::by_name("adamw", 0.01)?)
+        .cursor_steps(cursor)
         .stop_when(Arc::clone(&stop))
         .callback(Box::new(Watch {
             seen: seen.clone(),
@@ -171,23 +183,58 @@ fn stop_and_resume(
     case: (usize, bool),
     pick: impl Fn(&Path),
 ) -> R {
+    stop_and_resume_with(Loop::Ordinary, stop_at, every, case, pick)
+}
+
+/// Which loop the stopped and the resumed runs take (the run never stopped
+/// takes the ordinary one).
+#[derive(Clone, Copy, PartialEq)]
+enum Loop {
+    /// The loader's batches, launched eagerly.
+    Ordinary,
+    /// Graph mode's loop, uncaptured: the device cursor over resident data.
+    Cursor,
+    /// Graph mode's loop over streamed batches (static buffers).
+    CursorStreaming,
+}
+
+/// [`stop_and_resume`] with the stopped and resumed runs in `how`.
+fn stop_and_resume_with(
+    how: Loop,
+    stop_at: usize,
+    every: Option<usize>,
+    case: (usize, bool),
+    pick: impl Fn(&Path),
+) -> R {
     let (train, val) = (loader(100, true, 2)?, loader(30, false, 0)?);
     let (mut whole, whole_seen) = trainer(None, None, case)?;
     let want = whole.fit(&train, Some(&val))?;
+    let train = match how {
+        Loop::CursorStreaming => Loader::streaming(
+            classes(100)?,
+            &candle_core::Device::Cpu,
+            train.config().clone(),
+        )?,
+        _ => train,
+    };
+    let cursor = how != Loop::Ordinary;
     let dir = tempfile::tempdir()?;
-    let (mut first, _) = trainer(Some((dir.path(), every)), Some(stop_at), case)?;
+    let (mut first, _) = trainer_with(Some((dir.path(), every)), Some(stop_at), case, cursor)?;
     let err = first.fit(&train, Some(&val)).err();
     assert!(
         matches!(err, Some(redline_train::Error::Interrupted { .. })),
         "{err:?}"
     );
     pick(dir.path());
-    let (mut second, seen) = trainer(Some((dir.path(), every)), None, case)?;
+    let (mut second, seen) = trainer_with(Some((dir.path(), every)), None, case, cursor)?;
     let (loaded, refused) = checkpoint::latest_good(dir.path(), &identity(), &params_of(&second))?;
     assert!(refused.is_empty(), "{refused:?}");
     let from = loaded.meta.step;
     second.resume_from(loaded)?;
     let got = second.fit(&train, Some(&val))?;
+    // The loop asked for is the loop that ran.
+    let status = got.cuda_graph.to_string();
+    assert_eq!(status.contains("uncaptured"), cursor, "{status}");
     assert_eq!(
         weights(&second)?,
         weights(&whole)?,
@@ -228,6 +275,45 @@ fn a_run_stopped_mid_epoch_resumes_bit_for_bit() -> R {
         stop_and_resume(stop_at, Some(4), (1, false), |_| {})?;
     }
     Ok(())
+}
+
+/// Graph mode's loop (a GPU's default; here its steps run uncaptured) writes
+/// its checkpoints where the ordinary loop does, on a signal too, and a run
+/// stopped mid-epoch resumes at its batch, bit for bit the run never
+/// stopped. Before, that loop wrote no step checkpoints nor the signal's,
+/// and started every epoch at its first batch.
+#[test]
+fn graph_modes_loop_checkpoints_and_resumes_mid_epoch() -> R {
+    for how in [Loop::Cursor, Loop::CursorStreaming] {
+        // 13 steps an epoch (12 full batches and one of 4): step 13 stops
+        // after the epoch's last batch, before its end.
+        let cases = [
+            (7, vec![4, 7]),
+            (13, vec![4, 8, 12, 13]),
+            (20, vec![4, 8, 12, 13, 16, 20]),
+        ];
+        for (stop_at, want) in cases {
+            stop_and_resume_with(how, stop_at, Some(4), (1, false), |dir| {
+                let steps: Vec<usize> = checkpoint::list(dir).iter().map(|c| c.0).collect();
+                assert_eq!(steps, want, "stopped after step {stop_at}");
+            })?;
+        }
+    }
+    // From an epoch-end checkpoint too (the stop's own removed).
+    stop_and_resume_with(Loop::Cursor, 15, None, (1, false), |dir| {
+        std::fs::remove_dir_all(dir.join(checkpoint::folder_name(15))).unwrap_or_default();
+    })
+}
+
+/// A stop after an epoch's last step, before its end (validation, its log),
+/// writes `batch` = the epoch's batches; that checkpoint resumes at the
+/// epoch's end. Before, the resume refused it ("an epoch of this data has 13
+/// batches ... was the data or --batch-size changed?").
+#[test]
+fn a_run_stopped_after_an_epochs_last_step_resumes() -> R {
+    // 13 batches an epoch; accumulating 2, step 7 takes the 13th alone.
+    stop_and_resume(13, Some(4), (1, false), |_| {})?;
+    stop_and_resume(7, Some(3), (2, false), |_| {})
 }
 
 #[test]

@@ -171,6 +171,7 @@ pub struct TrainerBuilder {
     threads: Option<usize>,
     checkpoints: Option<CheckpointConfig>,
     strategy: Strategy,
+    cursor_steps: bool,
 }
 
 impl TrainerBuilder {
@@ -191,6 +192,7 @@ impl TrainerBuilder {
             threads: None,
             checkpoints: None,
             strategy: Strategy::single(),
+            cursor_steps: false,
         }
     }
 
@@ -288,6 +290,18 @@ impl TrainerBuilder {
         self
     }
 
+    /// Runs a fit that could be captured through graph mode's loop even
+    /// where nothing is captured (a CPU, `--cuda-graph off`): batches drawn
+    /// by the device cursor (or copied into static buffers), every step
+    /// launched eagerly. The same batches, losses and weights as the
+    /// ordinary loop; it exists so that the loop a GPU runs by default (its
+    /// positions, checkpoints, stops and resumes) is tested on machines
+    /// without one. Default off.
+    pub fn cursor_steps(mut self, on: bool) -> Self {
+        self.cursor_steps = on;
+        self
+    }
+
     /// The numeric precision's loop side (Lightning's precision plugin):
     /// `16-mixed` scales the loss with PyTorch's default `GradScaler` unless
     /// [`TrainerBuilder::loss_scale`] set one; the others need no scaler.
@@ -362,6 +376,7 @@ impl TrainerBuilder {
             ranks_stop: false,
             scaler,
             memory: None,
+            cursor_steps: self.cursor_steps,
         })
     }
 }

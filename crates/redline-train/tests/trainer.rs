@@ -1,6 +1,7 @@
 //! The trainer's own behaviour, each with a real short fit on small data:
 //! callback detachment, `max_steps` against `epochs`, validation and test
-//! passes, and a regression step trained end to end.
+//! passes, a regression step trained end to end, and graph mode's loop
+//! (uncaptured) against the eager loop.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -499,5 +500,123 @@ fn the_memory_split_counts_parameters_gradients_state_and_activations() -> R {
         big.activations >= 6 * small.activations,
         "{small:?} -> {big:?}"
     );
+    Ok(())
+}
+
+/// One fit of the test's MLP in `precision`, through graph mode's loop
+/// (uncaptured) where `cursor`: its events, every logged loss and rate, and
+/// its final weights, as bits.
+fn fit_bits(
+    cfg: TrainConfig,
+    precision: Precision,
+    streaming: bool,
+    cursor: bool,
+) -> anyhow::Result<(Vec<String>, Vec<(usize, u64, u64)>, Vec<u32>, String)> {
+    let split = classes(100)?;
+    let loader_cfg = LoaderConfig {
+        batch_size: 8,
+        shuffle: true,
+        seed: 5,
+        prefetch: 0,
+        drop_last: false,
+    };
+    let train = match streaming {
+        true => Loader::streaming(split, &candle_core::Device::Cpu, loader_cfg)?,
+        false => Loader::new(split, loader_cfg)?,
+    };
+    let val = loader(classes(24)?, 8)?;
+    let model = ModelConfig::Mlp(MlpConfig {
+        in_features: 4,
+        hidden: vec![8],
+        classes: 2,
+    })
+    .build(&Device::cpu(), precision, 1)?;
+    let (rec, seen) = recorder(None);
+    let logs = Arc::new(Mutex::new(Vec::new()));
+    struct Logs(Arc<Mutex<Vec<(usize, u64, u64)>>>);
+    impl Callback for Logs {
+        fn name(&self) -> &str {
+            "logs"
+        }
+        fn on_event(&mut self, e: &Event<'_>) -> Result<(), String> {
+            if let Event::Log(s) = e {
+                let mut l = self.0.lock().map_err(|e| e.to_string())?;
+                l.push((s.step, s.loss.to_bits(), s.lr.to_bits()));
+            }
+            Ok(())
+        }
+    }
+    let mut t = Trainer::builder()
+        .config(cfg)
+        .precision(precision)
+        .optimizer(OptimizerConfig::by_name("adamw", 0.01)?)
+        .cursor_steps(cursor)
+        .callback(rec)
+        .callback(Box::new(Logs(logs.clone())))
+        .build(Classifier::new(model), Device::cpu())?;
+    let fit = t.fit(&train, Some(&val))?;
+    let weights = t
+        .params()
+        .state()
+        .map(|(_, v)| Ok(v.as_tensor().flatten_all()?.to_vec1::<f32>()?))
+        .collect::<anyhow::Result<Vec<_>>>()?
+        .concat()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect();
+    let events = seen.lock().map_err(|e| anyhow::anyhow!("{e}"))?.clone();
+    let logs = logs.lock().map_err(|e| anyhow::anyhow!("{e}"))?.clone();
+    Ok((events, logs, weights, fit.cuda_graph.to_string()))
+}
+
+/// Graph mode's loop (a GPU's default; here uncaptured) trains as the eager
+/// loop does, bit for bit, with the same events: clipping, the gradient
+/// norm, a per-step schedule, a fit ending mid-epoch, early stopping, the
+/// loss scaler of 16-mixed, resident and streamed data.
+#[test]
+fn graph_modes_loop_trains_as_the_eager_loop_does() -> R {
+    let base = TrainConfig {
+        epochs: 3,
+        log_every: 3,
+        validate: true,
+        ..TrainConfig::default()
+    };
+    let cases = [
+        ("plain", base.clone(), Precision::Fp32),
+        (
+            "clip, norm, step schedule, max_steps mid-epoch",
+            TrainConfig {
+                clip: Some(redline_train::GradClip::Norm { max_norm: 0.5 }),
+                log_grad_norm: true,
+                schedule: "cosine:warmup=3:interval=step".parse()?,
+                max_steps: Some(30),
+                ..base.clone()
+            },
+            Precision::Fp32,
+        ),
+        (
+            "early stop",
+            TrainConfig {
+                epochs: 6,
+                early_stop: Some("train_loss:patience=1:min_delta=10".parse()?),
+                ..base.clone()
+            },
+            Precision::Fp32,
+        ),
+        ("16-mixed", base.clone(), Precision::Fp16Mixed),
+    ];
+    for (what, cfg, precision) in cases {
+        for streaming in [false, true] {
+            let want = fit_bits(cfg.clone(), precision, streaming, false)?;
+            let got = fit_bits(cfg.clone(), precision, streaming, true)?;
+            let case = format!("{what}, streaming {streaming}");
+            assert!(got.3.contains("uncaptured"), "{case}: {}", got.3);
+            assert!(!want.3.contains("uncaptured"), "{case}: {}", want.3);
+            assert_eq!(got.0, want.0, "{case}: events");
+            assert_eq!(got.1, want.1, "{case}: log points");
+            assert!(!got.1.is_empty(), "{case}: no log points");
+            assert!(got.2 == want.2, "{case}: weights");
+        }
+    }
     Ok(())
 }

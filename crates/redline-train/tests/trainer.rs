@@ -503,15 +503,26 @@ fn the_memory_split_counts_parameters_gradients_state_and_activations() -> R {
     Ok(())
 }
 
+/// What a fit did, as bits.
+struct FitBits {
+    /// The events, in order.
+    events: Vec<String>,
+    /// Every log point's step, loss and rate.
+    logs: Vec<(usize, u64, u64)>,
+    /// The final weights.
+    weights: Vec<u32>,
+    /// What the summary says about CUDA graphs.
+    graph: String,
+}
+
 /// One fit of the test's MLP in `precision`, through graph mode's loop
-/// (uncaptured) where `cursor`: its events, every logged loss and rate, and
-/// its final weights, as bits.
+/// (uncaptured) where `cursor`.
 fn fit_bits(
     cfg: TrainConfig,
     precision: Precision,
     streaming: bool,
     cursor: bool,
-) -> anyhow::Result<(Vec<String>, Vec<(usize, u64, u64)>, Vec<u32>, String)> {
+) -> anyhow::Result<FitBits> {
     let split = classes(100)?;
     let loader_cfg = LoaderConfig {
         batch_size: 8,
@@ -566,7 +577,12 @@ fn fit_bits(
         .collect();
     let events = seen.lock().map_err(|e| anyhow::anyhow!("{e}"))?.clone();
     let logs = logs.lock().map_err(|e| anyhow::anyhow!("{e}"))?.clone();
-    Ok((events, logs, weights, fit.cuda_graph.to_string()))
+    Ok(FitBits {
+        events,
+        logs,
+        weights,
+        graph: fit.cuda_graph.to_string(),
+    })
 }
 
 /// Graph mode's loop (a GPU's default; here uncaptured) trains as the eager
@@ -610,12 +626,12 @@ fn graph_modes_loop_trains_as_the_eager_loop_does() -> R {
             let want = fit_bits(cfg.clone(), precision, streaming, false)?;
             let got = fit_bits(cfg.clone(), precision, streaming, true)?;
             let case = format!("{what}, streaming {streaming}");
-            assert!(got.3.contains("uncaptured"), "{case}: {}", got.3);
-            assert!(!want.3.contains("uncaptured"), "{case}: {}", want.3);
-            assert_eq!(got.0, want.0, "{case}: events");
-            assert_eq!(got.1, want.1, "{case}: log points");
-            assert!(!got.1.is_empty(), "{case}: no log points");
-            assert!(got.2 == want.2, "{case}: weights");
+            assert!(got.graph.contains("uncaptured"), "{case}: {}", got.graph);
+            assert!(!want.graph.contains("uncaptured"), "{case}: {}", want.graph);
+            assert_eq!(got.events, want.events, "{case}: events");
+            assert_eq!(got.logs, want.logs, "{case}: log points");
+            assert!(!got.logs.is_empty(), "{case}: no log points");
+            assert!(got.weights == want.weights, "{case}: weights");
         }
     }
     Ok(())

@@ -154,6 +154,12 @@ impl Trainer {
         Ok(redline_core::memory::stats(&self.device)?)
     }
 
+    /// The checkpoints this trainer wrote, the failed ones and, after a stop
+    /// by a signal, that stop's own ([`CheckpointLog::stop`]).
+    pub fn checkpoint_log(&self) -> &CheckpointLog {
+        &self.writer.log
+    }
+
     /// Stops the last fit's profiler and returns its tables and breakdown.
     pub fn finish_profile(&mut self) -> Option<Profile> {
         let mut p = self.profiler.take().map(Profiler::finish)?;

@@ -225,6 +225,11 @@ fn stop_and_resume_with(
         matches!(err, Some(redline_train::Error::Interrupted { .. })),
         "{err:?}"
     );
+    let stop = &first.checkpoint_log().stop;
+    assert!(
+        matches!(stop, Some(Ok(p)) if p.ends_with(checkpoint::folder_name(stop_at))),
+        "the stop's own checkpoint: {stop:?}"
+    );
     pick(dir.path());
     let (mut second, seen) = trainer_with(Some((dir.path(), every)), None, case, cursor)?;
     let (loaded, refused) = checkpoint::latest_good(dir.path(), &identity(), &params_of(&second))?;
@@ -314,6 +319,29 @@ fn a_run_stopped_after_an_epochs_last_step_resumes() -> R {
     // 13 batches an epoch; accumulating 2, step 7 takes the 13th alone.
     stop_and_resume(13, Some(4), (1, false), |_| {})?;
     stop_and_resume(7, Some(3), (2, false), |_| {})
+}
+
+/// A stop whose checkpoint cannot be written says so and why (the CLI then
+/// does not claim one): its folder lies under a file here.
+#[test]
+fn a_stop_that_cannot_write_its_checkpoint_says_why() -> R {
+    let t = tempfile::tempdir()?;
+    let file = t.path().join("a-file");
+    std::fs::write(&file, b"not a folder")?;
+    let (mut first, _) = trainer(Some((&file.join("checkpoints"), None)), Some(3), (1, false))?;
+    let err = first.fit(&loader(100, true, 0)?, None).err();
+    assert!(
+        matches!(err, Some(redline_train::Error::Interrupted { step: 3, .. })),
+        "{err:?}"
+    );
+    let log = first.checkpoint_log();
+    assert!(log.last.is_none(), "{log:?}");
+    let why = match &log.stop {
+        Some(Err(why)) => why,
+        other => anyhow::bail!("the stop's checkpoint cannot have been written: {other:?}"),
+    };
+    assert!(why.contains("no earlier checkpoint"), "{why}");
+    Ok(())
 }
 
 #[test]

@@ -19,8 +19,11 @@ pub struct Stopped {
     pub epoch: usize,
     /// The phase before training it came in (`reading the data`), when it did.
     pub during: Option<&'static str>,
-    /// The run folder to `--resume`, when the run writes checkpoints.
+    /// The run folder to `--resume`, when it holds a checkpoint.
     pub resume: Option<PathBuf>,
+    /// The stop's own checkpoint: written, or why not; `None` where the
+    /// stop wrote none (a stop during validation).
+    pub checkpoint: Option<Result<(), String>>,
 }
 
 impl std::fmt::Display for Stopped {
@@ -43,14 +46,23 @@ impl std::fmt::Display for Stopped {
              summary and report; --save was not written",
             self.step, self.epoch
         )?;
-        if let Some(dir) = &self.resume {
-            write!(
-                f,
-                "\nA checkpoint was written: continue with `redline train --resume {}`",
-                dir.display()
-            )?;
+        if let Some(Err(why)) = &self.checkpoint {
+            write!(f, "\nThe stop's checkpoint could not be written: {why}")?;
         }
-        Ok(())
+        let Some(dir) = &self.resume else {
+            return Ok(());
+        };
+        let which = match &self.checkpoint {
+            Some(Ok(())) => "A checkpoint was written",
+            // The steps after the newest one run again.
+            Some(Err(_)) => "An earlier checkpoint is kept",
+            None => "The run has a checkpoint from before the stop",
+        };
+        write!(
+            f,
+            "\n{which}: continue with `redline train --resume {}`",
+            dir.display()
+        )
     }
 }
 
@@ -73,6 +85,7 @@ impl StopFlags {
             epoch: 0,
             during: Some(during),
             resume: None,
+            checkpoint: None,
         })
     }
 
@@ -101,4 +114,56 @@ pub fn stop_on_signals() -> anyhow::Result<StopFlags> {
         signal_hook::flag::register_usize(sig, Arc::clone(&flags.signal), sig as usize)?;
     }
     Ok(flags)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stopped(resume: bool, checkpoint: Option<Result<(), String>>) -> String {
+        Stopped {
+            signal: signal_hook::consts::SIGTERM,
+            step: 7,
+            epoch: 1,
+            during: None,
+            resume: resume.then(|| PathBuf::from("runs/r")),
+            checkpoint,
+        }
+        .to_string()
+    }
+
+    /// The message claims a checkpoint only where one was written, and says
+    /// why the stop's own failed.
+    #[test]
+    fn the_stop_message_says_which_checkpoint_there_is() {
+        let written = stopped(true, Some(Ok(())));
+        assert!(
+            written.contains(
+                "A checkpoint was written: continue with `redline train --resume runs/r`"
+            ),
+            "{written}"
+        );
+        let failed = stopped(true, Some(Err("No space left on device".into())));
+        assert!(
+            failed.contains("could not be written: No space left on device"),
+            "{failed}"
+        );
+        assert!(
+            failed.contains("An earlier checkpoint is kept: continue with"),
+            "{failed}"
+        );
+        assert!(!failed.contains("A checkpoint was written"), "{failed}");
+        let none_left = stopped(false, Some(Err("disk full".into())));
+        assert!(
+            none_left.contains("could not be written: disk full"),
+            "{none_left}"
+        );
+        assert!(!none_left.contains("--resume"), "{none_left}");
+        let before = stopped(true, None);
+        assert!(
+            before.contains("from before the stop: continue with"),
+            "{before}"
+        );
+        assert!(!stopped(false, None).contains("checkpoint"));
+    }
 }

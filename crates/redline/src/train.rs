@@ -388,7 +388,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         Some(_) => None,
         None => crate::resume::checkpoint_config(args, &dir, identity(&recorded)?)?,
     };
-    let resumable = checkpoints.as_ref().map(|_| dir.clone());
+    // The run folder, and its checkpoints' folder.
+    let resumable = checkpoints.as_ref().map(|c| (dir.clone(), c.dir.clone()));
     if let Some(c) = &checkpoints {
         println!(
             "  checkpoints: {} into {} (keep the last {} and the best by {})",
@@ -457,12 +458,18 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     }
     let outcome = match (fit, saved) {
         (Err(redline_train::Error::Interrupted { step, epoch }), _) => {
+            let log = trainer.checkpoint_log();
             Err(anyhow::Error::new(Stopped {
                 signal: stop.signal.load(Ordering::Relaxed) as i32,
                 step,
                 epoch,
                 during: None,
-                resume: resumable,
+                // Only a folder that holds a checkpoint can be resumed (this
+                // process's, or an earlier one's before a resume).
+                resume: resumable
+                    .filter(|(_, c)| !redline_train::checkpoint::list(c).is_empty())
+                    .map(|(d, _)| d),
+                checkpoint: log.stop.clone().map(|r| r.map(|_| ())),
             }))
         }
         (Err(e), _) => Err(anyhow::Error::from(e)),

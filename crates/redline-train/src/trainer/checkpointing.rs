@@ -28,6 +28,11 @@ pub struct CheckpointLog {
     /// Each checkpoint that failed (a full disk), and why; the previous
     /// ones were kept.
     pub failed: Vec<String>,
+    /// The checkpoint of a fit stopped by a signal ([`crate::Error::Interrupted`]):
+    /// its folder, or why it could not be written; `None` where the stop
+    /// wrote none (no checkpoints configured, or a stop during validation).
+    #[serde(skip)]
+    pub stop: Option<std::result::Result<PathBuf, String>>,
 }
 
 /// Writes snapshots on a background thread, one at a time.
@@ -216,9 +221,18 @@ impl Trainer {
         if self.checkpoints.is_none() {
             return Ok(());
         }
+        // A periodic write still in flight is recorded first, as its own.
+        self.writer.wait();
+        let failures = self.writer.log.failed.len();
         let snap = self.snapshot(st, epoch, st.batch, Some(sums), None)?;
         self.submit(snap);
         self.writer.wait();
+        let log = &mut self.writer.log;
+        log.stop = Some(match (log.failed.get(failures), &log.last) {
+            (Some(why), _) => Err(why.clone()),
+            (None, Some(path)) => Ok(path.clone()),
+            (None, None) => Err("the writer recorded nothing (internal)".into()),
+        });
         Ok(())
     }
 

@@ -66,7 +66,7 @@ pub enum Error {
     /// The fit was asked to stop (a signal): it ended after a whole step.
     #[error("interrupted after step {step} (epoch {epoch})")]
     Interrupted {
-        /// The last step completed (0 in a validation or test pass).
+        /// The last step completed (0 in a test pass after the fit; a stop during a fit's validation names its last step).
         step: usize,
         /// Its epoch.
         epoch: usize,

@@ -377,7 +377,18 @@ impl Trainer {
                     prof.switch(Action::Logging);
                     self.emit(&Event::ValidationStart { epoch })?;
                     prof.switch(Action::Validation);
-                    Some(self.validate(v)?)
+                    match self.validate(v) {
+                        // A signal: the epoch's steps are all in a checkpoint
+                        // that resumes at its end (this validation).
+                        Err(Error::Interrupted { .. }) => {
+                            self.stop_checkpoint(&st, epoch, &epoch_sums)?;
+                            return Err(Error::Interrupted {
+                                step: st.step,
+                                epoch,
+                            });
+                        }
+                        other => Some(other?),
+                    }
                 }
                 None => None,
             };

@@ -51,11 +51,31 @@ struct Seen {
     epochs: Vec<(usize, u64, Option<u64>)>,
 }
 
-/// Records what the fit logs; sets `stop` after step `stop_at`.
+/// Where a test run is stopped, as a signal would.
+#[derive(Clone, Copy, Debug)]
+enum Stop {
+    /// After this step.
+    After(usize),
+    /// In the validation pass that follows this step (an epoch's last).
+    InValidationAfter(usize),
+}
+
+impl Stop {
+    /// The last step before the stop.
+    fn step(self) -> usize {
+        match self {
+            Self::After(s) | Self::InValidationAfter(s) => s,
+        }
+    }
+}
+
+/// Records what the fit logs; sets `stop` where `stop_at` says.
 struct Watch {
     seen: Arc<Mutex<Seen>>,
     stop: Arc<AtomicBool>,
-    stop_at: Option<usize>,
+    stop_at: Option<Stop>,
+    /// The last step that ended.
+    last: usize,
 }
 
 impl Callback for Watch {
@@ -71,8 +91,16 @@ impl Callback for Watch {
                 e.train_loss.to_bits(),
                 e.val.as_ref().map(|v| v.loss.to_bits()),
             )),
-            Event::StepEnd { step, .. } if Some(*step) == self.stop_at => {
-                self.stop.store(true, Ordering::Relaxed)
+            Event::StepEnd { step, .. } => {
+                self.last = *step;
+                if matches!(self.stop_at, Some(Stop::After(s)) if s == *step) {
+                    self.stop.store(true, Ordering::Relaxed)
+                }
+            }
+            Event::ValidationStart { .. } => {
+                if matches!(self.stop_at, Some(Stop::InValidationAfter(s)) if s == self.last) {
+                    self.stop.store(true, Ordering::Relaxed)
+                }
             }
             _ => {}
         }
@@ -90,14 +118,14 @@ fn trainer(
     stop_at: Option<usize>,
     case: (usize, bool),
 ) -> anyhow::Result<(Trainer, Arc<Mutex<Seen>>)> {
-    trainer_with(ckpt, stop_at, case, false)
+    trainer_with(ckpt, stop_at.map(Stop::After), case, false)
 }
 
 /// [`trainer`], through graph mode's loop where `cursor` is set (the loop a
 /// GPU captures, its steps run uncaptured here).
 fn trainer_with(
     ckpt: Option<(&Path, Option<usize>)>,
-    stop_at: Option<usize>,
+    stop_at: Option<Stop>,
     (accumulate, dropout): (usize, bool),
     cursor: bool,
 ) -> anyhow::Result<(Trainer, Arc<Mutex<Seen>>)> {
@@ -139,6 +167,7 @@ layers = [
             seen: seen.clone(),
             stop,
             stop_at,
+            last: 0,
         }));
     if let Some((dir, every)) = ckpt {
         b = b.checkpoints(CheckpointConfig {
@@ -206,6 +235,18 @@ fn stop_and_resume_with(
     case: (usize, bool),
     pick: impl Fn(&Path),
 ) -> R {
+    stop_and_resume_at(how, Stop::After(stop_at), every, case, pick)
+}
+
+/// [`stop_and_resume_with`], stopped where `stop` says.
+fn stop_and_resume_at(
+    how: Loop,
+    stop: Stop,
+    every: Option<usize>,
+    case: (usize, bool),
+    pick: impl Fn(&Path),
+) -> R {
+    let stop_at = stop.step();
     let (train, val) = (loader(100, true, 2)?, loader(30, false, 0)?);
     let (mut whole, whole_seen) = trainer(None, None, case)?;
     let want = whole.fit(&train, Some(&val))?;
@@ -219,16 +260,16 @@ fn stop_and_resume_with(
     };
     let cursor = how != Loop::Ordinary;
     let dir = tempfile::tempdir()?;
-    let (mut first, _) = trainer_with(Some((dir.path(), every)), Some(stop_at), case, cursor)?;
+    let (mut first, _) = trainer_with(Some((dir.path(), every)), Some(stop), case, cursor)?;
     let err = first.fit(&train, Some(&val)).err();
     assert!(
-        matches!(err, Some(redline_train::Error::Interrupted { .. })),
+        matches!(err, Some(redline_train::Error::Interrupted { step, .. }) if step == stop_at),
         "{err:?}"
     );
-    let stop = &first.checkpoint_log().stop;
+    let written = &first.checkpoint_log().stop;
     assert!(
-        matches!(stop, Some(Ok(p)) if p.ends_with(checkpoint::folder_name(stop_at))),
-        "the stop's own checkpoint: {stop:?}"
+        matches!(written, Some(Ok(p)) if p.ends_with(checkpoint::folder_name(stop_at))),
+        "the stop's own checkpoint: {written:?}"
     );
     pick(dir.path());
     let (mut second, seen) = trainer_with(Some((dir.path(), every)), None, case, cursor)?;
@@ -341,6 +382,27 @@ fn a_stop_that_cannot_write_its_checkpoint_says_why() -> R {
         other => anyhow::bail!("the stop's checkpoint cannot have been written: {other:?}"),
     };
     assert!(why.contains("no earlier checkpoint"), "{why}");
+    Ok(())
+}
+
+/// A stop during an epoch's validation writes a checkpoint of the finished
+/// steps and names the last step; the run resumed from it validates that
+/// epoch again and ends bit for bit as the run never stopped. Before, it
+/// wrote none and said "after step 0 (epoch 0)".
+#[test]
+fn a_stop_during_validation_checkpoints_the_epochs_steps() -> R {
+    for how in [Loop::Ordinary, Loop::Cursor] {
+        // Epoch 1 ends at step 13, epoch 2 at step 26.
+        for step in [13, 26] {
+            stop_and_resume_at(
+                how,
+                Stop::InValidationAfter(step),
+                Some(4),
+                (1, false),
+                |_| {},
+            )?;
+        }
+    }
     Ok(())
 }
 

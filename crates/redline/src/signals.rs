@@ -13,7 +13,7 @@ use anyhow::Context;
 pub struct Stopped {
     /// The signal (2: SIGINT, 15: SIGTERM).
     pub signal: i32,
-    /// The last step completed (0 in a validation or test pass).
+    /// The last step completed (0 in the test pass after a fit).
     pub step: usize,
     /// Its epoch.
     pub epoch: usize,
@@ -22,7 +22,7 @@ pub struct Stopped {
     /// The run folder to `--resume`, when it holds a checkpoint.
     pub resume: Option<PathBuf>,
     /// The stop's own checkpoint: written, or why not; `None` where the
-    /// stop wrote none (a stop during validation).
+    /// stop wrote none (a stop during the test pass).
     pub checkpoint: Option<Result<(), String>>,
 }
 

@@ -30,7 +30,7 @@ pub struct CheckpointLog {
     pub failed: Vec<String>,
     /// The checkpoint of a fit stopped by a signal ([`crate::Error::Interrupted`]):
     /// its folder, or why it could not be written; `None` where the stop
-    /// wrote none (no checkpoints configured, or a stop during validation).
+    /// wrote none (no checkpoints configured, or a stop during a test pass).
     #[serde(skip)]
     pub stop: Option<std::result::Result<PathBuf, String>>,
 }

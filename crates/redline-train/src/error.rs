@@ -66,7 +66,8 @@ pub enum Error {
     /// The fit was asked to stop (a signal): it ended after a whole step.
     #[error("interrupted after step {step} (epoch {epoch})")]
     Interrupted {
-        /// The last step completed (0 in a test pass after the fit; a stop during a fit's validation names its last step).
+        /// The last step completed (a stop during a fit's validation names
+        /// the epoch's last step; 0 in a test pass after the fit).
         step: usize,
         /// Its epoch.
         epoch: usize,

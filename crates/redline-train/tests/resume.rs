@@ -212,7 +212,7 @@ fn stop_and_resume(
     case: (usize, bool),
     pick: impl Fn(&Path),
 ) -> R {
-    stop_and_resume_with(Loop::Ordinary, stop_at, every, case, pick)
+    stop_and_resume_at(Loop::Ordinary, Stop::After(stop_at), every, case, pick)
 }
 
 /// Which loop the stopped and the resumed runs take (the run never stopped
@@ -227,18 +227,8 @@ enum Loop {
     CursorStreaming,
 }
 
-/// [`stop_and_resume`] with the stopped and resumed runs in `how`.
-fn stop_and_resume_with(
-    how: Loop,
-    stop_at: usize,
-    every: Option<usize>,
-    case: (usize, bool),
-    pick: impl Fn(&Path),
-) -> R {
-    stop_and_resume_at(how, Stop::After(stop_at), every, case, pick)
-}
-
-/// [`stop_and_resume_with`], stopped where `stop` says.
+/// [`stop_and_resume`] with the stopped and resumed runs in `how`, stopped
+/// where `stop` says.
 fn stop_and_resume_at(
     how: Loop,
     stop: Stop,
@@ -339,14 +329,14 @@ fn graph_modes_loop_checkpoints_and_resumes_mid_epoch() -> R {
             (20, vec![4, 8, 12, 13, 16, 20]),
         ];
         for (stop_at, want) in cases {
-            stop_and_resume_with(how, stop_at, Some(4), (1, false), |dir| {
+            stop_and_resume_at(how, Stop::After(stop_at), Some(4), (1, false), |dir| {
                 let steps: Vec<usize> = checkpoint::list(dir).iter().map(|c| c.0).collect();
                 assert_eq!(steps, want, "stopped after step {stop_at}");
             })?;
         }
     }
     // From an epoch-end checkpoint too (the stop's own removed).
-    stop_and_resume_with(Loop::Cursor, 15, None, (1, false), |dir| {
+    stop_and_resume_at(Loop::Cursor, Stop::After(15), None, (1, false), |dir| {
         std::fs::remove_dir_all(dir.join(checkpoint::folder_name(15))).unwrap_or_default();
     })
 }
@@ -403,6 +393,42 @@ fn a_stop_during_validation_checkpoints_the_epochs_steps() -> R {
             )?;
         }
     }
+    Ok(())
+}
+
+/// The position a `state.json` may name: up to the epoch's batch count (only
+/// its end left to run), never past it; inside an epoch, a step boundary.
+#[test]
+fn a_checkpoints_position_is_checked_against_the_epoch() -> R {
+    let dir = tempfile::tempdir()?;
+    let (mut t, _) = trainer(Some((dir.path(), Some(3))), None, (1, false))?;
+    t.fit(&loader(40, true, 0)?, None)?;
+    let (_, first) = checkpoint::list(dir.path())
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("no checkpoint"))?;
+    let mut meta = checkpoint::read(&first, &identity(), &params_of(&t))?.meta;
+    assert_eq!((meta.epoch, meta.step), (1, 3));
+    meta.step = 5;
+    for (batch, accumulate, ok) in [(5, 1, true), (5, 2, true), (4, 2, true), (6, 1, false)] {
+        meta.batch = batch;
+        let r = meta.check_position(5, accumulate);
+        assert_eq!(
+            r.is_ok(),
+            ok,
+            "batch {batch} of 5, every {accumulate}: {r:?}"
+        );
+    }
+    meta.batch = 3;
+    let e = meta.check_position(5, 2).err().unwrap_or_default();
+    assert!(
+        e.contains("`batch` 3") && e.contains("a step every 2"),
+        "{e}"
+    );
+    meta.step = 2;
+    meta.batch = 5;
+    let e = meta.check_position(5, 2).err().unwrap_or_default();
+    assert!(e.contains("fewer than the 3 steps"), "{e}");
     Ok(())
 }
 

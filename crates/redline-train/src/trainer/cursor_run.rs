@@ -144,14 +144,12 @@ impl Trainer {
                 return Ok(());
             }
         }
-        if let Source::Resident { cursor, split } = &engine.source {
-            let rest = match st.batch == full {
-                true => cursor.rest(split)?,
-                false => None,
-            };
-            let Some((x, y)) = rest else {
-                return Ok(());
-            };
+        // The last, shorter batch, unless a resumed epoch had already run it.
+        let rest = match (&engine.source, st.batch == full) {
+            (Source::Resident { cursor, split }, true) => cursor.rest(split)?,
+            _ => None,
+        };
+        if let Some((x, y)) = rest {
             let batch = Batch { x, y, index: full };
             self.micro_step(&batch, st, epoch_sums, prof)?;
             self.optimizer_step(st, epoch_sums, prof)?;

@@ -296,10 +296,45 @@ impl CustomOp2 for MaxPool2dBackward {
     }
 }
 
+/// Threads per block of the GPU CNN block's backward kernel
+/// (`redline_bias_pool_relu_bwd_*` in `cuda/pool.cu`: the size of its shared
+/// array, a power of two).
+pub const BLOCK_BWD_THREADS: u32 = 256;
+
+/// How many ranges of images the GPU CNN block's backward splits each of `c`
+/// channels into, for `n` images: its grid is `(splits, c)` and its bias
+/// gradient `splits` partial sums per channel, added in order afterwards.
+/// About 1024 blocks in all, so the work spreads over every SM (one block per
+/// channel, as before, kept 100 of an H100's 132 SMs idle in the MNIST CNN),
+/// and at most one split per image. A function of the shape alone, so the
+/// sums' order, and their bits, are the same on every run and every GPU.
+pub fn block_bwd_splits(n: usize, c: usize) -> usize {
+    1024usize.div_ceil(c.max(1)).clamp(1, n.max(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use candle_core::{DType, Device, Var};
+
+    #[test]
+    fn the_gpu_blocks_backward_splits_channels_into_whole_images() {
+        // The MNIST CNN's blocks: 32 and 64 channels, batches 512 and 64.
+        assert_eq!(block_bwd_splits(512, 32), 32);
+        assert_eq!(block_bwd_splits(512, 64), 16);
+        assert_eq!(block_bwd_splits(64, 32), 32);
+        // At most one split per image, at least one per channel.
+        assert_eq!(block_bwd_splits(3, 32), 3);
+        assert_eq!(block_bwd_splits(1, 1), 1);
+        assert_eq!(block_bwd_splits(512, 4096), 1);
+        for n in 1..70 {
+            for c in [1, 3, 32, 1000, 1025] {
+                let s = block_bwd_splits(n, c);
+                assert!((1..=n).contains(&s), "{n} images, {c} channels: {s}");
+                assert!(s == n || s * c >= 1024 || s == 1, "{n}, {c}: {s}");
+            }
+        }
+    }
 
     #[test]
     fn forward_matches_candle_and_gradient_goes_to_first_max() -> Result<()> {

@@ -264,7 +264,12 @@ fn emulated_16_bit_relu_mask_bias_grad_matches_a_reference() {
 fn emulated_16_bit_bias_pool_relu_matches_the_generic_ops() {
     use redline_kernels::max_pool2d_generic;
     for fmt in [Fmt::Bf16, Fmt::F16] {
-        for (n, c, h, w, k) in [(2usize, 3usize, 9usize, 7usize, 2usize), (3, 5, 6, 6, 3)] {
+        // The last: several images per block of the backward, in uneven ranges.
+        for (n, c, h, w, k, splits) in [
+            (2usize, 3usize, 9usize, 7usize, 2usize, None),
+            (3, 5, 6, 6, 3, None),
+            (5, 3, 5, 7, 2, Some(4)),
+        ] {
             let case = format!("{fmt:?} ({n}, {c}, {h}, {w}), k {k}");
             let (conv, conv_v) = rounded(
                 fmt,
@@ -296,10 +301,11 @@ fn emulated_16_bit_bias_pool_relu_matches_the_generic_ops() {
                 .unwrap()
                 .backward()
                 .unwrap();
+            let splits = splits.unwrap_or_else(|| redline_kernels::pool::block_bwd_splits(n, c));
             let out = run_bias_pool_relu(
                 fmt.suffix(),
                 (&conv, &bias, &gy),
-                [n, c, h, w, k],
+                [n, c, h, w, k, splits],
                 fmt.nan(),
             );
             let y: Vec<f32> = out.y.iter().map(|&b| fmt.up(b)).collect();

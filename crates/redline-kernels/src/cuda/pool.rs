@@ -1,5 +1,6 @@
 //! The CNN block's bias, max pooling and ReLU on the GPU (`cuda/pool.cu`),
-//! after the implicit-GEMM convolution: one launch forward, two backward,
+//! after the implicit-GEMM convolution: one launch forward, two backward (the
+//! convolution's and the bias's gradients, then the bias's splits added in order),
 //! in f32 or a 16-bit type (the conv output's and bias's one dtype).
 
 use std::sync::{Arc, Mutex};
@@ -33,6 +34,9 @@ impl Dims {
         let (n, c, h, w) = conv.shape().dims4()?;
         if !(1..16).contains(&k) || h < k || w < k {
             bail!("bias+pool+relu on the GPU: a {k}x{k} window over a {h}x{w} plane")
+        }
+        if c > 65_535 {
+            bail!("bias+pool+relu on the GPU: {c} channels (the backward's grid takes 65535)")
         }
         let u = |v: usize| u32::try_from(v).or_else(|_| bail!("bias+pool+relu: {v} is too large"));
         Ok(Self {
@@ -259,32 +263,39 @@ impl BiasPoolReluBwd {
         let gy = s.as_cuda_slice::<T>()?.slice(g0..g1);
         let sfx = suffix(s.dtype())?;
         let total = d.conv() + d.c as usize;
+        let splits = u32::try_from(crate::pool::block_bwd_splits(d.n as usize, d.c as usize))
+            .map_err(msg)?;
         // SAFETY: d(conv) is written in full by the first kernel, d(bias) by the second.
         let mut out = unsafe { dev.alloc::<T>(total) }?;
+        // SAFETY: block (s, ch) of the first kernel writes partial[s * C + ch].
+        let mut partial = unsafe { dev.alloc::<f32>(splits as usize * d.c as usize) }?;
         let stream = dev.cuda_stream();
         {
             let mut dconv = out.slice_mut(0..d.conv());
             let func = function(&dev, &format!("redline_bias_pool_relu_bwd_{sfx}")).map_err(msg)?;
             let mut b = stream.launch_builder(&func);
-            b.arg(&gy).arg(self.argmax.as_ref()).arg(&mut dconv);
+            b.arg(&gy)
+                .arg(self.argmax.as_ref())
+                .arg(&mut dconv)
+                .arg(&mut partial);
             d.push_all(&mut b);
-            // SAFETY: the kernel's arguments in order, sized as checked above.
-            unsafe { b.launch(grid(d.conv())) }.map_err(msg)?;
+            b.arg(&splits);
+            let cfg = LaunchConfig {
+                grid_dim: (splits, d.c, 1),
+                block_dim: (crate::pool::BLOCK_BWD_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the kernel's arguments in order, sized as checked above;
+            // BLOCK_BWD_THREADS is its shared array's size.
+            unsafe { b.launch(cfg) }.map_err(msg)?;
         }
         {
             let mut db = out.slice_mut(d.conv()..total);
-            let func =
-                function(&dev, &format!("redline_bias_pool_relu_dbias_{sfx}")).map_err(msg)?;
+            let func = function(&dev, &format!("redline_sum_splits_{sfx}")).map_err(msg)?;
             let mut b = stream.launch_builder(&func);
-            b.arg(&gy).arg(self.argmax.as_ref()).arg(&mut db);
-            b.arg(&d.n).arg(&d.c).arg(&d.ph).arg(&d.pw);
-            let cfg = LaunchConfig {
-                grid_dim: (d.c, 1, 1),
-                block_dim: (THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: as above; one block of THREADS (the kernel's shared array) per channel.
-            unsafe { b.launch(cfg) }.map_err(msg)?;
+            b.arg(&partial).arg(&mut db).arg(&splits).arg(&d.c);
+            // SAFETY: `partial` holds splits * C f32, `db` C values of T.
+            unsafe { b.launch(grid(d.c as usize)) }.map_err(msg)?;
         }
         Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(total)))
     }

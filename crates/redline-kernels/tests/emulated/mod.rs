@@ -157,14 +157,17 @@ pub struct BiasPoolRelu<T> {
     pub db: Vec<T>,
 }
 
-/// Runs the block's three kernels (`redline_bias_pool_relu{,_bwd,_dbias}_
-/// {suffix}`) as `src/cuda/pool.rs` launches them, over `conv` (n, c, h, w),
+/// Runs the block's kernels (`redline_bias_pool_relu{,_bwd}_{suffix}`, then
+/// `redline_sum_splits_{suffix}`) as `src/cuda/pool.rs` launches them, over `conv` (n, c, h, w),
 /// `bias` (c) and the pooled output's gradient `gy`, with a `k x k` window;
 /// every output starts as `fill` (NaN), so an element no thread writes shows.
+/// The backward splits each channel into `splits` ranges of images (the
+/// kernel takes any count from 1 to n; `block_bwd_splits` plans about 1024
+/// blocks, slow to emulate, so small cases give their own).
 pub fn run_bias_pool_relu<T: Copy>(
     suffix: &str,
     (conv, bias, gy): (&[T], &[T], &[T]),
-    [n, c, h, w, k]: [usize; 5],
+    [n, c, h, w, k, splits]: [usize; 6],
     fill: T,
 ) -> BiasPoolRelu<T> {
     let (ph, pw) = (h / k, w / k);
@@ -184,19 +187,26 @@ pub fn run_bias_pool_relu<T: Copy>(
     launch(&kernel, elementwise(pooled, 256), 256, &mut args);
 
     let mut dconv = vec![fill; conv.len()];
-    let (pg, pa, pd) = (gy.as_ptr(), winner.as_ptr(), dconv.as_mut_ptr());
-    let mut args = vec![arg(&pg), arg(&pa), arg(&pd)];
+    let mut partial = vec![f32::NAN; splits * c];
+    let (pg, pa, pd, pp) = (
+        gy.as_ptr(),
+        winner.as_ptr(),
+        dconv.as_mut_ptr(),
+        partial.as_mut_ptr(),
+    );
+    let mut args = vec![arg(&pg), arg(&pa), arg(&pd), arg(&pp)];
     args.extend(dims.iter().map(arg));
+    let splits32 = splits as u32;
+    args.push(arg(&splits32));
     let kernel = format!("redline_bias_pool_relu_bwd_{suffix}");
-    launch(&kernel, elementwise(conv.len(), 256), 256, &mut args);
+    let threads = redline_kernels::pool::BLOCK_BWD_THREADS;
+    launch(&kernel, (splits32, c as u32, 1), threads, &mut args);
 
     let mut db = vec![fill; c];
-    let pd = db.as_mut_ptr();
-    let db_dims = [dims[0], dims[1], dims[5], dims[6]];
-    let mut args = vec![arg(&pg), arg(&pa), arg(&pd)];
-    args.extend(db_dims.iter().map(arg));
-    let kernel = format!("redline_bias_pool_relu_dbias_{suffix}");
-    launch(&kernel, (c as u32, 1, 1), 256, &mut args);
+    let (pp, pd, c32) = (partial.as_ptr(), db.as_mut_ptr(), c as u32);
+    let mut args = vec![arg(&pp), arg(&pd), arg(&splits32), arg(&c32)];
+    let kernel = format!("redline_sum_splits_{suffix}");
+    launch(&kernel, elementwise(c, 256), 256, &mut args);
     BiasPoolRelu { y, dconv, db }
 }
 

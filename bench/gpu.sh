@@ -16,7 +16,9 @@
 #      PyTorch's references (bench/precision_check.py), then each precision's epochs
 #      beside PyTorch autocast / GradScaler / model.to(bfloat16) on the same GPU.
 # One part at a time keeps each device call under its 10 minutes:
-#   bash bench/gpu.sh [all|tests|redline|torch|precision|steps]   (default all; the table ends each part)
+#   bash bench/gpu.sh [all|tests|redline|torch|precision|steps|busy]   (default all; the table ends each part)
+# Part `busy` trains long enough (about 5-8 s each) for NVML's utilisation to be
+# compared with GPU busy from the kernel trace (issue 22's "within 10 points" rows).
 # Part `steps` saves the CNN's 16-mixed golden jobs' weights after 6 and 10 steps, with the
 # defaults and with candle's ops, as steps-<set>-<job>-<n>.safetensors, for a per-tensor
 # comparison with PyTorch's weights after as many steps (tools/reference/precision_steps.py).
@@ -24,7 +26,7 @@
 # bench/gpu-session.sh runs several parts in one device call, each under its own time limit.
 set -uo pipefail
 part="${1:-all}"
-case "$part" in all|tests|redline|torch|precision|steps) ;; *) echo "usage: bash bench/gpu.sh [all|tests|redline|torch|precision|steps]" >&2; exit 2 ;; esac
+case "$part" in all|tests|redline|torch|precision|steps|busy) ;; *) echo "usage: bash bench/gpu.sh [all|tests|redline|torch|precision|steps|busy]" >&2; exit 2 ;; esac
 out="${OUT:-bench/results/gpu-raw}"
 mkdir -p "$out"
 exec > >(tee -a "$out/gpu-$part.log") 2>&1
@@ -89,6 +91,22 @@ cp "$out/run-auto/summary.json" "$out/auto.summary.json" 2>/dev/null
 # fused kernels: what the defaults replace.
 run mlp-eager --cuda-graph off --fused-kernels off
 run cnn-eager --model cnn --cuda-graph off --fused-kernels off
+fi
+if want busy; then
+# NVML's utilisation is the share of its own sample period (1/6 s to 1 s) in
+# which a kernel ran, read every 100 ms here; a 0.3-0.6 s run (the parts
+# above) puts most of its samples in start-up and epoch ends, so the table
+# judges "GPU busy within 10 points of NVML" on these runs only: the defaults,
+# many epochs, no checkpoints (the steady loop is what both measure).
+long() { # name, epochs, then redline train flags
+    local name="$1" n="$2"; shift 2
+    $rl train --device cuda:0 --run-dir "$out/run-$name" --monitor-interval 0.1 --profiler simple \
+        --epochs "$n" --no-checkpoint "$@"
+    cp "$out/run-$name/summary.json" "$out/$name.summary.json" 2>/dev/null
+}
+long busy-mlp-b512 200 --batch-size 512
+long busy-cnn-b64 20 --model cnn
+long busy-cnn-b512 40 --model cnn --batch-size 512
 fi
 if want torch; then
 # Issue 12: PyTorch's strongest loop, the whole step as one CUDA graph (capturable Adam).

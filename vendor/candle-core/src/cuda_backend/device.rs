@@ -347,7 +347,7 @@ impl CudaDevice {
         }
         drop(ms);
         let mut ms = self.modules.write().unwrap();
-        let cuda_module = self.context.load_module(module_image(mdl)).w()?;
+        let cuda_module = load_module(&self.context, mdl)?;
         ms.mdls[mdl.index()] = Some(cuda_module.clone());
         let func = cuda_module.load_function(fn_name).w()?;
         Ok(CudaFunc {
@@ -361,18 +361,41 @@ impl CudaDevice {
     }
 }
 
-/// Redline: what a kernel module is loaded from. The fatbin where the build
-/// made one (machine code for the GPU the PTX targets: loading takes
-/// milliseconds; another GPU gets the PTX inside it, JIT-compiled by the
-/// driver), else the PTX (JIT-compiled at the first load on a machine whose
-/// driver has not cached it: seconds per module). `REDLINE_CANDLE_PTX=1`
-/// takes the PTX, to measure the difference.
-fn module_image(mdl: &kernels::Module) -> cudarc::nvrtc::Ptx {
+/// Redline: what a kernel module is loaded from, and whether that is the
+/// fatbin. The fatbin where the build made one (machine code for the GPU the
+/// PTX targets: loading takes milliseconds; another GPU gets the PTX inside
+/// it, JIT-compiled by the driver), else the PTX (JIT-compiled at the first
+/// load on a machine whose driver has not cached it: seconds per module).
+/// `REDLINE_CANDLE_PTX=1` takes the PTX, to measure the difference.
+fn module_image(mdl: &kernels::Module) -> (cudarc::nvrtc::Ptx, bool) {
     let ptx_only = kernels::ptx_requested(std::env::var_os("REDLINE_CANDLE_PTX").as_deref());
     if mdl.fatbin().is_empty() || ptx_only {
-        mdl.ptx().into()
+        (mdl.ptx().into(), false)
     } else {
-        cudarc::nvrtc::Ptx::from_binary(mdl.fatbin().to_vec())
+        (cudarc::nvrtc::Ptx::from_binary(mdl.fatbin().to_vec()), true)
+    }
+}
+
+/// Redline: loads a kernel module from [`module_image`]. Where the fatbin
+/// does not load (a driver or GPU that takes neither its machine code nor its
+/// PTX), the plain PTX is tried before giving up, with a warning on stderr, so
+/// the fatbin never leaves a machine worse off than candle's PTX alone.
+fn load_module(
+    context: &Arc<cudarc::driver::CudaContext>,
+    mdl: &kernels::Module,
+) -> Result<Arc<cudarc::driver::CudaModule>> {
+    let (image, fatbin) = module_image(mdl);
+    match context.load_module(image) {
+        Ok(m) => Ok(m),
+        Err(e) if fatbin => {
+            eprintln!(
+                "warning: candle's kernel module {:?} did not load from machine code ({e}); \
+                 JIT-compiling its PTX instead",
+                kernels::ALL_IDS.get(mdl.index())
+            );
+            context.load_module(mdl.ptx().into()).w()
+        }
+        Err(e) => Err(e).w(),
     }
 }
 

@@ -54,9 +54,37 @@ pub struct GemmPlan {
     pub ldc: usize,
     /// What happens to C before it is written.
     pub epilogue: Epilogue,
+    /// Products in one strided-batched call (1: a plain GEMM): product `i`
+    /// reads A at `i * stride_a`, B at `i * stride_b` and writes C at
+    /// `i * stride_c` (elements).
+    pub batch: usize,
+    /// Elements between consecutive products' A.
+    pub stride_a: usize,
+    /// Elements between consecutive products' B.
+    pub stride_b: usize,
+    /// Elements between consecutive products' C.
+    pub stride_c: usize,
 }
 
 impl GemmPlan {
+    /// The fields of a plain (one-product) plan that the constructors do not
+    /// set: one product, no strides.
+    const ONE: GemmPlan = GemmPlan {
+        transa: false,
+        transb: false,
+        m: 0,
+        n: 0,
+        k: 0,
+        lda: 0,
+        ldb: 0,
+        ldc: 0,
+        epilogue: Epilogue::Default,
+        batch: 1,
+        stride_a: 0,
+        stride_b: 0,
+        stride_c: 0,
+    };
+
     /// Rows and columns of A as stored (column-major).
     pub fn a_dims(&self) -> (usize, usize) {
         if self.transa {
@@ -101,6 +129,7 @@ pub fn linear_forward(batch: usize, fan_in: usize, fan_out: usize, relu: bool) -
         ldb: fan_in,
         ldc: fan_out,
         epilogue: epilogue(true, relu),
+        ..GemmPlan::ONE
     })
 }
 
@@ -119,6 +148,51 @@ pub fn linear_weight_grad(batch: usize, fan_in: usize, fan_out: usize) -> Result
         ldb: fan_out,
         ldc: fan_in,
         epilogue: Epilogue::Default,
+        ..GemmPlan::ONE
+    })
+}
+
+/// Splits of the weight gradient's reduction over the batch
+/// ([`linear_weight_grad_split`]) for a layer of `fan_in` inputs and `fan_out`
+/// outputs at `batch`: 8, 4 or 2 where the batch divides into chunks of 64
+/// rows or more and dW alone has few output tiles (at most 256 tiles of
+/// 64x64 with the splits), else 1. cuBLASLt's own choice for a small dW over a
+/// long batch is latency-bound: at batch 512 the MLP's weight-gradient GEMM
+/// took 51.7 us (one kernel of 25 or fewer thread blocks on 132 SMs; H100,
+/// bench/results/h100-2026-11-26/call3). The count depends on the shape
+/// alone, so the sums' order, and their bits, are the same on every run.
+pub fn weight_grad_splits(batch: usize, fan_in: usize, fan_out: usize) -> usize {
+    let tiles = fan_in.div_ceil(64) * fan_out.div_ceil(64);
+    [8, 4, 2]
+        .into_iter()
+        .find(|&s| batch.is_multiple_of(s) && batch / s >= 64 && tiles * s <= 256)
+        .unwrap_or(1)
+}
+
+/// [`linear_weight_grad`] split into `splits` products over consecutive
+/// chunks of `batch / splits` rows, in one strided-batched call: product `i`
+/// is the chunk's `dW` into the `i`-th of `splits` `(out, in)` blocks, to be
+/// added in order ([`weight_grad_splits`] picks the count).
+pub fn linear_weight_grad_split(
+    batch: usize,
+    fan_in: usize,
+    fan_out: usize,
+    splits: usize,
+) -> Result<GemmPlan> {
+    let whole = linear_weight_grad(batch, fan_in, fan_out)?;
+    if splits == 0 || !batch.is_multiple_of(splits) {
+        return Err(Error::Shape(format!(
+            "linear on the GPU: a batch of {batch} does not split into {splits} equal chunks"
+        )));
+    }
+    let rows = batch / splits;
+    Ok(GemmPlan {
+        k: rows,
+        batch: splits,
+        stride_a: rows * fan_in,
+        stride_b: rows * fan_out,
+        stride_c: fan_in * fan_out,
+        ..whole
     })
 }
 
@@ -137,6 +211,7 @@ pub fn linear_input_grad(batch: usize, fan_in: usize, fan_out: usize) -> Result<
         ldb: fan_out,
         ldc: fan_in,
         epilogue: Epilogue::Default,
+        ..GemmPlan::ONE
     })
 }
 
@@ -147,33 +222,37 @@ mod tests {
 
     use super::*;
 
-    /// cuBLASLt's product on column-major storage, with the plan's epilogue.
+    /// cuBLASLt's product on column-major storage, with the plan's epilogue;
+    /// a batched plan's products at their strides (C holds them all).
     fn run(p: &GemmPlan, a: &[f32], b: &[f32], bias: &[f32]) -> Vec<f32> {
-        let at = |i: usize, l: usize| {
-            if p.transa {
-                a[l + i * p.lda]
-            } else {
-                a[i + l * p.lda]
-            }
-        };
-        let bt = |l: usize, j: usize| {
-            if p.transb {
-                b[j + l * p.ldb]
-            } else {
-                b[l + j * p.ldb]
-            }
-        };
-        let mut c = vec![0f32; p.ldc * p.n];
-        for j in 0..p.n {
-            for i in 0..p.m {
-                let mut s: f32 = (0..p.k).map(|l| at(i, l) * bt(l, j)).sum();
-                if matches!(p.epilogue, Epilogue::Bias | Epilogue::ReluBias) {
-                    s += bias[i];
+        let mut c = vec![0f32; p.stride_c * (p.batch - 1) + p.ldc * p.n];
+        for q in 0..p.batch {
+            let (a, b) = (&a[q * p.stride_a..], &b[q * p.stride_b..]);
+            let at = |i: usize, l: usize| {
+                if p.transa {
+                    a[l + i * p.lda]
+                } else {
+                    a[i + l * p.lda]
                 }
-                if matches!(p.epilogue, Epilogue::Relu | Epilogue::ReluBias) {
-                    s = s.max(0.0);
+            };
+            let bt = |l: usize, j: usize| {
+                if p.transb {
+                    b[j + l * p.ldb]
+                } else {
+                    b[l + j * p.ldb]
                 }
-                c[i + j * p.ldc] = s;
+            };
+            for j in 0..p.n {
+                for i in 0..p.m {
+                    let mut s: f32 = (0..p.k).map(|l| at(i, l) * bt(l, j)).sum();
+                    if matches!(p.epilogue, Epilogue::Bias | Epilogue::ReluBias) {
+                        s += bias[i];
+                    }
+                    if matches!(p.epilogue, Epilogue::Relu | Epilogue::ReluBias) {
+                        s = s.max(0.0);
+                    }
+                    c[q * p.stride_c + i + j * p.ldc] = s;
+                }
             }
         }
         c
@@ -224,6 +303,48 @@ mod tests {
                 assert!((rm(&dw, IN, o, l) - want).abs() < 1e-5, "dW[{o}][{l}]");
             }
         }
+    }
+
+    #[test]
+    fn a_split_weight_gradient_adds_up_to_the_whole() {
+        const BATCH: usize = 12;
+        let (x, dz) = (vals(BATCH * IN, 0.4), vals(BATCH * OUT, 0.9));
+        let whole = linear_weight_grad(BATCH, IN, OUT).unwrap_or_else(|e| panic!("{e}"));
+        let want = run(&whole, &x, &dz, &[]);
+        for splits in [1, 2, 3, 4, 6, 12] {
+            let p =
+                linear_weight_grad_split(BATCH, IN, OUT, splits).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!((p.batch, p.k), (splits, BATCH / splits));
+            let parts = run(&p, &x, &dz, &[]);
+            assert_eq!(parts.len(), splits * IN * OUT, "{splits} blocks of dW");
+            for e in 0..IN * OUT {
+                let sum: f32 = (0..splits).map(|q| parts[q * IN * OUT + e]).sum();
+                assert!((sum - want[e]).abs() < 1e-5, "{splits} splits: dW[{e}]");
+            }
+            // Each block is its own chunk of rows: the first alone is not the whole.
+            if splits > 1 {
+                assert!((0..IN * OUT).any(|e| (parts[e] - want[e]).abs() > 1e-3));
+            }
+        }
+        for bad in [0, 5, 13] {
+            let e = linear_weight_grad_split(BATCH, IN, OUT, bad).map_err(|e| e.to_string());
+            assert!(e.is_err_and(|e| e.contains("equal chunks")), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_weight_gradient_splits_where_the_batch_is_long_and_dw_small() {
+        // The MLP at batch 512: fc1 (26 tiles) and fc2 (2) into chunks of 64 rows.
+        assert_eq!(weight_grad_splits(512, 784, 128), 8);
+        assert_eq!(weight_grad_splits(512, 128, 10), 8);
+        // The CNN's fc1 (98 tiles) only in two; batch 384 in chunks of 96.
+        assert_eq!(weight_grad_splits(512, 3136, 128), 2);
+        assert_eq!(weight_grad_splits(384, 784, 128), 4);
+        // The default job (batch 64), chunks under 64 rows, a large dW: whole.
+        assert_eq!(weight_grad_splits(64, 784, 128), 1);
+        assert_eq!(weight_grad_splits(100, 784, 128), 1);
+        assert_eq!(weight_grad_splits(4096, 4096, 4096), 1);
+        assert_eq!(weight_grad_splits(513, 784, 128), 1);
     }
 
     #[test]

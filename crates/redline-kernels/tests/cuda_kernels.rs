@@ -477,14 +477,21 @@ fn cuda_cross_entropy_matches_the_generic_path() {
 
 /// The cuBLASLt linear layer (bias and ReLU in the GEMM's epilogue; mask,
 /// bias gradient and two GEMMs backward) against candle's matmul,
-/// broadcast_add and relu: outputs and all three gradients.
+/// broadcast_add and relu: outputs and all three gradients. At batch 512
+/// the weight gradient is split over the batch (8 chunks for both MLP
+/// layers, 4 at 384: `weight_grad_splits`) and its splits summed in order.
 #[test]
 fn cuda_linear_matches_the_generic_path() {
     use redline_kernels::linear;
     let dev = gpu();
-    for (batch, fan_in, fan_out, relu) in
-        [(64, 784, 128, true), (64, 128, 10, false), (3, 5, 7, true)]
-    {
+    for (batch, fan_in, fan_out, relu) in [
+        (64, 784, 128, true),
+        (64, 128, 10, false),
+        (3, 5, 7, true),
+        (512, 784, 128, true),
+        (512, 128, 10, false),
+        (384, 784, 128, true),
+    ] {
         let var = |len: usize, s: f32, shape: &[usize]| var_of(len, s, shape, &dev);
         let x = var(batch * fan_in, 0.5, &[batch, fan_in]);
         let w = var(fan_out * fan_in, 1.5, &[fan_out, fan_in]);

@@ -27,7 +27,10 @@ use candle_core::{bail, CudaStorage, DType, Layout};
 
 use super::function;
 use crate::fused_gpu::{MASK_COLS, MASK_THREADS};
-use crate::gemm_plan::{linear_forward, linear_input_grad, linear_weight_grad, Epilogue, GemmPlan};
+use crate::gemm_plan::{
+    linear_forward, linear_input_grad, linear_weight_grad, linear_weight_grad_split,
+    weight_grad_splits, Epilogue, GemmPlan,
+};
 
 /// cuBLASLt's workspace: 32 MiB, NVIDIA's recommendation for Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;
@@ -183,14 +186,17 @@ fn prepare(
     }
     let (ar, ac) = plan.a_dims();
     let (br, bc) = plan.b_dims();
-    for (rows, cols, ld) in [
-        (ar, ac, plan.lda),
-        (br, bc, plan.ldb),
-        (plan.m, plan.n, plan.ldc),
+    for (rows, cols, ld, stride) in [
+        (ar, ac, plan.lda, plan.stride_a),
+        (br, bc, plan.ldb, plan.stride_b),
+        (plan.m, plan.n, plan.ldc, plan.stride_c),
     ] {
         let l = lt::create_matrix_layout(operands, rows as u64, cols as u64, ld as i64)
             .map_err(|e| err("matrix layout", e))?;
         p.layouts.push(l);
+        if plan.batch > 1 {
+            batched(l, plan.batch, stride)?;
+        }
     }
     let pref = lt::create_matmul_pref().map_err(|e| err("matmul preference", e))?;
     p.pref = Some(pref);
@@ -233,6 +239,31 @@ fn prepare(
     Ok(p)
 }
 
+/// Makes layout `l` one of `count` matrices `stride` elements apart.
+fn batched(l: sys::cublasLtMatrixLayout_t, count: usize, stride: usize) -> candle_core::Result<()> {
+    use sys::cublasLtMatrixLayoutAttribute_t as L;
+    let count = i32::try_from(count).map_err(|e| err("batch count", e))?;
+    let stride = i64::try_from(stride).map_err(|e| err("batch stride", e))?;
+    // SAFETY: BATCH_COUNT is an int32_t and STRIDED_BATCH_OFFSET an int64_t
+    // (cublasLt.h); `l` was just created.
+    unsafe {
+        lt::set_matrix_layout_attribute(
+            l,
+            L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+            (&count as *const i32).cast::<c_void>(),
+            std::mem::size_of::<i32>(),
+        )
+        .map_err(|e| err("batch count", e))?;
+        lt::set_matrix_layout_attribute(
+            l,
+            L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+            (&stride as *const i64).cast::<c_void>(),
+            std::mem::size_of::<i64>(),
+        )
+        .map_err(|e| err("batch stride", e))
+    }
+}
+
 /// `C = epilogue(op(A) op(B) [+ bias])` on `dev`'s stream, all device
 /// addresses of `dtype` values as `plan` lays them out.
 fn gemm(
@@ -248,7 +279,13 @@ fn gemm(
     }
     let lt = handle(dev)?;
     let mut plans = lt.plans.lock().unwrap_or_else(PoisonError::into_inner);
-    let align = [alignment(a), alignment(b), alignment(c)];
+    // A batched plan's later products start a stride on: the alignment both keep.
+    let size = dtype.size_in_bytes() as u64;
+    let align = [
+        alignment(a | (plan.stride_a as u64 * size)),
+        alignment(b | (plan.stride_b as u64 * size)),
+        alignment(c | (plan.stride_c as u64 * size)),
+    ];
     // TF32 rounds f32 operands; 16-bit ones are already narrower.
     let tf32 = dtype == DType::F32 && redline_core::matmul_precision().tf32();
     let p = match plans.entry((*plan, align, tf32, dtype)) {
@@ -401,7 +438,6 @@ pub(crate) fn backward(
     let dtype = one_dtype(&operands)?;
     let size = dtype.size_in_bytes();
     let plan_err = |e: crate::Error| candle_core::Error::Msg(e.to_string());
-    let dw_plan = linear_weight_grad(batch, fan_in, fan_out).map_err(plan_err)?;
     let dx_plan = linear_input_grad(batch, fan_in, fan_out).map_err(plan_err)?;
     let dev = g.0.device().clone();
     let stream = dev.cuda_stream();
@@ -449,11 +485,54 @@ pub(crate) fn backward(
     // SAFETY: pointer arguments as the kernel declares them: g, y (or 0), dz
     // of rows*cols values, db of cols values, all of `dtype`.
     unsafe { l.launch(cfg) }.map_err(|e| err("mask and bias gradient", e))?;
-    gemm(&dev, &dw_plan, dtype, (xp, dz_p, out_p), None)?;
+    weight_grad(&dev, dtype, (batch, fan_in, fan_out), (xp, dz_p, out_p))?;
     if input_grad {
         let dx_p = out_p + ((nw + fan_out) * size) as u64;
         gemm(&dev, &dx_plan, dtype, (wp, dz_p, dx_p), None)?;
     }
     drop(dz);
     Ok(out)
+}
+
+/// `dW (out, in) = dz^T x` into `dw_p` from `x` at `xp` and `dz` at `dz_p`.
+/// In f32, where [`weight_grad_splits`] splits the batch, one strided-batched
+/// GEMM writes each chunk's product into an f32 scratch buffer and
+/// `redline_sum_splits_f32` adds them in order into `dW`; otherwise (and in
+/// 16 bits, whose products are rounded once) one GEMM writes `dW`.
+fn weight_grad(
+    dev: &CudaDevice,
+    dtype: DType,
+    (batch, fan_in, fan_out): (usize, usize, usize),
+    (xp, dz_p, dw_p): (u64, u64, u64),
+) -> candle_core::Result<()> {
+    let plan_err = |e: crate::Error| candle_core::Error::Msg(e.to_string());
+    let splits = weight_grad_splits(batch, fan_in, fan_out);
+    if dtype != DType::F32 || splits == 1 {
+        let plan = linear_weight_grad(batch, fan_in, fan_out).map_err(plan_err)?;
+        return gemm(dev, &plan, dtype, (xp, dz_p, dw_p), None);
+    }
+    let plan = linear_weight_grad_split(batch, fan_in, fan_out, splits).map_err(plan_err)?;
+    let count = fan_out * fan_in;
+    let stream = dev.cuda_stream();
+    // SAFETY: the batched GEMM writes all `splits * count` values.
+    let mut partial = unsafe { dev.alloc::<f32>(splits * count) }?;
+    let part_p = partial.device_ptr_mut(&stream).0;
+    gemm(dev, &plan, dtype, (xp, dz_p, part_p), None)?;
+    let func = function(dev, "redline_sum_splits_f32")
+        .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    let (splits32, count32) = (
+        u32::try_from(splits).map_err(|e| err("splits", e))?,
+        u32::try_from(count).map_err(|e| err("weights", e))?,
+    );
+    let mut l = stream.launch_builder(&func);
+    l.arg(&partial).arg(&dw_p).arg(&splits32).arg(&count32);
+    let cfg = LaunchConfig {
+        grid_dim: (count.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: `partial` holds splits * count f32 and `dw_p` addresses count
+    // f32 of the caller's output buffer, alive until the stream has run this.
+    unsafe { l.launch(cfg) }.map_err(|e| err("sum of the weight gradient's splits", e))?;
+    Ok(())
 }

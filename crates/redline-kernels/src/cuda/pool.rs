@@ -38,7 +38,10 @@ impl Dims {
         if c > 65_535 {
             bail!("bias+pool+relu on the GPU: {c} channels (the backward's grid takes 65535)")
         }
-        if (h / k).checked_mul(w / k).is_none_or(|p| p > u32::MAX as usize) {
+        if (h / k)
+            .checked_mul(w / k)
+            .is_none_or(|p| p > u32::MAX as usize)
+        {
             bail!("bias+pool+relu on the GPU: a {h}x{w} plane is too large")
         }
         let u = |v: usize| u32::try_from(v).or_else(|_| bail!("bias+pool+relu: {v} is too large"));

@@ -517,7 +517,15 @@ fn weight_grad(
     // SAFETY: the batched GEMM writes all `splits * count` values.
     let mut partial = unsafe { dev.alloc::<f32>(splits * count) }?;
     let part_p = partial.device_ptr_mut(&stream).0;
-    gemm(dev, &plan, dtype, (xp, dz_p, part_p), None)?;
+    if let Err(e) = gemm(dev, &plan, dtype, (xp, dz_p, part_p), None) {
+        // A shape cuBLASLt will not batch: the one GEMM, as without splits.
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            eprintln!("warning: the split weight gradient failed ({e}); computing it whole");
+        });
+        let whole = linear_weight_grad(batch, fan_in, fan_out).map_err(plan_err)?;
+        return gemm(dev, &whole, dtype, (xp, dz_p, dw_p), None);
+    }
     let func = function(dev, "redline_sum_splits_f32")
         .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
     let (splits32, count32) = (

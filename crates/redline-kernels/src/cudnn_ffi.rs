@@ -158,6 +158,11 @@ pub struct Api {
     /// `cudnnConvolutionBackwardFilter(h, alpha, x_desc, x, dy_desc, dy,
     /// conv, algo, ws, ws_bytes, beta, dw_desc, dw)`.
     pub backward_filter: Run,
+    /// `cudnnFindConvolution{Forward,BackwardData,BackwardFilter}Algorithm`
+    /// (the `_v7` queries' arguments; each algorithm run and timed on memory
+    /// cuDNN allocates), where the library has them: used only to measure
+    /// (`cuda::cudnn::algorithm_times`), never by a training step.
+    pub find: Option<[AlgoV7; 3]>,
 }
 
 /// The library names tried, in order.
@@ -224,6 +229,7 @@ fn resolve(lib: libloading::Library, name: &str) -> Result<Api, String> {
         forward: sym!("cudnnConvolutionForward"),
         backward_data: sym!("cudnnConvolutionBackwardData"),
         backward_filter: sym!("cudnnConvolutionBackwardFilter"),
+        find: find(&lib),
         _lib: lib,
     })
 }
@@ -247,6 +253,21 @@ impl Api {
         // SAFETY: no arguments, no preconditions.
         unsafe { (self.get_version)() }
     }
+}
+
+/// The three `cudnnFind*Algorithm` entry points, or `None` where the
+/// library lacks any of them (they are optional: only measuring uses them).
+fn find(lib: &libloading::Library) -> Option<[AlgoV7; 3]> {
+    let get = |name: &[u8]| {
+        // SAFETY: the symbol's type is its cuDNN 9 declaration, the `_v7`
+        // queries' (cudnn_cnn.h).
+        unsafe { lib.get::<AlgoV7>(name) }.ok().map(|f| *f)
+    };
+    Some([
+        get(b"cudnnFindConvolutionForwardAlgorithm\0")?,
+        get(b"cudnnFindConvolutionBackwardDataAlgorithm\0")?,
+        get(b"cudnnFindConvolutionBackwardFilterAlgorithm\0")?,
+    ])
 }
 
 /// The algorithm to run from `perf` (cuDNN's heuristic order, best first):

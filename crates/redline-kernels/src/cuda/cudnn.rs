@@ -373,3 +373,67 @@ pub(crate) fn run<T: CudaDType + DeviceRepr + WithDType>(
     };
     api.check(status, e.name).map_err(msg)
 }
+
+/// One pass's algorithms as `cudnnFind*Algorithm` ran and timed them.
+#[derive(Debug, Clone)]
+pub struct PassTimes {
+    /// `cudnnConvolutionForward`, `...BackwardData` or `...BackwardFilter`.
+    pub pass: &'static str,
+    /// The algorithm a training step runs: the heuristics' first
+    /// deterministic one within [`MAX_WORKSPACE`].
+    pub chosen: i32,
+    /// Every algorithm cuDNN tried, fastest first (`status` 0: it ran;
+    /// `time` in milliseconds).
+    pub measured: Vec<AlgoPerf>,
+}
+
+/// cuDNN's algorithms for the three passes of the convolution `d` in
+/// `dtype` (fp32 in full fp32 math unless `tf32`), each run and timed by
+/// `cudnnFind*Algorithm` on memory cuDNN allocates, beside the algorithm a
+/// training step runs. For measuring (tests and benchmarks): it synchronises
+/// the device, so never call it inside a captured step.
+pub fn algorithm_times(
+    dev: &CudaDevice,
+    d: ConvDims,
+    dtype: DType,
+    tf32: bool,
+) -> candle_core::Result<Vec<PassTimes>> {
+    let dnn = handle(dev)?;
+    let Some(find) = dnn.api.find else {
+        return Err(msg(
+            "this cuDNN has no cudnnFind*Algorithm to time algorithms with",
+        ));
+    };
+    let tf32 = tf32 && dtype == DType::F32;
+    let passes = [Pass::Forward, Pass::InputGrad, Pass::WeightGrad];
+    let mut out = Vec::new();
+    for (pass, find) in passes.into_iter().zip(find) {
+        let plan = dnn.plan(dev, (d, dtype, pass, tf32))?;
+        let e = plan.entry(pass);
+        let [in1, in2, o] = e.descs;
+        let mut perf = [AlgoPerf::default(); 16];
+        let mut found: c_int = 0;
+        let asked = perf.len() as c_int;
+        // SAFETY: `perf` holds `asked` results; the plan's descriptors are set.
+        let status = unsafe {
+            find(
+                dnn.handle,
+                in1,
+                in2,
+                plan.conv,
+                o,
+                asked,
+                &mut found,
+                perf.as_mut_ptr(),
+            )
+        };
+        dnn.api.check(status, "cudnnFind*Algorithm").map_err(msg)?;
+        let found = usize::try_from(found).unwrap_or(0).min(perf.len());
+        out.push(PassTimes {
+            pass: e.name,
+            chosen: plan.algo,
+            measured: perf[..found].to_vec(),
+        });
+    }
+    Ok(out)
+}

@@ -290,3 +290,55 @@ fn cuda_16_bit_conv_pool_relu_block_matches_the_same_convolution_then_candles_op
         }
     }
 }
+
+/// cuDNN's algorithms for the zoo CNN's two convolutions (batches 64 and
+/// 512, fp32 in full fp32 math, as the defaults run them), each pass run and
+/// timed by `cudnnFind*Algorithm`: one `cudnn-times` line per pass with the
+/// algorithm a step runs (the heuristics' first deterministic one) beside the
+/// fastest deterministic one and the fastest of all, for choosing by
+/// measurement later. Checks that the algorithm a step runs is one cuDNN ran
+/// here, deterministic and within the workspace bound.
+#[test]
+fn cuda_cudnn_algorithm_times_for_the_cnns_convolutions() {
+    use redline_kernels::conv_igemm::ConvDims;
+    use redline_kernels::cuda::cudnn::{algorithm_times, MAX_WORKSPACE};
+    use redline_kernels::cudnn_ffi::DETERMINISTIC;
+    let dev = gpu();
+    let Device::Cuda(cuda) = &dev else {
+        panic!("cuda:0 is not a CUDA device")
+    };
+    for n in [64, 512] {
+        for (name, x, w) in [
+            ("conv1", [n, 1, 28, 28], [32, 1, 3, 3]),
+            ("conv2", [n, 32, 14, 14], [64, 32, 3, 3]),
+        ] {
+            let d = ConvDims::new(&x, &w, 1).unwrap();
+            let times =
+                algorithm_times(cuda, d, DType::F32, false).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(times.len(), 3, "three passes");
+            for t in times {
+                let ran: Vec<_> = t.measured.iter().filter(|p| p.status == 0).collect();
+                let ms = |p: Option<&&redline_kernels::cudnn_ffi::AlgoPerf>| {
+                    p.map_or("-".to_string(), |p| {
+                        format!("algo {} {:.4} ms", p.algo, p.time)
+                    })
+                };
+                let chosen = ran.iter().find(|p| p.algo == t.chosen);
+                let det = ran.iter().find(|p| p.determinism == DETERMINISTIC);
+                println!(
+                    "cudnn-times {name} b{n} {}: runs {} | fastest deterministic {} | fastest {} | all {:?}",
+                    t.pass,
+                    ms(chosen),
+                    ms(det),
+                    ms(ran.first()),
+                    ran.iter().map(|p| (p.algo, p.time, p.determinism, p.memory)).collect::<Vec<_>>()
+                );
+                let chosen = chosen.unwrap_or_else(|| {
+                    panic!("{name} b{n} {}: algorithm {} did not run", t.pass, t.chosen)
+                });
+                assert_eq!(chosen.determinism, DETERMINISTIC, "{name} b{n} {}", t.pass);
+                assert!(chosen.memory <= MAX_WORKSPACE, "{name} b{n} {}", t.pass);
+            }
+        }
+    }
+}

@@ -76,13 +76,13 @@ __device__ void bias_pool_relu(const typename E::T *conv, const typename E::T *b
 // floor mode, which take no gradient): the pooled value's gradient at the
 // winner, 0 elsewhere; and adds the gradient that passed the ReLU to its f32
 // sum. The block's sums, added in a fixed tree, go to partial[s * C + ch],
-// and redline_sum_splits_* adds the splits in order and rounds once: the
-// same bits every run. The pair (img, p) advances by a fixed step, so an
-// element takes one 32-bit division (p into py, px). Before this, d(conv)
-// took one thread per conv output (five divisions each) and d(bias) one
-// block per channel (32 or 64 blocks on 132 SMs, each walking its channel
-// alone: 167 us a call at batch 512 on an H100, 20% of the CNN's kernel
-// time).
+// and redline_sum_splits_* adds the splits in order (rounding once in 16
+// bits): the same bits every run. The pair (img, p) advances by a fixed
+// step, so an element takes one 32-bit division (p into py, px). Before
+// this, d(conv) took one thread per conv output (five divisions each) and
+// d(bias) one block per channel (32 or 64 blocks on 132 SMs, each walking
+// its channel alone: 167 us a call at batch 512 on an H100, 20% of the
+// CNN's kernel time).
 #define POOL_BWD_THREADS 256
 
 template <class E>

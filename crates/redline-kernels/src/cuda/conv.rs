@@ -15,7 +15,7 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaSlice, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaSlice, DevicePtrMut, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::{CudaDType, CudaDevice};
 use candle_core::{bail, CudaStorage, CustomOp2, DType, Layout, Shape, Tensor, WithDType};
@@ -328,13 +328,8 @@ fn weight_grad<T: CudaDType + DeviceRepr + WithDType>(
     launch::<T, f32>(dev, (&kernel, threads), a, b, &mut partial, d, chunk, grid)?;
     // TF32's partial sums are f32's.
     let sum = if suffix == "tf32" { "f32" } else { suffix };
-    let func = load_kernel(dev, &format!("redline_sum_splits_{sum}"))?;
     let stream = dev.cuda_stream();
     let count32 = u32::try_from(count).map_err(msg)?;
-    let mut builder = stream.launch_builder(&func);
-    builder.arg(&partial).arg(dw).arg(&splits).arg(&count32);
-    let blocks = count.div_ceil(THREADS as usize).clamp(1, 65_535) as u32;
-    // SAFETY: `partial` holds splits * count f32, `dw` count values of T.
-    unsafe { builder.launch(config((blocks, 1, 1), THREADS)) }.map_err(msg)?;
-    Ok(())
+    let (dw_p, _dw_g) = dw.device_ptr_mut(&stream);
+    super::sum_splits(dev, sum, &partial, dw_p, (splits, count32))
 }

@@ -526,21 +526,9 @@ fn weight_grad(
         let whole = linear_weight_grad(batch, fan_in, fan_out).map_err(plan_err)?;
         return gemm(dev, &whole, dtype, (xp, dz_p, dw_p), None);
     }
-    let func = function(dev, "redline_sum_splits_f32")
-        .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
     let (splits32, count32) = (
         u32::try_from(splits).map_err(|e| err("splits", e))?,
         u32::try_from(count).map_err(|e| err("weights", e))?,
     );
-    let mut l = stream.launch_builder(&func);
-    l.arg(&partial).arg(&dw_p).arg(&splits32).arg(&count32);
-    let cfg = LaunchConfig {
-        grid_dim: (count.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: `partial` holds splits * count f32 and `dw_p` addresses count
-    // f32 of the caller's output buffer, alive until the stream has run this.
-    unsafe { l.launch(cfg) }.map_err(|e| err("sum of the weight gradient's splits", e))?;
-    Ok(())
+    super::sum_splits(dev, "f32", &partial, dw_p, (splits32, count32))
 }

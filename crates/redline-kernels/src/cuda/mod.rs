@@ -14,7 +14,9 @@ pub(crate) mod pool;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, CudaStream, DevicePtr};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, DeviceId};
 use candle_core::{DType, Storage, Tensor};
@@ -50,6 +52,42 @@ pub(crate) fn function(dev: &CudaDevice, name: &str) -> Result<CudaFunction> {
     module
         .load_function(name)
         .map_err(|e| Error::Gpu(format!("kernel {name}: {e}")))
+}
+
+/// Adds `splits` f32 partial sums of `count` values each (split `z` at
+/// `partial[z * count..]`) in order into the `count` values at device address
+/// `out`, with `redline_sum_splits_{suffix}`: `f32`, or `bf16` / `f16` (each
+/// sum rounded once). The split weight gradients (convolution, linear layer)
+/// and the CNN block's bias gradient end with it; the order of the sums, so
+/// their bits, is fixed.
+pub(crate) fn sum_splits(
+    dev: &CudaDevice,
+    suffix: &str,
+    partial: &CudaSlice<f32>,
+    out: u64,
+    (splits, count): (u32, u32),
+) -> candle_core::Result<()> {
+    let gpu = |e: &dyn std::fmt::Display| candle_core::Error::Msg(format!("sum of splits: {e}"));
+    if partial.len() != splits as usize * count as usize {
+        return Err(gpu(&format!(
+            "{} partial values for {splits} splits of {count}",
+            partial.len()
+        )));
+    }
+    let func = function(dev, &format!("redline_sum_splits_{suffix}")).map_err(|e| gpu(&e))?;
+    let stream = dev.cuda_stream();
+    let mut b = stream.launch_builder(&func);
+    b.arg(partial).arg(&out).arg(&splits).arg(&count);
+    let cfg = LaunchConfig {
+        grid_dim: (count.div_ceil(256).clamp(1, 65_535), 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: `partial` holds splits * count f32 (checked); `out` addresses
+    // `count` values of the suffix's type, kept alive by the caller until the
+    // stream has run this.
+    unsafe { b.launch(cfg) }.map_err(|e| gpu(&e))?;
+    Ok(())
 }
 
 /// The address of `s`'s element `offset`, in stream order on `stream`.

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
+    CudaSlice, DevicePtrMut, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{bail, CudaStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor};
@@ -297,11 +297,8 @@ impl BiasPoolReluBwd {
         }
         {
             let mut db = out.slice_mut(d.conv()..total);
-            let func = function(&dev, &format!("redline_sum_splits_{sfx}")).map_err(msg)?;
-            let mut b = stream.launch_builder(&func);
-            b.arg(&partial).arg(&mut db).arg(&splits).arg(&d.c);
-            // SAFETY: `partial` holds splits * C f32, `db` C values of T.
-            unsafe { b.launch(grid(d.c as usize)) }.map_err(msg)?;
+            let (db_p, _db_g) = db.device_ptr_mut(&stream);
+            super::sum_splits(&dev, sfx, &partial, db_p, (splits, d.c))?;
         }
         Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(total)))
     }

@@ -151,8 +151,7 @@ impl Trainer {
         };
         if let Some((x, y)) = rest {
             let batch = Batch { x, y, index: full };
-            self.micro_step(&batch, st, epoch_sums, prof)?;
-            self.optimizer_step(st, epoch_sums, prof)?;
+            self.whole_step(&batch, st, epoch_sums, prof)?;
             st.batch = full + 1;
             self.step_end(st, epoch, epoch_sums, prof)?;
         }
@@ -179,8 +178,7 @@ impl Trainer {
             let Some(batch) = batches.next() else { break };
             let batch = batch?;
             if batch.size() != size {
-                self.micro_step(&batch, st, epoch_sums, prof)?;
-                self.optimizer_step(st, epoch_sums, prof)?;
+                self.whole_step(&batch, st, epoch_sums, prof)?;
             } else {
                 prof.switch(Action::Transfer);
                 if let Source::Streaming { statics } = &mut engine.source {
@@ -249,8 +247,7 @@ impl Trainer {
                     y: y.as_tensor().clone(),
                     index,
                 };
-                self.micro_step(&batch, st, epoch_sums, prof)?;
-                self.optimizer_step(st, epoch_sums, prof)
+                self.whole_step(&batch, st, epoch_sums, prof)
             }
             _ => Err(Error::Config(
                 "graph mode: a step without its batch source (internal)".into(),
@@ -272,10 +269,21 @@ impl Trainer {
         prof.switch(Action::DataWait);
         let (x, y) = draw(cursor, split)?;
         let batch = Batch { x, y, index };
-        self.micro_step(&batch, st, epoch_sums, prof)?;
-        self.optimizer_step(st, epoch_sums, prof)?;
+        self.whole_step(&batch, st, epoch_sums, prof)?;
         cursor.advance()?;
         Ok(())
+    }
+
+    /// One batch's step and its update (graph mode takes no accumulation).
+    fn whole_step(
+        &mut self,
+        batch: &Batch,
+        st: &mut LoopState,
+        epoch_sums: &mut Running,
+        prof: &mut Profiler,
+    ) -> Result<()> {
+        self.micro_step(batch, st, epoch_sums, prof)?;
+        self.optimizer_step(st, epoch_sums, prof)
     }
 }
 

@@ -7,3 +7,4 @@
 #include "conv.cu"
 #include "conv_mma.cu"
 #include "gather.cu"
+#include "tally.cu"

@@ -35,6 +35,7 @@ mod optim_generic_bf16;
 pub mod optim_math;
 pub mod pool;
 mod slices;
+pub mod tally;
 
 pub use autocast::{conv2d_in, linear_in};
 pub use conv::{conv2d, conv2d_generic, conv2d_param};

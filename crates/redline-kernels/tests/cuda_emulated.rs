@@ -588,3 +588,64 @@ fn emulated_cursor_gather_draws_the_counters_batch() {
         }
     }
 }
+
+/// A step's sums in one launch (`cuda/tally.cu`): each `sum + value * scale`
+/// in order, with the bits of the ops it replaces (a product rounded once,
+/// then the add), for awkward values: products that round, subnormals, an
+/// overflow to inf, NaN, -0, a sum listed twice (it adds twice, in order).
+/// Then the counters' `+= 1`, u32 (wrapping, as candle's u32 affine) and f64.
+#[test]
+fn emulated_step_sums_and_counters_match_the_ops_they_replace() {
+    use redline_kernels::tally::SumList;
+    let start = [0.0f32, 1.0e30, 0.0, 3.0e-39, 7.5, 3.0e38, 1.0, 0.1];
+    let values = [
+        0.1f32,
+        3.333_333_3,
+        -0.0,
+        1.0e-39,
+        f32::NAN,
+        2.0e38,
+        16_777_216.0,
+        0.2,
+    ];
+    let scales = [64.0f32, 17.0, 1.0, 3.0, 1.0, 2.0, 1.0, 1.0 / 3.0];
+    let mut sums = start;
+    let (base, from) = (sums.as_mut_ptr() as u64, values.as_ptr() as u64);
+    let mut items: Vec<(u64, u64, f32)> = (0..start.len() as u64)
+        .map(|i| (base + 4 * i, from + 4 * i, scales[i as usize]))
+        .collect();
+    items.push((items[0].0, items[7].1, 5.0));
+    let list = SumList::new(&items).unwrap();
+    launch("redline_step_sums", (1, 1, 1), 32, &mut [arg(&list)]);
+    let mut want = start;
+    for &(dst, src, scale) in &items {
+        want[((dst - base) / 4) as usize] += values[((src - from) / 4) as usize] * scale;
+    }
+    for (i, (g, w)) in sums.iter().zip(&want).enumerate() {
+        assert!(
+            g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+            "sum {i}: {g:e} ({:#x}), want {w:e} ({:#x})",
+            g.to_bits(),
+            w.to_bits()
+        );
+    }
+    assert_eq!(
+        want[0],
+        (0.1f32 * 64.0) + 0.2 * 5.0,
+        "the repeated sum added twice"
+    );
+    assert!(want[4].is_nan() && want[5].is_infinite() && want[6] == 16_777_216.0);
+
+    let mut c32 = [41u32, u32::MAX];
+    for c in &mut c32 {
+        let p = c as *mut u32;
+        launch("redline_count_u32", (1, 1, 1), 32, &mut [arg(&p)]);
+    }
+    assert_eq!(c32, [42, 0]);
+    let mut c64 = [3.0f64, 9_007_199_254_740_992.0];
+    for c in &mut c64 {
+        let p = c as *mut f64;
+        launch("redline_count_f64", (1, 1, 1), 32, &mut [arg(&p)]);
+    }
+    assert_eq!(c64, [4.0, 9_007_199_254_740_992.0]);
+}

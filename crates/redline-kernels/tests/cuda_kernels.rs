@@ -15,6 +15,8 @@ use redline_kernels::optim::{
 
 #[path = "cuda_kernels/conv.rs"]
 mod conv;
+#[path = "cuda_kernels/tally.rs"]
+mod tally;
 
 fn gpu() -> Device {
     Device::new_cuda(0).expect("these tests need cuda:0")

@@ -19,6 +19,8 @@ use crate::error::{Error, Result};
 use crate::events::MetricValues;
 use crate::step::Metric;
 
+pub(crate) mod paired;
+
 /// The summed loss of a batch from its mean loss, detached from the graph;
 /// computed once per step and shared by every running sum.
 pub(crate) fn batch_loss_sum(mean_loss: &Tensor, batch: usize) -> Result<Tensor> {
@@ -239,29 +241,48 @@ impl Running {
     /// Adds a metric the loop computes (not the step), by name.
     pub fn add_extra(&mut self, m: &Metric) -> Result<()> {
         let sum = m.sum.detach().to_dtype(DType::F32)?;
+        let i = self.extra_slot(m, sum.device())?;
         let in_place = self.in_place;
-        match self.extras.iter_mut().find(|s| s.name == m.name) {
-            Some(s) => {
-                accumulate(&mut s.sum, &sum, in_place)?;
-                s.count += m.count;
-            }
-            None => {
-                let mut zero = zero(sum.device(), in_place)?;
-                accumulate(&mut zero, &sum, in_place)?;
-                self.extras.push(Sum {
-                    name: m.name.clone(),
-                    sum: zero,
-                    count: m.count,
-                });
-            }
+        if let Some(s) = self.extras.get_mut(i) {
+            accumulate(&mut s.sum, &sum, in_place)?;
+            s.count += m.count;
         }
         Ok(())
+    }
+
+    /// The index of the loop's metric `m` among the extras, added with a
+    /// zero sum and count where it is new.
+    fn extra_slot(&mut self, m: &Metric, device: &Device) -> Result<usize> {
+        if let Some(i) = self.extras.iter().position(|s| s.name == m.name) {
+            return Ok(i);
+        }
+        self.extras.push(Sum {
+            name: m.name.clone(),
+            sum: zero(device, self.in_place)?,
+            count: 0.0,
+        });
+        Ok(self.extras.len() - 1)
     }
 
     /// Adds a batch: `loss_sum` is the batch's summed loss (scalar, detached:
     /// see [`batch_loss_sum`]) over `samples`, and the step's metrics.
     pub fn add(&mut self, loss_sum: &Tensor, samples: usize, metrics: &[Metric]) -> Result<()> {
         self.add_loss(loss_sum, samples)?;
+        self.name_metrics(metrics)?;
+        for (s, m) in self.metrics.iter_mut().zip(metrics) {
+            accumulate(
+                &mut s.sum,
+                &m.sum.detach().to_dtype(DType::F32)?,
+                self.in_place,
+            )?;
+            s.count += m.count;
+        }
+        Ok(())
+    }
+
+    /// Names the step's metrics at the first batch (zero sums), and refuses
+    /// a later batch's that do not match them.
+    fn name_metrics(&mut self, metrics: &[Metric]) -> Result<()> {
         if self.metrics.is_empty() {
             // The first batch names the metrics; every later one must match.
             self.metrics = metrics
@@ -289,14 +310,6 @@ impl Running {
                 names(&mut metrics.iter().map(|m| m.name.as_ref())),
                 names(&mut self.metrics.iter().map(|s| s.name.as_ref())),
             )));
-        }
-        for (s, m) in self.metrics.iter_mut().zip(metrics) {
-            accumulate(
-                &mut s.sum,
-                &m.sum.detach().to_dtype(DType::F32)?,
-                self.in_place,
-            )?;
-            s.count += m.count;
         }
         Ok(())
     }

@@ -10,6 +10,7 @@ pub(crate) mod linear;
 pub(crate) mod loss;
 mod optim;
 pub(crate) mod pool;
+mod tally;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -23,6 +24,7 @@ use candle_core::{DType, Storage, Tensor};
 
 pub use gather::cursor_gather;
 pub use optim::{multi_adam, multi_sgd, AdamItem, SgdItem};
+pub use tally::{count_up, step_sums};
 
 use crate::error::{Error, Result};
 

@@ -270,8 +270,7 @@ impl Trainer {
         let (x, y) = draw(cursor, split)?;
         let batch = Batch { x, y, index };
         self.whole_step(&batch, st, epoch_sums, prof)?;
-        cursor.advance()?;
-        Ok(())
+        advance(cursor)
     }
 
     /// One batch's step and its update (graph mode takes no accumulation).
@@ -304,4 +303,15 @@ fn draw(cursor: &DeviceCursor, split: &Split) -> Result<(Tensor, Tensor)> {
         }
     }
     Ok(cursor.gather(split)?)
+}
+
+/// The cursor's next batch number: with the fused kernels on a GPU, one
+/// launch in place (`redline_kernels::cuda::count_up`), else candle's ops
+/// (an add and a copy back).
+fn advance(cursor: &DeviceCursor) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if redline_kernels::fused_gpu::enabled() && redline_kernels::cuda::count_up(cursor.counter())? {
+        return Ok(());
+    }
+    Ok(cursor.advance()?)
 }

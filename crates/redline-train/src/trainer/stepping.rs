@@ -10,7 +10,7 @@ use redline_profile::{Action, Profiler};
 
 use crate::clip;
 use crate::error::{Error, Result};
-use crate::running::{batch_loss_sum, Running};
+use crate::running::{paired, Running};
 use crate::step::StepOutput;
 
 use super::{LoopState, Trainer};
@@ -43,10 +43,14 @@ impl Trainer {
             m.gradients = crate::memory::gradient_bytes(self.module.params());
         }
         prof.switch(Action::Metrics);
-        let loss_sum = batch_loss_sum(&out.loss, out.samples)?;
-        epoch_sums.add(&loss_sum, out.samples, &out.metrics)?;
-        st.window.add_loss(&loss_sum, out.samples)?;
-        Ok(())
+        paired::add_step(
+            epoch_sums,
+            &mut st.window,
+            &out.loss,
+            out.samples,
+            &out.metrics,
+            &paired::device_sums,
+        )
     }
 
     /// The memory split's forward side, at a fit's first step: the
@@ -102,8 +106,7 @@ impl Trainer {
         if let Some(norm) = self.update()? {
             prof.switch(Action::Metrics);
             let m = crate::step::Metric::mean("grad_norm", norm, 1.0);
-            epoch_sums.add_extra(&m)?;
-            st.window.add_extra(&m)?;
+            paired::add_extra(epoch_sums, &mut st.window, &m, &paired::device_sums)?;
         }
         Ok(())
     }

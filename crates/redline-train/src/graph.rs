@@ -135,15 +135,82 @@ pub enum GraphStatus {
         captured_at: usize,
         /// Steps run by replaying the graph (the captured one included).
         replays: usize,
-        /// The graph's nodes (kernels, copies, memsets, and the step's
-        /// allocations and frees), when the driver said.
-        nodes: Option<usize>,
+        /// The graph's nodes by kind, when the driver said.
+        nodes: Option<GraphNodes>,
     },
     /// The capture was tried and failed; the fit went on eagerly.
     Failed(String),
     /// Not decided (no fit has run).
     #[default]
     Unknown,
+}
+
+/// A captured step's graph nodes, by kind (`cuGraphNodeGetType`): what a
+/// replay walks. Kernels do the work; copies, memsets and the step's
+/// stream-ordered allocations and frees are nodes too, each a gap between
+/// kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GraphNodes {
+    /// Every node.
+    pub total: usize,
+    /// Kernel launches.
+    pub kernels: usize,
+    /// Memory copies.
+    pub copies: usize,
+    /// Memsets.
+    pub memsets: usize,
+    /// Allocations (stream-ordered, captured as memory nodes).
+    pub allocations: usize,
+    /// Frees.
+    pub frees: usize,
+}
+
+impl GraphNodes {
+    /// Counts `total` nodes from the driver's kinds (`CUgraphNodeType`
+    /// values, as numbers: a kind newer than this build counts as other).
+    pub fn from_kinds(total: usize, kinds: impl IntoIterator<Item = u32>) -> Self {
+        let mut n = Self {
+            total,
+            ..Self::default()
+        };
+        for kind in kinds {
+            match kind {
+                0 => n.kernels += 1,
+                1 => n.copies += 1,
+                2 => n.memsets += 1,
+                10 => n.allocations += 1,
+                11 => n.frees += 1,
+                _ => {}
+            }
+        }
+        n
+    }
+}
+
+/// `110 nodes: 31 kernels, 5 copies, 37 allocations, 37 frees` (kinds with
+/// none left out; nodes of no kind listed here counted as `other`).
+impl fmt::Display for GraphNodes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kinds = [
+            (self.kernels, "kernels"),
+            (self.copies, "copies"),
+            (self.memsets, "memsets"),
+            (self.allocations, "allocations"),
+            (self.frees, "frees"),
+        ];
+        let named: usize = kinds.iter().map(|k| k.0).sum();
+        let parts: Vec<String> = kinds
+            .iter()
+            .copied()
+            .chain(std::iter::once((self.total.saturating_sub(named), "other")))
+            .filter(|k| k.0 > 0)
+            .map(|(n, what)| format!("{n} {what}"))
+            .collect();
+        match parts.is_empty() {
+            true => write!(f, "{} nodes", self.total),
+            false => write!(f, "{} nodes: {}", self.total, parts.join(", ")),
+        }
+    }
 }
 
 /// Written as its sentence (`summary.json`'s `cuda_graph`).
@@ -162,10 +229,10 @@ impl fmt::Display for GraphStatus {
                 replays,
                 nodes,
             } => {
-                let graph = nodes.map_or(String::new(), |n| format!(" as a graph of {n} nodes"));
+                let graph = nodes.map_or(",".into(), |n| format!(" as a graph of {n};"));
                 write!(
                     f,
-                    "on (the step captured at step {captured_at}{graph}, replayed for {replays} steps)"
+                    "on (the step captured at step {captured_at}{graph} replayed for {replays} steps)"
                 )
             }
             Self::Failed(why) => write!(f, "failed, ran eagerly ({why})"),
@@ -445,11 +512,32 @@ mod tests {
         let known = GraphStatus::Replayed {
             captured_at: 3,
             replays: 841,
-            nodes: Some(120),
+            nodes: Some(GraphNodes {
+                total: 120,
+                kernels: 31,
+                copies: 0,
+                memsets: 2,
+                allocations: 40,
+                frees: 40,
+            }),
         };
         assert_eq!(
             known.to_string(),
-            "on (the step captured at step 3 as a graph of 120 nodes, replayed for 841 steps)"
+            "on (the step captured at step 3 as a graph of 120 nodes: 31 kernels, 2 memsets, \
+             40 allocations, 40 frees, 7 other; replayed for 841 steps)"
+        );
+        let kinds_unknown = GraphNodes {
+            total: 9,
+            ..GraphNodes::default()
+        };
+        assert_eq!(kinds_unknown.to_string(), "9 nodes: 9 other");
+        assert_eq!(GraphNodes::default().to_string(), "0 nodes");
+        // The driver's numbers: kernel 0, memcpy 1, memset 2, empty 5,
+        // event record 7, mem alloc 10, mem free 11, and one from the future.
+        let counted = GraphNodes::from_kinds(9, [0, 0, 1, 2, 5, 7, 10, 11, 99]);
+        assert_eq!(
+            counted.to_string(),
+            "9 nodes: 2 kernels, 1 copies, 1 memsets, 1 allocations, 1 frees, 3 other"
         );
         let unknown = GraphStatus::Replayed {
             captured_at: 3,

@@ -38,7 +38,7 @@ pub use clip::GradClip;
 pub use early_stop::EarlyStop;
 pub use error::{Error, Result};
 pub use events::{Callback, EpochLog, EvalResult, Event, FitSummary, MetricValues, StepLog};
-pub use graph::{GraphMode, GraphStatus};
+pub use graph::{GraphMode, GraphNodes, GraphStatus};
 pub use kernel_trace::GpuBusyResult;
 pub use memory::MemorySplit;
 pub use metrics::{epoch_record, prefixed, step_record, test_record, JsonlMetrics};

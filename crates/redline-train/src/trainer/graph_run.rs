@@ -11,7 +11,7 @@ use redline_profile::{Action, GpuBusy, Profiler};
 use super::cursor_run::{Next, Source};
 use super::{LoopState, Trainer};
 use crate::error::{Error, Result};
-use crate::graph::{GraphStatus, WARMUP_STEPS};
+use crate::graph::{GraphNodes, GraphStatus, WARMUP_STEPS};
 use crate::running::{Running, Tally};
 
 /// Event tags of the replay timer: a replay, and the time between replays.
@@ -39,17 +39,38 @@ struct Captured {
     tally: (Tally, Tally),
     captured_at: usize,
     replays: usize,
-    /// The graph's node count, when the driver said.
-    nodes: Option<usize>,
+    /// The graph's nodes by kind, when the driver said.
+    nodes: Option<GraphNodes>,
 }
 
-/// How many nodes `graph` holds (`cuGraphGetNodes`), or `None` if the
-/// driver would not say.
-fn node_count(graph: &CudaGraph) -> Option<usize> {
+/// `graph`'s nodes by kind (`cuGraphGetNodes`, `cuGraphNodeGetType`), or
+/// `None` if the driver would not say how many (a kind it would not say
+/// counts as other).
+fn graph_nodes(graph: &CudaGraph) -> Option<GraphNodes> {
     let mut n = 0usize;
     // SAFETY: a null node array asks only for the count; the graph is live.
     let r = unsafe { sys::cuGraphGetNodes(graph.cu_graph(), std::ptr::null_mut(), &mut n) };
-    (r == sys::CUresult::CUDA_SUCCESS).then_some(n)
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return None;
+    }
+    let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
+    let mut got = n;
+    // SAFETY: `nodes` has room for the `got` = n nodes the driver writes.
+    let r = unsafe { sys::cuGraphGetNodes(graph.cu_graph(), nodes.as_mut_ptr(), &mut got) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Some(GraphNodes::from_kinds(n, []));
+    }
+    let kinds = nodes.iter().take(got.min(n)).filter_map(|&node| {
+        // Read as a number: a kind this build's enum lacks is no Rust value.
+        let mut raw = u32::MAX;
+        // SAFETY: a node of the live graph; the driver writes one 32-bit
+        // enum value into `raw`.
+        let r = unsafe {
+            sys::cuGraphNodeGetType(node, (&mut raw as *mut u32).cast::<sys::CUgraphNodeType>())
+        };
+        (r == sys::CUresult::CUDA_SUCCESS).then_some(raw)
+    });
+    Some(GraphNodes::from_kinds(n, kinds))
 }
 
 impl Graph {
@@ -199,7 +220,7 @@ impl Trainer {
                 graph
                     .launch()
                     .map_err(|e| Error::Config(format!("CUDA graph launch: {e}")))?;
-                let nodes = node_count(&graph);
+                let nodes = graph_nodes(&graph);
                 engine.graph = Some(Captured {
                     graph,
                     tally,

@@ -6,6 +6,7 @@
 pub(crate) mod conv;
 pub mod cudnn;
 mod gather;
+mod graph;
 pub(crate) mod linear;
 pub(crate) mod loss;
 mod optim;
@@ -23,6 +24,7 @@ use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, Devic
 use candle_core::{DType, Storage, Tensor};
 
 pub use gather::cursor_gather;
+pub use graph::graph_node_kinds;
 pub use optim::{multi_adam, multi_sgd, AdamItem, SgdItem};
 pub use tally::{count_up, step_sums};
 

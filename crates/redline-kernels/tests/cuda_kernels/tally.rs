@@ -89,3 +89,100 @@ fn address(t: &Tensor) -> u64 {
     };
     base + (l.start_offset() * t.dtype().size_in_bytes()) as u64
 }
+
+/// What a replayed graph's nodes cost on this GPU, by kind, to weigh the
+/// step's nodes (the summary's `cuda_graph` line counts them by kind). Three
+/// graphs of `N` ops each: one-thread kernels (`count_up`); candle's op that
+/// allocates, launches and frees (`affine` into a new tensor, dropped); the
+/// same written back into the variable (`Var::set`: a copy), as the step's
+/// bookkeeping ran before `cuda/tally.cu`. Prints a `graph-node-cost` line
+/// (microseconds per node from timed back-to-back replays); checks each
+/// graph's kinds and that every replay ran.
+#[test]
+fn cuda_graph_node_costs() {
+    use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
+    use redline_kernels::cuda::{count_up, graph_node_kinds};
+    const N: usize = 64;
+    const WARM: usize = 10;
+    const TIMED: usize = 200;
+    let dev = gpu();
+    let Device::Cuda(cuda) = &dev else {
+        panic!("not a CUDA device")
+    };
+    let stream = cuda.cuda_stream();
+    let c = Var::from_tensor(&Tensor::from_slice(&[0u32], 1, &dev).unwrap()).unwrap();
+    let capture = |op: &dyn Fn()| -> CudaGraph {
+        stream.synchronize().unwrap();
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .unwrap();
+        for _ in 0..N {
+            op();
+        }
+        stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .unwrap()
+            .expect("a graph")
+    };
+    // Microseconds per replay, and the graph's kinds: (kernels, copies,
+    // allocations, frees, nodes).
+    let run = |g: &CudaGraph| -> (f64, [usize; 5]) {
+        let (total, kinds) = graph_node_kinds(g).expect("the node count");
+        let count = |k: u32| kinds.iter().filter(|&&x| x == k).count();
+        for _ in 0..WARM {
+            g.launch().unwrap();
+        }
+        stream.synchronize().unwrap();
+        let ctx = stream.context();
+        let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let (a, b) = (
+            ctx.new_event(timing).unwrap(),
+            ctx.new_event(timing).unwrap(),
+        );
+        a.record(&stream).unwrap();
+        for _ in 0..TIMED {
+            g.launch().unwrap();
+        }
+        b.record(&stream).unwrap();
+        let us = f64::from(a.elapsed_ms(&b).unwrap()) * 1e3 / TIMED as f64;
+        (us, [count(0), count(1), count(10), count(11), total])
+    };
+    let counter = || c.as_tensor().to_vec1::<u32>().unwrap()[0] as usize;
+    let kernels = capture(&|| assert!(count_up(c.as_tensor()).unwrap()));
+    let (t_kernel, k_kernel) = run(&kernels);
+    assert_eq!(
+        k_kernel,
+        [N, 0, 0, 0, N],
+        "kernels, copies, allocations, frees, nodes"
+    );
+    assert_eq!(
+        counter(),
+        N * (WARM + TIMED),
+        "every replay of the kernels ran"
+    );
+    let allocating = capture(&|| drop(c.as_tensor().affine(1.0, 1.0).unwrap()));
+    let (t_alloc, k_alloc) = run(&allocating);
+    let copying = capture(&|| c.set(&c.as_tensor().affine(1.0, 1.0).unwrap()).unwrap());
+    let (t_copy, k_copy) = run(&copying);
+    assert_eq!(
+        counter(),
+        2 * N * (WARM + TIMED),
+        "every replay of the copies ran"
+    );
+    let n = N as f64;
+    println!(
+        "graph-node-cost: {N} one-thread kernels {t_kernel:.1} us a replay ({:.2} us a kernel \
+         node); allocate+kernel+free {t_alloc:.1} us {k_alloc:?} (+{:.2} us an allocation and \
+         free); +copy back {t_copy:.1} us {k_copy:?} (+{:.2} us a copy node) \
+         [kinds: kernels, copies, allocations, frees, nodes]",
+        t_kernel / n,
+        (t_alloc - t_kernel) / n,
+        (t_copy - t_alloc) / n,
+    );
+    assert_eq!(k_alloc[0], N, "one kernel per op: {k_alloc:?}");
+    assert_eq!(
+        k_copy[..2],
+        [N, N],
+        "a kernel and a copy per op: {k_copy:?}"
+    );
+}

@@ -43,34 +43,10 @@ struct Captured {
     nodes: Option<GraphNodes>,
 }
 
-/// `graph`'s nodes by kind (`cuGraphGetNodes`, `cuGraphNodeGetType`), or
-/// `None` if the driver would not say how many (a kind it would not say
-/// counts as other).
+/// `graph`'s nodes by kind, or `None` if the driver would not say.
 fn graph_nodes(graph: &CudaGraph) -> Option<GraphNodes> {
-    let mut n = 0usize;
-    // SAFETY: a null node array asks only for the count; the graph is live.
-    let r = unsafe { sys::cuGraphGetNodes(graph.cu_graph(), std::ptr::null_mut(), &mut n) };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        return None;
-    }
-    let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
-    let mut got = n;
-    // SAFETY: `nodes` has room for the `got` = n nodes the driver writes.
-    let r = unsafe { sys::cuGraphGetNodes(graph.cu_graph(), nodes.as_mut_ptr(), &mut got) };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        return Some(GraphNodes::from_kinds(n, []));
-    }
-    let kinds = nodes.iter().take(got.min(n)).filter_map(|&node| {
-        // Read as a number: a kind this build's enum lacks is no Rust value.
-        let mut raw = u32::MAX;
-        // SAFETY: a node of the live graph; the driver writes one 32-bit
-        // enum value into `raw`.
-        let r = unsafe {
-            sys::cuGraphNodeGetType(node, (&mut raw as *mut u32).cast::<sys::CUgraphNodeType>())
-        };
-        (r == sys::CUresult::CUDA_SUCCESS).then_some(raw)
-    });
-    Some(GraphNodes::from_kinds(n, kinds))
+    redline_kernels::cuda::graph_node_kinds(graph)
+        .map(|(n, kinds)| GraphNodes::from_kinds(n, kinds))
 }
 
 impl Graph {

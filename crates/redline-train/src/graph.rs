@@ -187,7 +187,7 @@ impl GraphNodes {
     }
 }
 
-/// `110 nodes: 31 kernels, 5 copies, 37 allocations, 37 frees` (kinds with
+/// `N nodes: K kernels, C copies, A allocations, F frees` (kinds with
 /// none left out; nodes of no kind listed here counted as `other`).
 impl fmt::Display for GraphNodes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

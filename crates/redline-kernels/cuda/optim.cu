@@ -90,6 +90,12 @@ __device__ __forceinline__ AdamConsts adam_consts(const AdamHyper &h) {
     return c;
 }
 
+// Elements a thread loads before it computes any (Adam f32): the loads of
+// its ILP elements are in flight together, where a loop of one element at a
+// time waited for each in turn (9.8 us a step for the MLP's 102 blocks on an
+// H100, for 2.8 MB of traffic). The arithmetic per element is unchanged.
+#define ILP 4
+
 extern "C" __global__ void redline_multi_adam_f32(const TensorList l, const AdamHyper h,
                                                   unsigned long long chunk) {
     if (skipped(h.skip)) return;
@@ -101,17 +107,34 @@ extern "C" __global__ void redline_multi_adam_f32(const TensorList l, const Adam
     const float *g = l.g[s];
     float *m = l.a[s];
     float *v = l.b[s];
-    for (unsigned long long i = first + threadIdx.x; i < end; i += blockDim.x) {
-        float pi = p[i];
-        float gi = g[i];
-        if (h.l2 != 0.0f) gi = __fadd_rn(gi, __fmul_rn(pi, h.l2));
-        if (h.decoupled) pi = __fmul_rn(pi, decay);
-        float mi = flush(__fadd_rn(m[i], __fmul_rn(__fsub_rn(gi, m[i]), h.w1)));
-        float vi = flush(__fadd_rn(__fmul_rn(v[i], h.b2), __fmul_rn(__fmul_rn(gi, h.w2), gi)));
-        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2), h.eps);
-        p[i] = __fsub_rn(pi, __fmul_rn(__fdiv_rn(mi, denom), step_size));
-        m[i] = mi;
-        v[i] = vi;
+    const unsigned long long stride = blockDim.x;
+    for (unsigned long long base = first + threadIdx.x; base < end; base += ILP * stride) {
+        float pr[ILP] = {0.0f}, gr[ILP] = {0.0f}, mr[ILP] = {0.0f}, vr[ILP] = {0.0f};
+#pragma unroll
+        for (int k = 0; k < ILP; ++k) {
+            unsigned long long i = base + k * stride;
+            if (i < end) {
+                pr[k] = p[i];
+                gr[k] = g[i];
+                mr[k] = m[i];
+                vr[k] = v[i];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < ILP; ++k) {
+            unsigned long long i = base + k * stride;
+            if (i >= end) continue;
+            float pi = pr[k];
+            float gi = gr[k];
+            if (h.l2 != 0.0f) gi = __fadd_rn(gi, __fmul_rn(pi, h.l2));
+            if (h.decoupled) pi = __fmul_rn(pi, decay);
+            float mi = flush(__fadd_rn(mr[k], __fmul_rn(__fsub_rn(gi, mr[k]), h.w1)));
+            float vi = flush(__fadd_rn(__fmul_rn(vr[k], h.b2), __fmul_rn(__fmul_rn(gi, h.w2), gi)));
+            float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2), h.eps);
+            p[i] = __fsub_rn(pi, __fmul_rn(__fdiv_rn(mi, denom), step_size));
+            m[i] = mi;
+            v[i] = vi;
+        }
     }
 }
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -81,6 +82,8 @@ def redline_row(run: Path) -> dict:
         "precision": (summary.get("matmul_precision") or "-").split(" ")[0],
         "kernels_load_s": summary.get("gpu_kernels_load_s"),
         "train_s": summary.get("train_s"),
+        # "a graph of N nodes: K kernels, ...": what each replay walks, by kind.
+        "graph": (re.search(r"graph of (\d+ nodes(?:: [^;)]*)?)", summary.get("cuda_graph") or "") or [None, None])[1],
     }
 
 
@@ -164,6 +167,12 @@ def main(out: Path) -> int:
     if code is not None and jit is not None:
         print(f"- first kernel load, JIT cache emptied: {code:.3g} s from candle's machine code "
               f"(mlp-defaults), {jit:.3g} s JIT-compiling its PTX (mlp-ptx-jit, REDLINE_CANDLE_PTX=1)")
+    graphs = [(name[8:], r["graph"]) for name, r in rows if name.startswith("redline ") and r.get("graph")]
+    if graphs:
+        print()
+        print("Captured steps (the summary's cuda_graph line):")
+        for name, graph in graphs:
+            print(f"- {name}: {graph}")
     print()
     targets(by)
     return 0

@@ -173,6 +173,14 @@ impl Device {
         let mut kernels_s = None;
         if let candle_core::Device::Cuda(d) = &inner {
             crate::cuda::enable_pool_caching(d)?;
+            // SAFETY: every buffer made from here on skips cudarc's two
+            // events per allocation (created and destroyed on the host with
+            // each buffer; recorded and waited on only in cudarc's
+            // multi-stream mode). Redline runs all device work on this
+            // device's one stream, and its copy stream is a raw driver stream
+            // that orders itself with explicit events (redline-data's
+            // cuda_stage.rs), so the context never enters that mode.
+            unsafe { d.disable_event_tracking() };
             let start = std::time::Instant::now();
             crate::cuda::load_kernels(d)?;
             kernels_s = Some(start.elapsed().as_secs_f64());

@@ -181,6 +181,38 @@ impl Plan {
 }
 
 impl Dnn {
+    /// The algorithms `query` (the heuristics, or `cudnnFind*Algorithm`,
+    /// which runs and times them) offers for `pass` of `plan`'s descriptors,
+    /// best first, up to 16.
+    fn algorithms(
+        &self,
+        query: ffi::AlgoV7,
+        plan: &Plan,
+        pass: Pass,
+        what: &str,
+    ) -> candle_core::Result<Vec<AlgoPerf>> {
+        let [in1, in2, out] = plan.entry(pass).descs;
+        let mut perf = [AlgoPerf::default(); 16];
+        let mut found: c_int = 0;
+        let asked = perf.len() as c_int;
+        // SAFETY: `perf` holds `asked` results; the plan's descriptors are set.
+        let status = unsafe {
+            query(
+                self.handle,
+                in1,
+                in2,
+                plan.conv,
+                out,
+                asked,
+                &mut found,
+                perf.as_mut_ptr(),
+            )
+        };
+        self.api.check(status, what).map_err(msg)?;
+        let found = usize::try_from(found).unwrap_or(0).min(perf.len());
+        Ok(perf[..found].to_vec())
+    }
+
     /// The plan of `key`, made now if this is its first call.
     fn plan(&self, dev: &CudaDevice, key: Key) -> candle_core::Result<Plan> {
         let api = self.api;
@@ -256,25 +288,9 @@ impl Dnn {
         }
         let e = plan.entry(pass);
         let [in1, in2, out] = e.descs;
-        let mut perf = [AlgoPerf::default(); 8];
-        let mut found: c_int = 0;
-        let asked = perf.len() as c_int;
-        // SAFETY: `perf` holds `asked` results; the descriptors are set.
-        let status = unsafe {
-            (e.algos)(
-                self.handle,
-                in1,
-                in2,
-                plan.conv,
-                out,
-                asked,
-                &mut found,
-                perf.as_mut_ptr(),
-            )
-        };
-        check(status, "algorithm heuristics")?;
-        let found = usize::try_from(found).unwrap_or(0).min(perf.len());
-        let Some(best) = ffi::choose(&perf[..found], MAX_WORKSPACE) else {
+        let perf = self.algorithms(e.algos, &plan, pass, "algorithm heuristics")?;
+        let found = perf.len();
+        let Some(best) = ffi::choose(&perf, MAX_WORKSPACE) else {
             return Err(msg(format!(
                 "no deterministic algorithm for {pass:?} of {d:?} in {dtype:?} within {} MiB of \
                  workspace ({found} offered)\nHINT: --gpu-conv redline runs Redline's own kernels",
@@ -409,30 +425,11 @@ pub fn algorithm_times(
     let mut out = Vec::new();
     for (pass, find) in passes.into_iter().zip(find) {
         let plan = dnn.plan(dev, (d, dtype, pass, tf32))?;
-        let e = plan.entry(pass);
-        let [in1, in2, o] = e.descs;
-        let mut perf = [AlgoPerf::default(); 16];
-        let mut found: c_int = 0;
-        let asked = perf.len() as c_int;
-        // SAFETY: `perf` holds `asked` results; the plan's descriptors are set.
-        let status = unsafe {
-            find(
-                dnn.handle,
-                in1,
-                in2,
-                plan.conv,
-                o,
-                asked,
-                &mut found,
-                perf.as_mut_ptr(),
-            )
-        };
-        dnn.api.check(status, "cudnnFind*Algorithm").map_err(msg)?;
-        let found = usize::try_from(found).unwrap_or(0).min(perf.len());
+        let measured = dnn.algorithms(find, &plan, pass, "cudnnFind*Algorithm")?;
         out.push(PassTimes {
-            pass: e.name,
+            pass: plan.entry(pass).name,
             chosen: plan.algo,
-            measured: perf[..found].to_vec(),
+            measured,
         });
     }
     Ok(out)

@@ -505,11 +505,19 @@ fn weight_grad(
     (batch, fan_in, fan_out): (usize, usize, usize),
     (xp, dz_p, dw_p): (u64, u64, u64),
 ) -> candle_core::Result<()> {
+    // Shapes whose batched GEMM cuBLASLt refused: computed whole from then
+    // on, with no new query per step.
+    static UNBATCHED: Mutex<Vec<(usize, usize, usize)>> = Mutex::new(Vec::new());
+    let shape = (batch, fan_in, fan_out);
     let plan_err = |e: crate::Error| candle_core::Error::Msg(e.to_string());
-    let splits = weight_grad_splits(batch, fan_in, fan_out);
-    if dtype != DType::F32 || splits == 1 {
+    let whole = || -> candle_core::Result<()> {
         let plan = linear_weight_grad(batch, fan_in, fan_out).map_err(plan_err)?;
-        return gemm(dev, &plan, dtype, (xp, dz_p, dw_p), None);
+        gemm(dev, &plan, dtype, (xp, dz_p, dw_p), None)
+    };
+    let unbatched = || UNBATCHED.lock().unwrap_or_else(PoisonError::into_inner);
+    let splits = weight_grad_splits(batch, fan_in, fan_out);
+    if dtype != DType::F32 || splits == 1 || unbatched().contains(&shape) {
+        return whole();
     }
     let plan = linear_weight_grad_split(batch, fan_in, fan_out, splits).map_err(plan_err)?;
     let count = fan_out * fan_in;
@@ -519,12 +527,11 @@ fn weight_grad(
     let part_p = partial.device_ptr_mut(&stream).0;
     if let Err(e) = gemm(dev, &plan, dtype, (xp, dz_p, part_p), None) {
         // A shape cuBLASLt will not batch: the one GEMM, as without splits.
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| {
-            eprintln!("warning: the split weight gradient failed ({e}); computing it whole");
-        });
-        let whole = linear_weight_grad(batch, fan_in, fan_out).map_err(plan_err)?;
-        return gemm(dev, &whole, dtype, (xp, dz_p, dw_p), None);
+        eprintln!(
+            "warning: the split weight gradient of {shape:?} failed ({e}); computing it whole"
+        );
+        unbatched().push(shape);
+        return whole();
     }
     let (splits32, count32) = (
         u32::try_from(splits).map_err(|e| err("splits", e))?,

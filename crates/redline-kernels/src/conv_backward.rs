@@ -231,9 +231,9 @@ impl Conv2dBackward {
         let (wlen, n, plen) = (g.cout * g.k(), g.ohw_wide(), u.pooled_len(g));
         let mut acc = vec![0f32; wlen + g.cout];
         let mut xp = vec![0f32; g.padded_len()];
-        let mut cols = vec![0f32; g.k() * n];
-        let mut dy = vec![0f32; g.cout * n];
         let input_grad = dx.is_some();
+        let mut scratch = g.wide_grad_scratch(w, input_grad);
+        let mut dy = vec![0f32; g.cout * n];
         let mut dxp = vec![0f32; if input_grad { g.padded_len() } else { 0 }];
         let mut dcols = vec![0f32; if input_grad { g.k() * n } else { 0 }];
         let mut dx = dx.map(|d| d.chunks_mut(g.in_len()));
@@ -246,19 +246,18 @@ impl Conv2dBackward {
                 dy: &mut dy,
             });
             g.pad_into(x, &mut xp);
-            g.im2col_wide(&xp, &mut cols);
             let (dw, db) = acc.split_at_mut(wlen);
-            let dym = Mat::new(&dy, g.cout, n);
             // dW (Cout, K) += dy (Cout, oh*wp) * cols^T (oh*wp, K); junk columns of dy are 0
-            gemm_or_err(g.gemm, name, dw, dym, Mat::new(&cols, g.k(), n).t(), true)?;
+            g.weight_grad_wide(name, &xp, &dy, dw, &mut scratch)?;
             add_row_sums(db, &dy, n);
             if let Some(dx) = dx.as_mut().and_then(Iterator::next) {
-                input_cols(g, name, w, dym, &mut dcols)?;
+                g.input_cols_wide(name, w, &dy, &mut dcols, &mut scratch)?;
                 dxp.fill(0.0);
                 g.col2im_wide(&dcols, &mut dxp);
                 g.unpad_into(&dxp, dx);
             }
         }
+        g.finish_weight_grad(&scratch, &mut acc[..wlen]);
         Ok(acc)
     }
 

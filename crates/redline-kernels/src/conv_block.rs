@@ -280,14 +280,11 @@ impl CustomOp3 for BlockOp {
                 .zip(argmax.par_chunks_mut(per * plen))
                 .zip(x.par_chunks(per * g.in_len()))
                 .try_for_each(|((out, at), x)| {
-                    // The padded input's border stays zero: only its interior is written.
-                    let mut xp = vec![0f32; g.padded_len()];
-                    let mut cols = vec![0f32; g.k() * g.ohw_wide()];
+                    let mut scratch = g.wide_scratch(&w);
                     let mut y = vec![0f32; g.cout * g.ohw_wide()];
                     let samples = out.chunks_mut(plen).zip(at.chunks_mut(plen));
                     for ((out, at), x) in samples.zip(x.chunks(g.in_len())) {
-                        g.pad_into(x, &mut xp);
-                        g.forward_sample_wide(name, &w, b, &xp, &mut cols, &mut y)?;
+                        g.forward_wide(name, &w, b, x, &mut scratch, &mut y)?;
                         if let Some(d) = self.half {
                             round_in_place(&mut y, d);
                         }

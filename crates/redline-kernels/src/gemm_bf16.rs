@@ -16,10 +16,11 @@
 //! same bits on every run and thread count: each output is summed by one
 //! thread in a fixed order.
 //!
-//! Layout: each operand is converted once per product into bf16 pairs
+//! Layout (`gemm_bf16_pack`): each operand is converted into bf16 pairs
 //! along k, each u32 holding `(k, k + 1)` low half first, which is what
 //! `vdpbf16ps` multiplies: `a` row- or pair-major (whichever reads its
-//! storage contiguously), `b` in panels of [`NR`] columns. The conversion
+//! storage contiguously), `b` in panels of [`NR`] columns; once per
+//! product, or once for many (a convolution's weights). The conversion
 //! is `vcvtne2ps2bf16` (round to nearest even) on 32 values at a time. The
 //! micro-kernel keeps an `MR x NR` tile of f32 sums in 16 registers, over
 //! blocks of `KC` pairs and `NC` columns (BLIS's loop order).
@@ -35,6 +36,7 @@ use candle_core::DType;
 use rayon::prelude::*;
 
 use crate::gemm::{matmul, sizes, threads, Mat, PARALLEL_MIN_FLOPS};
+use crate::gemm_bf16_pack::{bits, PackedA, PackedB};
 
 /// Rows of the micro-kernel's tile.
 pub const MR: usize = 8;
@@ -124,32 +126,57 @@ pub fn matmul_bf16(dst: &mut [f32], a: Mat<'_>, b: Mat<'_>, accumulate: bool) ->
 
 /// [`matmul_bf16`], its row blocks split over rayon's threads when `par`.
 fn product(dst: &mut [f32], a: Mat<'_>, b: Mat<'_>, accumulate: bool, par: bool) -> bool {
-    let (m, k, n) = match sizes(dst, &a, &b, accumulate) {
-        Some(Some(mkn)) => mkn,
-        Some(None) => return true,
-        None => return false,
+    if sizes(dst, &a, &b, accumulate).is_none() {
+        return false;
+    }
+    let (mut ap, mut bp) = (PackedA::default(), PackedB::default());
+    if ap.pack(a) && bp.pack(b) {
+        return packed_product(dst, &ap, &bp, accumulate, par);
+    }
+    let round = |v: &[f32]| -> Vec<f32> {
+        v.iter()
+            .map(|x| f32::from_bits(u32::from(bits(*x)) << 16))
+            .collect()
     };
-    if !available() {
-        let round = |v: &[f32]| -> Vec<f32> {
-            v.iter()
-                .map(|x| f32::from_bits(u32::from(bits(*x)) << 16))
-                .collect()
-        };
-        let (ar, br) = (round(a.data), round(b.data));
-        let (a2, b2) = (Mat { data: &ar, ..a }, Mat { data: &br, ..b });
-        return matmul(dst, a2, b2, accumulate);
+    let (ar, br) = (round(a.data), round(b.data));
+    let (a2, b2) = (Mat { data: &ar, ..a }, Mat { data: &br, ..b });
+    matmul(dst, a2, b2, accumulate)
+}
+
+/// `dst (m x n) = [dst +] a * b` of operands packed beforehand
+/// ([`PackedA`], [`PackedB`]; each can serve many products), split over
+/// rayon's threads as [`matmul_bf16`] would split it. The same bits as
+/// [`matmul_bf16`] of the unpacked operands. False (and `dst` untouched)
+/// when the shapes disagree.
+#[must_use]
+pub(crate) fn matmul_packed(dst: &mut [f32], a: &PackedA, b: &PackedB, accumulate: bool) -> bool {
+    let (m, k, n) = (a.m, a.k, b.n);
+    let par = threads() > 1 && m * k * n >= PARALLEL_MIN_FLOPS && m > MR;
+    packed_product(dst, a, b, accumulate, par)
+}
+
+/// [`matmul_packed`], split when `par`.
+fn packed_product(dst: &mut [f32], a: &PackedA, b: &PackedB, accumulate: bool, par: bool) -> bool {
+    let (m, k, n) = (a.m, a.k, b.n);
+    if b.k != k || dst.len() != m * n {
+        return false;
+    }
+    if m == 0 || n == 0 {
+        return true;
+    }
+    if k == 0 {
+        if !accumulate {
+            dst.fill(0.0);
+        }
+        return true;
     }
     let kp = k.div_ceil(2);
-    // SAFETY (both): `available()` said the CPU has AVX-512F/BW and BF16.
-    let ap = unsafe { pairs_of_a(&a, m, k) };
-    let bp = unsafe { panels_of_b(&b, k, n) };
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
         for pc in (0..kp).step_by(KC) {
             let block = Block {
-                a: &ap,
-                m,
-                b: &bp,
+                a,
+                b: &b.data,
                 kp,
                 n,
                 jc,
@@ -172,177 +199,10 @@ fn product(dst: &mut [f32], a: Mat<'_>, b: Mat<'_>, accumulate: bool, par: bool)
     true
 }
 
-/// `x` rounded to bf16 (to nearest even; NaN kept a NaN), as its bits.
-#[inline(always)]
-fn bits(x: f32) -> u16 {
-    (crate::half16::bf16_round(x).to_bits() >> 16) as u16
-}
-
-/// The bf16 pair `(lo, hi)` as one u32, low half first (`vdpbf16ps`'s order).
-#[inline(always)]
-fn pair(lo: f32, hi: f32) -> u32 {
-    u32::from(bits(lo)) | (u32::from(bits(hi)) << 16)
-}
-
-/// `a (m x k)` as bf16 pairs along k: pair `p` of row `i` at
-/// `data[i * rs + p * ps]`.
-struct Pairs {
-    data: Vec<u32>,
-    rs: usize,
-    ps: usize,
-}
-
-/// Pairs `(x[2p], x[2p + 1])` of a contiguous row (the last one `(x, 0)`
-/// when its length is odd) into `dst`.
-///
-/// # Safety
-/// AVX-512F, AVX-512BW and AVX-512 BF16 present.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn pair_row(src: &[f32], dst: &mut [u32]) {
-    use std::arch::x86_64::*;
-    let (whole, tail) = (src.len() / 32, src.len() % 32);
-    for (s, d) in src.chunks_exact(32).zip(dst.chunks_exact_mut(16)) {
-        // SAFETY: 32 values read, 16 u32 (64 bytes) written.
-        unsafe {
-            let v = _mm512_cvtne2ps_pbh(
-                _mm512_loadu_ps(s[16..].as_ptr()),
-                _mm512_loadu_ps(s.as_ptr()),
-            );
-            _mm512_storeu_si512(
-                d.as_mut_ptr().cast(),
-                std::mem::transmute::<__m512bh, __m512i>(v),
-            );
-        }
-    }
-    let (s, d) = (&src[whole * 32..], &mut dst[whole * 16..]);
-    for (i, o) in d.iter_mut().enumerate().take(tail.div_ceil(2)) {
-        *o = pair(s[2 * i], s.get(2 * i + 1).copied().unwrap_or(0.0));
-    }
-}
-
-/// `dst[i] = (lo[i], hi[i])` (`hi` missing: 0) for `dst.len()` values.
-///
-/// # Safety
-/// AVX-512F, AVX-512BW and AVX-512 BF16 present; `lo` (and `hi`) hold
-/// `dst.len()` values.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn interleave(lo: &[f32], hi: Option<&[f32]>, dst: &mut [u32]) {
-    use std::arch::x86_64::*;
-    let n = dst.len();
-    let whole = n / 16;
-    // Lane i of the result: lo[i] then hi[i] (halves 0..16 and 16..32).
-    let idx = _mm512_set_epi16(
-        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
-        19, 3, 18, 2, 17, 1, 16, 0,
-    );
-    for c in 0..whole {
-        // SAFETY: 16 values of each row read, 16 u32 written.
-        unsafe {
-            let l = _mm512_loadu_ps(lo[16 * c..].as_ptr());
-            let h = match hi {
-                Some(h) => _mm512_loadu_ps(h[16 * c..].as_ptr()),
-                None => _mm512_setzero_ps(),
-            };
-            let v = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(h, l));
-            let v = _mm512_permutexvar_epi16(idx, v);
-            _mm512_storeu_si512(dst[16 * c..].as_mut_ptr().cast(), v);
-        }
-    }
-    for i in whole * 16..n {
-        dst[i] = pair(lo[i], hi.map_or(0.0, |h| h[i]));
-    }
-}
-
-/// [`Pairs`] of the logical `a (m x k)`: row-major pairs when `a` is stored
-/// `m x k`, pair-major when it is stored `k x m` (transposed), so every
-/// read of the source is contiguous.
-///
-/// # Safety
-/// AVX-512F, AVX-512BW and AVX-512 BF16 present; `a` is `m x k`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn pairs_of_a(a: &Mat<'_>, m: usize, k: usize) -> Pairs {
-    let kp = k.div_ceil(2);
-    let mut data = vec![0u32; m * kp];
-    if !a.t {
-        for (row, dst) in a.data.chunks_exact(k).zip(data.chunks_exact_mut(kp)) {
-            // SAFETY: the caller's features.
-            unsafe { pair_row(row, dst) };
-        }
-        return Pairs {
-            data,
-            rs: kp,
-            ps: 1,
-        };
-    }
-    for (p, dst) in data.chunks_exact_mut(m).enumerate() {
-        let lo = &a.data[2 * p * m..][..m];
-        let hi = (2 * p + 1 < k).then(|| &a.data[(2 * p + 1) * m..][..m]);
-        // SAFETY: the caller's features; both rows hold m values.
-        unsafe { interleave(lo, hi, dst) };
-    }
-    Pairs { data, rs: 1, ps: m }
-}
-
-/// The logical `b (k x n)` packed into panels of [`NR`] columns:
-/// `out[panel][p][c]`, zero past its last column.
-///
-/// # Safety
-/// AVX-512F, AVX-512BW and AVX-512 BF16 present; `b` is `k x n`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn panels_of_b(b: &Mat<'_>, k: usize, n: usize) -> Vec<u32> {
-    let kp = k.div_ceil(2);
-    let mut out = vec![0u32; n.div_ceil(NR) * kp * NR];
-    if !b.t {
-        // Stored k x n: rows 2p and 2p + 1 interleaved, NR columns a panel.
-        for p in 0..kp {
-            let lo = &b.data[2 * p * n..][..n];
-            let hi = (2 * p + 1 < k).then(|| &b.data[(2 * p + 1) * n..][..n]);
-            for (panel, dst) in out.chunks_exact_mut(kp * NR).enumerate() {
-                let (j0, w) = (panel * NR, NR.min(n - panel * NR));
-                let dst = &mut dst[p * NR..][..w];
-                // SAFETY: the caller's features; w values of each row.
-                unsafe { interleave(&lo[j0..j0 + w], hi.map(|h| &h[j0..j0 + w]), dst) };
-            }
-        }
-        return out;
-    }
-    // Stored n x k: column j's pairs are row j's, contiguous.
-    let mut row = vec![0u32; kp];
-    for (j, src) in b.data.chunks_exact(k).enumerate() {
-        // SAFETY: the caller's features.
-        unsafe { pair_row(src, &mut row) };
-        let dst = &mut out[(j / NR) * kp * NR + j % NR..];
-        for (p, v) in row.iter().enumerate() {
-            dst[p * NR] = *v;
-        }
-    }
-    out
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn pairs_of_a(_: &Mat<'_>, _: usize, _: usize) -> Pairs {
-    Pairs {
-        data: Vec::new(),
-        rs: 0,
-        ps: 0,
-    }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn panels_of_b(_: &Mat<'_>, _: usize, _: usize) -> Vec<u32> {
-    Vec::new()
-}
-
 /// One `KC`-pair, `NC`-column block of the product over every row block.
 struct Block<'a> {
-    a: &'a Pairs,
-    /// Rows of `a`.
-    m: usize,
-    /// `b` in panels ([`panels_of_b`]).
+    a: &'a PackedA,
+    /// `b` in panels ([`PackedB`]).
     b: &'a [u32],
     kp: usize,
     /// Columns of `dst`.
@@ -360,7 +220,7 @@ impl Block<'_> {
     fn rows(&self, i0: usize, c: &mut [f32]) {
         let rows = c.len() / self.n;
         // Rows past `a`'s last repeat it; their sums are never stored.
-        let a_rows: [usize; MR] = std::array::from_fn(|r| (i0 + r).min(self.m - 1) * self.a.rs);
+        let a_rows: [usize; MR] = std::array::from_fn(|r| (i0 + r).min(self.a.m - 1) * self.a.rs);
         let a_base = self.pc * self.a.ps;
         let panels = (self.jc / NR)..(self.jc + self.nc).div_ceil(NR);
         for panel in panels {

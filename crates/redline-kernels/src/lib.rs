@@ -20,6 +20,7 @@ mod error;
 pub mod fused_gpu;
 pub mod gemm;
 pub mod gemm_bf16;
+mod gemm_bf16_pack;
 pub mod gemm_plan;
 pub mod grad;
 mod half16;

@@ -368,6 +368,9 @@ mod tests {
             ..geom(2, 4, 5, 5)
         };
         assert!(g.wide_scratch(&vals(4 * 18, 0.3)).packed.is_none());
-        assert!(g.wide_grad_scratch(&vals(4 * 18, 0.3), true).packed.is_none());
+        assert!(g
+            .wide_grad_scratch(&vals(4 * 18, 0.3), true)
+            .packed
+            .is_none());
     }
 }

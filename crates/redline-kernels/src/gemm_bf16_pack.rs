@@ -237,15 +237,91 @@ unsafe fn panels_of_b(b: &Mat<'_>, k: usize, n: usize, out: &mut [u32]) {
         unsafe { panels_of_rows(k, n, |p| &b.data[p * n..][..n], out) };
         return;
     }
-    // Stored n x k: column j's pairs are row j's, contiguous.
+    // Stored n x k: column j's pairs are row j's, contiguous. Blocks of 16
+    // columns by 16 pairs are converted and transposed in registers; the
+    // pairs past the last whole block of 32 values, and the columns past the
+    // last whole block of 16, one at a time.
     let kp = k.div_ceil(2);
+    let (n16, p16) = (n / 16 * 16, k / 32 * 16);
+    for j0 in (0..n16).step_by(16) {
+        let base = (j0 / NR) * kp * NR + j0 % NR;
+        for p0 in (0..p16).step_by(16) {
+            // SAFETY: the caller's features; rows j0..j0 + 16 hold k values,
+            // of which 2 * p0 + 32 <= k are read; the 16 stores land in
+            // pairs p0..p0 + 16 of columns j0..j0 + 16, inside the panel.
+            unsafe { transposed_block(&b.data[j0 * k + 2 * p0..], k, &mut out[base + p0 * NR..]) };
+        }
+        for j in j0..j0 + 16 {
+            let src = &b.data[j * k..][..k];
+            let dst = &mut out[(j / NR) * kp * NR + j % NR..];
+            for p in p16..kp {
+                dst[p * NR] = pair(src[2 * p], src.get(2 * p + 1).copied().unwrap_or(0.0));
+            }
+        }
+    }
     let mut row = vec![0u32; kp];
-    for (j, src) in b.data.chunks_exact(k).enumerate() {
+    for (j, src) in b.data.chunks_exact(k).enumerate().skip(n16) {
         // SAFETY: the caller's features.
         unsafe { pair_row(src, &mut row) };
         let dst = &mut out[(j / NR) * kp * NR + j % NR..];
         for (p, v) in row.iter().enumerate() {
             dst[p * NR] = *v;
+        }
+    }
+}
+
+/// Pairs `p0..p0 + 16` of 16 stored rows (`src`: row `r` at `src[r * k..]`,
+/// its first 32 values read) transposed into `dst`: pair `t` of row `r` at
+/// `dst[t * NR + r]`. The 16 x 16 transpose of 32-bit lanes in three
+/// rounds: 32-bit and 64-bit unpacks within each 128-bit lane (4 x 4
+/// blocks), then two rounds of 128-bit lane shuffles.
+///
+/// # Safety
+/// AVX-512F, AVX-512BW and AVX-512 BF16 present; `src` holds
+/// `15 * k + 32` values and `dst` `15 * NR + 16`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn transposed_block(src: &[f32], k: usize, dst: &mut [u32]) {
+    use std::arch::x86_64::*;
+    debug_assert!(src.len() >= 15 * k + 32 && dst.len() >= 15 * NR + 16);
+    let mut r = [_mm512_setzero_si512(); 16];
+    for (i, v) in r.iter_mut().enumerate() {
+        // SAFETY: row i's 32 values are inside `src` (asserted).
+        unsafe {
+            let s = src.as_ptr().add(i * k);
+            *v = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(
+                _mm512_loadu_ps(s.add(16)),
+                _mm512_loadu_ps(s),
+            ));
+        }
+    }
+    let mut a = [_mm512_setzero_si512(); 16];
+    for i in 0..8 {
+        a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    // b[4i + q], lane L: column 4L + q of rows 4i..4i + 4.
+    let mut b = [_mm512_setzero_si512(); 16];
+    for i in 0..4 {
+        b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+        b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+    }
+    for q in 0..4 {
+        let c0 = _mm512_shuffle_i32x4::<0x88>(b[q], b[4 + q]);
+        let c1 = _mm512_shuffle_i32x4::<0xDD>(b[q], b[4 + q]);
+        let c2 = _mm512_shuffle_i32x4::<0x88>(b[8 + q], b[12 + q]);
+        let c3 = _mm512_shuffle_i32x4::<0xDD>(b[8 + q], b[12 + q]);
+        let cols = [
+            _mm512_shuffle_i32x4::<0x88>(c0, c2),
+            _mm512_shuffle_i32x4::<0x88>(c1, c3),
+            _mm512_shuffle_i32x4::<0xDD>(c0, c2),
+            _mm512_shuffle_i32x4::<0xDD>(c1, c3),
+        ];
+        for (l, v) in cols.iter().enumerate() {
+            // SAFETY: pair 4l + q's 16 values land inside `dst` (asserted).
+            unsafe { _mm512_storeu_si512(dst.as_mut_ptr().add((4 * l + q) * NR).cast(), *v) };
         }
     }
 }
@@ -288,3 +364,64 @@ unsafe fn panels_of_rows<'s>(_: usize, _: usize, _: impl Fn(usize) -> &'s [f32],
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn pair_row(_: &[f32], _: &mut [u32]) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `b (k x n)`'s panels one pair at a time, as the layout is defined.
+    fn reference(b: &Mat<'_>, k: usize, n: usize) -> Vec<u32> {
+        let kp = k.div_ceil(2);
+        let at = |p: usize, j: usize| -> f32 {
+            match (p < k, b.t) {
+                (false, _) => 0.0,
+                (true, false) => b.data[p * n + j],
+                (true, true) => b.data[j * k + p],
+            }
+        };
+        let mut out = vec![0u32; n.div_ceil(NR) * kp * NR];
+        for j in 0..n {
+            for p in 0..kp {
+                out[(j / NR) * kp * NR + p * NR + j % NR] = pair(at(2 * p, j), at(2 * p + 1, j));
+            }
+        }
+        out
+    }
+
+    /// Both stored layouts of `b` pack to the defined panels, bit for bit:
+    /// widths around the transposed path's 16-column blocks and the panel's
+    /// 32, depths around its 32-value blocks (odd ones included), and a
+    /// repack into the same buffer at another shape.
+    #[test]
+    fn panels_match_the_layout() {
+        if !available() {
+            eprintln!("skipped: this CPU has no AVX-512 BF16");
+            return;
+        }
+        let mut packed = PackedB::default();
+        for (k, n) in [
+            (1, 1),
+            (31, 15),
+            (32, 16),
+            (33, 17),
+            (64, 32),
+            (95, 48),
+            (784, 128),
+            (70, 100),
+            (3, 40),
+        ] {
+            let v: Vec<f32> = (0..k * n)
+                .map(|i| ((i as f32 + 0.5) * 0.37).sin() * 3.0)
+                .collect();
+            for b in [Mat::new(&v, k, n), Mat::new(&v, n, k).t()] {
+                assert!(packed.pack(b));
+                assert_eq!(
+                    packed.data,
+                    reference(&b, k, n),
+                    "k {k}, n {n}, transposed {}",
+                    b.t
+                );
+            }
+        }
+    }
+}

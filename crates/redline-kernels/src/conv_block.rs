@@ -30,6 +30,7 @@ use crate::gemm_bf16::pre_rounding;
 use crate::grad::{layer_buffers, Param, ParamBuffers};
 use crate::half16::{cast, round_in_place, rounded, store};
 use crate::pool::{first_max4, max_pool2d};
+use crate::pool2x2::{self, relu};
 use crate::slices::{fused_cpu, Grads3};
 use redline_core::trace;
 
@@ -169,7 +170,10 @@ impl BlockOp {
         for (plane, (out, at)) in planes {
             for py in 0..ph {
                 let (out, at) = (&mut out[py * pw..][..pw], &mut at[py * pw..][..pw]);
-                if k == 2 {
+                if k == 2 && pool2x2::available() {
+                    let (r0, r1) = (&plane[2 * py * wp..], &plane[(2 * py + 1) * wp..]);
+                    pool2x2::pool_rows(r0, r1, out, at);
+                } else if k == 2 {
                     let (r0, r1) = (&plane[2 * py * wp..], &plane[(2 * py + 1) * wp..]);
                     let wins = r0.chunks_exact(2).zip(r1.chunks_exact(2));
                     for ((o, a), (t, u)) in out.iter_mut().zip(at.iter_mut()).zip(wins) {
@@ -213,17 +217,6 @@ impl pulp::WithSimd for PoolLoop<'_> {
     fn with_simd<S: pulp::Simd>(self, _simd: S) {
         self.block.pool_sample(self.y, self.out, self.at);
     }
-}
-
-/// ReLU of a window maximum: the value and where its gradient goes. NaN
-/// stays NaN (PyTorch) but passes no gradient (`NaN > 0` is false there too).
-/// Selects, not branches: the sign of a conv output is a coin toss, and a
-/// mispredicted branch per window cost a third of the pooling time.
-#[inline(always)]
-fn relu(m: f32, pos: u8) -> (f32, u8) {
-    let keep = m > 0.0;
-    let v = if keep || m.is_nan() { m } else { 0.0 };
-    (v, if keep { pos } else { NO_GRAD })
 }
 
 impl CustomOp3 for BlockOp {

@@ -25,7 +25,7 @@ use crate::gemm::Mat;
 use crate::gemm_bf16::{matmul_in, pre_rounding};
 use crate::grad::ParamBuffers;
 use crate::half16::{round_in_place, rounded, store, tensor, widen};
-use crate::linear::{dims, forward_f32};
+use crate::linear::{concurrent, dims, forward_f32};
 use redline_core::trace;
 
 /// `x (B, in) -> (B, out)` in `dtype` (bf16 or f16) over `w (out, in)` and
@@ -171,23 +171,57 @@ impl CustomOp3 for Linear16Bwd {
                 .zip(y.iter())
                 .for_each(|(g, y)| *g = if *y > 0.0 { *g } else { 0.0 });
         }
-        // dW (out, in) = g^T (out, B) x (B, in), rounded as a 16-bit GEMM's output.
-        let mut dw = vec![0f32; fan_out * fan_in];
-        if !matmul_in(
-            self.gemm,
-            &mut dw,
-            Mat::new(&g, bsz, fan_out).t(),
-            Mat::new(&x, bsz, fan_in),
-            false,
-        ) {
-            bail!("{op}: gemm shapes do not fit")
-        }
-        round_in_place(&mut dw, self.dtype);
-        let mut db = vec![0f32; fan_out];
-        for row in g.chunks_exact(fan_out) {
-            db.iter_mut().zip(row).for_each(|(acc, v)| *acc += v);
-        }
-        round_in_place(&mut db, self.dtype);
+        // dW and db, and dx, are independent: on two threads at once where
+        // there are two and the products are large enough to pay for it
+        // ([`crate::linear::concurrent`]).
+        let g = &g;
+        let grads = || -> candle_core::Result<(Vec<f32>, Vec<f32>)> {
+            // dW (out, in) = g^T (out, B) x (B, in), rounded as a 16-bit GEMM's output.
+            let mut dw = vec![0f32; fan_out * fan_in];
+            if !matmul_in(
+                self.gemm,
+                &mut dw,
+                Mat::new(g, bsz, fan_out).t(),
+                Mat::new(&x, bsz, fan_in),
+                false,
+            ) {
+                bail!("{op}: gemm shapes do not fit")
+            }
+            round_in_place(&mut dw, self.dtype);
+            let mut db = vec![0f32; fan_out];
+            for row in g.chunks_exact(fan_out) {
+                db.iter_mut().zip(row).for_each(|(acc, v)| *acc += v);
+            }
+            round_in_place(&mut db, self.dtype);
+            Ok((dw, db))
+        };
+        let input = || -> candle_core::Result<Option<Vec<f32>>> {
+            if !self.input_grad {
+                return Ok(None);
+            }
+            // dx (B, in) = g (B, out) x round16(W) (out, in)
+            let w = rounded(s3, l3, pre_rounding(self.dtype, self.gemm), op)?;
+            let mut dx = vec![0f32; bsz * fan_in];
+            if !matmul_in(
+                self.gemm,
+                &mut dx,
+                Mat::new(g, bsz, fan_out),
+                Mat::new(&w, fan_out, fan_in),
+                false,
+            ) {
+                bail!("{op}: gemm shapes do not fit")
+            }
+            // An f32 input was cast to 16 bits by autocast: its gradient comes
+            // back through that cast, rounded, then widened.
+            round_in_place(&mut dx, self.dtype);
+            Ok(Some(dx))
+        };
+        let (params, dx) = if self.input_grad && concurrent(bsz * fan_in * fan_out) {
+            rayon::join(grads, input)
+        } else {
+            (grads(), input())
+        };
+        let ((dw, db), dx) = (params?, dx?);
         let (wbuf, bbuf) = &self.buffers;
         if s3.dtype() == DType::F32 {
             // fp32 master weights: into their host buffers.
@@ -200,24 +234,9 @@ impl CustomOp3 for Linear16Bwd {
             let db = tensor(db, fan_out, s3.dtype())?;
             bbuf.absorb(&db).map_err(candle_core::Error::wrap)?;
         }
-        if !self.input_grad {
+        let Some(dx) = dx else {
             return Ok((store(Vec::new(), self.x_dtype)?, Shape::from(0)));
-        }
-        // dx (B, in) = g (B, out) x round16(W) (out, in)
-        let w = rounded(s3, l3, pre_rounding(self.dtype, self.gemm), op)?;
-        let mut dx = vec![0f32; bsz * fan_in];
-        if !matmul_in(
-            self.gemm,
-            &mut dx,
-            Mat::new(&g, bsz, fan_out),
-            Mat::new(&w, fan_out, fan_in),
-            false,
-        ) {
-            bail!("{op}: gemm shapes do not fit")
-        }
-        // An f32 input was cast to 16 bits by autocast: its gradient comes
-        // back through that cast, rounded, then widened.
-        round_in_place(&mut dx, self.dtype);
+        };
         let n = dx.len();
         Ok((store(dx, self.x_dtype)?, Shape::from(n)))
     }

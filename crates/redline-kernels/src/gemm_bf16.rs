@@ -325,9 +325,9 @@ unsafe fn kernel(kc: usize, a: APairs<'_>, b: &[u32], c: *mut f32, tile: Tile) {
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn kernel(_: usize, _: APairs<'_>, _: &[u32], _: *mut f32, _: Tile) {}
 
-/// A mask of the first `n` (<= 16) lanes.
+/// A mask of the first `n` (<= 16) lanes (an AVX-512 `__mmask16`).
 #[inline(always)]
-fn lanes(n: usize) -> u16 {
+pub(crate) fn lanes(n: usize) -> u16 {
     if n >= 16 {
         u16::MAX
     } else {

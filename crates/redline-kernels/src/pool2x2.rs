@@ -54,19 +54,10 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use crate::conv_backward::NO_GRAD;
+    use crate::gemm_bf16::lanes;
 
-    /// A mask of the first `n` (<= 16) lanes.
-    #[inline(always)]
-    fn lanes(n: usize) -> __mmask16 {
-        if n >= 16 {
-            u16::MAX
-        } else {
-            (1u16 << n) - 1
-        }
-    }
-
-    /// The even (`odd = false`) or odd values of the first `2 * w` (<= 32)
-    /// at `p`, deinterleaved into sixteen lanes (those past `w` zero).
+    /// The even and the odd values of the first `2 * w` (<= 32) at `p`,
+    /// deinterleaved into sixteen lanes each (those past `w` zero).
     ///
     /// # Safety
     /// AVX-512F present; `p` addresses `2 * w` readable values.

@@ -29,7 +29,7 @@ use crate::error::Result;
 use crate::gemm_bf16::pre_rounding;
 use crate::grad::{layer_buffers, Param, ParamBuffers};
 use crate::half16::{cast, round_in_place, rounded, store};
-use crate::pool::{first_max4, max_pool2d};
+use crate::pool::max_pool2d;
 use crate::pool2x2::{self, relu};
 use crate::slices::{fused_cpu, Grads3};
 use redline_core::trace;
@@ -170,18 +170,9 @@ impl BlockOp {
         for (plane, (out, at)) in planes {
             for py in 0..ph {
                 let (out, at) = (&mut out[py * pw..][..pw], &mut at[py * pw..][..pw]);
-                if k == 2 && pool2x2::available() {
+                if k == 2 {
                     let (r0, r1) = (&plane[2 * py * wp..], &plane[(2 * py + 1) * wp..]);
                     pool2x2::pool_rows(r0, r1, out, at);
-                } else if k == 2 {
-                    let (r0, r1) = (&plane[2 * py * wp..], &plane[(2 * py + 1) * wp..]);
-                    let wins = r0.chunks_exact(2).zip(r1.chunks_exact(2));
-                    for ((o, a), (t, u)) in out.iter_mut().zip(at.iter_mut()).zip(wins) {
-                        let (m, first) = first_max4([t[0], t[1], u[0], u[1]]);
-                        let pos =
-                            u8::from(first[1]) + 2 * u8::from(first[2]) + 3 * u8::from(first[3]);
-                        (*o, *a) = relu(m, pos);
-                    }
                 } else {
                     for (px, (o, a)) in out.iter_mut().zip(at.iter_mut()).enumerate() {
                         let (mut m, mut pos) = (plane[py * k * wp + px * k], 0usize);

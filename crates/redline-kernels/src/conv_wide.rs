@@ -87,6 +87,19 @@ impl Geom {
         }
     }
 
+    /// A thread's f32 im2col matrix: none when the bf16 kernel packs the
+    /// rows straight from the padded sample (`packed`).
+    fn im2col_buffer(&self, packed: bool) -> Vec<f32> {
+        vec![
+            0f32;
+            if packed {
+                0
+            } else {
+                self.k() * self.ohw_wide()
+            }
+        ]
+    }
+
     /// One thread's scratch for [`Geom::forward_wide`], with the weights
     /// `w` (in im2col row order) packed once for the bf16 kernel when the
     /// products are bf16 ([`Geom::gemm`]).
@@ -95,14 +108,7 @@ impl Geom {
         let packed = self.gemm == DType::BF16 && weights.pack(Mat::new(w, self.cout, self.k()));
         WideScratch {
             xp: vec![0f32; self.padded_len()],
-            cols: vec![
-                0f32;
-                if packed {
-                    0
-                } else {
-                    self.k() * self.ohw_wide()
-                }
-            ],
+            cols: self.im2col_buffer(packed),
             packed: packed.then(|| (weights, PackedB::default())),
         }
     }
@@ -193,14 +199,7 @@ impl Geom {
         let packed = self.gemm == DType::BF16
             && (!input_grad || wt.pack(Mat::new(w, self.cout, self.k()).t()));
         WideGradScratch {
-            cols: vec![
-                0f32;
-                if packed {
-                    0
-                } else {
-                    self.k() * self.ohw_wide()
-                }
-            ],
+            cols: self.im2col_buffer(packed),
             packed: packed.then(|| Packed16 {
                 wt,
                 cols: PackedA::default(),

@@ -1,12 +1,13 @@
 //! The conv block's 2x2 max pool and ReLU over one pair of rows, sixteen
 //! windows at a time on AVX-512F: each window's first maximum (a NaN counts
-//! as one) ReLU'd, and where its gradient goes. The scalar loop, in
-//! `conv_block` (`first_max4` and [`relu`] per window), took about ten
+//! as one) ReLU'd, and where its gradient goes. The scalar loop
+//! (`first_max4` and [`relu`] per window, kept for CPUs without it) took about ten
 //! cycles a window: its stride-2 reads kept the compiler from vectorising
 //! it, and pooling was a twelfth of a CNN step on the CPU (perf, 2-core
 //! Zen 4). The same values and positions, bit for bit (tested against it).
 
 use crate::conv_backward::NO_GRAD;
+use crate::pool::first_max4;
 
 /// ReLU of a window maximum: the value and where its gradient goes. NaN
 /// stays NaN (PyTorch) but passes no gradient (`NaN > 0` is false there too).
@@ -19,7 +20,8 @@ pub(super) fn relu(m: f32, pos: u8) -> (f32, u8) {
     (v, if keep { pos } else { NO_GRAD })
 }
 
-/// Whether [`pool_rows`] runs here (AVX-512F, checked once).
+/// Whether [`pool_rows`] runs sixteen windows at a time here (AVX-512F,
+/// checked once).
 pub(super) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -33,19 +35,23 @@ pub(super) fn available() -> bool {
 }
 
 /// Pools the windows `(r0[2x], r0[2x + 1], r1[2x], r1[2x + 1])`, `x` below
-/// `out.len()`, into `out` (the ReLU'd first maximum) and `at` (its
-/// position 0..4 in row-major order, or [`NO_GRAD`]). Does nothing unless
-/// [`available`] and both rows hold `2 * out.len()` values and `at` as many
-/// as `out`.
+/// `out.len()` (and within both rows and `at`), into `out` (the ReLU'd
+/// first maximum) and `at` (its position 0..4 in row-major order, or
+/// [`NO_GRAD`]): sixteen windows at a time where [`available`], else one at
+/// a time ([`first_max4`], [`relu`]).
 pub(super) fn pool_rows(r0: &[f32], r1: &[f32], out: &mut [f32], at: &mut [u8]) {
     let n = out.len();
-    if !available() || r0.len() < 2 * n || r1.len() < 2 * n || at.len() < n {
+    #[cfg(target_arch = "x86_64")]
+    if available() && r0.len() >= 2 * n && r1.len() >= 2 * n && at.len() >= n {
+        // SAFETY: AVX-512F present and the lengths checked above.
+        unsafe { avx512::pool_rows(r0, r1, out, at) };
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: AVX-512F present and the lengths checked above.
-    unsafe {
-        avx512::pool_rows(r0, r1, out, at)
+    let wins = r0.chunks_exact(2).zip(r1.chunks_exact(2));
+    for ((o, a), (t, u)) in out.iter_mut().zip(at.iter_mut()).zip(wins) {
+        let (m, first) = first_max4([t[0], t[1], u[0], u[1]]);
+        let pos = u8::from(first[1]) + 2 * u8::from(first[2]) + 3 * u8::from(first[3]);
+        (*o, *a) = relu(m, pos);
     }
 }
 
@@ -124,7 +130,6 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::first_max4;
 
     /// Against the scalar window (`first_max4`, [`relu`]) over widths that
     /// leave every tail of the sixteen lanes, values drawn from a few (ties

@@ -31,6 +31,7 @@ pub mod multi_tensor;
 pub mod multi_tensor_args;
 pub mod optim;
 mod optim_bf16;
+mod optim_chunks;
 mod optim_generic;
 mod optim_generic_bf16;
 pub mod optim_math;

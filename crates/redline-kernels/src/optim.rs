@@ -25,6 +25,7 @@ use pulp::{Simd, WithSimd};
 use crate::error::Result;
 use crate::grad::GradRef;
 pub use crate::optim_bf16::{bf16_covers, Bf16State};
+use crate::optim_chunks::for_chunks;
 pub use crate::optim_generic::{
     adam_tensors, adam_tensors_unless, sgd_tensors, sgd_tensors_unless, skip_mask, DeviceHyper,
     TensorState,
@@ -203,12 +204,9 @@ fn adam(p: &mut [f32], g: &[f32], st: &mut SlotState, hp: AdamStep) {
         st.a = vec![0.0; p.len()];
         st.b = vec![0.0; p.len()];
     }
-    pulp::Arch::new().dispatch(AdamLoop {
-        p,
-        g,
-        m: &mut st.a,
-        v: &mut st.b,
-        c: AdamConsts::new(hp),
+    let c = AdamConsts::new(hp);
+    for_chunks(p, g, &mut st.a, &mut st.b, |p, g, m, v| {
+        pulp::Arch::new().dispatch(AdamLoop { p, g, m, v, c })
     });
 }
 
@@ -245,12 +243,14 @@ fn sgd(p: &mut [f32], g: &[f32], st: &mut SlotState, hp: SgdStep) {
     if first {
         st.a = vec![0.0; p.len()];
     }
-    pulp::Arch::new().dispatch(SgdLoop {
-        p,
-        g,
-        buf: &mut st.a,
-        c,
-        first,
+    for_chunks(p, g, &mut st.a, &mut [], |p, g, buf, _| {
+        pulp::Arch::new().dispatch(SgdLoop {
+            p,
+            g,
+            buf,
+            c,
+            first,
+        })
     });
 }
 
@@ -392,6 +392,63 @@ mod tests {
         sgd_step(&p, GradRef::Tensor(&g), &mut st, hp)?;
         // buf = 1, then 1.9: p = -0.1 - 0.19
         assert!((p.to_vec1::<f32>()?[0] + 0.29).abs() < 1e-6);
+        Ok(())
+    }
+
+    /// An update split over the compute threads gives the bits of one
+    /// thread's pass: fp32 and bf16 parameters, Adam (with L2, AdamW's
+    /// decay and neither) and SGD with momentum, over steps that carry
+    /// state, on a parameter that splits into ragged chunks.
+    #[test]
+    fn updates_split_over_threads_change_no_bits() -> Result<()> {
+        let n = 3 * crate::optim_chunks::CHUNK_MIN + 77;
+        let vals = |s: f32| -> Vec<f32> { (0..n).map(|i| ((i as f32) * 0.37 + s).sin()).collect() };
+        let run = |threads: usize, dtype: candle_core::DType, kind: u8| -> Result<Vec<f32>> {
+            let _t = redline_core::threads::scoped(threads);
+            let p = Tensor::new(vals(0.0), &Device::Cpu)?.to_dtype(dtype)?;
+            let mut st = SlotState::default();
+            for step in 1..=3u64 {
+                let g = Tensor::new(vals(step as f32), &Device::Cpu)?.to_dtype(dtype)?;
+                let g = GradRef::Tensor(&g);
+                let (wd, decoupled) = [(0.0, false), (0.01, false), (0.1, true)][kind as usize % 3];
+                let done = if kind < 3 {
+                    let hp = AdamStep {
+                        weight_decay: wd,
+                        decoupled,
+                        ..adam_hp(step)
+                    };
+                    adam_step(&p, g, &mut st, hp)?
+                } else {
+                    let hp = SgdStep {
+                        lr: 0.1,
+                        momentum: 0.9,
+                        dampening: 0.0,
+                        nesterov: true,
+                        weight_decay: wd,
+                    };
+                    sgd_step(&p, g, &mut st, hp)?
+                };
+                assert!(done);
+            }
+            let mut out = p.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?;
+            out.extend(st.a.iter().chain(&st.b));
+            out.extend(st.half.a.iter().chain(&st.half.b).map(|x| x.to_f32()));
+            Ok(out)
+        };
+        for dtype in [candle_core::DType::F32, candle_core::DType::BF16] {
+            for kind in 0..4 {
+                let one = run(1, dtype, kind)?;
+                assert!(one.len() > n, "{dtype:?} {kind}: state kept");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                for threads in [2, 3] {
+                    assert_eq!(
+                        bits(&one),
+                        bits(&run(threads, dtype, kind)?),
+                        "{dtype:?} kind {kind} threads {threads}"
+                    );
+                }
+            }
+        }
         Ok(())
     }
 }

@@ -23,6 +23,7 @@ use crate::error::Result;
 use crate::grad::GradRef;
 use crate::half16::bf16_round;
 use crate::optim::{AdamStep, SgdStep};
+use crate::optim_chunks::for_chunks;
 use crate::optim_math::{AdamConsts, SgdConsts};
 use redline_core::trace;
 
@@ -109,6 +110,26 @@ fn up(x: bf16) -> f32 {
 #[inline(always)]
 fn down(x: f32) -> bf16 {
     bf16::from_bits((bf16_round(x).to_bits() >> 16) as u16)
+}
+
+/// [`bf16_round`] for a value the loop's arithmetic produced from bf16
+/// values and finite constants, with no NaN case: such a NaN has its low 16
+/// bits zero (an operation's NaN carries an operand's payload, quieted, or
+/// the default NaN, whose low bits are zero; the operands here are bf16
+/// values widened, with zero low bits, and finite constants), so adding the
+/// rounding bias cannot carry into its upper bits and the masked sum is the
+/// quiet NaN `bf16_round` gives. Two of its seven vector operations; the
+/// loop rounds ten times an element.
+#[inline(always)]
+fn round_op(x: f32) -> f32 {
+    let b = x.to_bits();
+    f32::from_bits(b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000)
+}
+
+/// [`round_op`]'s bf16.
+#[inline(always)]
+fn down_op(x: f32) -> bf16 {
+    bf16::from_bits((round_op(x).to_bits() >> 16) as u16)
 }
 
 /// Zero for a value below f32's smallest normal.
@@ -217,12 +238,9 @@ fn adam(p: &mut [bf16], g: Grad<'_>, st: &mut Bf16State, hp: AdamStep) {
         st.a = vec![bf16::ZERO; p.len()];
         st.b = vec![bf16::ZERO; p.len()];
     }
-    pulp::Arch::new().dispatch(AdamLoop {
-        p,
-        g: &as_bf16(g),
-        m: &mut st.a,
-        v: &mut st.b,
-        c: AdamConsts::new(hp),
+    let c = AdamConsts::new(hp);
+    for_chunks(p, &as_bf16(g), &mut st.a, &mut st.b, |p, g, m, v| {
+        pulp::Arch::new().dispatch(AdamLoop { p, g, m, v, c })
     });
 }
 
@@ -241,24 +259,43 @@ impl WithSimd for AdamLoop<'_> {
 
     #[inline(always)]
     fn with_simd<S: Simd>(self, _simd: S) {
+        // PyTorch runs the decay ops only with a weight decay; a loop
+        // without them skips two roundings an element.
+        match (self.c.l2 != 0.0, self.c.decay.is_some()) {
+            (false, false) => self.run::<false, false>(),
+            (true, false) => self.run::<true, false>(),
+            (false, true) => self.run::<false, true>(),
+            (true, true) => self.run::<true, true>(),
+        }
+    }
+}
+
+impl AdamLoop<'_> {
+    /// The pass with Adam's L2 term (`L2`) and AdamW's decay (`DECAY`) or
+    /// without.
+    #[inline(always)]
+    fn run<const L2: bool, const DECAY: bool>(self) {
         let Self { p, g, m, v, c } = self;
-        let r = bf16_round;
+        let r = round_op;
         let (l2, decay) = (c.l2, c.decay.unwrap_or(1.0));
         let n = p.len().min(g.len()).min(m.len()).min(v.len());
         let (p, g, m, v) = (&mut p[..n], &g[..n], &mut m[..n], &mut v[..n]);
         for i in 0..n {
             let mut pi = up(p[i]);
             let mut gi = up(g[i]);
-            // Both are exact no-ops when off (`g + 0 * p`, `p * 1`).
-            gi = r(gi + l2 * pi);
-            pi = r(pi * decay);
+            if L2 {
+                gi = r(gi + l2 * pi);
+            }
+            if DECAY {
+                pi = r(pi * decay);
+            }
             let mi = up(m[i]);
             let mi = flush(r(mi + c.w1 * (gi - mi)));
             let vi = flush(r(r(up(v[i]) * c.b2) + c.w2 * gi * gi));
             let denom = r(r(r(vi.sqrt()) / c.bc2_sqrt) + c.eps);
-            p[i] = down(pi + (-c.step_size * mi) / denom);
-            m[i] = down(mi);
-            v[i] = down(vi);
+            p[i] = down_op(pi + (-c.step_size * mi) / denom);
+            m[i] = down_op(mi);
+            v[i] = down_op(vi);
         }
     }
 }
@@ -269,17 +306,23 @@ impl WithSimd for AdamLoop<'_> {
 /// alpha=-lr)`, rounding to bf16 after each.
 fn sgd(p: &mut [bf16], g: Grad<'_>, st: &mut Bf16State, hp: SgdStep) {
     let c = SgdConsts::new(hp);
-    let r = bf16_round;
     let first = c.momentum() && st.a.len() != p.len();
     if first {
         st.a = vec![bf16::ZERO; p.len()];
     }
-    let g = as_bf16(g);
+    for_chunks(p, &as_bf16(g), &mut st.a, &mut [], |p, g, buf, _| {
+        sgd_chunk(p, g, buf, c, first)
+    });
+}
+
+/// [`sgd`] over one chunk: `buf` empty without momentum.
+fn sgd_chunk(p: &mut [bf16], g: &[bf16], buf: &mut [bf16], c: SgdConsts, first: bool) {
+    let r = bf16_round;
     for (i, (pe, ge)) in p.iter_mut().zip(g.iter()).enumerate() {
         let pi = up(*pe);
         // An exact no-op without decay (`g + 0 * p`).
         let gi = r(up(*ge) + c.wd * pi);
-        let d = match st.a.get_mut(i) {
+        let d = match buf.get_mut(i) {
             Some(be) if c.momentum() => {
                 let b = if first {
                     gi
@@ -326,7 +369,9 @@ mod tests {
         let vals = |s: f32| -> Vec<f32> { (0..n).map(|i| ((i as f32) * 0.77 + s).sin()).collect() };
         let bf = |v: Vec<f32>| Tensor::new(v, &dev)?.to_dtype(DType::BF16);
         let f = |t: &Tensor| t.to_dtype(DType::F32);
-        for (decoupled, wd) in [(false, 0.0), (false, 0.01), (true, 0.05)] {
+        // AdamW's factor at wd 0.05 (1 - 5e-5) rounds most bf16 weights back
+        // to themselves; at 20 (0.98) it moves every one.
+        for (decoupled, wd) in [(false, 0.0), (false, 0.01), (true, 0.05), (true, 20.0)] {
             let p = bf(vals(0.0).iter().map(|x| x * 0.05).collect())?;
             let mut st = Bf16State::default();
             let (mut rp, mut rm, mut rv) = (p.copy()?, p.zeros_like()?, p.zeros_like()?);
@@ -418,6 +463,130 @@ mod tests {
                 f(&rp)?.to_vec1::<f32>()?,
                 "step {step}"
             );
+        }
+        Ok(())
+    }
+
+    /// `round_op` is `bf16_round` on every value whose low 16 bits are zero
+    /// (every bf16 widened, quiet NaNs and infinities among them) and on every
+    /// non-NaN f32 (about a million patterns: each sign, exponent and tie);
+    /// only a NaN with low bits set, which the loop never makes, differs.
+    #[test]
+    fn round_op_is_bf16_round_on_the_loops_values() {
+        let same = |x: f32| round_op(x).to_bits() == bf16_round(x).to_bits();
+        for b in 0..=u16::MAX {
+            let x = f32::from_bits(u32::from(b) << 16);
+            // A signalling NaN stays one (every operation quiets it first).
+            let signalling = x.is_nan() && b & 0x40 == 0;
+            assert!(same(x) != signalling, "{:#010x}", x.to_bits());
+        }
+        for i in 0..1_000_003u64 {
+            let x = f32::from_bits((i * 4295) as u32);
+            assert!(x.is_nan() || same(x), "{:#010x}", x.to_bits());
+        }
+        assert!(!same(f32::from_bits(0x7FFF_FFFF)));
+    }
+
+    /// The Adam loop on NaNs (quiet, signalling, every payload bit set, both
+    /// signs), infinities, zeros of both signs and the largest bf16, in the
+    /// parameter, the gradient (bf16, and f32 with payload bits below bf16's)
+    /// and the state, against the same formula with `bf16_round`: the same
+    /// bits, or a quiet NaN where it gives a NaN (which of two NaN operands an
+    /// operation passes on is not fixed).
+    #[test]
+    fn adam_on_nans_and_infinities_gives_bf16_rounds_results() -> candle_core::Result<()> {
+        let specials: Vec<bf16> = [
+            0x7FC0u16, 0xFFC0, 0x7F81, 0x7FFF, 0xFFFF, 0x7F80, 0xFF80, 0, 0x8000,
+        ]
+        .into_iter()
+        .map(bf16::from_bits)
+        .chain([
+            bf16::MAX,
+            bf16::MIN,
+            bf16::from_f32(0.02),
+            bf16::from_f32(-3.0),
+        ])
+        .collect();
+        let k = specials.len();
+        // Every pairing of a parameter with a gradient, and with a state.
+        let n = k * k * k;
+        let pick = |i: usize, d: usize| specials[(i / d) % k];
+        let p0: Vec<bf16> = (0..n).map(|i| pick(i, 1)).collect();
+        let g: Vec<bf16> = (0..n).map(|i| pick(i, k)).collect();
+        let s0: Vec<bf16> = (0..n).map(|i| pick(i, k * k)).collect();
+        let g32: Vec<f32> = g
+            .iter()
+            .map(|x| {
+                if x.is_nan() {
+                    f32::from_bits(x.to_f32().to_bits() | 0xFFFF)
+                } else {
+                    x.to_f32()
+                }
+            })
+            .collect();
+        for (decoupled, wd, host) in [
+            (false, 0.01, false),
+            (true, 20.0, false),
+            (false, 0.0, true),
+        ] {
+            let h = hp(3, decoupled, wd);
+            let c = AdamConsts::new(h);
+            let mut st = Bf16State {
+                a: s0.clone(),
+                b: s0
+                    .iter()
+                    .map(|x| {
+                        if x.is_nan() {
+                            *x
+                        } else {
+                            bf16::from_f32(x.to_f32().abs())
+                        }
+                    })
+                    .collect(),
+            };
+            let (ra, rb) = (st.a.clone(), st.b.clone());
+            let p = Tensor::new(p0.clone(), &Device::Cpu)?;
+            let gt = Tensor::new(g.clone(), &Device::Cpu)?;
+            let grad = if host {
+                GradRef::Host(&g32)
+            } else {
+                GradRef::Tensor(&gt)
+            };
+            assert!(update(&p, grad, &mut st, Bf16Kind::Adam(h)).map_err(candle_core::Error::wrap)?);
+            let got = p.to_vec1::<bf16>()?;
+            let r = bf16_round;
+            for i in 0..n {
+                let mut pi = up(p0[i]);
+                let mut gi = if host { r(g32[i]) } else { up(g[i]) };
+                if c.l2 != 0.0 {
+                    gi = r(gi + c.l2 * pi);
+                }
+                if let Some(d) = c.decay {
+                    pi = r(pi * d);
+                }
+                let mi = up(ra[i]);
+                let mi = flush(r(mi + c.w1 * (gi - mi)));
+                let vi = flush(r(r(up(rb[i]) * c.b2) + c.w2 * gi * gi));
+                let denom = r(r(r(vi.sqrt()) / c.bc2_sqrt) + c.eps);
+                let want = [down(pi + (-c.step_size * mi) / denom), down(mi), down(vi)];
+                for (what, got, want) in [
+                    ("p", got[i], want[0]),
+                    ("m", st.a[i], want[1]),
+                    ("v", st.b[i], want[2]),
+                ] {
+                    let ok = got.to_bits() == want.to_bits()
+                        || (want.is_nan() && got.is_nan() && got.to_bits() & 0x40 != 0);
+                    assert!(
+                        ok,
+                        "{what} at p {:#06x} g {:#06x} state {:#06x} (wd {wd}, host {host}): {:#06x} against {:#06x}",
+                        p0[i].to_bits(),
+                        g[i].to_bits(),
+                        s0[i].to_bits(),
+                        got.to_bits(),
+                        want.to_bits()
+                    );
+                }
+            }
         }
         Ok(())
     }

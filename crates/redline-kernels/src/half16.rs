@@ -6,6 +6,7 @@
 //! fed 16-bit operands computes a 16-bit product with fp32 accumulation.
 
 use std::borrow::Cow;
+use std::mem::MaybeUninit;
 
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, DType, Layout, Result};
@@ -19,11 +20,9 @@ pub(crate) fn widen<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<Cow<'
     };
     Ok(match s {
         CpuStorage::F32(v) => Cow::Borrowed(&v[a..b]),
-        CpuStorage::BF16(v) => {
-            let mut out = vec![0f32; b - a];
-            pulp::Arch::new().dispatch(Bf16Widen(&v[a..b], &mut out));
-            Cow::Owned(out)
-        }
+        CpuStorage::BF16(v) => Cow::Owned(written(b - a, |out| {
+            pulp::Arch::new().dispatch(Bf16Widen(&v[a..b], out))
+        })),
         CpuStorage::F16(v) => {
             let mut out = vec![0f32; b - a];
             f16_to_f32(&v[a..b], &mut out);
@@ -76,34 +75,53 @@ impl pulp::WithSimd for Bf16Round<'_> {
     }
 }
 
-/// f32 values rounded into bf16 storage ([`bf16_round`]'s bits).
-struct Bf16Store<'a>(&'a [f32], &'a mut [bf16]);
+/// A new vector of `n` values, each written by `fill` (a loop writing one
+/// value per input, over `n` inputs), with no zero fill first: the bf16
+/// CNN step spent about 3% of its time (perf) zeroing buffers that the
+/// widening and storing loops then overwrote.
+fn written<T>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<T>]) -> usize) -> Vec<T> {
+    let mut v = Vec::with_capacity(n);
+    let done = fill(&mut v.spare_capacity_mut()[..n]);
+    // SAFETY: `fill` wrote the first `done` values (the loops below write
+    // every slot they zip with an input and return how many), and never
+    // more than the `n` slots it was given.
+    unsafe { v.set_len(done.min(n)) };
+    v
+}
+
+/// f32 values rounded into bf16 storage ([`bf16_round`]'s bits); returns
+/// how many it wrote.
+struct Bf16Store<'a>(&'a [f32], &'a mut [MaybeUninit<bf16>]);
 
 impl pulp::WithSimd for Bf16Store<'_> {
-    type Output = ();
+    type Output = usize;
 
     #[inline(always)]
-    fn with_simd<S: pulp::Simd>(self, _simd: S) {
-        for (d, x) in self.1.iter_mut().zip(self.0) {
-            *d = bf16::from_bits((bf16_round(*x).to_bits() >> 16) as u16);
+    fn with_simd<S: pulp::Simd>(self, _simd: S) -> usize {
+        let n = self.0.len().min(self.1.len());
+        for (d, x) in self.1[..n].iter_mut().zip(&self.0[..n]) {
+            d.write(bf16::from_bits((bf16_round(*x).to_bits() >> 16) as u16));
         }
+        n
     }
 }
 
 /// bf16 values widened to f32: the bits shifted up (exact), a NaN quieted,
-/// as `half`'s `to_f32`.
-struct Bf16Widen<'a>(&'a [bf16], &'a mut [f32]);
+/// as `half`'s `to_f32`; returns how many it wrote.
+struct Bf16Widen<'a>(&'a [bf16], &'a mut [MaybeUninit<f32>]);
 
 impl pulp::WithSimd for Bf16Widen<'_> {
-    type Output = ();
+    type Output = usize;
 
     #[inline(always)]
-    fn with_simd<S: pulp::Simd>(self, _simd: S) {
-        for (d, x) in self.1.iter_mut().zip(self.0) {
+    fn with_simd<S: pulp::Simd>(self, _simd: S) -> usize {
+        let n = self.0.len().min(self.1.len());
+        for (d, x) in self.1[..n].iter_mut().zip(&self.0[..n]) {
             let b = x.to_bits();
             let quiet = if b & 0x7FFF > 0x7F80 { 0x0040 } else { 0 };
-            *d = f32::from_bits(u32::from(b | quiet) << 16);
+            d.write(f32::from_bits(u32::from(b | quiet) << 16));
         }
+        n
     }
 }
 
@@ -240,11 +258,9 @@ pub(crate) fn store(v: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
         DType::F32 => CpuStorage::F32(v),
         // The rounding on the bits, a loop that vectorizes (`half`'s slice
         // conversion for bf16 does not).
-        DType::BF16 => {
-            let mut out = vec![bf16::ZERO; v.len()];
-            pulp::Arch::new().dispatch(Bf16Store(&v, &mut out));
-            CpuStorage::BF16(out)
-        }
+        DType::BF16 => CpuStorage::BF16(written(v.len(), |out| {
+            pulp::Arch::new().dispatch(Bf16Store(&v, out))
+        })),
         DType::F16 => {
             let mut out = vec![f16::ZERO; v.len()];
             f32_to_f16(&v, &mut out);

@@ -131,7 +131,8 @@ mod tests {
             return; // not Linux, or no clear_refs: nothing to measure
         }
         let before = peak(&cpu).unwrap_or_default();
-        let big = vec![1u8; 64 << 20];
+        // black_box: an optimised build would elide an allocation never read.
+        let big = std::hint::black_box(vec![1u8; 64 << 20]);
         let grown = peak(&cpu).unwrap_or_default();
         assert!(grown >= before + (60 << 20), "{before} -> {grown}");
         drop(big);

@@ -38,7 +38,10 @@ fn main() -> Result<(), rayon::ThreadPoolBuildError> {
         .num_threads(2)
         .use_current_thread()
         .build()?;
-    println!("{:>12} {:>22} {:>22}", "busy before", "outside: median p90", "inside: median p90");
+    println!(
+        "{:>12} {:>22} {:>22}",
+        "busy before", "outside: median p90", "inside: median p90"
+    );
     for idle in [0u64, 100, 1000, 5000] {
         let (om, o9) = forks(&outside, idle);
         let (im, i9) = forks(&inside, idle);

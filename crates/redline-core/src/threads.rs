@@ -116,16 +116,16 @@ pub fn configure(requested: Option<usize>) -> usize {
 /// first of rayon's global pool's `n` threads, where `n > 1` and the pool
 /// is not built yet. A parallel kernel called from outside the pool hands
 /// its work to the pool and sleeps until a pool thread has woken, taken it
-/// and signalled back: on the 2-core VM 20 us a fork back to back and
-/// 65-95 us after a millisecond idle (measured with `rayon::join` of two
-/// empty closures), a few times in every layer's step. From inside the
-/// pool, a fork runs its first half at once and a sibling steals the rest
-/// when it wakes: the MLP's step at batch 512 took 0.87x the time, the
-/// bf16 CNN's 0.95x (alternating runs of one binary, the training loop in
-/// the pool against outside it). The calling thread does not run the pool's
-/// stealing loop when it is idle (rayon's `use_current_thread`), so at one
-/// thread (no other pool thread to take work that other threads submit)
-/// the pool is left as it was.
+/// and signalled back: on the 2-core VM a `join` of two empty closures took
+/// 113-173 us after a millisecond idle, against 14 us from inside the pool
+/// (`examples/fork_cost.rs`), a few times in every layer's step. From inside
+/// the pool, a fork runs its first half at once and a sibling steals the
+/// rest when it wakes: the MLP's step at batch 512 took 0.85x the time, the
+/// bf16 CNN's 0.91x (`bench/results/2026-11-26-vm-fork-in-pool.md`,
+/// alternating runs against the binary before). The calling thread does not
+/// run the pool's stealing loop when it is idle (rayon's
+/// `use_current_thread`), so at one thread (no other pool thread to take
+/// work that other threads submit) the pool is left as it was.
 fn join_the_pool(n: usize) {
     if n > 1 {
         // An error means the pool was built already (by an earlier call or

@@ -138,8 +138,12 @@ impl Arith for Tensor {
             DType::F64 => f64::MIN_POSITIVE,
             _ => return Ok(self.clone()),
         };
-        let keep = self.abs()?.ge(tiny)?;
-        keep.where_cond(self, &self.zeros_like()?)
+        // "Below the smallest normal" rather than "not above it": a NaN
+        // compares false and stays a NaN, as in the element form (and in
+        // PyTorch, which never flushes): a NaN gradient poisons the moments
+        // there, not zeroes them here.
+        let tiny_ones = self.abs()?.lt(tiny)?;
+        tiny_ones.where_cond(&self.zeros_like()?, self)
     }
     fn mul_s(&self, s: &Tensor) -> candle_core::Result<Self> {
         self.broadcast_mul(s)
@@ -413,13 +417,34 @@ mod tests {
         Ok(())
     }
 
+    /// Subnormals flushed; normals, infinities and NaNs kept, by both forms,
+    /// in f32 and bf16.
     #[test]
     fn tensors_flush_subnormals_like_elements() -> candle_core::Result<()> {
-        let x = [1e-39f32, -1e-40, 1e-37, 0.5];
-        let t = Tensor::new(&x, &Device::Cpu)?.flush()?.to_vec1::<f32>()?;
+        let x = [
+            1e-39f32,
+            -1e-40,
+            1e-37,
+            0.5,
+            f32::MIN_POSITIVE,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+        ];
+        let bits = |v: &[f32]| -> Vec<u32> { v.iter().map(|x| x.to_bits()).collect() };
         let e: Vec<f32> = x.iter().map(|v| v.flush().unwrap_or(*v)).collect();
-        assert_eq!(t, e);
-        assert_eq!(e, vec![0.0, 0.0, 1e-37, 0.5]);
+        let mut want = vec![0.0, 0.0, 1e-37, 0.5, f32::MIN_POSITIVE, f32::INFINITY];
+        want.extend([f32::NEG_INFINITY, f32::NAN, -f32::NAN]);
+        assert_eq!(bits(&e), bits(&want));
+        let t = Tensor::new(&x, &Device::Cpu)?.flush()?.to_vec1::<f32>()?;
+        assert_eq!(bits(&t), bits(&e));
+        let b = Tensor::new(&x, &Device::Cpu)?.to_dtype(DType::BF16)?;
+        let got = b.flush()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        let want16 = b.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        let want16: Vec<f32> = want16.iter().map(|v| v.flush().unwrap_or(*v)).collect();
+        assert_eq!(bits(&got), bits(&want16));
+        assert!(got[7].is_nan() && got[0] == 0.0);
         Ok(())
     }
 }

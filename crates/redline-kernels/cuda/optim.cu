@@ -188,8 +188,10 @@ extern "C" __global__ void redline_multi_adam_bf16(const TensorList l, const Ada
     unsigned short *v = (unsigned short *)l.b[s];
     for (unsigned long long i = first + threadIdx.x; i < end; i += blockDim.x) {
         float pi = bf16_up(p[i]);
-        // grad.add(param, alpha=wd); param.mul_(1 - lr * wd) (AdamW)
-        float gi = bf16_round(__fadd_rn(bf16_up(g[i]), __fmul_rn(h.l2, pi)));
+        // grad.add(param, alpha=wd), with an L2 term only (g + 0 * inf is NaN);
+        // param.mul_(1 - lr * wd) (AdamW)
+        float gi = bf16_up(g[i]);
+        if (h.l2 != 0.0f) gi = bf16_round(__fadd_rn(gi, __fmul_rn(h.l2, pi)));
         if (h.decoupled) pi = bf16_round(__fmul_rn(pi, decay));
         // exp_avg.lerp_(grad, 1 - beta1)
         float m0 = bf16_up(m[i]);
@@ -219,7 +221,8 @@ extern "C" __global__ void redline_multi_sgd_bf16(const TensorList l, const SgdH
     unsigned short *buf = (unsigned short *)l.a[s];
     for (unsigned long long i = first + threadIdx.x; i < end; i += blockDim.x) {
         float pi = bf16_up(p[i]);
-        float gi = bf16_round(__fadd_rn(bf16_up(g[i]), __fmul_rn(h.wd, pi)));
+        float gi = bf16_up(g[i]);
+        if (h.wd != 0.0f) gi = bf16_round(__fadd_rn(gi, __fmul_rn(h.wd, pi)));
         float d = gi;
         if (h.mom != 0.0f) {
             // buf.mul_(momentum).add_(grad, alpha=1 - dampening); the first step copies grad

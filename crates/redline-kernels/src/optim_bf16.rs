@@ -300,10 +300,10 @@ impl AdamLoop<'_> {
     }
 }
 
-/// PyTorch's `_single_tensor_sgd` on bf16 tensors: `g = g + wd * p`;
-/// momentum `buf = g` at the first step, then `buf.mul_(mom).add_(g,
-/// alpha=1 - dampening)`; Nesterov `g = g + mom * buf`; `p.add_(d,
-/// alpha=-lr)`, rounding to bf16 after each.
+/// PyTorch's `_single_tensor_sgd` on bf16 tensors: `g = g + wd * p` (with a
+/// weight decay only); momentum `buf = g` at the first step, then
+/// `buf.mul_(mom).add_(g, alpha=1 - dampening)`; Nesterov `g = g + mom *
+/// buf`; `p.add_(d, alpha=-lr)`, rounding to bf16 after each.
 fn sgd(p: &mut [bf16], g: Grad<'_>, st: &mut Bf16State, hp: SgdStep) {
     let c = SgdConsts::new(hp);
     let first = c.momentum() && st.a.len() != p.len();
@@ -311,295 +311,90 @@ fn sgd(p: &mut [bf16], g: Grad<'_>, st: &mut Bf16State, hp: SgdStep) {
         st.a = vec![bf16::ZERO; p.len()];
     }
     for_chunks(p, &as_bf16(g), &mut st.a, &mut [], |p, g, buf, _| {
-        sgd_chunk(p, g, buf, c, first)
+        pulp::Arch::new().dispatch(SgdLoop {
+            p,
+            g,
+            buf,
+            c,
+            first,
+        })
     });
 }
 
-/// [`sgd`] over one chunk: `buf` empty without momentum.
-fn sgd_chunk(p: &mut [bf16], g: &[bf16], buf: &mut [bf16], c: SgdConsts, first: bool) {
-    let r = bf16_round;
-    for (i, (pe, ge)) in p.iter_mut().zip(g.iter()).enumerate() {
-        let pi = up(*pe);
-        // An exact no-op without decay (`g + 0 * p`).
-        let gi = r(up(*ge) + c.wd * pi);
-        let d = match buf.get_mut(i) {
-            Some(be) if c.momentum() => {
-                let b = if first {
-                    gi
+/// One SGD pass over a chunk (see [`AdamLoop`]); `buf` is empty without
+/// momentum.
+struct SgdLoop<'a> {
+    p: &'a mut [bf16],
+    g: &'a [bf16],
+    buf: &'a mut [bf16],
+    c: SgdConsts,
+    /// The first step with momentum: the buffer starts as the gradient.
+    first: bool,
+}
+
+impl WithSimd for SgdLoop<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _simd: S) {
+        // As in Adam's loop: PyTorch adds `wd * p` only with a weight decay
+        // (`g + 0 * p` would turn an infinite weight's gradient into NaN).
+        match (self.c.wd != 0.0, self.c.momentum()) {
+            (false, false) => self.run::<false, false>(),
+            (true, false) => self.run::<true, false>(),
+            (false, true) => self.run::<false, true>(),
+            (true, true) => self.run::<true, true>(),
+        }
+    }
+}
+
+impl SgdLoop<'_> {
+    /// The pass with the weight decay (`DECAY`) and momentum (`MOM`) or
+    /// without.
+    #[inline(always)]
+    fn run<const DECAY: bool, const MOM: bool>(self) {
+        let Self {
+            p,
+            g,
+            buf,
+            c,
+            first,
+        } = self;
+        let r = round_op;
+        let n = p.len().min(g.len());
+        let (p, g) = (&mut p[..n], &g[..n]);
+        if !MOM {
+            for i in 0..n {
+                let pi = up(p[i]);
+                let gi = if DECAY {
+                    r(up(g[i]) + c.wd * pi)
                 } else {
-                    flush(r(r(up(*be) * c.mom) + c.damp * gi))
+                    up(g[i])
                 };
-                *be = down(b);
-                if c.nesterov {
-                    r(gi + c.mom * b)
-                } else {
-                    b
-                }
+                p[i] = down_op(pi + -c.lr * gi);
             }
-            _ => gi,
-        };
-        *pe = down(pi + -c.lr * d);
+            return;
+        }
+        let n = n.min(buf.len());
+        let (p, g, buf) = (&mut p[..n], &g[..n], &mut buf[..n]);
+        for i in 0..n {
+            let pi = up(p[i]);
+            let gi = if DECAY {
+                r(up(g[i]) + c.wd * pi)
+            } else {
+                up(g[i])
+            };
+            let b = if first {
+                gi
+            } else {
+                flush(r(r(up(buf[i]) * c.mom) + c.damp * gi))
+            };
+            buf[i] = down_op(b);
+            let d = if c.nesterov { r(gi + c.mom * b) } else { b };
+            p[i] = down_op(pi + -c.lr * d);
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use candle_core::Device;
-
-    fn hp(step: u64, decoupled: bool, wd: f64) -> AdamStep {
-        AdamStep {
-            lr: 1e-3,
-            betas: (0.9, 0.999),
-            eps: 1e-8,
-            weight_decay: wd,
-            decoupled,
-            step,
-        }
-    }
-
-    /// The reference: each PyTorch op as its own bf16 tensor op (candle's
-    /// bf16 ops compute in f32 and round), fused ops (`lerp_`, `addcmul_`,
-    /// `addcdiv_`) computed in f32 and rounded once, as PyTorch's CPU
-    /// kernels do. The fused loop gives its bits, step after step.
-    #[test]
-    fn adam_rounds_where_pytorchs_bf16_ops_round() -> candle_core::Result<()> {
-        let dev = Device::Cpu;
-        let n = 53;
-        let vals = |s: f32| -> Vec<f32> { (0..n).map(|i| ((i as f32) * 0.77 + s).sin()).collect() };
-        let bf = |v: Vec<f32>| Tensor::new(v, &dev)?.to_dtype(DType::BF16);
-        let f = |t: &Tensor| t.to_dtype(DType::F32);
-        // AdamW's factor at wd 0.05 (1 - 5e-5) rounds most bf16 weights back
-        // to themselves; at 20 (0.98) it moves every one.
-        for (decoupled, wd) in [(false, 0.0), (false, 0.01), (true, 0.05), (true, 20.0)] {
-            let p = bf(vals(0.0).iter().map(|x| x * 0.05).collect())?;
-            let mut st = Bf16State::default();
-            let (mut rp, mut rm, mut rv) = (p.copy()?, p.zeros_like()?, p.zeros_like()?);
-            for step in 1..=12u64 {
-                let g = bf(vals(step as f32).iter().map(|x| x * 1e-2).collect())?;
-                assert!(update(
-                    &p,
-                    GradRef::Tensor(&g),
-                    &mut st,
-                    Bf16Kind::Adam(hp(step, decoupled, wd))
-                )
-                .map_err(candle_core::Error::wrap)?);
-                let c = AdamConsts::new(hp(step, decoupled, wd));
-                let s = |x: f32| Tensor::new(x, &dev);
-                let mut gr = g.clone();
-                if c.l2 != 0.0 {
-                    gr = (f(&g)? + f(&rp)?.broadcast_mul(&s(c.l2)?)?)?.to_dtype(DType::BF16)?;
-                }
-                if let Some(d) = c.decay {
-                    rp = f(&rp)?.broadcast_mul(&s(d)?)?.to_dtype(DType::BF16)?;
-                }
-                let g32 = f(&gr)?;
-                rm = (f(&rm)? + (&g32 - f(&rm)?)?.broadcast_mul(&s(c.w1)?)?)?
-                    .to_dtype(DType::BF16)?;
-                let vb = f(&rv)?.broadcast_mul(&s(c.b2)?)?.to_dtype(DType::BF16)?;
-                rv = (f(&vb)? + g32.broadcast_mul(&s(c.w2)?)?.mul(&g32)?)?.to_dtype(DType::BF16)?;
-                let denom = f(&rv.sqrt()?)?
-                    .broadcast_div(&s(c.bc2_sqrt)?)?
-                    .to_dtype(DType::BF16)?;
-                let denom = f(&denom)?
-                    .broadcast_add(&s(c.eps)?)?
-                    .to_dtype(DType::BF16)?;
-                let upd = f(&rm)?.broadcast_mul(&s(-c.step_size)?)?.div(&f(&denom)?)?;
-                rp = (f(&rp)? + upd)?.to_dtype(DType::BF16)?;
-                let case = format!("decoupled {decoupled} wd {wd} step {step}");
-                assert_eq!(
-                    f(&p)?.to_vec1::<f32>()?,
-                    f(&rp)?.to_vec1::<f32>()?,
-                    "{case}"
-                );
-                let m: Vec<f32> = st.a.iter().map(|x| x.to_f32()).collect();
-                assert_eq!(m, f(&rm)?.to_vec1::<f32>()?, "m {case}");
-                let v: Vec<f32> = st.b.iter().map(|x| x.to_f32()).collect();
-                assert_eq!(v, f(&rv)?.to_vec1::<f32>()?, "v {case}");
-            }
-            assert_eq!(st.bytes(), (2 * n * 2) as u64);
-        }
-        Ok(())
-    }
-
-    /// SGD with Nesterov momentum and weight decay, against the ops one by
-    /// one; the buffer starts as the (decayed) gradient.
-    #[test]
-    fn sgd_rounds_where_pytorchs_bf16_ops_round() -> candle_core::Result<()> {
-        let dev = Device::Cpu;
-        let vals =
-            |s: f32| -> Vec<f32> { (0..31).map(|i| ((i as f32) * 0.41 + s).cos()).collect() };
-        let bf = |v: Vec<f32>| Tensor::new(v, &dev)?.to_dtype(DType::BF16);
-        let f = |t: &Tensor| t.to_dtype(DType::F32);
-        let hp = SgdStep {
-            lr: 0.05,
-            momentum: 0.9,
-            dampening: 0.0,
-            nesterov: true,
-            weight_decay: 1e-3,
-        };
-        let c = SgdConsts::new(hp);
-        let s = |x: f32| Tensor::new(x, &dev);
-        let p = bf(vals(0.0))?;
-        let mut st = Bf16State::default();
-        let (mut rp, mut rb): (Tensor, Option<Tensor>) = (p.copy()?, None);
-        for step in 1..=6 {
-            let g = bf(vals(step as f32))?;
-            assert!(update(&p, GradRef::Tensor(&g), &mut st, Bf16Kind::Sgd(hp))
-                .map_err(candle_core::Error::wrap)?);
-            let gd = (f(&g)? + f(&rp)?.broadcast_mul(&s(c.wd)?)?)?.to_dtype(DType::BF16)?;
-            let b = match &rb {
-                None => gd.clone(),
-                Some(b) => {
-                    let m = f(b)?.broadcast_mul(&s(c.mom)?)?.to_dtype(DType::BF16)?;
-                    (f(&m)? + f(&gd)?.broadcast_mul(&s(c.damp)?)?)?.to_dtype(DType::BF16)?
-                }
-            };
-            let d = (f(&gd)? + f(&b)?.broadcast_mul(&s(c.mom)?)?)?.to_dtype(DType::BF16)?;
-            rp = (f(&rp)? + f(&d)?.broadcast_mul(&s(-c.lr)?)?)?.to_dtype(DType::BF16)?;
-            rb = Some(b);
-            assert_eq!(
-                f(&p)?.to_vec1::<f32>()?,
-                f(&rp)?.to_vec1::<f32>()?,
-                "step {step}"
-            );
-        }
-        Ok(())
-    }
-
-    /// `round_op` is `bf16_round` on every value whose low 16 bits are zero
-    /// (every bf16 widened, quiet NaNs and infinities among them) and on every
-    /// non-NaN f32 (about a million patterns: each sign, exponent and tie);
-    /// only a NaN with low bits set, which the loop never makes, differs.
-    #[test]
-    fn round_op_is_bf16_round_on_the_loops_values() {
-        let same = |x: f32| round_op(x).to_bits() == bf16_round(x).to_bits();
-        for b in 0..=u16::MAX {
-            let x = f32::from_bits(u32::from(b) << 16);
-            // A signalling NaN stays one (every operation quiets it first).
-            let signalling = x.is_nan() && b & 0x40 == 0;
-            assert!(same(x) != signalling, "{:#010x}", x.to_bits());
-        }
-        for i in 0..1_000_003u64 {
-            let x = f32::from_bits((i * 4295) as u32);
-            assert!(x.is_nan() || same(x), "{:#010x}", x.to_bits());
-        }
-        assert!(!same(f32::from_bits(0x7FFF_FFFF)));
-    }
-
-    /// The Adam loop on NaNs (quiet, signalling, every payload bit set, both
-    /// signs), infinities, zeros of both signs and the largest bf16, in the
-    /// parameter, the gradient (bf16, and f32 with payload bits below bf16's)
-    /// and the state, against the same formula with `bf16_round`: the same
-    /// bits, or a quiet NaN where it gives a NaN (which of two NaN operands an
-    /// operation passes on is not fixed).
-    #[test]
-    fn adam_on_nans_and_infinities_gives_bf16_rounds_results() -> candle_core::Result<()> {
-        let specials: Vec<bf16> = [
-            0x7FC0u16, 0xFFC0, 0x7F81, 0x7FFF, 0xFFFF, 0x7F80, 0xFF80, 0, 0x8000,
-        ]
-        .into_iter()
-        .map(bf16::from_bits)
-        .chain([
-            bf16::MAX,
-            bf16::MIN,
-            bf16::from_f32(0.02),
-            bf16::from_f32(-3.0),
-        ])
-        .collect();
-        let k = specials.len();
-        // Every pairing of a parameter with a gradient, and with a state.
-        let n = k * k * k;
-        let pick = |i: usize, d: usize| specials[(i / d) % k];
-        let p0: Vec<bf16> = (0..n).map(|i| pick(i, 1)).collect();
-        let g: Vec<bf16> = (0..n).map(|i| pick(i, k)).collect();
-        let s0: Vec<bf16> = (0..n).map(|i| pick(i, k * k)).collect();
-        let g32: Vec<f32> = g
-            .iter()
-            .map(|x| {
-                if x.is_nan() {
-                    f32::from_bits(x.to_f32().to_bits() | 0xFFFF)
-                } else {
-                    x.to_f32()
-                }
-            })
-            .collect();
-        for (decoupled, wd, host) in [
-            (false, 0.01, false),
-            (true, 20.0, false),
-            (false, 0.0, true),
-        ] {
-            let h = hp(3, decoupled, wd);
-            let c = AdamConsts::new(h);
-            let mut st = Bf16State {
-                a: s0.clone(),
-                b: s0
-                    .iter()
-                    .map(|x| {
-                        if x.is_nan() {
-                            *x
-                        } else {
-                            bf16::from_f32(x.to_f32().abs())
-                        }
-                    })
-                    .collect(),
-            };
-            let (ra, rb) = (st.a.clone(), st.b.clone());
-            let p = Tensor::new(p0.clone(), &Device::Cpu)?;
-            let gt = Tensor::new(g.clone(), &Device::Cpu)?;
-            let grad = if host {
-                GradRef::Host(&g32)
-            } else {
-                GradRef::Tensor(&gt)
-            };
-            assert!(update(&p, grad, &mut st, Bf16Kind::Adam(h)).map_err(candle_core::Error::wrap)?);
-            let got = p.to_vec1::<bf16>()?;
-            let r = bf16_round;
-            for i in 0..n {
-                let mut pi = up(p0[i]);
-                let mut gi = if host { r(g32[i]) } else { up(g[i]) };
-                if c.l2 != 0.0 {
-                    gi = r(gi + c.l2 * pi);
-                }
-                if let Some(d) = c.decay {
-                    pi = r(pi * d);
-                }
-                let mi = up(ra[i]);
-                let mi = flush(r(mi + c.w1 * (gi - mi)));
-                let vi = flush(r(r(up(rb[i]) * c.b2) + c.w2 * gi * gi));
-                let denom = r(r(r(vi.sqrt()) / c.bc2_sqrt) + c.eps);
-                let want = [down(pi + (-c.step_size * mi) / denom), down(mi), down(vi)];
-                for (what, got, want) in [
-                    ("p", got[i], want[0]),
-                    ("m", st.a[i], want[1]),
-                    ("v", st.b[i], want[2]),
-                ] {
-                    let ok = got.to_bits() == want.to_bits()
-                        || (want.is_nan() && got.is_nan() && got.to_bits() & 0x40 != 0);
-                    assert!(
-                        ok,
-                        "{what} at p {:#06x} g {:#06x} state {:#06x} (wd {wd}, host {host}): {:#06x} against {:#06x}",
-                        p0[i].to_bits(),
-                        g[i].to_bits(),
-                        s0[i].to_bits(),
-                        got.to_bits(),
-                        want.to_bits()
-                    );
-                }
-            }
-        }
-        Ok(())
-    }
-
-    #[test]
-    fn other_dtypes_and_devices_are_declined() -> candle_core::Result<()> {
-        let p = Tensor::zeros(4, DType::F32, &Device::Cpu)?;
-        let g = p.clone();
-        let mut st = Bf16State::default();
-        let kind = Bf16Kind::Adam(hp(1, false, 0.0));
-        let done = update(&p, GradRef::Tensor(&g), &mut st, kind);
-        assert!(matches!(done, Ok(false)));
-        assert!(st.a.is_empty());
-        Ok(())
-    }
-}
+mod tests;

@@ -53,8 +53,13 @@ pub fn adam_tensors_bf16(
     // An f32 gradient (all-reduced) is rounded to bf16 first: PyTorch's is bf16.
     let (p32, g32) = (p.to_dtype(DType::F32)?, r(&g.to_dtype(DType::F32)?)?);
     let (m0, v0) = (state_f32(&st.a, p)?, state_f32(&st.b, p)?);
-    // grad.add(param, alpha=l2); param.mul_(1 - lr * wd) (AdamW)
-    let gi = r(&g32.add(&p32.scale(c.l2)?)?)?;
+    // grad.add(param, alpha=l2), with an L2 term only (`g + 0 * p` would be
+    // NaN at an infinite weight); param.mul_(1 - lr * wd) (AdamW)
+    let gi = if c.l2 != 0.0 {
+        r(&g32.add(&p32.scale(c.l2)?)?)?
+    } else {
+        g32
+    };
     let pi = match &c.decay {
         Some(d) => r(&p32.mul_s(d)?)?,
         None => p32,
@@ -84,8 +89,12 @@ pub fn sgd_tensors_bf16(
     c: &SgdConsts<Tensor>,
 ) -> Result<Tensor> {
     let (p32, g32) = (p.to_dtype(DType::F32)?, r(&g.to_dtype(DType::F32)?)?);
-    // grad.add(param, alpha=weight_decay)
-    let gi = r(&g32.add(&p32.scale(c.wd)?)?)?;
+    // grad.add(param, alpha=weight_decay), with a weight decay only
+    let gi = if c.wd != 0.0 {
+        r(&g32.add(&p32.scale(c.wd)?)?)?
+    } else {
+        g32
+    };
     let d = if c.momentum() {
         // buf.mul_(momentum).add_(grad, alpha=1 - dampening), or grad at first
         let b = match &st.a {
@@ -131,12 +140,25 @@ mod tests {
 
     /// The tensor ops give the CPU bf16 loop's bits, step after step, for
     /// Adam (L2), AdamW and SGD with Nesterov momentum and decay, with the
-    /// constants computed on the device across a learning-rate change.
+    /// constants computed on the device across a learning-rate change; and
+    /// Adam and SGD without weight decay, with an infinite weight, which
+    /// stays infinite (PyTorch adds `wd * p` only with a weight decay).
     #[test]
     fn tensor_ops_give_the_bf16_loops_bits() -> Result<()> {
         let n = 257;
-        for kind in ["adam", "adamw", "sgd"] {
-            let p0 = vals(n, 0.0, 0.05)?;
+        for (kind, wd) in [
+            ("adam", 0.05),
+            ("adamw", 0.05),
+            ("sgd", 1e-3),
+            ("adam", 0.0),
+            ("sgd", 0.0),
+        ] {
+            let mut p0 = vals(n, 0.0, 0.05)?;
+            if wd == 0.0 {
+                let mut v = p0.to_vec1::<half::bf16>()?;
+                v[3] = half::bf16::INFINITY;
+                p0 = Tensor::new(v, &Device::Cpu)?;
+            }
             let looped = p0.copy()?;
             let mut slot = SlotState::default();
             let mut ops = p0.copy()?;
@@ -151,7 +173,7 @@ mod tests {
                     lr,
                     betas: (0.9, 0.999),
                     eps: 1e-8,
-                    weight_decay: 0.05,
+                    weight_decay: wd,
                     decoupled: kind == "adamw",
                     step,
                 };
@@ -160,7 +182,7 @@ mod tests {
                     momentum: 0.9,
                     dampening: 0.0,
                     nesterov: true,
-                    weight_decay: 1e-3,
+                    weight_decay: wd,
                 };
                 if kind == "sgd" {
                     assert!(sgd_step(&looped, GradRef::Tensor(&g), &mut slot, sgd)?);
@@ -170,12 +192,19 @@ mod tests {
                     ops = adam_tensors_bf16(&ops, &g, &mut st, &h.adam(adam, DType::F32)?)?;
                 }
                 assert_eq!(ops.dtype(), DType::BF16);
-                assert_eq!(bits(&ops)?, bits(&looped)?, "{kind} step {step}");
+                assert_eq!(bits(&ops)?, bits(&looped)?, "{kind} (wd {wd}) step {step}");
             }
             let first = st.a.as_ref().map(|v| bits(v.as_tensor())).transpose()?;
             let want: Vec<u16> = slot.half.a.iter().map(|x| x.to_bits()).collect();
-            assert_eq!(first, Some(want), "{kind}: the first state buffer");
+            assert_eq!(
+                first,
+                Some(want),
+                "{kind} (wd {wd}): the first state buffer"
+            );
             assert_ne!(bits(&ops)?, bits(&p0)?);
+            if wd == 0.0 {
+                assert_eq!(bits(&ops)?[3], half::bf16::INFINITY.to_bits(), "{kind}");
+            }
         }
         Ok(())
     }

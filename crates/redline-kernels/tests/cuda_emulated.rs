@@ -418,7 +418,9 @@ fn emulated_multi_sgd_matches_the_generic_path() {
 /// `redline_multi_sgd_bf16`) on bf16 bits against the CPU's bf16 loop
 /// (`optim_bf16.rs`, PyTorch's bf16 rounding), over 12 steps with a
 /// learning-rate change: Adam (L2), AdamW, and SGD with Nesterov momentum
-/// and decay. Parameters and state equal bit for bit, except where the
+/// and decay; Adam and SGD again without weight decay, with infinite
+/// weights, which stay infinite (PyTorch adds `wd * p` only with a weight
+/// decay). Parameters and state equal bit for bit, except where the
 /// kernel's f32 constants (f64 `exp(t ln beta)`, as the fp32 kernel's) and
 /// the CPU's (`powi`) differ in their last bit and flip a bf16 rounding:
 /// one bf16 step (2^-8 relative) in at most one element in 10,000.
@@ -442,9 +444,15 @@ fn emulated_bf16_optimizers_match_the_cpu_loop() {
             .collect()
     };
     let state_bits = |v: &[bf16]| -> Vec<u16> { v.iter().map(|x| x.to_bits()).collect() };
-    // (kind, state buffers per item)
-    for (kind, states) in [("adam", 2), ("adamw", 2), ("sgd", 1)] {
-        let p0: Vec<Vec<u16>> = sizes
+    // (kind, state buffers per item, weight decay)
+    for (kind, states, wd) in [
+        ("adam", 2, 0.05),
+        ("adamw", 2, 0.05),
+        ("sgd", 1, 1e-3),
+        ("adam", 2, 0.0),
+        ("sgd", 1, 0.0),
+    ] {
+        let mut p0: Vec<Vec<u16>> = sizes
             .iter()
             .enumerate()
             .map(|(i, &n)| {
@@ -456,6 +464,10 @@ fn emulated_bf16_optimizers_match_the_cpu_loop() {
                 )
             })
             .collect();
+        if wd == 0.0 {
+            p0[2][3] = 0x7F80;
+            p0[4][0] = 0xFF80;
+        }
         // Per item: p, g, then the state buffers.
         let mut bufs: Vec<Vec<Vec<u16>>> = p0
             .iter()
@@ -473,7 +485,7 @@ fn emulated_bf16_optimizers_match_the_cpu_loop() {
                 lr: rate,
                 betas: (0.9, 0.999),
                 eps: 1e-8,
-                weight_decay: 0.05,
+                weight_decay: wd,
                 decoupled: kind == "adamw",
                 step: t,
             };
@@ -482,7 +494,7 @@ fn emulated_bf16_optimizers_match_the_cpu_loop() {
                 momentum: 0.9,
                 dampening: 0.0,
                 nesterov: true,
-                weight_decay: 1e-3,
+                weight_decay: wd,
             };
             let (step, lr) = (t as f64, rate);
             let (sp, lp) = (&step as *const f64 as u64, &lr as *const f64 as u64);
@@ -539,10 +551,13 @@ fn emulated_bf16_optimizers_match_the_cpu_loop() {
                 }
             }
         }
-        eprintln!("{kind}: {differ} of {total} values differ by one bf16 step");
+        if wd == 0.0 {
+            assert_eq!([bufs[2][0][3], bufs[4][0][0]], [0x7F80, 0xFF80], "{kind}");
+        }
+        eprintln!("{kind} (wd {wd}): {differ} of {total} values differ by one bf16 step");
         assert!(
             differ * 10_000 <= total,
-            "{kind}: {differ} of {total} values differ"
+            "{kind} (wd {wd}): {differ} of {total} values differ"
         );
         assert!(total > 500_000);
     }

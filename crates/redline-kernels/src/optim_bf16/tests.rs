@@ -158,6 +158,15 @@ fn specials() -> Vec<bf16> {
     .collect()
 }
 
+/// Parameters, gradients and states pairing every one of [`specials`] with
+/// every other: element `i` of each, in turn.
+fn pairings() -> [Vec<bf16>; 3] {
+    let specials = specials();
+    let k = specials.len();
+    let pick = |d: usize| (0..k * k * k).map(|i| specials[(i / d) % k]).collect();
+    [pick(1), pick(k), pick(k * k)]
+}
+
 /// The same bits, or a quiet NaN where `want` is a NaN (which of two NaN
 /// operands an operation passes on is not fixed).
 fn same_or_quiet_nan(got: bf16, want: bf16) -> bool {
@@ -210,13 +219,8 @@ fn infinite_weights_stay_infinite_without_weight_decay() -> candle_core::Result<
 /// Nesterov, against PyTorch's op sequence with `bf16_round`.
 #[test]
 fn sgd_on_nans_and_infinities_gives_bf16_rounds_results() -> candle_core::Result<()> {
-    let specials = specials();
-    let k = specials.len();
-    let n = k * k * k;
-    let pick = |i: usize, d: usize| specials[(i / d) % k];
-    let p0: Vec<bf16> = (0..n).map(|i| pick(i, 1)).collect();
-    let g: Vec<bf16> = (0..n).map(|i| pick(i, k)).collect();
-    let b0: Vec<bf16> = (0..n).map(|i| pick(i, k * k)).collect();
+    let [p0, g, b0] = pairings();
+    let n = p0.len();
     let r = bf16_round;
     for (wd, momentum, nesterov, first) in [
         (0.0, 0.0, false, false),
@@ -298,14 +302,8 @@ fn sgd_on_nans_and_infinities_gives_bf16_rounds_results() -> candle_core::Result
 /// operation passes on is not fixed).
 #[test]
 fn adam_on_nans_and_infinities_gives_bf16_rounds_results() -> candle_core::Result<()> {
-    let specials = specials();
-    let k = specials.len();
-    // Every pairing of a parameter with a gradient, and with a state.
-    let n = k * k * k;
-    let pick = |i: usize, d: usize| specials[(i / d) % k];
-    let p0: Vec<bf16> = (0..n).map(|i| pick(i, 1)).collect();
-    let g: Vec<bf16> = (0..n).map(|i| pick(i, k)).collect();
-    let s0: Vec<bf16> = (0..n).map(|i| pick(i, k * k)).collect();
+    let [p0, g, s0] = pairings();
+    let n = p0.len();
     let g32: Vec<f32> = g
         .iter()
         .map(|x| {

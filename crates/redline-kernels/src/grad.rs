@@ -269,7 +269,7 @@ impl GradBuffer {
                 let l = limit as f32;
                 buf.host.iter_mut().for_each(|x| *x = x.clamp(-l, l));
             }
-            Held::Tensor(t) => *t = t.clamp(-limit, limit)?,
+            Held::Tensor(t) => *t = clamp_keeping_nans(t, limit)?,
         }
         Ok(())
     }
@@ -313,6 +313,27 @@ impl GradBuffer {
     pub fn clear(&self) {
         self.lock().held = Held::Empty;
     }
+}
+
+/// `t` clamped to `[-limit, limit]` with its NaNs kept, as PyTorch's
+/// `clamp` on every device: candle's CUDA clamp is `fminf(fmaxf(x, -limit),
+/// limit)`, which turns a NaN into `-limit` (its CPU clamp keeps it), so a
+/// NaN gradient would leave `clip_grad_value_` as a finite one on a GPU.
+pub fn clamp_keeping_nans(t: &Tensor, limit: f64) -> Result<Tensor> {
+    let nan = t.ne(t)?;
+    Ok(nan.where_cond(t, &t.clamp(-limit, limit)?)?)
+}
+
+/// `clip_grad_norm_`'s factor `min(1, max_norm / (norm + 1e-6))` for the
+/// f32 scalar `norm`, on its device: NaN for a NaN norm, which makes every
+/// gradient NaN, as PyTorch's `clamp(max=1)` does on every device (candle's
+/// CUDA minimum is `fminf`, which would give 1 and leave the finite
+/// gradients as they were).
+pub fn norm_clip_coef(norm: &Tensor, max_norm: f64) -> Result<Tensor> {
+    let max = Tensor::new(max_norm as f32, norm.device())?;
+    let q = max.div(&norm.affine(1.0, 1e-6)?)?;
+    let nan = q.ne(&q)?;
+    Ok(nan.where_cond(&q, &q.minimum(1f32)?)?)
 }
 
 /// A trainable parameter: the variable and its gradient. Clones share both,
@@ -507,6 +528,38 @@ mod tests {
         assert_eq!(host(&host_buf), Some(vec![1.0, -1.0]));
         assert_eq!(sq(&dev_buf)?, 2.0);
         assert!(GradBuffer::new().sum_sq()?.is_none());
+        Ok(())
+    }
+
+    /// PyTorch 2.15's `clip_grad_norm_(max_norm=1.0)` and `clamp` on
+    /// gradients holding a NaN or an inf:
+    /// ```python
+    /// a.grad = torch.tensor([1.0, nan, 2.0]); b.grad = torch.tensor([3.0, 4.0])
+    /// clip_grad_norm_([a, b], 1.0)  # nan; a.grad [nan, nan, nan], b.grad [nan, nan]
+    /// a.grad = torch.tensor([1.0, inf, 2.0])
+    /// clip_grad_norm_([a, b], 1.0)  # inf; a.grad [0, nan, 0], b.grad [0, 0]
+    /// torch.tensor([nan, -5.0, 0.5, inf]).clamp(-1, 1)  # [nan, -1, 0.5, 1]
+    /// ```
+    #[test]
+    fn clipping_keeps_nans_as_pytorch_does() -> Result<()> {
+        let dev = Device::Cpu;
+        let coef = |norm: f32| -> Result<f32> {
+            Ok(norm_clip_coef(&Tensor::new(norm, &dev)?, 1.0)?.to_scalar::<f32>()?)
+        };
+        assert!(coef(f32::NAN)?.is_nan());
+        assert_eq!(coef(f32::INFINITY)?, 0.0);
+        assert_eq!(coef(0.5)?, 1.0);
+        assert_eq!(coef(3.0)?, (1.0 / (3.0 + 1e-6f64)) as f32);
+        let buf = GradBuffer::new();
+        buf.absorb(&Tensor::new(&[f32::NAN, -5.0, 0.5, f32::INFINITY], &dev)?)?;
+        buf.clamp(1.0)?;
+        let got = buf.with(|g| match g {
+            GradRef::Tensor(t) => t.to_vec1::<f32>(),
+            GradRef::Host(h) => Ok(h.to_vec()),
+        });
+        let got = got.transpose()?.unwrap_or_default();
+        assert!(got[0].is_nan());
+        assert_eq!(got[1..], [-1.0, 0.5, 1.0]);
         Ok(())
     }
 

@@ -805,3 +805,35 @@ fn cuda_candle_ptx_switch_takes_exactly_one() {
     assert!(!ptx_requested(Some(OsStr::from_bytes(b"\xff1"))));
     assert!(!ptx_requested(None));
 }
+
+/// Gradient clipping keeps NaNs on the GPU as PyTorch does there (and as
+/// candle's CPU ops do): candle's CUDA clamp and minimum are `fmaxf`/`fminf`,
+/// which return the other operand for a NaN. By value, a NaN stays NaN; by
+/// norm, a NaN norm gives a NaN factor (every gradient NaN) and an infinite
+/// one 0.
+#[test]
+fn cuda_clipping_keeps_nans() {
+    use redline_kernels::grad::{norm_clip_coef, GradBuffer, GradRef};
+    let dev = gpu();
+    let coef = |norm: f32| {
+        norm_clip_coef(&Tensor::new(norm, &dev).unwrap(), 1.0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    };
+    assert!(coef(f32::NAN).is_nan(), "a NaN norm's factor");
+    assert_eq!(coef(f32::INFINITY), 0.0);
+    assert_eq!(coef(0.5), 1.0);
+    let buf = GradBuffer::new();
+    let g = [f32::NAN, -5.0, 0.5, f32::INFINITY];
+    buf.absorb(&Tensor::new(&g, &dev).unwrap()).unwrap();
+    buf.clamp(1.0).unwrap();
+    let got = buf
+        .with(|g| match g {
+            GradRef::Tensor(t) => t.to_vec1::<f32>().unwrap(),
+            GradRef::Host(_) => panic!("a GPU gradient is held as a tensor"),
+        })
+        .unwrap();
+    assert!(got[0].is_nan(), "clamp kept {:?}", got);
+    assert_eq!(got[1..], [-1.0, 0.5, 1.0]);
+}

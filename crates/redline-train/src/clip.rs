@@ -69,8 +69,7 @@ pub fn clip_grad_norm(params: &[&Param], max_norm: f64) -> Result<Option<Tensor>
     let Some(norm) = grad_norm(params.iter().copied())? else {
         return Ok(None);
     };
-    let max = Tensor::new(max_norm as f32, norm.device())?;
-    let coef = max.div(&norm.affine(1.0, 1e-6)?)?.minimum(1f32)?;
+    let coef = redline_kernels::grad::norm_clip_coef(&norm, max_norm)?;
     for p in params {
         p.grad().scale(&coef)?;
     }

@@ -142,6 +142,31 @@ fn flush(x: f32) -> f32 {
     }
 }
 
+/// `g + k * p` rounded (PyTorch's `grad.add(param, alpha=k)`) where the
+/// term is on, else `g` as it is: PyTorch runs the op only with a nonzero
+/// decay, and `g + 0 * p` is NaN at an infinite weight.
+#[inline(always)]
+fn decayed<const ON: bool>(g: f32, p: f32, k: f32) -> f32 {
+    if ON {
+        round_op(g + k * p)
+    } else {
+        g
+    }
+}
+
+/// `$pass.run::<A, B>()` for the flags `$a` and `$b`: each combination is
+/// its own loop, with the branches on the flags compiled out.
+macro_rules! run_variants {
+    ($pass:expr, $a:expr, $b:expr) => {
+        match ($a, $b) {
+            (false, false) => $pass.run::<false, false>(),
+            (true, false) => $pass.run::<true, false>(),
+            (false, true) => $pass.run::<false, true>(),
+            (true, true) => $pass.run::<true, true>(),
+        }
+    };
+}
+
 struct Update<'a> {
     state: RefCell<&'a mut Bf16State>,
     kind: Bf16Kind,
@@ -261,12 +286,7 @@ impl WithSimd for AdamLoop<'_> {
     fn with_simd<S: Simd>(self, _simd: S) {
         // PyTorch runs the decay ops only with a weight decay; a loop
         // without them skips two roundings an element.
-        match (self.c.l2 != 0.0, self.c.decay.is_some()) {
-            (false, false) => self.run::<false, false>(),
-            (true, false) => self.run::<true, false>(),
-            (false, true) => self.run::<false, true>(),
-            (true, true) => self.run::<true, true>(),
-        }
+        run_variants!(self, self.c.l2 != 0.0, self.c.decay.is_some())
     }
 }
 
@@ -282,10 +302,7 @@ impl AdamLoop<'_> {
         let (p, g, m, v) = (&mut p[..n], &g[..n], &mut m[..n], &mut v[..n]);
         for i in 0..n {
             let mut pi = up(p[i]);
-            let mut gi = up(g[i]);
-            if L2 {
-                gi = r(gi + l2 * pi);
-            }
+            let gi = decayed::<L2>(up(g[i]), pi, l2);
             if DECAY {
                 pi = r(pi * decay);
             }
@@ -339,12 +356,7 @@ impl WithSimd for SgdLoop<'_> {
     fn with_simd<S: Simd>(self, _simd: S) {
         // As in Adam's loop: PyTorch adds `wd * p` only with a weight decay
         // (`g + 0 * p` would turn an infinite weight's gradient into NaN).
-        match (self.c.wd != 0.0, self.c.momentum()) {
-            (false, false) => self.run::<false, false>(),
-            (true, false) => self.run::<true, false>(),
-            (false, true) => self.run::<false, true>(),
-            (true, true) => self.run::<true, true>(),
-        }
+        run_variants!(self, self.c.wd != 0.0, self.c.momentum())
     }
 }
 
@@ -366,11 +378,7 @@ impl SgdLoop<'_> {
         if !MOM {
             for i in 0..n {
                 let pi = up(p[i]);
-                let gi = if DECAY {
-                    r(up(g[i]) + c.wd * pi)
-                } else {
-                    up(g[i])
-                };
+                let gi = decayed::<DECAY>(up(g[i]), pi, c.wd);
                 p[i] = down_op(pi + -c.lr * gi);
             }
             return;
@@ -379,11 +387,7 @@ impl SgdLoop<'_> {
         let (p, g, buf) = (&mut p[..n], &g[..n], &mut buf[..n]);
         for i in 0..n {
             let pi = up(p[i]);
-            let gi = if DECAY {
-                r(up(g[i]) + c.wd * pi)
-            } else {
-                up(g[i])
-            };
+            let gi = decayed::<DECAY>(up(g[i]), pi, c.wd);
             let b = if first {
                 gi
             } else {

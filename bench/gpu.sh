@@ -137,6 +137,9 @@ if want precision; then
 # CNN's pooling ties move with a GPU's rounding, PyTorch's alike).
 "$py" tools/reference/make_golden_precision.py --device cuda --init testdata/golden \
     --out "$out/torch-ref" --precisions bf16-mixed,16-mixed,bf16-true
+# PyTorch's own spread on the 16-mixed jobs: the same runs with cudnn.benchmark and in
+# channels_last (other summation orders, the same maths), beside its CPU run.
+"$py" tools/reference/fp16_spread.py --out "$out/torch-spread" --models mlp,cnn --variants bench,nhwc
 # A third set, in $out/eager, runs every job step by step (--cuda-graph off): the
 # defaults capture them all (16-mixed too: graph::AUTO_CAPTURES_SCALED), and the
 # two should agree bit for bit.
@@ -155,7 +158,8 @@ for set in default candle eager; do
             --monitor-interval 0
     done
     "$py" bench/precision_check.py "$dir" | tee "$dir/precision-goldens.md"
-    "$py" bench/precision_check.py "$dir" --golden "$out/torch-ref" --also testdata/golden | tee "$dir/precision-goldens-cuda.md"
+    "$py" bench/precision_check.py "$dir" --golden "$out/torch-ref" --also testdata/golden \
+        --spread "$out/torch-spread/bench" --spread "$out/torch-spread/nhwc" | tee "$dir/precision-goldens-cuda.md"
 done
 # Candle's 16-bit ops (--fused-kernels off) beside the defaults' tensor-core
 # kernels below (the redline part's cnn-tf32 runs the TF32 tensor-core convolution).

@@ -837,3 +837,29 @@ fn cuda_clipping_keeps_nans() {
     assert!(got[0].is_nan(), "clamp kept {:?}", got);
     assert_eq!(got[1..], [-1.0, 0.5, 1.0]);
 }
+
+/// candle's ReLU on the GPU keeps a NaN and passes its gradient, as PyTorch's
+/// (the vendored candle-kernels' `relu_fwd` and candle-core's backward,
+/// `vendor/candle-core/REDLINE.md`): `fmaxf(NaN, 0)` gave 0 in f32 and f64.
+#[test]
+fn cuda_relu_keeps_nan_as_pytorch() {
+    let dev = gpu();
+    for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+        let x = [f32::NAN, -1.0, 0.0, 2.0, f32::INFINITY, f32::NEG_INFINITY];
+        let x = Var::from_tensor(&Tensor::new(&x, &dev).unwrap().to_dtype(dtype).unwrap()).unwrap();
+        let y = x.as_tensor().relu().unwrap();
+        let out = y.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+        assert!(out[0].is_nan(), "{dtype:?}: relu(nan) = {}", out[0]);
+        assert_eq!(out[1..], [0.0, 0.0, 2.0, f32::INFINITY, 0.0], "{dtype:?}");
+        let grads = y
+            .affine(3.0, 0.0)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let dx = grads.get(x.as_tensor()).unwrap();
+        let dx = dx.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(dx, [3.0, 0.0, 0.0, 3.0, 3.0, 0.0], "{dtype:?}");
+    }
+}

@@ -1,7 +1,7 @@
 //! The vendored candle-core's backward (`vendor/candle-core/REDLINE.md`): a
 //! tensor's first gradient is stored as it comes, not added to a tensor of
 //! zeros, and no two stored gradients are one tensor; ReLU's gradient is
-//! PyTorch's.
+//! PyTorch's (no gradient at 0, NaN kept with its gradient).
 
 use std::sync::Mutex;
 
@@ -114,5 +114,49 @@ fn relu_takes_no_gradient_at_zero_as_in_pytorch() -> Result<()> {
             .transpose()?;
         assert_eq!(dx, Some(vec![0.0, 0.0, 3.0, 0.0, 5.0]), "{dtype:?}");
     }
+    Ok(())
+}
+
+#[test]
+fn relu_keeps_nan_and_passes_its_gradient_as_in_pytorch() -> Result<()> {
+    // PyTorch 2.15: torch.relu(x) = [nan, 0, 0, 2, inf, 0] and, from
+    // y.backward(g), x.grad = [3, 0, 0, 3, 3, 0] for x = [nan, -1, 0, 2, inf,
+    // -inf], g = 3 (f32, bf16, f16 and f64 alike). candle-core 0.11.1 gave
+    // relu(nan) = 0 (`max`) and no gradient there (`arg >= 0`).
+    for dtype in [DType::F32, DType::BF16, DType::F16, DType::F64] {
+        let x = [f32::NAN, -1.0, 0.0, 2.0, f32::INFINITY, f32::NEG_INFINITY];
+        let x = Var::from_tensor(&Tensor::new(&x, &Device::Cpu)?.to_dtype(dtype)?)?;
+        let y = x.as_tensor().relu()?;
+        let out = y.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        assert!(out[0].is_nan(), "{dtype:?}: relu(nan) = {}", out[0]);
+        assert_eq!(out[1..], [0.0, 0.0, 2.0, f32::INFINITY, 0.0], "{dtype:?}");
+        let grads = y.affine(3.0, 0.0)?.sum_all()?.backward()?;
+        let dx = grads
+            .get(x.as_tensor())
+            .map(|d| d.to_dtype(DType::F32)?.to_vec1::<f32>())
+            .transpose()?;
+        assert_eq!(dx, Some(vec![3.0, 0.0, 0.0, 3.0, 3.0, 0.0]), "{dtype:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn relu_gives_an_off_unit_zero_whatever_its_gradient() -> Result<()> {
+    // PyTorch 2.15: x.grad = [0, 0, inf, 0] for x = [-1, 0, 2, -3] and
+    // g = [inf, nan, inf, -2], every 0 positive; `g * (x > 0)` gave
+    // [nan, nan, inf, -0].
+    let x = Var::from_tensor(&Tensor::new(&[-1f32, 0.0, 2.0, -3.0], &Device::Cpu)?)?;
+    let g = Tensor::new(
+        &[f32::INFINITY, f32::NAN, f32::INFINITY, -2.0],
+        &Device::Cpu,
+    )?;
+    let grads = (x.as_tensor().relu()? * g)?.sum_all()?.backward()?;
+    let dx = grads
+        .get(x.as_tensor())
+        .map(|d| d.to_vec1::<f32>())
+        .transpose()?
+        .unwrap_or_default();
+    let bits: Vec<u32> = dx.iter().map(|v| v.to_bits()).collect();
+    assert_eq!(bits, [0, 0, f32::INFINITY.to_bits(), 0], "{dx:?}");
     Ok(())
 }

@@ -589,9 +589,11 @@ impl Tensor {
                         grads.accumulate(arg, &(&grad * gelu_erf_grad)?)?;
                     }
                     Op::Unary(arg, UnaryOp::Relu) => {
-                        // Redline: no gradient where the input is exactly 0, as PyTorch's.
-                        let relu_grad = arg.gt(&arg.zeros_like()?)?.to_dtype(arg.dtype())?;
-                        grads.accumulate(arg, &(&grad * relu_grad)?)?;
+                        // Redline: PyTorch's threshold_backward, `x <= 0 ? 0 : grad`: no
+                        // gradient where the input is exactly 0, the gradient where it is NaN.
+                        let zeros = arg.zeros_like()?;
+                        let dead = arg.le(&zeros)?;
+                        grads.accumulate(arg, &dead.where_cond(&zeros, &grad)?)?;
                     }
                     Op::Unary(arg, UnaryOp::Silu) => {
                         // d/dx silu = sigmoid(x) * (1 + x * (1 - sigmoid(x))) = sigmoid(x) * (1 - node) + node

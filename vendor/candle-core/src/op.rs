@@ -1041,25 +1041,42 @@ impl UnaryOpT for GeluErf {
     }
 }
 
+// Redline: NaN stays NaN, as PyTorch's relu (`max` returns the other operand).
 impl UnaryOpT for Relu {
     const NAME: &'static str = "relu";
     const KERNEL: &'static str = "urelu";
     const V: Self = Relu;
     #[inline(always)]
     fn bf16(v: bf16) -> bf16 {
-        v.max(bf16::ZERO)
+        if v.is_nan() {
+            v
+        } else {
+            v.max(bf16::ZERO)
+        }
     }
     #[inline(always)]
     fn f16(v: f16) -> f16 {
-        v.max(f16::ZERO)
+        if v.is_nan() {
+            v
+        } else {
+            v.max(f16::ZERO)
+        }
     }
     #[inline(always)]
     fn f32(v: f32) -> f32 {
-        v.max(0f32)
+        if v.is_nan() {
+            v
+        } else {
+            v.max(0f32)
+        }
     }
     #[inline(always)]
     fn f64(v: f64) -> f64 {
-        v.max(0f64)
+        if v.is_nan() {
+            v
+        } else {
+            v.max(0f64)
+        }
     }
     #[inline(always)]
     fn u8(v: u8) -> u8 {

@@ -49,10 +49,12 @@ __device__ __forceinline__ T elu_fwd(T x, T alpha) {
   return alpha * (expg(x) - static_cast<T>(1));
 }
 
+// Redline: NaN stays NaN, as PyTorch's relu (fmaxf and fmax return the other operand;
+// the 16-bit maxg, __hmax_nan, already kept it).
 template<typename T>
 __device__ __forceinline__ T relu_fwd(T x) {
     T zero = 0.;
-    return maxg(x, zero);
+    return x != x ? x : maxg(x, zero);
 }
 
 template<typename T>

@@ -138,6 +138,8 @@ def main():
         os.makedirs(out, exist_ok=True)
         for name in a.models.split(","):
             for prefix, settings, accumulate, clip in mgp.FP16_RUNS:
+                if accumulate > 1 and name != "mlp":
+                    continue  # run_fp16 accumulates on the MLP alone
                 print(f"[{variant}] ", end="")
                 mgp.run_fp16(name, a.data, out, prefix, settings, accumulate, clip)
 

@@ -238,12 +238,22 @@ impl WithSimd for AdamLoop<'_> {
 }
 
 fn sgd(p: &mut [f32], g: &[f32], st: &mut SlotState, hp: SgdStep) {
-    let c = SgdConsts::new(hp);
-    let first = c.momentum() && st.a.len() != p.len();
+    sgd_passes(p, g, &mut st.a, SgdConsts::new(hp));
+}
+
+/// One SGD step over `p` in chunks, for an element type whose pass
+/// [`SgdLoop`] implements (f32 here, bf16 in `optim_bf16`): the momentum
+/// buffer `buf` starts as zeros at the first step with momentum.
+pub(crate) fn sgd_passes<T>(p: &mut [T], g: &[T], buf: &mut Vec<T>, c: SgdConsts)
+where
+    T: Copy + Default + Send + Sync,
+    for<'a> SgdLoop<'a, T>: WithSimd<Output = ()>,
+{
+    let first = c.momentum() && buf.len() != p.len();
     if first {
-        st.a = vec![0.0; p.len()];
+        *buf = vec![T::default(); p.len()];
     }
-    for_chunks(p, g, &mut st.a, &mut [], |p, g, buf, _| {
+    for_chunks(p, g, buf, &mut [], |p, g, buf, _| {
         pulp::Arch::new().dispatch(SgdLoop {
             p,
             g,
@@ -254,18 +264,19 @@ fn sgd(p: &mut [f32], g: &[f32], st: &mut SlotState, hp: SgdStep) {
     });
 }
 
-/// One SGD pass (see [`AdamLoop`] for why the constants are a field).
-struct SgdLoop<'a> {
-    p: &'a mut [f32],
-    g: &'a [f32],
+/// One SGD pass over a chunk of `T`s (see [`AdamLoop`] for why the
+/// constants are a field).
+pub(crate) struct SgdLoop<'a, T> {
+    pub(crate) p: &'a mut [T],
+    pub(crate) g: &'a [T],
     /// Momentum buffer; empty without momentum.
-    buf: &'a mut [f32],
-    c: SgdConsts,
+    pub(crate) buf: &'a mut [T],
+    pub(crate) c: SgdConsts,
     /// The first step with momentum: the buffer starts as the gradient.
-    first: bool,
+    pub(crate) first: bool,
 }
 
-impl WithSimd for SgdLoop<'_> {
+impl WithSimd for SgdLoop<'_, f32> {
     type Output = ();
 
     #[inline(always)]

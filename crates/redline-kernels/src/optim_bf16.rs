@@ -22,7 +22,7 @@ use pulp::{Simd, WithSimd};
 use crate::error::Result;
 use crate::grad::GradRef;
 use crate::half16::bf16_round;
-use crate::optim::{AdamStep, SgdStep};
+use crate::optim::{sgd_passes, AdamStep, SgdLoop, SgdStep};
 use crate::optim_chunks::for_chunks;
 use crate::optim_math::{AdamConsts, SgdConsts};
 use redline_core::trace;
@@ -322,34 +322,11 @@ impl AdamLoop<'_> {
 /// `buf.mul_(mom).add_(g, alpha=1 - dampening)`; Nesterov `g = g + mom *
 /// buf`; `p.add_(d, alpha=-lr)`, rounding to bf16 after each.
 fn sgd(p: &mut [bf16], g: Grad<'_>, st: &mut Bf16State, hp: SgdStep) {
-    let c = SgdConsts::new(hp);
-    let first = c.momentum() && st.a.len() != p.len();
-    if first {
-        st.a = vec![bf16::ZERO; p.len()];
-    }
-    for_chunks(p, &as_bf16(g), &mut st.a, &mut [], |p, g, buf, _| {
-        pulp::Arch::new().dispatch(SgdLoop {
-            p,
-            g,
-            buf,
-            c,
-            first,
-        })
-    });
+    sgd_passes(p, &as_bf16(g), &mut st.a, SgdConsts::new(hp));
 }
 
-/// One SGD pass over a chunk (see [`AdamLoop`]); `buf` is empty without
-/// momentum.
-struct SgdLoop<'a> {
-    p: &'a mut [bf16],
-    g: &'a [bf16],
-    buf: &'a mut [bf16],
-    c: SgdConsts,
-    /// The first step with momentum: the buffer starts as the gradient.
-    first: bool,
-}
-
-impl WithSimd for SgdLoop<'_> {
+/// The bf16 pass of the shared SGD chunk loop (`optim::sgd_passes`).
+impl WithSimd for SgdLoop<'_, bf16> {
     type Output = ();
 
     #[inline(always)]
@@ -360,7 +337,7 @@ impl WithSimd for SgdLoop<'_> {
     }
 }
 
-impl SgdLoop<'_> {
+impl SgdLoop<'_, bf16> {
     /// The pass with the weight decay (`DECAY`) and momentum (`MOM`) or
     /// without.
     #[inline(always)]

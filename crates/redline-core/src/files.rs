@@ -19,11 +19,13 @@ use std::fs::{File, Metadata};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
-/// What a non-regular file is, for messages: "a character device (like /dev/zero)".
-fn kind_of(meta: &Metadata) -> &'static str {
+/// What a file is, for messages: "a character device (like /dev/zero)".
+pub fn kind_of(meta: &Metadata) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
     let t = meta.file_type();
-    if t.is_dir() {
+    if t.is_file() {
+        "a regular file"
+    } else if t.is_dir() {
         "a folder"
     } else if t.is_char_device() {
         "a character device (like /dev/zero or /dev/null)"

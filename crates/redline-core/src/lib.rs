@@ -9,6 +9,7 @@
 //! * [`threads`]: the process's one thread policy (compute threads = free cores).
 //! * [`memory`]: device memory stats, pool trim (`empty_cache`), out-of-memory recognition.
 //! * [`system`]: discovery of the machine's devices for `redline devices`.
+//! * [`text`]: user and file text clipped to a width before it is printed.
 //! * [`trace`]: detailed spans and per-op counts for `--profiler detailed`.
 
 #[cfg(feature = "cuda")]
@@ -21,6 +22,7 @@ pub mod host;
 mod matmul;
 pub mod memory;
 pub mod system;
+pub mod text;
 pub mod threads;
 pub mod time;
 pub mod trace;

@@ -270,6 +270,39 @@ fn ranks_note(s: &crate::records::Summary) -> Option<String> {
 /// `resumed from step N (checkpoint ...)` for each `--resume` of the run,
 /// from `summary.json` `resumed` (an edited entry shows as it is).
 fn resumed_note(s: &crate::records::Summary) -> Option<String> {
+    // Segments (newer runs): each with its start, steps, end and time.
+    let segments: Option<Vec<redline_run::segments::Segment>> = s
+        .other
+        .get("segments")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .filter(|v: &Vec<_>| v.len() > 1);
+    if let Some(segs) = segments {
+        let parts: Vec<String> = segs
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let (_, at) = redline_run::folder::utc_stamp(g.started_unix);
+                format!(
+                    "{}) {at} from step {}{}, {} at step {} after {}",
+                    i + 1,
+                    g.from_step,
+                    g.checkpoint.as_deref().map_or(String::new(), |c| format!(
+                        " ({})",
+                        redline_core::text::clip(c, 80)
+                    )),
+                    g.ended.as_deref().unwrap_or("running"),
+                    g.to_step.map_or("?".to_string(), |t| t.to_string()),
+                    g.wall_s().map_or("?".to_string(), |w| format!("{w:.2} s"))
+                )
+            })
+            .collect();
+        return Some(format!(
+            "resumed: {} segments, {:.2} s of wall time in all: {}",
+            segs.len(),
+            redline_run::segments::total_wall_s(&segs),
+            parts.join("; ")
+        ));
+    }
     let list = s.other.get("resumed")?.as_array()?;
     let parts: Vec<String> = list
         .iter()

@@ -96,10 +96,12 @@ struct Metrics {
 }
 
 /// Parses `metrics.jsonl`. A last line without its newline that does not parse
-/// is what a killed run leaves; it is skipped with a note. Any other bad line is
-/// an error naming its line.
+/// is what a killed run leaves; it is skipped with a note. Any other bad line
+/// (an edit, a damaged disk) is skipped and counted in a note naming the
+/// first ones, as `--resume` does: one line never costs the whole report.
 fn parse_metrics(path: &Path, text: &str) -> Result<Metrics> {
     let mut m = Metrics::default();
+    let mut bad: Vec<(usize, serde_json::Error)> = Vec::new();
     let complete = text.ends_with('\n');
     let lines: Vec<&str> = text.lines().collect();
     for (i, line) in lines.iter().enumerate() {
@@ -117,12 +119,8 @@ fn parse_metrics(path: &Path, text: &str) -> Result<Metrics> {
                 continue;
             }
             Err(source) => {
-                return Err(Error::Json {
-                    path: path.to_path_buf(),
-                    line: i + 1,
-                    column: source.column(),
-                    source,
-                })
+                bad.push((i + 1, source));
+                continue;
             }
         };
         match record {
@@ -131,6 +129,23 @@ fn parse_metrics(path: &Path, text: &str) -> Result<Metrics> {
             Record::System(s) => m.system.push(s),
             Record::Other => {}
         }
+    }
+    if let Some((first, why)) = bad.first() {
+        let lines: Vec<String> = bad.iter().take(5).map(|(l, _)| l.to_string()).collect();
+        let more = if bad.len() > 5 { ", ..." } else { "" };
+        m.notes.push(format!(
+            "{}: {} {} skipped (line{} {}{more}; line {first}: {})",
+            path.display(),
+            bad.len(),
+            if bad.len() == 1 {
+                "line is not a record and was"
+            } else {
+                "lines are not records and were"
+            },
+            if bad.len() == 1 { "" } else { "s" },
+            lines.join(", "),
+            redline_core::text::clip(&why.to_string(), 120)
+        ));
     }
     Ok(m)
 }
@@ -320,14 +335,21 @@ mod tests {
         assert!(m.notes[0].contains("line 2 is incomplete"), "{:?}", m.notes);
     }
 
+    /// Before: one bad line refused the whole report (and the error
+    /// suggested deleting the file).
     #[test]
-    fn bad_line_in_the_middle_names_the_line() {
-        let text = "{\"kind\":\"step\",\"step\":1,\"epoch\":1}\n{oops\n{\"kind\":\"step\"}\n";
-        let e = parse_metrics(Path::new("metrics.jsonl"), text)
-            .err()
-            .unwrap();
-        let msg = e.to_string();
-        assert!(msg.starts_with("metrics.jsonl:2:"), "{msg}");
+    fn bad_lines_in_the_middle_are_skipped_and_counted() {
+        let text = "{\"kind\":\"step\",\"step\":1,\"epoch\":1}\n{oops\n{\"kind\":\"step\"}\n[]\n";
+        let m = parse_metrics(Path::new("metrics.jsonl"), text).unwrap();
+        assert_eq!(m.steps.len(), 2);
+        assert_eq!(m.notes.len(), 1, "{:?}", m.notes);
+        assert!(
+            m.notes[0].starts_with(
+                "metrics.jsonl: 2 lines are not records and were skipped (lines 2, 4;"
+            ),
+            "{:?}",
+            m.notes
+        );
     }
 
     #[test]

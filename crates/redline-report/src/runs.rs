@@ -2,6 +2,8 @@
 
 use std::path::Path;
 
+use redline_core::text::{clip, MAX_SHOWN};
+
 use crate::error::{Error, Result};
 use crate::records::Summary;
 use crate::records::{Breakdown, Category};
@@ -137,7 +139,11 @@ pub fn list_runs(root: &Path) -> Result<Vec<RunRow>> {
         );
         push_run(root, name, &mut rows);
     } else {
-        collect_runs(root, None, 2, &mut rows)?;
+        // Each real folder once: links (a loop, or two names for one run)
+        // would list a run many times.
+        let mut seen = std::collections::HashSet::new();
+        seen.insert(std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf()));
+        collect_runs(root, None, 2, &mut rows, &mut seen)?;
     }
     rows.sort_by(|a, b| {
         let key = |r: &RunRow| r.started_unix.unwrap_or(f64::INFINITY);
@@ -170,12 +176,23 @@ fn collect_runs(
     prefix: Option<&str>,
     depth: usize,
     rows: &mut Vec<RunRow>,
+    seen: &mut std::collections::HashSet<std::path::PathBuf>,
 ) -> Result<()> {
     let entries = std::fs::read_dir(dir).map_err(Error::io(dir))?;
+    let mut entries: Vec<std::fs::DirEntry> = entries
+        .collect::<std::io::Result<_>>()
+        .map_err(Error::io(dir))?;
+    // Name order: of two names for one folder, the first is listed.
+    entries.sort_by_key(std::fs::DirEntry::file_name);
     for entry in entries {
-        let entry = entry.map_err(Error::io(dir))?;
         let sub = entry.path();
         if !sub.is_dir() {
+            continue;
+        }
+        let Ok(real) = std::fs::canonicalize(&sub) else {
+            continue;
+        };
+        if !seen.insert(real) {
             continue;
         }
         let file = entry.file_name().to_string_lossy().into_owned();
@@ -184,7 +201,7 @@ fn collect_runs(
             push_run(&sub, name, rows);
         } else if depth > 0 {
             // A folder that cannot be listed is not a run: skipped.
-            let _ = collect_runs(&sub, Some(&name), depth - 1, rows);
+            let _ = collect_runs(&sub, Some(&name), depth - 1, rows, seen);
         }
     }
     Ok(())
@@ -215,14 +232,17 @@ pub fn format_runs(rows: &[RunRow]) -> String {
         "wall s",
         "compute %",
     ];
+    // Text from the run's files, clipped: a column is as wide as its widest
+    // cell, and a width past u16::MAX panics in `format!`.
+    let text = |t: &str| clip(t, MAX_SHOWN);
     let cells: Vec<[String; 9]> = rows
         .iter()
         .map(|r| {
             [
-                r.name.clone(),
-                r.status.clone(),
-                r.model.clone(),
-                r.device.clone(),
+                text(&r.name),
+                text(&r.status),
+                text(&r.model),
+                text(&r.device),
                 r.epochs.map_or("-".into(), |e| e.to_string()),
                 opt(r.test_accuracy_pct, 2),
                 opt(r.samples_per_s, 0),
@@ -258,7 +278,11 @@ pub fn format_runs(rows: &[RunRow]) -> String {
     }
     for r in rows {
         if let Some(p) = &r.problem {
-            out.push_str(&format!("\n{}: {p}\n", r.name));
+            out.push_str(&format!(
+                "\n{}: {}\n",
+                text(&r.name),
+                clip(p, 4 * MAX_SHOWN)
+            ));
         }
     }
     out
@@ -276,6 +300,41 @@ mod tests {
         if let Some(b) = breakdown {
             std::fs::write(dir.join("breakdown.json"), b).unwrap();
         }
+    }
+
+    /// A `summary.json` with a 70,000-character model or device is listed,
+    /// clipped. Before, the table's width-formatting panicked ("Formatting
+    /// argument out of range").
+    #[test]
+    fn a_run_with_huge_strings_is_listed_clipped() {
+        let root = tempfile::tempdir().unwrap();
+        let huge = "m".repeat(70_000);
+        let summary = format!(
+            r#"{{"model":"{huge}","device":"{huge}\nx","status":"{huge}","started_unix":1}}"#
+        );
+        write_run(root.path(), &"r".repeat(200), &summary, None);
+        let text = format_runs(&list_runs(root.path()).unwrap());
+        assert!(text.contains('…'), "{text}");
+        assert!(
+            text.lines().all(|l| l.chars().count() < 10 * MAX_SHOWN),
+            "{text}"
+        );
+    }
+
+    /// Before: a link loop (`a/loop -> ..`) listed one run many times.
+    #[test]
+    fn links_and_loops_list_each_run_once() {
+        let root = tempfile::tempdir().unwrap();
+        let summary = r#"{"model":"mlp","device":"cpu","status":"finished","started_unix":1}"#;
+        write_run(root.path(), "a/one", summary, None);
+        std::os::unix::fs::symlink(root.path(), root.path().join("a/loop")).unwrap();
+        std::os::unix::fs::symlink(root.path().join("a/one"), root.path().join("b-alias")).unwrap();
+        let names: Vec<String> = list_runs(root.path())
+            .unwrap()
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(names, ["a/one"]);
     }
 
     #[test]

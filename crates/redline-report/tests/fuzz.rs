@@ -2,11 +2,12 @@
 //! `redline_testkit::fuzz`, corpus in `testdata/fuzz/`): one file of an
 //! otherwise valid folder is mutated at a time (`metrics.jsonl`,
 //! `summary.json`, `breakdown.json`, `profile.json`). Loading gives the run
-//! or an error, rendering never panics, and the listing always has the row.
+//! or an error, rendering never panics, and the listing always has the row
+//! and prints.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use redline_report::{list_runs, render_html, RunData};
+use redline_report::{format_runs, list_runs, render_html, RunData};
 use redline_testkit::fuzz::{corpus, fuzz};
 
 /// A run folder of the corpus' first seed of each file, with `file` fuzzed.
@@ -30,6 +31,8 @@ fn fuzz_file(target: &str, file: &str) {
         }
         let rows = list_runs(root.path()).unwrap();
         assert_eq!(rows.len(), 1, "the folder is listed, readable or not");
+        // And printed: what was read reaches a width-formatted table.
+        assert!(format_runs(&rows).contains("run "));
     });
 }
 
@@ -90,7 +93,9 @@ fn fuzz_config_toml() {
                 assert!(page.is_err() || page.is_ok_and(|p| p.contains("</html>")));
             }
         }
-        assert_eq!(list_runs(root.path()).unwrap().len(), 2);
+        let rows = list_runs(root.path()).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert!(format_runs(&rows).contains("run "));
     });
 }
 

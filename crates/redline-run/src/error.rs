@@ -22,6 +22,20 @@ pub enum Error {
         .0.display()
     )]
     Exists(PathBuf),
+    /// The folder asked for holds files of its own: a run would overwrite them.
+    #[error(
+        "--run-dir {}: this folder is not empty and not a Redline run (it holds {entries}); a \
+         run would write config.toml, metrics.csv, report.html and checkpoints/ into it, over \
+         any files of those names\nHINT: pick a new or empty folder, or leave out --run-dir \
+         for runs/<date-time>-<model>",
+        dir.display()
+    )]
+    NotEmpty {
+        /// The folder.
+        dir: PathBuf,
+        /// What it holds: the first few names, and how many in all.
+        entries: String,
+    },
     /// `--resume` named a run folder whose process is still alive.
     #[error(
         "--resume {}: this run is still running (pid {pid})\nHINT: stop it first (Ctrl-C or \

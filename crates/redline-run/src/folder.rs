@@ -13,7 +13,7 @@ pub fn utc_stamp(unix: f64) -> (String, String) {
 }
 
 /// Picks and creates the run folder: `explicit` when given (refused if it
-/// already holds a run, so nothing is overwritten), else
+/// already holds a run, or anything at all, so nothing is overwritten), else
 /// `<base>/<stamp>-<model>` (with `-2`, `-3`, ... when taken). `model` may
 /// come from a file (a model file's `name`), so it is made one safe path
 /// component first: the folder is always a child of `base`.
@@ -27,6 +27,12 @@ pub fn create(
         Some(d) => {
             if d.join("summary.json").exists() || d.join("metrics.jsonl").exists() {
                 return Err(Error::Exists(d.to_path_buf()));
+            }
+            if let Some(entries) = contents(d) {
+                return Err(Error::NotEmpty {
+                    dir: d.to_path_buf(),
+                    entries,
+                });
             }
             d.to_path_buf()
         }
@@ -47,10 +53,36 @@ pub fn create(
     Ok(dir)
 }
 
+/// What the existing folder `dir` holds, as the first few names (sorted)
+/// and the count; `None` for a folder that is empty or not there.
+fn contents(dir: &Path) -> Option<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    if names.is_empty() {
+        return None;
+    }
+    names.sort();
+    let shown: Vec<String> = names
+        .iter()
+        .take(4)
+        .map(|n| redline_core::text::clip(n, 60))
+        .collect();
+    Some(match names.len() {
+        n if n > shown.len() => format!("{}, ... ({n} entries)", shown.join(", ")),
+        1 => shown.join(", "),
+        n => format!("{} ({n} entries)", shown.join(", ")),
+    })
+}
+
 /// The files a run folder holds (docs/run-dir.md): an output the user names
 /// (`--save`, `--metrics`) must not be one of them.
-const RUN_FILES: [&str; 13] = [
+const RUN_FILES: [&str; 15] = [
     "config.toml",
+    "inputs.json",
+    "segments.json",
     "model.toml",
     "metrics.jsonl",
     "metrics.csv",
@@ -91,6 +123,35 @@ mod tests {
             .err()
             .map(|e| e.to_string());
         assert!(err.is_some_and(|e| e.contains("already holds a run")));
+        Ok(())
+    }
+
+    /// A folder of the user's own files is refused with what it holds; an
+    /// empty one is taken. Before, `--run-dir` wrote over a user's
+    /// `config.toml`, `metrics.csv` and `report.html` in it.
+    #[test]
+    fn explicit_folder_holding_other_files_is_refused() -> Result<()> {
+        let t = tempfile::tempdir().map_err(Error::io("creating", "a temp folder"))?;
+        let dir = t.path().join("mine");
+        std::fs::create_dir(&dir).map_err(Error::io("creating", &dir))?;
+        assert_eq!(
+            create(Some(&dir), t.path(), "mlp", 0.0)?,
+            dir,
+            "empty: taken"
+        );
+        for f in ["config.toml", "report.html", "notes.txt", "a", "b"] {
+            write_atomic(&dir.join(f), "mine")?;
+        }
+        let err = create(Some(&dir), t.path(), "mlp", 0.0)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("not empty") && err.contains("a, b, config.toml, notes.txt, ... (5"),
+            "{err}"
+        );
+        let kept = std::fs::read_to_string(dir.join("config.toml")).unwrap_or_default();
+        assert_eq!(kept, "mine");
         Ok(())
     }
 

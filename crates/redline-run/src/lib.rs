@@ -9,10 +9,12 @@
 mod csv;
 mod error;
 pub mod folder;
+pub mod inputs;
 mod log;
 pub mod records;
 mod reopen;
 mod run;
+pub mod segments;
 
 pub use csv::CsvLog;
 pub use error::{Error, Result};

@@ -194,7 +194,9 @@ pub struct Summary {
 /// `summary.json`'s `loss_scale` (redline-train's `ScalerState`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LossScaleRecord {
-    /// The scale at the end.
+    /// The scale at the end; `inf` or `NaN` written as the string `"inf"`
+    /// or `"NaN"` (JSON has no such number, and `null` would fail the read).
+    #[serde(with = "any_f64")]
     pub scale: f64,
     /// Clean steps since the last growth or overflow.
     pub growth_tracker: u64,
@@ -409,4 +411,76 @@ pub enum Record {
     /// A kind this version does not read (`test`, or a newer writer's).
     #[serde(other)]
     Other,
+}
+
+/// An `f64` that may be infinite or NaN: written as a number when finite,
+/// else as its text (`"inf"`, `"-inf"`, `"NaN"`); read from a number, that
+/// text, or `null` (NaN: what `serde_json` makes of a non-finite number).
+mod any_f64 {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if v.is_finite() {
+            s.serialize_f64(*v)
+        } else {
+            s.serialize_str(&v.to_string())
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Any {
+            Number(f64),
+            Text(String),
+        }
+        Ok(match Option::<Any>::deserialize(d)? {
+            Some(Any::Number(v)) => v,
+            Some(Any::Text(t)) => t.trim().parse().map_err(|_| {
+                serde::de::Error::custom(format!("{t:?} is not a number, `inf` or `NaN`"))
+            })?,
+            None => f64::NAN,
+        })
+    }
+}
+
+#[cfg(test)]
+mod any_f64_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// An infinite loss scale (all fp16 steps overflowed) is written and read
+    /// back. Before, the summary failed with "invalid type: null, expected
+    /// f64" and was never written.
+    #[test]
+    fn a_non_finite_loss_scale_is_written_and_read() {
+        let from_writer = serde_json::json!({"loss_scale": {
+            "scale": f64::INFINITY, "growth_tracker": 0, "skipped_steps": 6
+        }});
+        let s: Summary = serde_json::from_value(from_writer).unwrap();
+        assert!(s.loss_scale.unwrap().scale.is_nan(), "null reads as NaN");
+        for v in [f64::INFINITY, f64::NEG_INFINITY, 3.0e38] {
+            let rec = LossScaleRecord {
+                scale: v,
+                growth_tracker: 1,
+                skipped_steps: 2,
+            };
+            let text = serde_json::to_string(&rec).unwrap();
+            let back: LossScaleRecord = serde_json::from_str(&text).unwrap();
+            assert_eq!(back, rec, "{text}");
+        }
+        let nan = LossScaleRecord {
+            scale: f64::NAN,
+            growth_tracker: 0,
+            skipped_steps: 0,
+        };
+        let text = serde_json::to_string(&nan).unwrap();
+        assert!(text.contains(r#""NaN""#), "{text}");
+        assert!(serde_json::from_str::<LossScaleRecord>(&text)
+            .unwrap()
+            .scale
+            .is_nan());
+        let bad = r#"{"scale":"big","growth_tracker":0,"skipped_steps":0}"#;
+        assert!(serde_json::from_str::<LossScaleRecord>(bad).is_err());
+    }
 }

@@ -148,6 +148,7 @@ impl Run {
             }
         }
         header.insert("run_dir".into(), json!(dir.display().to_string()));
+        let previous_summary = previous.clone();
         let mut resumed: Vec<Value> = previous
             .and_then(|s| s.other.get("resumed").cloned())
             .and_then(|v| match v {
@@ -161,6 +162,14 @@ impl Run {
             "at": utc_stamp(started).1,
         }));
         header.insert("resumed".into(), Value::Array(resumed));
+        let segments = crate::segments::resumed(
+            dir,
+            previous_summary.as_ref(),
+            (at.step as u64, at.written_unix_s, &at.checkpoint),
+            started,
+        );
+        crate::segments::write(dir, &segments)?;
+        header.insert("segments".into(), json!(segments));
         Ok((Self::from_parts(dir.to_path_buf(), log, header), counts))
     }
 }

@@ -97,6 +97,13 @@ impl Run {
         header.insert("started".into(), json!(utc_stamp(started).1));
         header.insert("started_unix".into(), json!(started));
         header.insert("run_dir".into(), json!(dir.display().to_string()));
+        crate::segments::write(
+            &dir,
+            &[crate::segments::Segment {
+                started_unix: started,
+                ..Default::default()
+            }],
+        )?;
         Ok(Self::from_parts(dir, log, header))
     }
 
@@ -261,6 +268,22 @@ pub fn summarize(mut m: Map<String, Value>, ending: Ending<'_>, samples: usize) 
     m.insert("status".into(), json!(status.to_string()));
     m.insert("error".into(), error);
     m.insert("system_samples".into(), json!(samples));
+    let ended = unix_now();
+    m.insert("ended_unix".into(), json!(ended));
+    let steps = match &ending {
+        Ending::Finished { fit, .. } => Some(fit.steps as u64),
+        _ => None,
+    };
+    // A resumed run: its segments, this one ended now.
+    let mut segments: Option<Vec<crate::segments::Segment>> = m
+        .get("segments")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .filter(|s: &Vec<crate::segments::Segment>| s.len() > 1);
+    if let Some(last) = segments.as_mut().and_then(|s| s.last_mut()) {
+        last.ended = Some(status.to_string());
+        last.ended_unix = Some(ended);
+        last.to_step = steps;
+    }
     if let Ending::Finished { fit: f, test } = ending {
         let evals = f
             .val
@@ -309,7 +332,13 @@ pub fn summarize(mut m: Map<String, Value>, ending: Ending<'_>, samples: usize) 
             m.insert("gpu_conv".into(), json!(c));
         }
         if let Some(s) = &f.loss_scale {
-            m.insert("loss_scale".into(), json!(s));
+            // Through the record: an infinite scale is written as "inf".
+            let record = crate::records::LossScaleRecord {
+                scale: s.scale,
+                growth_tracker: u64::from(s.growth_tracker),
+                skipped_steps: s.skipped_steps,
+            };
+            m.insert("loss_scale".into(), json!(record));
         }
         if let Some(mem) = &f.memory {
             m.insert("memory".into(), json!(mem));
@@ -326,6 +355,15 @@ pub fn summarize(mut m: Map<String, Value>, ending: Ending<'_>, samples: usize) 
             }
             None => {}
         }
+    }
+    if let Some(segs) = segments {
+        // The run's wall time is every segment's, each counted to its end
+        // (a killed one to the checkpoint the next resumed from).
+        if let Some(this) = m.get("wall_s").cloned() {
+            m.insert("segment_wall_s".into(), this);
+        }
+        m.insert("wall_s".into(), num(crate::segments::total_wall_s(&segs)));
+        m.insert("segments".into(), json!(segs));
     }
     serde_json::from_value(Value::Object(m)).map_err(|source| Error::Json {
         what: "writing summary.json",

@@ -135,6 +135,22 @@ pub struct CheckpointMeta {
 }
 
 impl CheckpointMeta {
+    /// Whether a fit limited to `max_steps` (`--max-steps`) can go on from
+    /// this checkpoint; `Err` names both steps for a limit below its step
+    /// (the fit would end at once, its numbers a segment of nothing, and
+    /// the lower limit recorded as the run's). A limit at its step resumes
+    /// a run that had finished, for its ending (test pass, summary) alone.
+    pub fn check_max_steps(&self, max_steps: Option<usize>) -> std::result::Result<(), String> {
+        match max_steps {
+            Some(m) if m < self.step => Err(format!(
+                "--max-steps {m} is below step {} of the checkpoint, so the resumed run \
+                 would train nothing\nHINT: pass a --max-steps above {} to train further",
+                self.step, self.step
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Whether a loop of `batches_per_epoch` batches, stepping every
     /// `accumulate`, can be where this checkpoint says it was; `Err` says
     /// what does not fit.
@@ -171,6 +187,20 @@ impl CheckpointMeta {
                 "`step` {} is fewer than the {} steps of the epoch so far",
                 self.step,
                 self.batch.div_ceil(accumulate)
+            ));
+        }
+        // The steps its finished epochs logged and its position account for:
+        // an edited `step` (10^15) would skip the run's end.
+        let logged = self
+            .logs
+            .iter()
+            .try_fold(0usize, |a, l| a.checked_add(l.steps))
+            .and_then(|s| s.checked_add(self.batch.div_ceil(accumulate)));
+        if logged != Some(self.step) {
+            return Err(format!(
+                "`step` {} does not match the {} steps its `logs` and `batch` account for",
+                self.step,
+                logged.map_or("overflowing".to_string(), |s| s.to_string())
             ));
         }
         if !(self.lr.is_finite() && self.lr >= 0.0) {
@@ -310,13 +340,15 @@ fn sync_dir(dir: &Path) -> Result<()> {
 }
 
 /// Removes all but the newest `keep_last` checkpoints in `dir`, keeping
-/// `best` (a step) too, and any temporary folder a killed writer left.
+/// `best` (a step) too, and any temporary folder a killed writer left. A
+/// `step-N` folder holding anything a checkpoint does not (a user's own
+/// files) is left whole: only what a checkpoint writer wrote is deleted.
 pub fn prune(dir: &Path, keep_last: usize, best: Option<usize>) -> Result<()> {
     let all = list(dir);
     let cut = all.len().saturating_sub(keep_last);
     for (step, path) in all.into_iter().take(cut) {
         if Some(step) != best {
-            std::fs::remove_dir_all(&path).map_err(io_err(&path, "removing"))?;
+            remove_checkpoint(&path)?;
         }
     }
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -328,6 +360,34 @@ pub fn prune(dir: &Path, keep_last: usize, best: Option<usize>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Deletes the checkpoint folder `path` if it holds only the files a
+/// checkpoint writes (regular files named [`WEIGHTS`], [`OPTIMIZER`],
+/// [`STATE`]); anything else there means it is not (only) ours, and it is
+/// left as it is, with a warning.
+fn remove_checkpoint(path: &Path) -> Result<()> {
+    let entries: Vec<std::fs::DirEntry> = std::fs::read_dir(path)
+        .map_err(io_err(path, "listing"))?
+        .collect::<std::io::Result<_>>()
+        .map_err(io_err(path, "listing"))?;
+    let ours = |e: &std::fs::DirEntry| {
+        let name = e.file_name();
+        e.file_type().is_ok_and(|t| t.is_file())
+            && [WEIGHTS, OPTIMIZER, STATE].iter().any(|f| name == *f)
+    };
+    if let Some(other) = entries.iter().find(|e| !ours(e)) {
+        tracing::warn!(
+            "{}: not pruned: it holds {:?}, which no checkpoint writes",
+            path.display(),
+            other.file_name()
+        );
+        return Ok(());
+    }
+    for e in &entries {
+        std::fs::remove_file(e.path()).map_err(io_err(&e.path(), "removing"))?;
+    }
+    std::fs::remove_dir(path).map_err(io_err(path, "removing"))
 }
 
 /// Before a resume from the checkpoint at `step`: renames every newer
@@ -496,9 +556,22 @@ pub fn latest_good(
             Err(e) => refused.push(e.to_string()),
         }
     }
+    // Something other than a folder at the path (a file, a FIFO) says so.
+    let what = match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Some("does not exist (the run wrote no checkpoint)".to_string())
+        }
+        Ok(m) if !m.is_dir() => Some(format!(
+            "is not a folder (it is {}), so it holds no checkpoint",
+            redline_core::files::kind_of(&m)
+        )),
+        _ => None,
+    };
     Err(Error::Checkpoint {
         path: dir.to_path_buf(),
-        message: if refused.is_empty() {
+        message: if let Some(what) = what {
+            what
+        } else if refused.is_empty() {
             "holds no checkpoint to resume from".into()
         } else {
             format!("no usable checkpoint:\n  {}", refused.join("\n  "))

@@ -84,6 +84,18 @@ impl EarlyStop {
     }
 }
 
+/// The names [`epoch_metric`] finds in `log`: `train_loss`, `train_<m>`,
+/// and `val_loss`, `val_<m>` after a validation.
+pub fn logged_names(log: &EpochLog) -> Vec<String> {
+    let mut names = vec!["train_loss".to_string()];
+    names.extend(log.train.iter().map(|(n, _)| format!("train_{n}")));
+    if let Some(v) = &log.val {
+        names.push("val_loss".into());
+        names.extend(v.metrics.iter().map(|(n, _)| format!("val_{n}")));
+    }
+    names
+}
+
 /// The metric `name` of an epoch's log (`train_loss`, `train_<m>`,
 /// `val_loss`, `val_<m>`), or `None` when the epoch did not log it.
 pub fn epoch_metric(log: &EpochLog, name: &str) -> Option<f64> {
@@ -138,18 +150,12 @@ impl EarlyStop {
     /// what it did log.
     pub fn update(&self, state: &mut EarlyStopState, log: &EpochLog) -> Result<Option<StopReason>> {
         let value = epoch_metric(log, &self.monitor).ok_or_else(|| {
-            let mut names = vec!["train_loss".to_string()];
-            names.extend(log.train.iter().map(|(n, _)| format!("train_{n}")));
-            if let Some(v) = &log.val {
-                names.push("val_loss".into());
-                names.extend(v.metrics.iter().map(|(n, _)| format!("val_{n}")));
-            }
             Error::Config(format!(
                 "--early-stop {}: epoch {} logged no `{}`; it logged {}",
                 self,
                 log.epoch,
                 self.monitor,
-                names.join(", ")
+                logged_names(log).join(", ")
             ))
         })?;
         if !value.is_finite() {
@@ -207,15 +213,33 @@ impl FromStr for EarlyStop {
             Direction::Min
         };
         let (mut patience, mut min_delta) = (3usize, 0.0f64);
+        // Each setting once: `val_loss:max:min` or two `patience=` is a typo,
+        // not a choice of the last.
+        let mut seen: Vec<String> = Vec::new();
+        let mut once = |key: &str| -> Result<()> {
+            if seen.iter().any(|k| k == key) {
+                return Err(bad(format!("{key} is given twice")));
+            }
+            seen.push(key.to_string());
+            Ok(())
+        };
         for p in parts {
             match p.trim() {
-                "min" => mode = Direction::Min,
-                "max" => mode = Direction::Max,
+                "min" => {
+                    once("the mode (min|max)")?;
+                    mode = Direction::Min
+                }
+                "max" => {
+                    once("the mode (min|max)")?;
+                    mode = Direction::Max
+                }
                 kv => {
                     let (k, v) = kv
                         .split_once('=')
                         .ok_or_else(|| bad(format!("`{kv}` is neither min, max nor key=value")))?;
-                    match k.trim().replace('-', "_").as_str() {
+                    let key = k.trim().replace('-', "_");
+                    once(&key)?;
+                    match key.as_str() {
                         "patience" => {
                             patience = v
                                 .parse()
@@ -364,9 +388,19 @@ mod tests {
             "val_loss:sideways",
             "val_loss:patience=x",
             "val_loss:min_delta=-1",
+            // Before: accepted, the last one winning.
+            "val_loss:max:min",
+            "val_loss:patience=2:patience=5",
+            "val_loss:min_delta=0.1:min-delta=0.2",
         ] {
             assert!(s.parse::<EarlyStop>().is_err(), "{s}");
         }
+        let e = "val_loss:patience=2:patience=5"
+            .parse::<EarlyStop>()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("patience is given twice"), "{e}");
         let es: Result<EarlyStop> = "val_accuracy".parse();
         assert!(matches!(
             es,

@@ -8,8 +8,9 @@ pub enum Error {
     Config(String),
     /// The loss stopped being a finite number.
     #[error(
-        "loss became {value} at step {step} (epoch {epoch})\nHINT: lower --lr (now {lr}), \
-         check the input normalisation, or add gradient clipping"
+        "loss became {value} at step {step} (epoch {epoch})\nHINT: lower the learning rate \
+         (now {lr:.3e}: --lr, or a --lr-schedule's max_lr where it sets one), check the input \
+         normalisation, or add gradient clipping"
     )]
     NonFiniteLoss {
         /// The loss read back.
@@ -25,7 +26,8 @@ pub enum Error {
     #[error(
         "training diverged at step {step} (epoch {epoch}): the loss is {value:.4e}, {ratio:.3e} \
          times the first step's {start:.4} (above --divergence-threshold {factor})\n\
-         HINT: lower --lr (now {lr}) or clip gradients (--clip-grad-norm 1.0); \
+         HINT: lower the learning rate (now {lr:.3e}: --lr, or a --lr-schedule's max_lr where \
+         it sets one) or clip gradients (--clip-grad-norm 1.0); \
          --divergence-threshold 0 turns this check off"
     )]
     Diverged {
@@ -141,6 +143,22 @@ pub type Result<T> = std::result::Result<T, Error>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Before: `onecycle:max_lr=1e308` hinted "lower --lr (now 4000...000)",
+    /// a 300-digit number, and named only --lr.
+    #[test]
+    fn a_huge_rate_prints_short_and_names_the_schedule() {
+        let e = Error::NonFiniteLoss {
+            value: f64::NAN,
+            step: 3,
+            epoch: 1,
+            lr: 4e306,
+        }
+        .to_string();
+        assert!(e.contains("now 4.000e306"), "{e}");
+        assert!(e.contains("--lr-schedule's max_lr"), "{e}");
+        assert!(e.len() < 400, "{e}");
+    }
 
     #[test]
     fn out_of_memory_names_the_batch_and_suggests_a_smaller_one() {

@@ -20,19 +20,41 @@ pub struct JsonlMetrics {
 }
 
 impl JsonlMetrics {
-    /// Creates (truncates) `path`, making its folder if needed.
+    /// Creates `path`, making its folder if needed; a file already there
+    /// is appended to, never truncated (a user's file, or the same run's
+    /// records before a `--resume`). [`JsonlMetrics::existing`] says which.
     pub fn create(path: &Path) -> Result<Self> {
+        let bad = |e: std::io::Error| Error::Config(format!("--metrics {}: {e}", path.display()));
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| Error::Config(format!("--metrics {}: {e}", path.display())))?;
+            std::fs::create_dir_all(dir).map_err(bad)?;
         }
         // Only a regular file: a device or FIFO at the path is refused by name.
-        let out = LineFile::create(path)
-            .map_err(|e| Error::Config(format!("--metrics {}: {e}", path.display())))?;
+        let out = match Self::existing(path) {
+            Some(_) => {
+                let mut out = LineFile::append_to(path).map_err(bad)?;
+                // A last line without its newline is ended first, so the
+                // first record starts a line of its own.
+                let bytes = std::fs::read(path).map_err(bad)?;
+                if bytes.last().is_some_and(|b| *b != b'\n') {
+                    out.append("").map_err(bad)?;
+                }
+                out
+            }
+            None => LineFile::create(path).map_err(bad)?,
+        };
         Ok(Self {
             path: path.to_path_buf(),
             out,
         })
+    }
+
+    /// The size in bytes of a non-empty regular file at `path`, which
+    /// [`JsonlMetrics::create`] appends to.
+    pub fn existing(path: &Path) -> Option<u64> {
+        std::fs::metadata(path)
+            .ok()
+            .filter(|m| m.is_file() && m.len() > 0)
+            .map(|m| m.len())
     }
 
     fn write(&mut self, v: serde_json::Value) -> std::result::Result<(), String> {
@@ -140,5 +162,32 @@ impl Callback for JsonlMetrics {
             Event::Test(t) => self.write(test_record(t)),
             _ => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// An existing `--metrics` file keeps what it held and gets the run's
+    /// records after it, each on its own line. Before, it was truncated.
+    #[test]
+    fn an_existing_file_is_appended_to_not_truncated() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("m.jsonl");
+        std::fs::write(&path, "my own notes").unwrap();
+        assert_eq!(JsonlMetrics::existing(&path), Some(12));
+        let mut m = JsonlMetrics::create(&path).unwrap();
+        m.write(json!({"kind": "test"})).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text, "my own notes\n{\"kind\":\"test\"}\n");
+        let fresh = t.path().join("new/m.jsonl");
+        assert_eq!(JsonlMetrics::existing(&fresh), None);
+        JsonlMetrics::create(&fresh)
+            .unwrap()
+            .write(json!(1))
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(&fresh).unwrap(), "1\n");
     }
 }

@@ -53,8 +53,13 @@ impl LossScale {
     /// Refuses what `GradScaler` refuses (and a scale that is not finite).
     pub fn check(&self) -> Result<()> {
         let bad = |why: String| Err(Error::Config(format!("--loss-scale {self}: {why}")));
-        if !(self.init.is_finite() && self.init > 0.0) {
-            return bad("init must be a finite number > 0".into());
+        // The scale is an fp32 on the device: 1e40 would be inf there, and
+        // every step would be skipped as an overflow.
+        if !(self.init > 0.0 && self.init <= f64::from(f32::MAX)) {
+            return bad(format!(
+                "init must be a finite fp32 number > 0 (at most {:e})",
+                f32::MAX
+            ));
         }
         if !(self.growth.is_finite() && self.growth > 1.0) {
             return bad("growth must be a finite number > 1".into());
@@ -368,6 +373,9 @@ mod tests {
         for bad in [
             "static",
             "dynamic:init=0",
+            // Above fp32's largest: inf on the device, every step skipped.
+            "dynamic:init=1e40",
+            "dynamic:init=inf",
             "dynamic:growth=1",
             "dynamic:backoff=1",
             "dynamic:interval=0",

@@ -216,6 +216,33 @@ impl LrSchedule {
         }
     }
 
+    /// Refuses a one-cycle `total` shorter than the run it schedules: a
+    /// run of `total_steps` steps in `epochs` epochs (PyTorch's OneCycleLR
+    /// raises when stepped past its `total_steps`; the rate would otherwise
+    /// sit at its floor for the rest of the run).
+    pub fn check_length(&self, total_steps: usize, epochs: usize) -> Result<()> {
+        let Shape::OneCycle {
+            total: Some(total), ..
+        } = self.shape
+        else {
+            return Ok(());
+        };
+        let (run, unit) = match self.interval {
+            Interval::Step => (total_steps, "steps"),
+            Interval::Epoch => (epochs, "epochs"),
+        };
+        let rest = run.saturating_sub(self.warmup);
+        if total < rest {
+            return Err(Error::Config(format!(
+                "--lr-schedule {self}: total={total}, but the run has {rest} {unit} after its \
+                 warm-up; the cycle would end at its floor rate {} {unit} early\nHINT: leave \
+                 total out (the cycle then spans the run), or give total={rest}",
+                rest - total
+            )));
+        }
+        Ok(())
+    }
+
     /// The rate of the step that follows `step` optimizer steps in epoch
     /// `epoch` (0-based), for a base rate `base` and a run of `total_steps`
     /// steps in `epochs` epochs (what `Cosine` and `OneCycle` fill).
@@ -374,7 +401,8 @@ impl FromStr for LrSchedule {
             Some(other) => return Err(bad(format!("interval={other}: give step or epoch"))),
         };
         let shape = match name {
-            "constant" | "" => Shape::Constant,
+            "" => return Err(bad("give a schedule, e.g. constant or cosine".into())),
+            "constant" => Shape::Constant,
             "step" => Shape::Step {
                 size: count("size", take("size"))?
                     .ok_or_else(|| bad("give size=N (intervals between decays)".into()))?,
@@ -548,6 +576,31 @@ mod tests {
         Ok(())
     }
 
+    /// Before: `onecycle:total=2` on a 6-step run held the rate at its floor
+    /// (4e-9) after step 2; PyTorch's OneCycleLR raises there.
+    #[test]
+    fn a_one_cycle_shorter_than_the_run_is_refused() -> Result<()> {
+        let s: LrSchedule = "onecycle:total=2".parse()?;
+        let e = s.check_length(6, 1).err().map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.contains("total=2, but the run has 6 steps")),
+            "{e:?}"
+        );
+        assert!(s.check_length(2, 1).is_ok());
+        let warm: LrSchedule = "onecycle:total=4:warmup=2".parse()?;
+        assert!(
+            warm.check_length(6, 1).is_ok(),
+            "warm-up steps are not the cycle's"
+        );
+        let epochs: LrSchedule = "onecycle:total=3:interval=epoch".parse()?;
+        assert!(epochs.check_length(1000, 3).is_ok());
+        assert!(epochs.check_length(1000, 4).is_err());
+        let open: LrSchedule = "onecycle".parse()?;
+        assert!(open.check_length(1000, 9).is_ok());
+        Ok(())
+    }
+
     #[test]
     fn bad_flags_are_refused_with_the_grammar() {
         for s in [
@@ -562,6 +615,9 @@ mod tests {
             "linear",
             "cosine:interval=batch",
             "cosine:warmup=5:warmup_start=0",
+            // Before: taken as `constant`.
+            "",
+            " ",
         ] {
             let e = s
                 .parse::<LrSchedule>()

@@ -83,6 +83,13 @@ pub trait TrainStep: Send + Sync {
                 .into(),
         )
     }
+    /// The names of the metrics the step returns (`accuracy`), known before
+    /// any batch runs; `None`, the default, when only its output says. With
+    /// names, a `--monitor` or `--early-stop` on a metric that is never
+    /// logged is refused before training, not after an epoch.
+    fn metric_names(&self) -> Option<Vec<String>> {
+        None
+    }
     /// The positions of the step's random streams (its model's dropout), saved
     /// in checkpoints ([`Model::rng_state`]); empty by default.
     fn rng_state(&self) -> Vec<u128> {
@@ -112,6 +119,9 @@ impl<S: TrainStep + ?Sized> TrainStep for Box<S> {
     }
     fn capture_safe(&self) -> std::result::Result<(), String> {
         (**self).capture_safe()
+    }
+    fn metric_names(&self) -> Option<Vec<String>> {
+        (**self).metric_names()
     }
     fn rng_state(&self) -> Vec<u128> {
         (**self).rng_state()
@@ -186,6 +196,10 @@ impl<M: Model> Classifier<M> {
 impl<M: Model> TrainStep for Classifier<M> {
     fn params(&self) -> &Params {
         self.model.params()
+    }
+
+    fn metric_names(&self) -> Option<Vec<String>> {
+        Some(vec!["accuracy".into()])
     }
 
     fn capture_safe(&self) -> std::result::Result<(), String> {
@@ -286,6 +300,10 @@ impl<M: Model> Regressor<M> {
 impl<M: Model> TrainStep for Regressor<M> {
     fn params(&self) -> &Params {
         self.model.params()
+    }
+
+    fn metric_names(&self) -> Option<Vec<String>> {
+        Some(vec!["mae".into()])
     }
 
     fn capture_safe(&self) -> std::result::Result<(), String> {

@@ -28,6 +28,7 @@ mod cursor_run;
 mod evaluate;
 #[cfg(feature = "cuda")]
 mod graph_run;
+mod monitored;
 mod progress;
 mod stepping;
 
@@ -213,6 +214,8 @@ impl Trainer {
             self.cfg.epochs
         };
         let (name, dev) = (self.model_name.clone(), self.device.to_string());
+        self.check_watched(val.is_some() && self.cfg.validate)?;
+        self.cfg.schedule.check_length(total_steps, epochs)?;
         self.join_ranks(train, batches_per_epoch)?;
         prof.plan(total_steps);
         prof.switch(Action::Logging);
@@ -348,6 +351,12 @@ impl Trainer {
                 )?;
             }
             let epoch_steps = st.step - first_step;
+            // `--max-steps` reached inside the epoch: its checkpoint resumes at
+            // this batch with the epoch's shuffle, not at the next epoch.
+            let cut = match st.step >= total_steps && st.batch < batches_per_epoch {
+                true => self.cut_snapshot(&st, epoch, &epoch_sums)?,
+                false => None,
+            };
             // A loader that ended early leaves gradients no step took: drop
             // them rather than carry them into the next epoch.
             self.optimizer.zero_grad();
@@ -405,12 +414,13 @@ impl Trainer {
             };
             st.done.eval_s += log.eval_s;
             self.emit(&Event::EpochEnd(&log))?;
+            self.check_logged(&log)?;
             let stop = match (&self.cfg.early_stop, st.done.early.as_mut()) {
                 (Some(es), Some(state)) => es.update(state, &log)?,
                 _ => None,
             };
             st.done.logs.push(log.clone());
-            self.epoch_checkpoint(&st, &log)?;
+            self.epoch_checkpoint(&st, &log, cut)?;
             if let Some(reason) = stop {
                 stopped_early = Some(reason);
                 break;

@@ -322,6 +322,38 @@ impl Smoother {
 }
 
 impl LrRangeTest {
+    /// The most steps a range test takes: its curve is held whole (a few
+    /// numbers a step), and Lightning's default is 100.
+    pub const MAX_STEPS: usize = 100_000;
+
+    /// Refuses rates and step counts the test cannot run, naming the flag
+    /// that sets each (`--min-lr`, `--max-lr`, `--steps`).
+    pub fn check(&self) -> Result<()> {
+        let hint = "HINT: the defaults are --min-lr 1e-8 --max-lr 1 --steps 100";
+        for (flag, v) in [("--min-lr", self.min_lr), ("--max-lr", self.max_lr)] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(Error::Config(format!(
+                    "{flag} {v}: give a finite rate > 0\n{hint}"
+                )));
+            }
+        }
+        if self.min_lr >= self.max_lr {
+            return Err(Error::Config(format!(
+                "--min-lr {} is not below --max-lr {}: the test raises the rate from the first \
+                 to the second\n{hint}",
+                self.min_lr, self.max_lr
+            )));
+        }
+        if !(2..=Self::MAX_STEPS).contains(&self.steps) {
+            return Err(Error::Config(format!(
+                "--steps {}: give 2 to {} steps\n{hint}",
+                self.steps,
+                Self::MAX_STEPS
+            )));
+        }
+        Ok(())
+    }
+
     /// The schedule that drives the test's rates.
     pub fn schedule(&self) -> LrSchedule {
         LrSchedule {
@@ -345,6 +377,21 @@ impl LrRangeTest {
         train: &Loader,
         optimizer: &OptimizerConfig,
     ) -> Result<LrCurve> {
+        let never = Arc::new(AtomicBool::new(false));
+        self.run_until(make, device, train, optimizer, &never)
+    }
+
+    /// [`LrRangeTest::run`], stopped after the step in which `interrupt`
+    /// is set (a signal's flag): [`Error::Interrupted`], as a fit stops.
+    pub fn run_until(
+        &self,
+        make: &dyn Fn() -> Result<Box<dyn TrainStep>>,
+        device: &Device,
+        train: &Loader,
+        optimizer: &OptimizerConfig,
+        interrupt: &Arc<AtomicBool>,
+    ) -> Result<LrCurve> {
+        self.check()?;
         let schedule = self.schedule();
         schedule.check()?;
         let per_epoch = train.batches_per_epoch().max(1);
@@ -361,10 +408,13 @@ impl LrRangeTest {
         };
         let stop = Arc::new(AtomicBool::new(false));
         let curve = Arc::new(Mutex::new(LrCurve::default()));
+        let interrupted = Arc::new(AtomicBool::new(false));
         let watch = Watch {
             smoother: Smoother::new(self.beta, self.stop_factor),
             curve: Arc::clone(&curve),
             stop: Arc::clone(&stop),
+            interrupt: Arc::clone(interrupt),
+            interrupted: Arc::clone(&interrupted),
         };
         let mut trainer = Trainer::builder()
             .config(cfg)
@@ -377,6 +427,12 @@ impl LrRangeTest {
             .lock()
             .map_err(|_| Error::Config("the range test's record was poisoned".into()))?
             .clone();
+        if interrupted.load(Ordering::Relaxed) {
+            return Err(Error::Interrupted {
+                step: out.lr.len(),
+                epoch: out.lr.len().div_ceil(per_epoch),
+            });
+        }
         match end {
             Ok(_) | Err(Error::Interrupted { .. }) => {}
             // A loss that blew up ends the test where it did.
@@ -394,11 +450,14 @@ impl LrRangeTest {
     }
 }
 
-/// Records each step's rate and loss; sets the stop flag on divergence.
+/// Records each step's rate and loss; sets the stop flag on divergence,
+/// and on `interrupt` (noting it in `interrupted`).
 struct Watch {
     smoother: Smoother,
     curve: Arc<Mutex<LrCurve>>,
     stop: Arc<AtomicBool>,
+    interrupt: Arc<AtomicBool>,
+    interrupted: Arc<AtomicBool>,
 }
 
 impl Callback for Watch {
@@ -418,6 +477,10 @@ impl Callback for Watch {
             c.loss.push(s.loss);
             c.smoothed.push(smoothed);
             if stop {
+                self.stop.store(true, Ordering::Relaxed);
+            }
+            if self.interrupt.load(Ordering::Relaxed) {
+                self.interrupted.store(true, Ordering::Relaxed);
                 self.stop.store(true, Ordering::Relaxed);
             }
         }
@@ -470,6 +533,30 @@ fn gradient(y: &[f64], x: &[f64]) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each bad range names the flag the user typed. Before, `--min-lr 1
+    /// --max-lr 0.1` answered with `--lr-schedule: min_lr=1, ...`, and
+    /// `--steps 100000000000` ran for ever.
+    #[test]
+    fn a_bad_range_names_its_flags() {
+        let err = |min_lr: f64, max_lr: f64, steps: usize| {
+            let t = LrRangeTest {
+                min_lr,
+                max_lr,
+                steps,
+                ..LrRangeTest::default()
+            };
+            t.check().err().map(|e| e.to_string()).unwrap_or_default()
+        };
+        let e = err(1.0, 0.1, 100);
+        assert!(e.contains("--min-lr 1 is not below --max-lr 0.1"), "{e}");
+        assert!(!e.contains("--lr-schedule"), "{e}");
+        assert!(err(f64::NAN, 1.0, 100).contains("--min-lr NaN"));
+        assert!(err(1e-8, f64::INFINITY, 100).contains("--max-lr inf"));
+        assert!(err(1e-8, 1.0, 100_000_000_000).contains("--steps 100000000000"));
+        assert!(err(1e-8, 1.0, 1).contains("--steps 1"));
+        assert_eq!(err(1e-8, 1.0, 100), "");
+    }
 
     /// A trial of `b` with throughput `sps(b)` and peak `mem(b)`, or out of
     /// memory past `fits`.

@@ -126,8 +126,19 @@ fn trainer(
 fn trainer_with(
     ckpt: Option<(&Path, Option<usize>)>,
     stop_at: Option<Stop>,
+    case: (usize, bool),
+    cursor: bool,
+) -> anyhow::Result<(Trainer, Arc<Mutex<Seen>>)> {
+    trainer_until(ckpt, stop_at, case, cursor, None)
+}
+
+/// [`trainer_with`], limited to `max_steps` (`--max-steps`).
+fn trainer_until(
+    ckpt: Option<(&Path, Option<usize>)>,
+    stop_at: Option<Stop>,
     (accumulate, dropout): (usize, bool),
     cursor: bool,
+    max_steps: Option<usize>,
 ) -> anyhow::Result<(Trainer, Arc<Mutex<Seen>>)> {
     let cfg = match dropout {
         false => ModelConfig::Mlp(MlpConfig {
@@ -154,9 +165,16 @@ layers = [
     let mut b = Trainer::builder()
         .config(TrainConfig {
             epochs: 3,
+            max_steps,
             log_every: 2,
             accumulate,
-            schedule: "cosine:warmup=3:interval=step".parse()?,
+            // A cosine fills its length from the run's, so runs limited to
+            // different step counts differ by design: limited runs here
+            // take a constant rate.
+            schedule: match max_steps {
+                None => "cosine:warmup=3:interval=step".parse()?,
+                Some(_) => "constant".parse()?,
+            },
             log_grad_norm: true,
             ..TrainConfig::default()
         })
@@ -193,6 +211,19 @@ fn weights(t: &Trainer) -> anyhow::Result<Vec<(String, Vec<u32>)>> {
                 .map(|x| x.to_bits())
                 .collect();
             Ok((n.to_string(), bits))
+        })
+        .collect()
+}
+
+/// Each epoch's training and validation loss, as bits.
+fn epoch_bits(f: &redline_train::FitSummary) -> Vec<(u64, Option<u64>)> {
+    f.epochs_log
+        .iter()
+        .map(|e| {
+            (
+                e.train_loss.to_bits(),
+                e.val.as_ref().map(|v| v.loss.to_bits()),
+            )
         })
         .collect()
 }
@@ -288,18 +319,7 @@ fn stop_and_resume_at(
         .cloned()
         .collect();
     assert_eq!(seen.logs, later, "log points after step {from}");
-    let bits = |f: &redline_train::FitSummary| -> Vec<(u64, Option<u64>)> {
-        f.epochs_log
-            .iter()
-            .map(|e| {
-                (
-                    e.train_loss.to_bits(),
-                    e.val.as_ref().map(|v| v.loss.to_bits()),
-                )
-            })
-            .collect()
-    };
-    assert_eq!(bits(&got), bits(&want), "epoch losses");
+    assert_eq!(epoch_bits(&got), epoch_bits(&want), "epoch losses");
     assert_eq!(got.steps, want.steps);
     Ok(())
 }
@@ -360,7 +380,8 @@ fn a_stop_that_cannot_write_its_checkpoint_says_why() -> R {
     let file = t.path().join("a-file");
     std::fs::write(&file, b"not a folder")?;
     let (mut first, _) = trainer(Some((&file.join("checkpoints"), None)), Some(3), (1, false))?;
-    let err = first.fit(&loader(100, true, 0)?, None).err();
+    let val = loader(30, false, 0)?;
+    let err = first.fit(&loader(100, true, 0)?, Some(&val)).err();
     assert!(
         matches!(err, Some(redline_train::Error::Interrupted { step: 3, .. })),
         "{err:?}"
@@ -402,16 +423,16 @@ fn a_stop_during_validation_checkpoints_the_epochs_steps() -> R {
 fn a_checkpoints_position_is_checked_against_the_epoch() -> R {
     let dir = tempfile::tempdir()?;
     let (mut t, _) = trainer(Some((dir.path(), Some(3))), None, (1, false))?;
-    t.fit(&loader(40, true, 0)?, None)?;
+    t.fit(&loader(40, true, 0)?, Some(&loader(8, false, 0)?))?;
     let (_, first) = checkpoint::list(dir.path())
         .into_iter()
         .next()
         .ok_or_else(|| anyhow::anyhow!("no checkpoint"))?;
     let mut meta = checkpoint::read(&first, &identity(), &params_of(&t))?.meta;
     assert_eq!((meta.epoch, meta.step), (1, 3));
-    meta.step = 5;
     for (batch, accumulate, ok) in [(5, 1, true), (5, 2, true), (4, 2, true), (6, 1, false)] {
         meta.batch = batch;
+        meta.step = batch.div_ceil(accumulate);
         let r = meta.check_position(5, accumulate);
         assert_eq!(
             r.is_ok(),
@@ -429,6 +450,51 @@ fn a_checkpoints_position_is_checked_against_the_epoch() -> R {
     meta.batch = 5;
     let e = meta.check_position(5, 2).err().unwrap_or_default();
     assert!(e.contains("fewer than the 3 steps"), "{e}");
+    // Before: an edited `step` of 10^15 was taken as it was.
+    meta.step = 1_000_000_000_000_000;
+    let e = meta.check_position(5, 2).err().unwrap_or_default();
+    assert!(e.contains("does not match the 3 steps"), "{e}");
+    Ok(())
+}
+
+/// A fit that `--max-steps` ends inside an epoch, with validation on,
+/// checkpoints that position (not the next epoch's start): resumed with a
+/// higher limit, it ends bit for bit as a run never stopped, in either
+/// loop and with either checkpoint interval. Before, the checkpoint said
+/// "epoch 2, batch 0" and the resume reshuffled. A limit below the
+/// checkpoint's step is refused, naming both.
+#[test]
+fn a_run_ended_by_max_steps_mid_epoch_resumes_bit_for_bit() -> R {
+    let (train, val) = (loader(100, true, 2)?, loader(30, false, 0)?);
+    // 13 batches an epoch: step 7 is inside epoch 1, step 20 inside epoch 2.
+    let (mut whole, _) = trainer_until(None, None, (1, false), false, Some(20))?;
+    let want = whole.fit(&train, Some(&val))?;
+    for cursor in [false, true] {
+        for every in [None, Some(5)] {
+            let dir = tempfile::tempdir()?;
+            let ckpt = Some((dir.path(), every));
+            let (mut first, _) = trainer_until(ckpt, None, (1, false), cursor, Some(7))?;
+            first.fit(&train, Some(&val))?;
+            let (mut second, _) = trainer_until(ckpt, None, (1, false), cursor, Some(20))?;
+            let (loaded, _) =
+                checkpoint::latest_good(dir.path(), &identity(), &params_of(&second))?;
+            let m = &loaded.meta;
+            assert_eq!((m.step, m.epoch, m.batch), (7, 1, 7), "every {every:?}");
+            assert!(m.logs.is_empty(), "epoch 1 has not ended: {:?}", m.logs);
+            let (mut low, _) = trainer_until(ckpt, None, (1, false), cursor, Some(6))?;
+            let (again, _) = checkpoint::latest_good(dir.path(), &identity(), &params_of(&low))?;
+            let e = low.resume_from(again).err().map(|e| e.to_string());
+            assert!(
+                e.as_deref()
+                    .is_some_and(|e| e.contains("--max-steps 6 is below step 7")),
+                "{e:?}"
+            );
+            second.resume_from(loaded)?;
+            let got = second.fit(&train, Some(&val))?;
+            assert_eq!(weights(&second)?, weights(&whole)?, "every {every:?}");
+            assert_eq!(epoch_bits(&got), epoch_bits(&want), "every {every:?}");
+        }
+    }
     Ok(())
 }
 
@@ -548,12 +614,19 @@ fn keep_last_prunes_all_but_the_newest_and_the_best() -> R {
             identity: identity(),
         })
         .build(Classifier::new(model), Device::cpu())?;
+    // A folder of the user's under a checkpoint's name: never pruned. Before,
+    // `--keep-last` deleted it, files and all.
+    let mine = dir.path().join(checkpoint::folder_name(1));
+    std::fs::create_dir(&mine)?;
+    std::fs::write(mine.join("notes.txt"), "mine")?;
+    std::fs::write(mine.join(checkpoint::STATE), "{}")?;
     let fit = t.fit(&train, Some(&val))?;
+    assert_eq!(std::fs::read_to_string(mine.join("notes.txt"))?, "mine");
     let log = fit.checkpoints.clone().unwrap_or_default();
     assert_eq!(log.written, 6);
     let steps: Vec<usize> = checkpoint::list(dir.path()).iter().map(|c| c.0).collect();
     let (best_step, _) = log.best.unwrap_or_default();
-    let mut want = vec![best_step, 5 * 5, 6 * 5];
+    let mut want = vec![1, best_step, 5 * 5, 6 * 5];
     want.sort_unstable();
     want.dedup();
     assert_eq!(steps, want, "best {:?}", log.best);
@@ -646,5 +719,35 @@ fn an_edited_loss_scale_is_refused_by_name() -> R {
             (got, _) => panic!("scale {scale}: {got:?}"),
         }
     }
+    Ok(())
+}
+
+/// Before: a `checkpoints` path that is a file or a FIFO was reported as
+/// "holds no checkpoint to resume from", as an empty folder is.
+#[test]
+fn a_checkpoints_path_that_is_no_folder_says_what_it_is() -> R {
+    let t = tempfile::tempdir()?;
+    let file = t.path().join("checkpoints");
+    std::fs::write(&file, "x")?;
+    let e = checkpoint::latest_good(&file, &identity(), &[])
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("is not a folder (it is a regular file)"), "{e}");
+    let fifo = t.path().join("fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()?
+        .success());
+    let e = checkpoint::latest_good(&fifo, &identity(), &[])
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("it is a FIFO"), "{e}");
+    let e = checkpoint::latest_good(&t.path().join("none"), &identity(), &[])
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("does not exist"), "{e}");
     Ok(())
 }

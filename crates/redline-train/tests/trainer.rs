@@ -344,7 +344,7 @@ fn a_diverging_fit_stops_with_the_step_and_the_likely_cause() -> R {
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(err.contains("training diverged at step"), "{err}");
-    assert!(err.contains("lower --lr"), "{err}");
+    assert!(err.contains("lower the learning rate"), "{err}");
     // Off, the same fit runs to its end.
     assert!(fit(None).is_ok());
     // A threshold that cannot work is refused when the trainer is built.

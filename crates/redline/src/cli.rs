@@ -275,9 +275,11 @@ pub struct TrainArgs {
     /// Keep the newest K checkpoints (and the best by --monitor besides).
     #[arg(long, default_value_t = 2, value_name = "K")]
     pub keep_last: usize,
-    /// The metric whose best epoch-end checkpoint is kept: val_loss, val_accuracy, train_loss, ...
-    #[arg(long, default_value = "val_loss", value_name = "METRIC")]
-    pub monitor: String,
+    /// The metric whose best epoch-end checkpoint is kept: val_loss, val_accuracy, train_loss,
+    /// ... [default: val_loss when the run validates, else none]; one the run never logs is
+    /// refused before training.
+    #[arg(long, value_name = "METRIC")]
+    pub monitor: Option<String>,
     /// Whether --monitor is better smaller or larger [default: max for accuracy, else min].
     #[arg(long, value_name = "min|max", value_parser = ["min", "max"])]
     pub mode: Option<String>,
@@ -409,6 +411,11 @@ pub struct TrainArgs {
     #[arg(long, value_name = "RUN_DIR|last", conflicts_with_all = ["run_dir", "config"])]
     #[serde(skip)]
     pub resume: Option<PathBuf>,
+    /// With --resume: continue even though the data (or --init file) changed since the run
+    /// started (its inputs.json); the resumed run then differs from one never stopped.
+    #[arg(long, requires = "resume")]
+    #[serde(skip)]
+    pub accept_changed_data: bool,
 }
 
 /// The default of a mode flag added after runs were recorded without it.
@@ -500,8 +507,27 @@ pub fn expand_config(argv: Vec<OsString>) -> anyhow::Result<(Vec<OsString>, Conf
     })?;
     let mut flags: Vec<OsString> = Vec::new();
     let mut keys = Vec::new();
+    let known = train_keys();
     for (key, value) in table {
         let flag = format!("--{key}");
+        // A config is the flags of one run: it names no other config or run
+        // (clap would take one of two `--config`s and ignore the other).
+        if matches!(key.as_str(), "config" | "resume") {
+            anyhow::bail!(
+                "--config {}: `{key}` cannot be set in a config file (a config does not include \
+                 another file or resume a run)\nHINT: remove the `{key}` line; give --{key} on \
+                 the command line instead",
+                file.display()
+            );
+        }
+        if !known.contains(&key) {
+            anyhow::bail!(
+                "--config {}: `{key}` is not a setting of `redline train`\nHINT: remove or \
+                 rename that line; the settings are the flags of `redline train --help` without \
+                 their `--`",
+                file.display()
+            );
+        }
         match value {
             toml::Value::Boolean(true) => flags.push(flag.into()),
             toml::Value::Boolean(false) => {}
@@ -516,6 +542,17 @@ pub fn expand_config(argv: Vec<OsString>) -> anyhow::Result<(Vec<OsString>, Conf
         }
         keys.push(key);
     }
+    // Keys the command line gives again: their values are not the file's.
+    let given: Vec<String> = argv
+        .iter()
+        .skip(train_at + 1)
+        .filter_map(|a| {
+            let a = a.to_string_lossy();
+            let name = a.strip_prefix("--")?.split('=').next()?.to_string();
+            Some(name)
+        })
+        .collect();
+    keys.retain(|k| !given.contains(k));
     let mut out = argv;
     out.splice(train_at + 1..train_at + 1, flags);
     Ok((
@@ -525,6 +562,40 @@ pub fn expand_config(argv: Vec<OsString>) -> anyhow::Result<(Vec<OsString>, Conf
             keys,
         },
     ))
+}
+
+impl ConfigFlags {
+    /// `err` with the file and key named when it is about a value that came
+    /// from the config file (its message starts with that key's flag, as
+    /// every refusal of a value does): `--keep-last 0` read from a file is
+    /// otherwise reported as if typed.
+    pub fn annotate(&self, err: anyhow::Error) -> anyhow::Error {
+        let Some(file) = &self.file else { return err };
+        let text = err.to_string();
+        let key = self.keys.iter().find(|k| {
+            let flag = format!("--{k}");
+            text.strip_prefix(&flag)
+                .is_some_and(|rest| rest.starts_with([' ', ':', '=']))
+        });
+        match key {
+            Some(k) => err.context(format!(
+                "in --config {}: the key `{k}` (fix it there, or pass --{k} on the command line \
+                 to override it)",
+                file.display()
+            )),
+            None => err,
+        }
+    }
+}
+
+/// The long flag names of `redline train` (without `--`): the keys a
+/// config file may hold.
+fn train_keys() -> Vec<String> {
+    use clap::Args as _;
+    TrainArgs::augment_args(clap::Command::new("train"))
+        .get_arguments()
+        .filter_map(|a| a.get_long().map(str::to_string))
+        .collect()
 }
 
 /// The config key a parse error is about, when it came from `config`'s file
@@ -695,6 +766,46 @@ pub fn seconds(flag: &str, value: f64) -> anyhow::Result<std::time::Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Before: `keep-last = 0` in a config file was refused as if typed
+    /// (`--keep-last 0: ...`), naming neither the file nor the key.
+    #[test]
+    fn errors_about_a_files_values_name_the_file_and_key() {
+        let t = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = t.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "keep-last = 0
+lr = -1.0
+",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let argv = |extra: &[&str]| -> Vec<OsString> {
+            [
+                "redline",
+                "train",
+                "--config",
+                path.to_str().unwrap_or_default(),
+            ]
+            .iter()
+            .chain(extra)
+            .map(OsString::from)
+            .collect()
+        };
+        let (_, flags) = expand_config(argv(&[])).unwrap_or_else(|e| panic!("{e}"));
+        let e = flags.annotate(anyhow::anyhow!("--keep-last 0: keep at least 1"));
+        let text = format!("{e:#}");
+        assert!(
+            text.contains("c.toml: the key `keep-last`") && text.contains("--keep-last 0"),
+            "{text}"
+        );
+        let other = flags.annotate(anyhow::anyhow!("--keep-lastly 0: x"));
+        assert_eq!(format!("{other:#}"), "--keep-lastly 0: x");
+        // Given again on the command line: the value is not the file's.
+        let (_, flags) = expand_config(argv(&["--lr", "-1"])).unwrap_or_else(|e| panic!("{e}"));
+        let e = flags.annotate(anyhow::anyhow!("--lr -1: not a rate"));
+        assert_eq!(format!("{e:#}"), "--lr -1: not a rate");
+    }
 
     #[test]
     fn intervals_are_bounded_not_overflowed() {

@@ -91,10 +91,15 @@ impl Ranks {
 /// tearing the job down).
 pub fn join(flag: &str, timeout: f64, stop: &Arc<AtomicBool>) -> anyhow::Result<Ranks> {
     let flag: StrategyFlag = flag.parse()?;
-    let timeout = crate::cli::seconds("--dist-timeout", timeout)?;
-    if timeout == Duration::ZERO {
-        bail!("--dist-timeout 0: give the seconds a rank may wait for the others (default 60)");
+    // Above 0: a rank that may not wait at all cannot meet the others.
+    if !(timeout > 0.0 && timeout <= crate::cli::MAX_INTERVAL_S) {
+        bail!(
+            "--dist-timeout {timeout:?}: give the seconds a rank may wait for the others, above \
+             0 and at most {} (a day); the default is 60",
+            crate::cli::MAX_INTERVAL_S
+        );
     }
+    let timeout = Duration::from_secs_f64(timeout);
     let launch = Launch::detect()?;
     let (rank, world) = (launch.rank, launch.world_size);
     let line = match (flag, world) {
@@ -170,8 +175,18 @@ impl Ranks {
 /// `N` ranks under `mpirun -n N` (which sets the rank variables each copy
 /// then reads) and returns its exit status. `None` when there is nothing to
 /// spawn: no `--devices`, one device, or already under a launcher.
-pub fn spawn(devices: Option<usize>) -> anyhow::Result<Option<std::process::ExitStatus>> {
+pub fn spawn(
+    devices: Option<usize>,
+    strategy: &str,
+) -> anyhow::Result<Option<std::process::ExitStatus>> {
     let launch = Launch::detect()?;
+    if let (Some(n @ 2..), Ok(StrategyFlag::Single)) = (devices, strategy.parse()) {
+        bail!(
+            "--strategy single runs one process on one device, but --devices {n} asks for {n} \
+             ranks\nHINT: drop --strategy single (auto or ddp runs {n} ranks), or drop \
+             --devices"
+        );
+    }
     match devices {
         Some(0) => bail!("--devices 0: give the number of ranks to start (at least 1)"),
         Some(n) if launch.launcher != Launcher::None && n != launch.world_size => bail!(
@@ -260,6 +275,26 @@ mod tests {
             "{dp:?}"
         );
         assert!("fsdp".parse::<StrategyFlag>().is_err());
+    }
+
+    /// Before: `--strategy single --devices 2` answered with a build hint
+    /// (no MPI) instead of the conflict; `--dist-timeout -1` answered "give
+    /// seconds from 0", and 0 is refused too.
+    #[test]
+    fn conflicting_flags_are_named() {
+        let e = spawn(Some(2), "single").err().map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.starts_with("--strategy single runs one process")),
+            "{e:?}"
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        for t in [-1.0, 0.0, f64::NAN, 1e9] {
+            let e = join("auto", t, &stop).err().map(|e| e.to_string());
+            let e = e.unwrap_or_default();
+            assert!(e.contains("above 0 and at most"), "{t}: {e}");
+            assert!(!e.contains("from 0"), "{t}: {e}");
+        }
     }
 
     #[test]

@@ -158,7 +158,7 @@ proptest! {
         check("epochs", v.to_string(), &[], true, "");
         check("max-steps", v.to_string(), &[], v >= 1, "--max-steps");
         check("batch-size", v.to_string(), &[], v >= 1, "--batch-size");
-        check("eval-batch-size", v.to_string(), &[], v >= 1, "--batch-size");
+        check("eval-batch-size", v.to_string(), &[], v >= 1, "--eval-batch-size");
         check("accumulate", v.to_string(), &[], v >= 1, "--accumulate");
         check("prefetch", v.to_string(), &[], v <= 64, "--prefetch");
         check("log-every", v.to_string(), &[], v >= 1, "--log-every");
@@ -173,6 +173,15 @@ proptest! {
     }
 }
 
+/// `redline train --config PATH`.
+fn config_argv(path: &Path) -> Vec<std::ffi::OsString> {
+    ["redline", "train", "--config"]
+        .map(std::ffi::OsString::from)
+        .into_iter()
+        .chain([path.as_os_str().to_owned()])
+        .collect()
+}
+
 #[test]
 fn fuzz_config_files() {
     // A mutated run config is read, expanded and parsed, or refused: no panic.
@@ -180,11 +189,7 @@ fn fuzz_config_files() {
     let path = tmp.path().join("config.toml");
     redline_testkit::fuzz::fuzz("config", |bytes| {
         std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("{e}"));
-        let argv = ["redline", "train", "--config"]
-            .map(std::ffi::OsString::from)
-            .into_iter()
-            .chain([path.clone().into_os_string()])
-            .collect();
+        let argv = config_argv(&path);
         if let Ok((argv, flags)) = crate::cli::expand_config(argv) {
             if let Err(e) = Cli::try_parse_from(argv) {
                 let _ = crate::cli::config_key_of(&e, &flags);
@@ -209,11 +214,7 @@ fn a_bad_cpu_bf16_gemm_is_refused_by_name() {
     let path = tmp.path().join("config.toml");
     for body in ["cpu-bf16-gemm = \"maybe\"\n", "cpu-bf16-gemm = \"\"\n"] {
         std::fs::write(&path, body).unwrap_or_else(|e| panic!("{e}"));
-        let argv = ["redline", "train", "--config"]
-            .map(std::ffi::OsString::from)
-            .into_iter()
-            .chain([path.clone().into_os_string()])
-            .collect();
+        let argv = config_argv(&path);
         let (argv, flags) =
             crate::cli::expand_config(argv).unwrap_or_else(|e| panic!("{body:?}: {e:#}"));
         let Err(e) = Cli::try_parse_from(argv) else {
@@ -227,11 +228,7 @@ fn a_bad_cpu_bf16_gemm_is_refused_by_name() {
     }
     // A non-string value is refused too, without a panic.
     std::fs::write(&path, "cpu-bf16-gemm = 3\n").unwrap_or_else(|e| panic!("{e}"));
-    let argv = ["redline", "train", "--config"]
-        .map(std::ffi::OsString::from)
-        .into_iter()
-        .chain([path.clone().into_os_string()])
-        .collect();
+    let argv = config_argv(&path);
     if let Ok((argv, _)) = crate::cli::expand_config(argv) {
         assert!(
             Cli::try_parse_from(argv).is_err(),
@@ -269,4 +266,40 @@ fn gpu_conv_names_what_it_cannot_do() {
     } else {
         assert!(err.contains("no CUDA support"), "{err}");
     }
+}
+
+/// A config file that names another config or a run to resume, or a key
+/// that is no flag, is refused by file and key. Before, `config = "x"` was
+/// silently ignored, and an unknown key read as clap's "unexpected argument
+/// '--bogus-key'" with a hint to pass that non-existent flag.
+#[test]
+fn config_files_hold_only_the_flags_of_train() {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = tmp.path().join("config.toml");
+    let expand = |body: &str| {
+        std::fs::write(&path, body).unwrap_or_else(|e| panic!("{e}"));
+        let argv = config_argv(&path);
+        crate::cli::expand_config(argv).map_err(|e| format!("{e:#}"))
+    };
+    for (body, want) in [
+        (
+            "config = \"other.toml\"\n",
+            "`config` cannot be set in a config file",
+        ),
+        (
+            "resume = \"runs/x\"\n",
+            "`resume` cannot be set in a config file",
+        ),
+        (
+            "bogus-key = 3\n",
+            "`bogus-key` is not a setting of `redline train`",
+        ),
+    ] {
+        let err = expand(body).err().unwrap_or_default();
+        assert!(
+            err.contains(want) && err.contains("config.toml"),
+            "{body:?}: {err}"
+        );
+    }
+    assert!(expand("epochs = 2\nbatch-size = 8\nno-validate = true\n").is_ok());
 }

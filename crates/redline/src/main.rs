@@ -46,7 +46,7 @@ fn main() -> ExitCode {
         .init();
     let result = cli::expand_config(std::env::args_os().collect()).and_then(|(argv, config)| {
         match cli::Cli::try_parse_from(argv) {
-            Ok(args) => dispatch(args.command),
+            Ok(args) => dispatch(args.command).map_err(|e| config.annotate(e)),
             Err(e) => match (cli::config_key_of(&e, &config), &config.file) {
                 // A bad value read from a --config file: say which file and key.
                 (Some(key), Some(file)) => {

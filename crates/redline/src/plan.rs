@@ -80,25 +80,40 @@ pub struct Plan {
 /// The shipped Fashion-MNIST: `./data/fashion-mnist` from the repository root,
 /// else the copy beside the sources this binary was built from.
 fn default_data_dir() -> anyhow::Result<PathBuf> {
-    let candidates = [
-        PathBuf::from("data/fashion-mnist"),
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fashion-mnist"),
-    ];
-    candidates
-        .iter()
-        .find(|p| p.is_dir())
-        .cloned()
-        .with_context(|| {
-            format!(
-                "the shipped Fashion-MNIST was not found (looked in {})\nHINT: run from the \
-                 repository root or pass --data DIR",
-                candidates
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })
+    let rel = Path::new("data/fashion-mnist");
+    let exe = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf));
+    // A binary copied or installed elsewhere looks in the working directory,
+    // then beside itself, before the source tree it was built in.
+    let mut candidates = vec![(rel.to_path_buf(), "in the working directory")];
+    if let Some(exe) = exe {
+        candidates.push((exe.join(rel), "beside the executable"));
+    }
+    candidates.push((
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../")
+            .join(rel),
+        "in the source tree it was built from",
+    ));
+    if let Some((dir, place)) = candidates.iter().find(|(p, _)| p.is_dir()) {
+        if *place != "in the working directory" {
+            println!(
+                "data: no --data given; the shipped Fashion-MNIST found {place}: {}",
+                dir.display()
+            );
+        }
+        return Ok(dir.clone());
+    }
+    bail!(
+        "the shipped Fashion-MNIST was not found (looked in {})\nHINT: run from the repository \
+         root, copy its data/ folder beside the executable, or pass --data DIR",
+        candidates
+            .iter()
+            .map(|(p, _)| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 /// Builds the optimizer config from the flags.
@@ -221,8 +236,13 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
         Some(d) => d.clone(),
         None => default_data_dir()?,
     };
-    if args.batch_size == Auto::Value(0) || args.eval_batch_size == 0 {
-        bail!("--batch-size and --eval-batch-size must be at least 1");
+    for (flag, zero) in [
+        ("--batch-size", args.batch_size == Auto::Value(0)),
+        ("--eval-batch-size", args.eval_batch_size == 0),
+    ] {
+        if zero {
+            bail!("{flag} 0: give at least 1 sample a batch");
+        }
     }
     let mode: Mode = args.profiler.parse()?;
     // 0 turns sampling off.
@@ -409,7 +429,11 @@ fn check_writable(flag: &str, path: &Path, run_dir: Option<&Path>) -> anyhow::Re
                 "{flag} {}: the run folder writes this file itself\nHINT: give another name, \
                  e.g. {}",
                 path.display(),
-                dir.join("weights.safetensors").display()
+                dir.join(match flag {
+                    "--metrics" => "my-metrics.jsonl",
+                    _ => "weights.safetensors",
+                })
+                .display()
             );
         }
     }

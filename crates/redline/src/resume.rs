@@ -104,39 +104,95 @@ pub fn identity(recorded: &TrainArgs) -> anyhow::Result<BTreeMap<String, Value>>
 }
 
 /// `--checkpoint-every`, `--keep-last`, `--monitor`, `--mode`: where and
-/// when the run checkpoints (`None` with `--no-checkpoint`).
+/// when the run checkpoints (`None` with `--no-checkpoint`). Without
+/// `--monitor`, the best is by `val_loss` in a run that `validates`, and
+/// none is tracked in one that does not.
 pub fn checkpoint_config(
     args: &TrainArgs,
     run_dir: &Path,
     identity: BTreeMap<String, Value>,
+    validates: bool,
 ) -> anyhow::Result<Option<CheckpointConfig>> {
     if args.no_checkpoint {
         return Ok(None);
     }
-    let mode = match args.mode.as_deref() {
-        Some("max") => Direction::Max,
-        Some(_) => Direction::Min,
-        None if args.monitor.contains("acc") => Direction::Max,
-        None => Direction::Min,
+    let monitor = args
+        .monitor
+        .clone()
+        .or_else(|| validates.then(|| "val_loss".to_string()));
+    let mode = match (args.mode.as_deref(), &monitor) {
+        (Some("max"), _) => Direction::Max,
+        (Some(_), _) => Direction::Min,
+        (None, Some(m)) if m.contains("acc") => Direction::Max,
+        (None, _) => Direction::Min,
     };
     let cfg = CheckpointConfig {
         dir: run_dir.join("checkpoints"),
         every: args.checkpoint_every,
         keep_last: args.keep_last,
-        monitor: Some((args.monitor.clone(), mode)),
+        monitor: monitor.map(|m| (m, mode)),
         identity,
     };
     cfg.check()?;
     Ok(Some(cfg))
 }
 
+/// The fingerprints of what a run reads: `--data`, and `--init` if given.
+pub fn fingerprints(
+    data: &Path,
+    init: Option<&Path>,
+) -> anyhow::Result<Vec<redline_run::inputs::InputFingerprint>> {
+    let mut out = vec![redline_run::inputs::fingerprint("--data", data)?];
+    if let Some(init) = init {
+        out.push(redline_run::inputs::fingerprint("--init", init)?);
+    }
+    Ok(out)
+}
+
+/// Refuses to resume the run folder `dir` onto inputs that differ from
+/// those it recorded when it started (its `inputs.json`), naming the file,
+/// unless `accept` (`--accept-changed-data`); a run without the record
+/// (from before it was kept) is resumed with a note.
+pub fn same_inputs(
+    dir: &Path,
+    now: &[redline_run::inputs::InputFingerprint],
+    accept: bool,
+) -> anyhow::Result<()> {
+    let Some(was) = redline_run::inputs::recorded(dir) else {
+        println!(
+            "  {} has no readable {}: the data cannot be checked against the run's",
+            dir.display(),
+            redline_run::inputs::INPUTS
+        );
+        return Ok(());
+    };
+    let changes = redline_run::inputs::changes(&was, now);
+    if changes.is_empty() {
+        return Ok(());
+    }
+    if accept {
+        for c in &changes {
+            println!("  --accept-changed-data: resuming onto changed input: {c}");
+        }
+        return Ok(());
+    }
+    bail!(
+        "--resume {}: the run's input changed since it started: {}
+HINT: put the original          back, or pass --accept-changed-data to continue on the changed input (the resumed          run then differs from one never stopped)",
+        dir.display(),
+        changes.join("; ")
+    )
+}
+
 /// The newest good checkpoint of the run folder `dir` for a model with
 /// `params` (`(name, shape)`): says which it resumes from and why it
-/// skipped any newer one, and sets those aside (`refused-step-N`).
+/// skipped any newer one, and sets those aside (`refused-step-N`). A
+/// `max_steps` (`--max-steps`) at or below its step is refused.
 pub fn load(
     dir: &Path,
     identity: &BTreeMap<String, Value>,
     params: &[(String, Vec<usize>)],
+    max_steps: Option<usize>,
 ) -> anyhow::Result<(Loaded, redline_run::ResumePoint)> {
     let folder = dir.join("checkpoints");
     let (loaded, refused) = checkpoint::latest_good(&folder, identity, params)
@@ -154,10 +210,13 @@ pub fn load(
                     .join(", ")
             )
         })?;
+    let m = &loaded.meta;
+    // Before anything is set aside or the folder's config rewritten.
+    m.check_max_steps(max_steps)
+        .map_err(|e| anyhow::anyhow!("--resume {}: {e}", loaded.dir.display()))?;
     for why in &refused {
         println!("  checkpoint refused: {why}");
     }
-    let m = &loaded.meta;
     if !refused.is_empty() {
         println!(
             "  falling back to the newest good checkpoint, {}",

@@ -32,6 +32,14 @@ impl Limit {
         }
     }
 
+    /// The limit as the user wrote it: `10` or `0.25`.
+    fn shown(&self) -> String {
+        match self {
+            Self::Batches(n) => n.to_string(),
+            Self::Fraction(f) => f.to_string(),
+        }
+    }
+
     /// The batches of an epoch of `all` this limit keeps.
     fn of(&self, all: usize) -> usize {
         match *self {
@@ -134,30 +142,57 @@ impl ShortRun {
         self.train.is_some() || self.val.is_some() || self.test.is_some()
     }
 
-    /// One line for the startup output and `summary.json` `short_run`.
-    pub fn describe(&self) -> Option<String> {
+    /// The flag that set the limit of a split (`train`, `val`, `test`), for
+    /// messages: `--fast-dev-run` and `--overfit-batches` set several.
+    pub fn flag(&self, split: &str) -> String {
+        match (self.fast_dev_run, self.overfit, split) {
+            (Some(_), _, _) => "--fast-dev-run".into(),
+            (None, true, "train" | "val") => "--overfit-batches".into(),
+            _ => format!("--limit-{split}-batches"),
+        }
+    }
+
+    /// One line for the startup output and `summary.json` `short_run`,
+    /// with the batches an epoch of each split runs (`None`: no such split,
+    /// or not run), as limited: a limit above a split's batches says so.
+    pub fn describe(&self, ran: [Option<usize>; 3]) -> Option<String> {
         if !self.is_short() {
             return None;
         }
-        let show = |l: &Option<Limit>| match l {
-            None => "all".to_string(),
-            Some(Limit::Batches(n)) => n.to_string(),
-            Some(Limit::Fraction(f)) => format!("{:.0}%", f * 100.0),
+        let show = |l: &Option<Limit>, ran: Option<usize>| match (l, ran) {
+            (None, _) => "all".to_string(),
+            (Some(l), None) => format!("{} (none run)", l.shown()),
+            (Some(Limit::Batches(n)), Some(r)) if *n > r => format!("{r}, all there are"),
+            (Some(Limit::Fraction(f)), Some(r)) => format!("{r} ({:.0}%)", f * 100.0),
+            (Some(_), Some(r)) => r.to_string(),
         };
         let what = match (self.fast_dev_run, self.overfit) {
-            (Some(n), _) => format!(
-                "fast dev run: {n} batch{} of train, val and test, 1 epoch; no checkpoints, \
-                 --save not written",
-                if n == 1 { "" } else { "es" }
-            ),
+            (Some(asked), _) => {
+                // What actually runs: no more batches than a split has.
+                let n = ran
+                    .iter()
+                    .flatten()
+                    .copied()
+                    .max()
+                    .map_or(asked, |m| asked.min(m));
+                let note = match n < asked {
+                    true => format!(" (--fast-dev-run {asked}; no split has more)"),
+                    false => String::new(),
+                };
+                format!(
+                    "fast dev run: {n} batch{} of train, val and test{note}, 1 epoch; no \
+                     checkpoints, --save not written",
+                    if n == 1 { "" } else { "es" }
+                )
+            }
             (None, true) => "overfitting the same first batches every epoch, unshuffled".into(),
             (None, false) => "limited batches".into(),
         };
         Some(format!(
             "{what} (batches an epoch: train {}, val {}, test {})",
-            show(&self.train),
-            show(&self.val),
-            show(&self.test)
+            show(&self.train, ran[0]),
+            show(&self.val, ran[1]),
+            show(&self.test, ran[2])
         ))
     }
 }
@@ -171,8 +206,9 @@ pub fn apply(flag: &str, loader: Loader, limit: Option<Limit>) -> anyhow::Result
     let keep = limit.of(all);
     if keep == 0 && matches!(limit, Limit::Fraction(_)) {
         bail!(
-            "{flag}: {limit:?} of {all} batches keeps none\nHINT: give a larger fraction or a \
-             number of batches"
+            "{flag} {}: that fraction of {all} batches keeps none\nHINT: give a larger fraction \
+             or a number of batches",
+            limit.shown()
         );
     }
     Ok(loader.limit_batches(keep))
@@ -194,5 +230,72 @@ mod tests {
         }
         assert_eq!(Limit::Fraction(0.25).of(10), 2);
         assert_eq!(Limit::Batches(30).of(10), 10);
+    }
+
+    /// Before: `--fast-dev-run 1000000` said "1000000 batches" where 844
+    /// ran, and `--overfit-batches 0.001` was refused as
+    /// `--limit-train-batches: Fraction(0.001) ...`.
+    #[test]
+    fn descriptions_and_errors_say_what_ran_and_which_flag() {
+        let dev = ShortRun {
+            fast_dev_run: Some(1_000_000),
+            train: Some(Limit::Batches(1_000_000)),
+            val: Some(Limit::Batches(1_000_000)),
+            test: Some(Limit::Batches(1_000_000)),
+            overfit: false,
+        };
+        let line = dev
+            .describe([Some(844), Some(94), None])
+            .unwrap_or_default();
+        assert!(
+            line.contains("844 batches of train, val and test (--fast-dev-run 1000000;"),
+            "{line}"
+        );
+        assert!(line.contains("train 844, all there are"), "{line}");
+        assert!(!line.contains("1000000 batches"), "{line}");
+        assert_eq!(dev.flag("test"), "--fast-dev-run");
+        let overfit = ShortRun {
+            train: Some(Limit::Fraction(0.001)),
+            val: Some(Limit::Fraction(0.001)),
+            overfit: true,
+            ..ShortRun::default()
+        };
+        assert_eq!(overfit.flag("train"), "--overfit-batches");
+        assert_eq!(overfit.flag("test"), "--limit-test-batches");
+        let loader = redline_data::Loader::new(
+            redline_data::Split {
+                x: candle_core::Tensor::zeros(
+                    (40, 2),
+                    candle_core::DType::F32,
+                    &candle_core::Device::Cpu,
+                )
+                .unwrap(),
+                y: candle_core::Tensor::zeros(
+                    40,
+                    candle_core::DType::U32,
+                    &candle_core::Device::Cpu,
+                )
+                .unwrap(),
+                target: redline_data::TargetKind::Classes(2),
+                source: "t".into(),
+            },
+            redline_data::LoaderConfig {
+                batch_size: 4,
+                shuffle: false,
+                seed: 0,
+                prefetch: 0,
+                drop_last: false,
+            },
+        )
+        .unwrap();
+        let e = apply(&overfit.flag("train"), loader, overfit.train)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.starts_with("--overfit-batches 0.001: that fraction of 10"),
+            "{e}"
+        );
+        assert!(!e.contains("Fraction("), "{e}");
     }
 }

@@ -52,6 +52,11 @@ pub fn print(s: &FitSummary, test: Option<&EvalResult>, batch_size: usize) -> st
         head.extend(val_names.iter().map(|n| format!("val_{n}")));
     }
     head.extend(["train_s", "eval_s", "samples/s"].map(String::from));
+    // A step's metric names size the columns; a width past u16::MAX panics.
+    let head: Vec<String> = head
+        .iter()
+        .map(|h| redline_core::text::clip(h, redline_core::text::MAX_SHOWN))
+        .collect();
     let widths: Vec<usize> = head.iter().map(|h| h.len().max(9)).collect();
     let row = |cells: &[String]| -> String {
         cells

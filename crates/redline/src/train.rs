@@ -7,26 +7,27 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use redline_core::Precision;
-use redline_data::{
-    place, Augmented, DataOnDevice, Dataset, HostData, Loader, LoaderConfig, Placement,
-};
+use redline_data::Loader;
 use redline_profile::Mode;
-use redline_train::{GradClip, JsonlMetrics, TrainConfig, Trainer};
+use redline_train::{JsonlMetrics, Trainer};
 use serde_json::json;
 
 use crate::auto_flag::Auto;
 use crate::cli::TrainArgs;
-use crate::data_flags::augment;
 use crate::plan::Plan;
 use crate::progress::Progress;
 use crate::signals::Stopped;
-use crate::summary;
-use redline_run::{Ending, Finished, Run};
+use redline_run::{Ending, Run};
+
+mod loaders;
+mod loop_config;
+mod precision_note;
+mod results;
 
 /// Runs `redline train`.
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     // `--devices N` alone: this command again as N ranks under mpirun.
-    if let Some(status) = crate::dist::spawn(args.devices)? {
+    if let Some(status) = crate::dist::spawn(args.devices, &args.strategy)? {
         if !status.success() {
             bail!(
                 "the {} ranks ended with {status} (their errors are above)",
@@ -62,89 +63,17 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         loss_scale,
     } = plan;
     let world = ranks.launch.world_size;
-    // Each rank reads its shard of every epoch (DistributedSampler): padded
-    // for training, so every rank takes the same steps; evaluation counts
-    // each sample once.
-    let shard = |l: Loader, pad: bool| -> anyhow::Result<Loader> {
-        Ok(l.shard(ranks.strategy.shard(pad))?)
-    };
-    let (inputs, target) = (prepared.train.input_dims.clone(), prepared.train.target);
-    let policy: DataOnDevice = args.data_on_device.parse()?;
-    // Read on the host, then placed: uploaded once, or streamed per batch.
-    let mut device_free = redline_core::memory::stats(&device)?.map(|m| m.device_free);
-    let mut load = |data: HostData, cfg: LoaderConfig| -> anyhow::Result<Loader> {
-        let placement = place(policy, data.bytes(), device_free)?;
-        if let (Placement::Resident, Some(free)) = (placement, device_free.as_mut()) {
-            *free = free.saturating_sub(data.bytes());
-        }
-        Ok(Loader::placed_host(data, device.candle(), placement, cfg)?)
-    };
-    let eval_cfg = LoaderConfig {
-        batch_size: args.eval_batch_size,
-        shuffle: false,
-        seed: 0,
-        prefetch: args.prefetch,
-        drop_last: false,
-    };
-    let (train_n, val_n, test_n) = (
-        prepared.train.len(),
-        prepared.val.as_ref().map_or(0, |v| v.len()),
-        prepared.test.as_ref().map_or(0, |t| t.len()),
-    );
-    // A stated clamp: a batch larger than the data is the whole data.
-    let batch_size = wanted_batch.min(train_n.max(1));
-    if batch_size < wanted_batch {
-        println!(
-            "  --batch-size {} is more than the {train_n} training samples: each step uses all \
-             {train_n} (batch {batch_size})",
-            wanted_batch
-        );
-    }
-    let train_cfg = LoaderConfig {
-        batch_size,
-        // Overfitting takes the same batches every epoch.
-        shuffle: !args.no_shuffle && !short.overfit,
-        seed: args.seed,
-        prefetch: args.prefetch,
-        drop_last: false,
-    };
-    let train_loader = match augment(args)? {
-        Some(_) if policy == DataOnDevice::On => bail!(
-            "--augment transforms batches on the loader thread, so the training split streams; \
-             it cannot be combined with --data-on-device on"
-        ),
-        // Transforms run while gathering on the loader thread: the split streams.
-        Some(aug) => Loader::from_dataset(
-            Arc::new(Augmented::new(prepared.train, aug, args.seed)?),
-            device.candle(),
-            train_cfg,
-        )?,
-        None => load(prepared.train, train_cfg)?,
-    };
-    let train_loader = shard(train_loader, true)?;
-    use crate::short_runs::{apply, Limit};
-    let train_loader = apply("--limit-train-batches", train_loader, short.train)?;
-    // A limit of 0 batches is no pass at all.
-    let none = |l: Option<Limit>| l == Some(Limit::Batches(0));
-    let (val_loader, test_loader) = if args.no_validate {
-        (None, None)
-    } else {
-        let test = prepared
-            .test
-            .filter(|_| !none(short.test))
-            .map(|t| shard(load(t, eval_cfg.clone())?, false))
-            .transpose()?
-            .map(|l| apply("--limit-test-batches", l, short.test))
-            .transpose()?;
-        let val = prepared
-            .val
-            .filter(|_| !none(short.val))
-            .map(|v| shard(load(v, eval_cfg)?, false))
-            .transpose()?
-            .map(|l| apply("--limit-val-batches", l, short.val))
-            .transpose()?;
-        (val, test)
-    };
+    let data = loaders::build(
+        args,
+        prepared,
+        &device,
+        &ranks.strategy,
+        &short,
+        wanted_batch,
+    )?;
+    let batch_size = data.batch_size;
+    let (train_n, val_n, test_n) = data.counts;
+    let (train_loader, val_loader, test_loader) = (data.train, data.val, data.test);
 
     let model = model_cfg.build(&device, precision, args.seed)?;
     if let Some(init) = &args.init {
@@ -181,21 +110,27 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     println!(
         "data: {} ({}; inputs {:?}, {}): {} train / {} val / {} test, {}",
         data_dir.display(),
-        prepared.format,
-        inputs,
-        target,
+        data.format,
+        data.inputs,
+        data.target,
         train_n,
         val_n,
         test_n,
         train_loader.placement(),
     );
-    for note in &prepared.notes {
+    for note in &data.notes {
         println!("  {note}");
     }
-    if let Some(line) = short.describe() {
+    // The batches an epoch of each split runs, as limited.
+    let ran = [
+        Some(train_loader.batches_per_epoch()),
+        val_loader.as_ref().map(Loader::batches_per_epoch),
+        test_loader.as_ref().map(Loader::batches_per_epoch),
+    ];
+    if let Some(line) = short.describe(ran) {
         println!("  {line}");
     }
-    let validation = prepared
+    let validation = data
         .notes
         .iter()
         .find_map(|n| n.strip_prefix("validation: "))
@@ -203,38 +138,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
 
     // The loop's settings, checked before the run folder exists, so that a bad
     // value leaves nothing behind.
-    let loop_cfg = TrainConfig {
-        epochs: if short.fast_dev_run.is_some() {
-            1
-        } else {
-            args.epochs
-        },
-        max_steps: args.max_steps,
-        log_every: args.log_every,
-        accumulate: args.accumulate,
-        clip: grad_clip(args),
-        log_grad_norm: args.log_grad_norm,
-        divergence_threshold: (args.divergence_threshold != 0.0)
-            .then_some(args.divergence_threshold),
-        validate: !args.no_validate,
-        empty_cache: args.empty_cache,
-        cuda_graph: args.cuda_graph.parse()?,
-        kernel_trace: args.kernel_trace == "on",
-        fused_kernels: args.fused_kernels.parse()?,
-        schedule,
-        early_stop,
-        loss_scale,
-    };
-    loop_cfg.check()?;
+    let loop_cfg = loop_config::build(args, &short, (schedule, early_stop, loss_scale))?;
     let loop_cfg_schedule = loop_cfg.schedule.clone();
-    if args.accumulate > 1 {
-        println!(
-            "  accumulating {} micro-batches of {} per optimizer step (effective batch {})",
-            args.accumulate,
-            batch_size,
-            args.accumulate.saturating_mul(batch_size)
-        );
-    }
+    loop_config::print_accumulation(args, batch_size);
 
     // What a checkpoint must match: the flags, and the number of ranks (a
     // rank's loader position is a position in its shard).
@@ -256,7 +162,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                     .comm()
                     .barrier("choosing the checkpoint to resume")?;
                 let recorded = recorded_args(args, &data_dir, dir, (wanted_batch, lr))?;
-                Some(crate::resume::load(dir, &identity(&recorded)?, &shapes)?.0)
+                Some(crate::resume::load(dir, &identity(&recorded)?, &shapes, args.max_steps)?.0)
             }
         };
         let mut trainer = Trainer::builder()
@@ -275,6 +181,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    // What the run reads, fingerprinted: a resume onto changed data is refused.
+    let inputs_now = crate::resume::fingerprints(&data_dir, args.init.as_deref())?;
     // A resumed run reopens its folder at the checkpoint; a new one makes its own.
     let (mut run, resume_from) = match args.resume.as_deref() {
         None => (
@@ -283,7 +191,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         ),
         Some(dir) => {
             let recorded = recorded_args(args, &data_dir, dir, (wanted_batch, lr))?;
-            let (loaded, at) = crate::resume::load(dir, &identity(&recorded)?, &shapes)?;
+            crate::resume::same_inputs(dir, &inputs_now, args.accept_changed_data)?;
+            let (loaded, at) =
+                crate::resume::load(dir, &identity(&recorded)?, &shapes, args.max_steps)?;
             let (run, kept) = Run::reopen(dir, model_cfg.name(), &at)?;
             println!("  {}", kept.line());
             ranks
@@ -294,6 +204,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         }
     };
     let dir = run.dir().to_path_buf();
+    redline_run::inputs::record(&dir, &inputs_now)?;
     // A model file is copied into the run folder, and the config names the
     // copy: the run re-runs from its folder even after the file changes.
     let recorded = recorded_args(args, &data_dir, &dir, (wanted_batch, lr))?;
@@ -324,31 +235,6 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| redline_core::threads::measure_free_cores(Duration::from_millis(100)));
     for (k, v) in [
         ("device", json!(device.to_string())),
-        ("precision", json!(precision.name())),
-        (
-            "precision_path",
-            json!(precision_path(
-                precision,
-                &device,
-                redline_train::graph::reduced_kernels_on(loop_cfg.fused_kernels),
-            )),
-        ),
-        (
-            "precision_timing",
-            json!(precision_timing.as_ref().map(|t| &t.line)),
-        ),
-        (
-            "precision_vs_fp32",
-            json!(precision_timing.as_ref().map(|t| t.ratio)),
-        ),
-        (
-            "precision_activations",
-            json!(precision_timing.as_ref().and_then(|t| t.activations).map(
-                |(half, full, batch)| json!({
-                    "bytes": half, "fp32_bytes": full, "batch": batch
-                })
-            )),
-        ),
         ("strategy", json!(if world > 1 { "ddp" } else { "single" })),
         ("world_size", json!(world)),
         ("launcher", json!(ranks.launch.launcher.name())),
@@ -372,10 +258,14 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             json!((!loop_cfg_schedule.is_constant()).then(|| loop_cfg_schedule.to_string())),
         ),
         ("device_choice", json!(device_choice)),
-        ("short_run", json!(short.describe())),
+        ("short_run", json!(short.describe(ran))),
         ("fast_dev_run", json!(short.fast_dev_run)),
         ("gpu_kernels_load_s", json!(device.kernels_load_s())),
     ] {
+        run.set(k, v)?;
+    }
+    let fused = redline_train::graph::reduced_kernels_on(loop_cfg.fused_kernels);
+    for (k, v) in precision_note::fields(precision, &device, fused, precision_timing.as_ref()) {
         run.set(k, v)?;
     }
     tuned.record(&mut run)?;
@@ -386,7 +276,12 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     // A dev run keeps nothing but its marked folder.
     let checkpoints = match short.fast_dev_run {
         Some(_) => None,
-        None => crate::resume::checkpoint_config(args, &dir, identity(&recorded)?)?,
+        None => crate::resume::checkpoint_config(
+            args,
+            &dir,
+            identity(&recorded)?,
+            val_loader.is_some(),
+        )?,
     };
     // The run folder, and its checkpoints' folder.
     let resumable = checkpoints.as_ref().map(|c| (dir.clone(), c.dir.clone()));
@@ -410,6 +305,13 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         .model_name(model_cfg.name())
         .callback(Box::new(Progress::new()));
     if let Some(path) = &args.metrics {
+        if let Some(bytes) = JsonlMetrics::existing(path) {
+            println!(
+                "  --metrics {}: the file exists ({bytes} bytes); this run's records are appended \
+                 after what it holds",
+                path.display()
+            );
+        }
         builder = builder.callback(Box::new(JsonlMetrics::create(path)?));
     }
     builder = builder
@@ -426,10 +328,17 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let fit = trainer
         .fit(&train_loader, val_loader.as_ref())
         .and_then(|f| {
-            Ok((
-                f,
-                test_loader.as_ref().map(|t| trainer.test(t)).transpose()?,
-            ))
+            let test = match test_loader.as_ref().map(|t| trainer.test(t)).transpose() {
+                // The evaluation loop knows no step: the fit's last is named.
+                Err(redline_train::Error::Interrupted { .. }) => {
+                    return Err(redline_train::Error::Interrupted {
+                        step: f.steps,
+                        epoch: f.epochs,
+                    })
+                }
+                other => other?,
+            };
+            Ok((f, test))
         });
     // A signal after the last step: the run's records are complete, but it
     // ends as interrupted and --save is left alone, as during training.
@@ -440,8 +349,10 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         }),
         other => other,
     };
+    // Weights no step changed are not a result: `--save` is left alone.
+    let untrained = fit.as_ref().ok().and_then(|(f, _)| results::untrained(f));
     let saved = match (&fit, &args.save) {
-        (Ok(_), Some(path)) if short.fast_dev_run.is_none() => {
+        (Ok(_), Some(path)) if short.fast_dev_run.is_none() && untrained.is_none() => {
             Some(trainer.save_weights(path).context("--save").map(|()| path))
         }
         _ => None,
@@ -477,56 +388,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         (Ok(f), _) => Ok(f),
     };
     if let Ok((fit, test)) = &outcome {
-        summary::print(fit, test.as_ref(), batch_size)?;
-        if !trainer.device().is_cpu() {
-            println!("cuda graph: {}", fit.cuda_graph);
-        }
-        if let Some(p) = fit.matmul_precision {
-            println!("matmul precision: {}", p.describe());
-        } else if args.matmul_precision != "highest" {
-            println!(
-                "matmul precision: --matmul-precision {} has no effect on the CPU (its fp32 \
-                 products are always full fp32)",
-                args.matmul_precision
-            );
-        }
-        if let Some(c) = &fit.gpu_conv {
-            println!("convolutions: {c} (--gpu-conv {})", args.gpu_conv);
-        }
-        if let Some(m) = &fit.memory {
-            println!("memory: {}", m.line());
-        }
-        if let Some(s) = &fit.loss_scale {
-            println!(
-                "loss scale: {} at the end, {} of {} steps skipped on overflow",
-                s.scale, s.skipped_steps, fit.steps
-            );
-        }
-        match &fit.gpu_busy {
-            Some(Ok(g)) => println!("{}", g.line()),
-            Some(Err(why)) => println!("GPU busy: not measured: {why}"),
-            None => {}
-        }
-        if let Some(c) = &fit.checkpoints {
-            println!(
-                "checkpoints: {} written{}",
-                c.written,
-                c.last
-                    .as_ref()
-                    .map_or(String::new(), |p| format!(", the last {}", p.display()))
-            );
-            for f in &c.failed {
-                println!("  checkpoint failed: {f}");
-            }
-        }
-        match (&args.save, short.fast_dev_run) {
-            (Some(path), None) => println!("saved weights to {}", path.display()),
-            (Some(path), Some(_)) => println!(
-                "--save {}: not written by a fast dev run (it checks that the run works)",
-                path.display()
-            ),
-            (None, _) => {}
-        }
+        results::print(args, (fit, test.as_ref()), &trainer, batch_size)?;
+        results::print_save(args, short.fast_dev_run, untrained.as_deref());
     }
     let message = outcome.as_ref().err().map(|e| format!("{e:#}"));
     let ending = match (&outcome, &message) {
@@ -538,38 +401,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         (Err(_), m) => Ending::Failed(m.as_deref().unwrap_or_default()),
     };
     let done = run.finish(&mut trainer, ending)?;
-    report(&done);
+    results::report(&done);
     outcome.map(|_| ())
-}
-
-/// Prints what the run left behind: the profile table and breakdown line,
-/// the trace, and where the folder and report are.
-fn report(done: &Finished) {
-    if let Some(p) = &done.profile {
-        if p.mode != Mode::Off {
-            print!("{}", p.table());
-        }
-        if let Some(t) = &p.trace {
-            println!(
-                "trace: {} ({} spans; open in https://ui.perfetto.dev or chrome://tracing)",
-                done.dir.join("trace.json").display(),
-                t.spans.len()
-            );
-        }
-        println!("{}", p.breakdown.line());
-    }
-    match &done.report {
-        Some(Ok(page)) => println!(
-            "run folder: {}  (report: {})",
-            done.dir.display(),
-            page.display()
-        ),
-        Some(Err(e)) => {
-            println!("run folder: {}", done.dir.display());
-            eprintln!("warning: report not written: {e}");
-        }
-        None => println!("run folder: {}", done.dir.display()),
-    }
 }
 
 /// The flags as the run folder's `config.toml` records them: paths
@@ -595,130 +428,4 @@ fn recorded_args(
             .to_string();
     }
     Ok(recorded)
-}
-
-/// How this run's 16-bit products are computed, for the summary (`None` in
-/// fp32); `fused`: whether `--fused-kernels` admits Redline's 16-bit GPU
-/// kernels ([`redline_train::graph::reduced_kernels_on`]).
-/// Called after the trainer set the CPU's bf16 GEMM switch.
-fn precision_path(
-    precision: Precision,
-    device: &redline_core::Device,
-    fused: bool,
-) -> Option<String> {
-    if precision == Precision::Fp32 {
-        return None;
-    }
-    let weights = match precision {
-        Precision::Bf16True => {
-            "bf16 parameters, gradients and optimizer state (each update rounded to bf16 where \
-             PyTorch's bf16 ops round)"
-        }
-        _ => "fp32 master weights",
-    };
-    if !device.is_cpu() {
-        return Some(gpu_precision_path(precision, weights, fused));
-    }
-    let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let has = |f: &str| flags.split_whitespace().any(|w| w == f);
-    if precision != Precision::Fp16Mixed && redline_kernels::gemm_bf16::enabled() {
-        let amx = amx_note(&flags);
-        return Some(format!(
-            "{precision} on the CPU: {weights}; bf16 GEMMs and convolutions on AVX-512 BF16 \
-             (Redline's vdpbf16ps kernel, fp32 accumulation, subnormals flushed), outputs \
-             rounded to bf16{amx}"
-        ));
-    }
-    let (ty, why) = match precision {
-        Precision::Fp16Mixed => (
-            "fp16",
-            match ["avx512_fp16", "amx_fp16"].into_iter().find(|f| has(f)) {
-                Some(f) => format!("this CPU has {f}, which Redline does not use yet"),
-                None => "this CPU has no AVX-512 FP16 or AMX-FP16".into(),
-            },
-        ),
-        _ if redline_kernels::gemm_bf16::available() => (
-            "bf16",
-            "AVX-512 BF16 is present but --cpu-bf16-gemm off".into(),
-        ),
-        _ => ("bf16", "this CPU has no AVX-512 BF16".into()),
-    };
-    let scaler = match precision {
-        Precision::Fp16Mixed => {
-            "; fp16 weight gradients (inf above 65504) under a dynamic loss scale"
-        }
-        _ => "",
-    };
-    Some(format!(
-        "{precision} on the CPU: {weights}; fp32 GEMMs and convolutions on {ty}-rounded \
-         operands, outputs rounded to {ty} (a {ty} product with fp32 accumulation){scaler}; {why}"
-    ))
-}
-
-/// What the bf16 path's summary adds on a CPU whose `/proc/cpuinfo` `flags`
-/// list AMX-BF16: that the faster instruction is there and not used.
-fn amx_note(flags: &str) -> &'static str {
-    if flags.split_whitespace().any(|w| w == "amx_bf16") {
-        "; this CPU also has AMX-BF16 (tdpbf16ps tiles), which Redline does not use yet"
-    } else {
-        ""
-    }
-}
-
-/// [`precision_path`] on a GPU: Redline's tensor-core kernels with the
-/// fused kernels (`--fused-kernels auto` or `on`), else candle's 16-bit
-/// CUDA ops.
-fn gpu_precision_path(precision: Precision, weights: &str, fused: bool) -> String {
-    let ty = if precision == Precision::Fp16Mixed {
-        "fp16"
-    } else {
-        "bf16"
-    };
-    if fused {
-        format!(
-            "{precision} on the GPU: {weights}; linear layers (cuBLASLt) and convolutions \
-             (Redline's implicit GEMMs) on {ty} tensor cores with fp32 accumulation, outputs \
-             rounded to {ty} (Redline's fused kernels)"
-        )
-    } else {
-        format!("{precision} on the GPU: {weights}; candle's {ty} CUDA kernels (cuBLAS)")
-    }
-}
-
-/// `--clip-grad-norm` / `--clip-grad-value` (clap refuses both at once).
-fn grad_clip(args: &TrainArgs) -> Option<GradClip> {
-    match (args.clip_grad_norm, args.clip_grad_value) {
-        (Some(max_norm), _) => Some(GradClip::Norm { max_norm }),
-        (None, Some(limit)) => Some(GradClip::Value { limit }),
-        (None, None) => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A CPU with AMX-BF16 is told that Redline's bf16 kernel does not use it.
-    #[test]
-    fn an_amx_cpu_is_told_that_amx_is_not_used() {
-        let spr = "flags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile amx_int8";
-        assert!(amx_note(spr).contains("AMX-BF16"));
-        assert_eq!(amx_note("flags\t\t: fpu avx512f avx512_bf16"), "");
-        assert_eq!(amx_note("flags: amx_bf16x"), "", "whole words only");
-    }
-
-    /// A GPU run's summary names the kernels its 16-bit products take.
-    #[test]
-    fn the_gpu_precision_path_says_which_kernels_run() {
-        let fused = gpu_precision_path(Precision::Bf16Mixed, "fp32 master weights", true);
-        assert!(
-            fused.contains("bf16 tensor cores") && !fused.contains("candle"),
-            "{fused}"
-        );
-        let plain = gpu_precision_path(Precision::Fp16Mixed, "fp32 master weights", false);
-        assert!(
-            plain.contains("candle's fp16") && !plain.contains("tensor cores"),
-            "{plain}"
-        );
-    }
 }

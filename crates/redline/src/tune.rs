@@ -223,14 +223,23 @@ pub fn batch_size(plan: &Plan, mut search: BatchSizeSearch) -> anyhow::Result<Ba
         Ok(Trial::Ran(t))
     };
     let mut failed = None;
-    let choice = search.run(|b| match trial(b) {
-        Ok(t) => Ok(t),
-        Err(e) => {
-            let message = format!("batch {b}: {e:#}");
-            failed = Some(message.clone());
-            Err(redline_train::Error::Config(message))
+    let choice = search.run(|b| {
+        // A signal ends the search between trials (each is about a second).
+        if plan.stop.flag.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(redline_train::Error::Interrupted { step: 0, epoch: 0 });
+        }
+        match trial(b) {
+            Ok(t) => Ok(t),
+            Err(e) => {
+                let message = format!("batch {b}: {e:#}");
+                failed = Some(message.clone());
+                Err(redline_train::Error::Config(message))
+            }
         }
     });
+    if let Err(redline_train::Error::Interrupted { .. }) = &choice {
+        return Err(plan.stop.stopped("searching for the batch size"));
+    }
     match (choice, failed) {
         (Ok(c), _) => Ok(c),
         (Err(_), Some(why)) => bail!("the batch-size search failed at {why}"),
@@ -253,11 +262,21 @@ pub fn lr(plan: &Plan, test: LrRangeTest) -> anyhow::Result<LrFound> {
         },
     )?;
     let make = step_maker(plan);
-    let curve = test.run(&make, &plan.device, &train, &plan.opt_cfg)?;
+    println!(
+        "lr range test: {} steps from {:e} to {:e} at batch {} (Ctrl-C stops it)",
+        test.steps, test.min_lr, test.max_lr, plan.batch_size
+    );
+    let curve = match test.run_until(&make, &plan.device, &train, &plan.opt_cfg, &plan.stop.flag) {
+        Err(redline_train::Error::Interrupted { .. }) => {
+            return Err(plan.stop.stopped("running the learning-rate range test"))
+        }
+        other => other?,
+    };
     let Some(index) = tune::suggestion(&curve.lr, &curve.smoothed, 10, 1) else {
         bail!(
             "the learning-rate range test gave {} points, too few to suggest a rate{}\nHINT: \
-             give --lr a value, or more steps or data",
+             narrow its range (--min-lr, --max-lr: the loss blew up early) or give it more \
+             --steps or data; `train --lr auto` can take a --lr value instead",
             curve.lr.len(),
             curve
                 .stopped
@@ -281,6 +300,16 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
         TuneCommand::BatchSize(f) => ("batch-size", f),
         TuneCommand::Lr(f) => ("lr", f),
     };
+    let test = LrRangeTest {
+        min_lr: flags.min_lr,
+        max_lr: flags.max_lr,
+        steps: flags.steps,
+        ..LrRangeTest::default()
+    };
+    // Before the data is read: a bad range is refused by its flags.
+    if what == "lr" {
+        test.check()?;
+    }
     let mut plan = crate::plan::prepare(&flags.train)?;
     if plan.ranks.is_distributed() {
         bail!(
@@ -310,16 +339,10 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
             )?;
             write(&out, "batch_size.csv", &batch_csv(&choice))?;
         }
-        TuneCommand::Lr(f) => {
+        TuneCommand::Lr(_) => {
             if flags.train.batch_size.is_auto() {
                 plan.batch_size = batch_size(&plan, BatchSizeSearch::default())?.batch_size;
             }
-            let test = LrRangeTest {
-                min_lr: f.min_lr,
-                max_lr: f.max_lr,
-                steps: f.steps,
-                ..LrRangeTest::default()
-            };
             let found = lr(&plan, test)?;
             println!("{}", found.line());
             write(&out, "lr.json", &serde_json::to_string_pretty(&found)?)?;

@@ -439,7 +439,7 @@ fn diverging_loss_stops_with_a_hint_and_leaves_its_run_folder() {
         dir.to_str().unwrap(),
     ]);
     assert!(
-        err.contains("loss became") && err.contains("HINT: lower --lr"),
+        err.contains("loss became") && err.contains("HINT: lower the learning rate"),
         "{err}"
     );
     // The failed run still says what happened, with its breakdown and report.

@@ -116,7 +116,7 @@ fn a_diverging_run_stops_fails_and_leaves_the_save_file_alone() {
     ];
     let m = fails(&args);
     assert!(
-        m.contains("training diverged at step 10") && m.contains("lower --lr"),
+        m.contains("training diverged at step 10") && m.contains("lower the learning rate"),
         "{m}"
     );
     let kept = std::fs::read_to_string(&save).unwrap();

@@ -107,7 +107,7 @@ fn a_bad_value_in_a_config_file_names_the_file_and_the_key() {
     );
     std::fs::write(&config, "epochs = 1\nlearning-rate = 0.1\n").unwrap();
     let m = fails(&["train", "--config", config.to_str().unwrap()]);
-    assert!(m.contains("the key `learning-rate`"), "{m}");
+    assert!(m.contains("`learning-rate` is not a setting"), "{m}");
 }
 
 #[test]

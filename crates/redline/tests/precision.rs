@@ -458,7 +458,7 @@ fn precisions_not_built_and_bad_scales_are_refused_by_name() {
         ),
         (
             &["--precision", "16-mixed", "--loss-scale", "dynamic:init=0"][..],
-            "init must be a finite number > 0",
+            "init must be a finite fp32 number > 0",
         ),
         (
             &["--precision", "16", "--loss-scale", "static:128"][..],

@@ -146,3 +146,68 @@ fn auto_flags_are_measured_recorded_as_numbers_and_not_searched_again_on_resume(
     );
     assert!(again.contains("resuming"), "{again}");
 }
+
+/// Before: `tune lr` ignored the first SIGINT (only a second one, with no
+/// message, ended it), and `--steps` had no bound: `--steps 100000000000`
+/// ran for more than 10 minutes.
+#[test]
+fn tune_lr_stops_at_the_first_signal_and_bounds_its_steps() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let t = tempfile::tempdir().unwrap();
+    let base = [
+        "tune",
+        "lr",
+        "--device",
+        "cpu",
+        "--data",
+        DIGITS,
+        "--batch-size",
+        "16",
+        "--threads",
+        "1",
+        "--max-lr",
+        "1e-6",
+    ];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redline"))
+        .args(base)
+        .args(["--steps", "100000", "--out"])
+        .arg(t.path().join("lr"))
+        .current_dir(common::root())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // The signal comes once the range test runs.
+    assert!(lines.any(|l| l.is_ok_and(|l| l.starts_with("lr range test:"))));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed().as_secs() > 60 {
+            let _ = child.kill();
+            panic!("tune lr still ran 60 s after SIGINT");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{se}");
+    assert!(
+        se.contains("interrupted by SIGINT while running the learning-rate range test"),
+        "{se}"
+    );
+    let refused = common::redline(&[&base[..], &["--steps", "100000000000"]].concat());
+    let se = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        se.contains("--steps 100000000000: give 2 to 100000"),
+        "{se}"
+    );
+}

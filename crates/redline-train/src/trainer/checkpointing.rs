@@ -179,9 +179,34 @@ impl Trainer {
         Ok(())
     }
 
+    /// An epoch that `--max-steps` ends before its last batch: a snapshot of
+    /// the loop where it stopped (the epoch's sums, the finished epochs'
+    /// logs), taken before the epoch's end is logged, so that a resume with
+    /// more steps continues this epoch's batches in their order. `None`
+    /// without checkpoints.
+    pub(super) fn cut_snapshot(
+        &self,
+        st: &LoopState,
+        epoch: usize,
+        sums: &Running,
+    ) -> Result<Option<Snapshot>> {
+        if self.checkpoints.is_none() {
+            return Ok(None);
+        }
+        self.snapshot(st, epoch, st.batch, Some(sums), None)
+            .map(Some)
+    }
+
     /// At an epoch's end (its validation and early stop done): a checkpoint
-    /// that resumes at the next epoch, with the monitored value of `log`.
-    pub(super) fn epoch_checkpoint(&mut self, st: &LoopState, log: &EpochLog) -> Result<()> {
+    /// that resumes at the next epoch, with the monitored value of `log`;
+    /// or, for an epoch `--max-steps` cut short, `cut` ([`Self::cut_snapshot`])
+    /// with that value, which resumes inside the epoch.
+    pub(super) fn epoch_checkpoint(
+        &mut self,
+        st: &LoopState,
+        log: &EpochLog,
+        cut: Option<Snapshot>,
+    ) -> Result<()> {
         let Some(cfg) = &self.checkpoints else {
             return Ok(());
         };
@@ -203,7 +228,11 @@ impl Trainer {
         // With a step interval, an epoch end checkpoints only when it is the
         // best so far (or the interval falls there).
         let best_now = self.writer.log.best.is_some_and(|(s, _)| s == st.step);
-        if every_epoch || best_now {
+        if let Some(mut snap) = cut {
+            // The fit's last position is always kept, whatever the interval.
+            snap.meta.monitor = monitor.map(|m| m.0);
+            self.submit(snap);
+        } else if every_epoch || best_now {
             let snap = self.snapshot(st, log.epoch + 1, 0, None, monitor.map(|m| m.0))?;
             self.submit(snap);
         }
@@ -247,6 +276,13 @@ impl Trainer {
     /// losses and weights, bit for bit, as a run never stopped (same
     /// machine, threads and device).
     pub fn resume_from(&mut self, loaded: Loaded) -> Result<()> {
+        loaded
+            .meta
+            .check_max_steps(self.cfg.max_steps)
+            .map_err(|message| Error::Checkpoint {
+                path: loaded.dir.clone(),
+                message,
+            })?;
         let weights_path = loaded.dir.join(checkpoint::WEIGHTS);
         self.module
             .params()

@@ -1,0 +1,143 @@
+//! The data stage of `redline train`: the prepared splits placed on the
+//! device (resident or streamed), sharded across ranks, augmented and
+//! limited as the flags say.
+
+use std::sync::Arc;
+
+use anyhow::bail;
+use redline_core::Device;
+use redline_data::{
+    place, Augmented, DataOnDevice, Dataset, HostData, Loader, LoaderConfig, Placement, Prepared,
+    TargetKind,
+};
+use redline_train::Strategy;
+
+use crate::cli::TrainArgs;
+use crate::data_flags::augment;
+use crate::short_runs::{apply, Limit, ShortRun};
+
+/// The loaders of a run and what the startup line says of its data.
+pub(super) struct Loaders {
+    /// The training split's loader (this rank's shard, limited).
+    pub train: Loader,
+    /// Validation's, unless `--no-validate` or none.
+    pub val: Option<Loader>,
+    /// The test split's, unless `--no-validate` or none.
+    pub test: Option<Loader>,
+    /// The batch size used: `--batch-size`, at most the training samples.
+    pub batch_size: usize,
+    /// Samples of train, val and test.
+    pub counts: (usize, usize, usize),
+    /// Dimensions of one input.
+    pub inputs: Vec<usize>,
+    /// What the targets are.
+    pub target: TargetKind,
+    /// The format read.
+    pub format: String,
+    /// What reading decided and why.
+    pub notes: Vec<String>,
+}
+
+/// Builds the loaders of `prepared` on `device` for this rank of `strategy`,
+/// at `wanted_batch`, limited by `short`.
+pub(super) fn build(
+    args: &TrainArgs,
+    prepared: Prepared,
+    device: &Device,
+    strategy: &Strategy,
+    short: &ShortRun,
+    wanted_batch: usize,
+) -> anyhow::Result<Loaders> {
+    // Each rank reads its shard of every epoch (DistributedSampler): padded
+    // for training, so every rank takes the same steps; evaluation counts
+    // each sample once.
+    let shard =
+        |l: Loader, pad: bool| -> anyhow::Result<Loader> { Ok(l.shard(strategy.shard(pad))?) };
+    let (inputs, target) = (prepared.train.input_dims.clone(), prepared.train.target);
+    let policy: DataOnDevice = args.data_on_device.parse()?;
+    // Read on the host, then placed: uploaded once, or streamed per batch.
+    let mut device_free = redline_core::memory::stats(device)?.map(|m| m.device_free);
+    let mut load = |data: HostData, cfg: LoaderConfig| -> anyhow::Result<Loader> {
+        let placement = place(policy, data.bytes(), device_free)?;
+        if let (Placement::Resident, Some(free)) = (placement, device_free.as_mut()) {
+            *free = free.saturating_sub(data.bytes());
+        }
+        Ok(Loader::placed_host(data, device.candle(), placement, cfg)?)
+    };
+    let eval_cfg = LoaderConfig {
+        batch_size: args.eval_batch_size,
+        shuffle: false,
+        seed: 0,
+        prefetch: args.prefetch,
+        drop_last: false,
+    };
+    let (train_n, val_n, test_n) = (
+        prepared.train.len(),
+        prepared.val.as_ref().map_or(0, |v| v.len()),
+        prepared.test.as_ref().map_or(0, |t| t.len()),
+    );
+    // A stated clamp: a batch larger than the data is the whole data.
+    let batch_size = wanted_batch.min(train_n.max(1));
+    if batch_size < wanted_batch {
+        println!(
+            "  --batch-size {} is more than the {train_n} training samples: each step uses all \
+             {train_n} (batch {batch_size})",
+            wanted_batch
+        );
+    }
+    let train_cfg = LoaderConfig {
+        batch_size,
+        // Overfitting takes the same batches every epoch.
+        shuffle: !args.no_shuffle && !short.overfit,
+        seed: args.seed,
+        prefetch: args.prefetch,
+        drop_last: false,
+    };
+    let train_loader = match augment(args)? {
+        Some(_) if policy == DataOnDevice::On => bail!(
+            "--augment transforms batches on the loader thread, so the training split streams; \
+             it cannot be combined with --data-on-device on"
+        ),
+        // Transforms run while gathering on the loader thread: the split streams.
+        Some(aug) => Loader::from_dataset(
+            Arc::new(Augmented::new(prepared.train, aug, args.seed)?),
+            device.candle(),
+            train_cfg,
+        )?,
+        None => load(prepared.train, train_cfg)?,
+    };
+    let train_loader = shard(train_loader, true)?;
+    let train_loader = apply(&short.flag("train"), train_loader, short.train)?;
+    // A limit of 0 batches is no pass at all.
+    let none = |l: Option<Limit>| l == Some(Limit::Batches(0));
+    let (val_loader, test_loader) = if args.no_validate {
+        (None, None)
+    } else {
+        let test = prepared
+            .test
+            .filter(|_| !none(short.test))
+            .map(|t| shard(load(t, eval_cfg.clone())?, false))
+            .transpose()?
+            .map(|l| apply(&short.flag("test"), l, short.test))
+            .transpose()?;
+        let val = prepared
+            .val
+            .filter(|_| !none(short.val))
+            .map(|v| shard(load(v, eval_cfg)?, false))
+            .transpose()?
+            .map(|l| apply(&short.flag("val"), l, short.val))
+            .transpose()?;
+        (val, test)
+    };
+    Ok(Loaders {
+        train: train_loader,
+        val: val_loader,
+        test: test_loader,
+        batch_size,
+        counts: (train_n, val_n, test_n),
+        inputs,
+        target,
+        format: prepared.format.to_string(),
+        notes: prepared.notes,
+    })
+}

@@ -35,6 +35,28 @@ pub enum Command {
     Runs(RunsArgs),
     /// Find the batch size or learning rate by measurement (Lightning's finders).
     Tune(TuneArgs),
+    /// Evaluate a finished run's weights on its test split, or on other data of its shape
+    /// (Lightning's `trainer.test`): prints the loss and metrics, writes nothing.
+    Test(TestArgs),
+}
+
+/// Flags of `redline test`.
+#[derive(Debug, Clone, Args)]
+pub struct TestArgs {
+    /// The run folder (its config.toml says the job; its checkpoints hold the weights), or
+    /// `last`: the newest run under runs/ with a checkpoint.
+    pub run_dir: PathBuf,
+    /// Other data of the run's input shape [default: the run's own test split]; its test
+    /// split, or all of it when it has none.
+    #[arg(long, value_name = "PATH")]
+    pub data: Option<PathBuf>,
+    /// Which weights: `last` (the newest checkpoint), `best` (by the run's --monitor), a
+    /// checkpoint folder, or a .safetensors file (--save's).
+    #[arg(long, default_value = "last", value_name = "best|last|PATH")]
+    pub checkpoint: String,
+    /// The device [default: the run's].
+    #[arg(long, value_name = "DEVICE")]
+    pub device: Option<String>,
 }
 
 /// `redline tune`.
@@ -416,6 +438,12 @@ pub struct TrainArgs {
     #[arg(long, requires = "resume")]
     #[serde(skip)]
     pub accept_changed_data: bool,
+    /// Print the resolved flags as the TOML a run folder's config.toml holds (paths absolute;
+    /// values settled by measurement, such as --batch-size auto, as `auto`) and exit: no data
+    /// is read and no run folder made. `redline train --config FILE` runs that job again.
+    #[arg(long)]
+    #[serde(skip)]
+    pub print_config: bool,
 }
 
 /// The default of a mode flag added after runs were recorded without it.

@@ -78,8 +78,10 @@ pub struct Plan {
 }
 
 /// The shipped Fashion-MNIST: `./data/fashion-mnist` from the repository root,
-/// else the copy beside the sources this binary was built from.
-fn default_data_dir() -> anyhow::Result<PathBuf> {
+/// else the copy beside the executable, else beside the sources this binary
+/// was built from; with where it was found when that is not the working
+/// directory (the caller says so).
+pub fn default_data_dir() -> anyhow::Result<(PathBuf, Option<&'static str>)> {
     let rel = Path::new("data/fashion-mnist");
     let exe = std::env::current_exe()
         .ok()
@@ -97,13 +99,8 @@ fn default_data_dir() -> anyhow::Result<PathBuf> {
         "in the source tree it was built from",
     ));
     if let Some((dir, place)) = candidates.iter().find(|(p, _)| p.is_dir()) {
-        if *place != "in the working directory" {
-            println!(
-                "data: no --data given; the shipped Fashion-MNIST found {place}: {}",
-                dir.display()
-            );
-        }
-        return Ok(dir.clone());
+        let elsewhere = (*place != "in the working directory").then_some(*place);
+        return Ok((dir.clone(), elsewhere));
     }
     bail!(
         "the shipped Fashion-MNIST was not found (looked in {})\nHINT: run from the repository \
@@ -165,6 +162,116 @@ pub fn optimizer(args: &TrainArgs, lr: f64) -> anyhow::Result<OptimizerConfig> {
     Ok(cfg)
 }
 
+/// Counts that must be at least 1: kept checkpoints, the checkpoint
+/// interval, the batch sizes.
+fn check_counts(args: &TrainArgs) -> anyhow::Result<()> {
+    if args.keep_last == 0 {
+        bail!("--keep-last 0: keep at least 1 checkpoint (the resume point)\nHINT: --no-checkpoint writes none");
+    }
+    if args.checkpoint_every == Some(0) {
+        bail!("--checkpoint-every 0: give a number of optimizer steps (at least 1)");
+    }
+    for (flag, zero) in [
+        ("--batch-size", args.batch_size == Auto::Value(0)),
+        ("--eval-batch-size", args.eval_batch_size == 0),
+    ] {
+        if zero {
+            bail!("{flag} 0: give at least 1 sample a batch");
+        }
+    }
+    Ok(())
+}
+
+/// `--prefetch` within bounds, and `--save`/`--metrics` writable files
+/// that are neither the run folder's own nor each other.
+fn check_outputs(args: &TrainArgs) -> anyhow::Result<()> {
+    if args.prefetch > MAX_PREFETCH {
+        bail!(
+            "--prefetch {}: at most {MAX_PREFETCH} batches ahead (each one is a whole batch held \
+             in memory)\nHINT: 2 to 4 keeps a device fed; more only helps a loader that stalls \
+             now and then",
+            args.prefetch
+        );
+    }
+    for (flag, path) in [("--save", &args.save), ("--metrics", &args.metrics)] {
+        if let Some(path) = path {
+            check_writable(flag, path, args.run_dir.as_deref())?;
+        }
+    }
+    if let (Some(s), Some(m)) = (&args.save, &args.metrics) {
+        if std::path::absolute(s)? == std::path::absolute(m)? {
+            bail!(
+                "--save and --metrics both name {}: one would overwrite the other\nHINT: give them \
+                 different files",
+                s.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The model a table implies, checked from its first row before the table
+/// is read: a file of 50 million columns is refused in a moment; a model
+/// that does not fit the data says so as it would later, and one too large
+/// for memory is refused before any allocation.
+fn check_model_fits(
+    args: &TrainArgs,
+    data_dir: &Path,
+    data: &redline_data::DataOptions,
+) -> anyhow::Result<()> {
+    if let Some(inputs) = redline_data::peek_inputs(data_dir, data)
+        .with_context(|| format!("--data {}", data_dir.display()))?
+    {
+        ModelConfig::for_inputs(&args.model, &inputs, 1, hidden(args)?.as_deref())?
+            .build(&redline_core::Device::cpu(), Precision::Fp32, 0)
+            .with_context(|| {
+                format!(
+                    "--data {}: its {} features imply a model too large for this machine",
+                    data_dir.display(),
+                    inputs.iter().product::<usize>()
+                )
+            })?;
+    }
+    Ok(())
+}
+
+/// The device (`--device auto` settled by timing `job` on each), what was
+/// measured, and a 16-bit precision's timing against fp32; each said on a
+/// line. The ranks learn their device.
+fn pick_device(
+    (spec, selected): (DeviceSpec, DeviceSpec),
+    job: &crate::auto_device::Job,
+    ranks: &mut crate::dist::Ranks,
+    precision: Precision,
+) -> anyhow::Result<(
+    redline_core::Device,
+    Option<String>,
+    Option<crate::auto_device::PrecisionTiming>,
+)> {
+    let (device, device_choice) = if ranks.is_distributed() {
+        (rank_device(spec, selected, ranks)?, None)
+    } else {
+        crate::auto_device::choose(spec, selected, job)?
+    };
+    if let Some(line) = &device_choice {
+        println!("{line}");
+    }
+    let precision_timing = crate::auto_device::precision_timing(job, &device, precision)?;
+    if let Some(crate::auto_device::PrecisionTiming { line, .. }) = &precision_timing {
+        println!("{line}");
+    }
+    if let Some(line) = ranks.on_device(&device)? {
+        println!("{line}");
+    }
+    if let Some(s) = device.kernels_load_s().filter(|&s| s >= 1.0) {
+        println!(
+            "GPU kernels: compiled for this GPU in {s:.1} s before training (a first run on \
+             this machine; the driver caches them)"
+        );
+    }
+    Ok((device, device_choice, precision_timing))
+}
+
 /// Checks the flags, reads the data, shapes the model and picks the device:
 /// everything `train` and `tune` do before their first step. Errors come
 /// before any run folder exists.
@@ -177,7 +284,7 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
     }
     // Every rank joins the others before it does anything that may fail on
     // one rank only; ranks other than 0 print nothing.
-    let ranks = crate::dist::join(&args.strategy, args.dist_timeout, &stop.flag)?;
+    let mut ranks = crate::dist::join(&args.strategy, args.dist_timeout, &stop.flag)?;
     if !ranks.is_global_zero() {
         crate::dist::quiet_stdout()?;
     }
@@ -215,12 +322,7 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
     // `--lr auto` is checked with the default rate; the finder sets it.
     let lr = args.lr.or(DEFAULT_LR);
     let opt_cfg = optimizer(args, lr)?;
-    if args.keep_last == 0 {
-        bail!("--keep-last 0: keep at least 1 checkpoint (the resume point)\nHINT: --no-checkpoint writes none");
-    }
-    if args.checkpoint_every == Some(0) {
-        bail!("--checkpoint-every 0: give a number of optimizer steps (at least 1)");
-    }
+    check_counts(args)?;
     let schedule: redline_train::LrSchedule = args.lr_schedule.parse()?;
     // Every precision is built; an unknown name is refused by the parse.
     let precision: Precision = args.precision.parse()?;
@@ -234,61 +336,25 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
     redline_train::set_gpu_conv(&args.gpu_conv)?;
     let data_dir = match &args.data {
         Some(d) => d.clone(),
-        None => default_data_dir()?,
-    };
-    for (flag, zero) in [
-        ("--batch-size", args.batch_size == Auto::Value(0)),
-        ("--eval-batch-size", args.eval_batch_size == 0),
-    ] {
-        if zero {
-            bail!("{flag} 0: give at least 1 sample a batch");
+        None => {
+            let (dir, place) = default_data_dir()?;
+            if let Some(place) = place {
+                println!(
+                    "data: no --data given; the shipped Fashion-MNIST found {place}: {}",
+                    dir.display()
+                );
+            }
+            dir
         }
-    }
+    };
     let mode: Mode = args.profiler.parse()?;
     // 0 turns sampling off.
     let monitor_every = crate::cli::seconds("--monitor-interval", args.monitor_interval)?;
-    if args.prefetch > MAX_PREFETCH {
-        bail!(
-            "--prefetch {}: at most {MAX_PREFETCH} batches ahead (each one is a whole batch held \
-             in memory)\nHINT: 2 to 4 keeps a device fed; more only helps a loader that stalls \
-             now and then",
-            args.prefetch
-        );
-    }
-    for (flag, path) in [("--save", &args.save), ("--metrics", &args.metrics)] {
-        if let Some(path) = path {
-            check_writable(flag, path, args.run_dir.as_deref())?;
-        }
-    }
-    if let (Some(s), Some(m)) = (&args.save, &args.metrics) {
-        if std::path::absolute(s)? == std::path::absolute(m)? {
-            bail!(
-                "--save and --metrics both name {}: one would overwrite the other\nHINT: give them \
-                 different files",
-                s.display()
-            );
-        }
-    }
+    check_outputs(args)?;
 
     let short = crate::short_runs::ShortRun::from_args(args)?;
     let data = data_options(args)?;
-    // The model a table implies, checked from its first row before the table
-    // is read: a file of 50 million columns is refused in a moment.
-    if let Some(inputs) = redline_data::peek_inputs(&data_dir, &data)
-        .with_context(|| format!("--data {}", data_dir.display()))?
-    {
-        // A model that does not fit the data says so as it would later; one
-        // too large for memory is refused before any allocation.
-        ModelConfig::for_inputs(&args.model, &inputs, 1, hidden(args)?.as_deref())?
-            .build(&redline_core::Device::cpu(), Precision::Fp32, 0)
-            .with_context(|| {
-                format!(
-                    "--data {}: its {} features imply a model too large for this machine",
-                    data_dir.display(),
-                    inputs.iter().product::<usize>()
-                )
-            })?;
-    }
+    check_model_fits(args, &data_dir, &data)?;
     println!("loading {} ...", data_dir.display());
     let prepared = match redline_data::prepare_until(&data_dir, &data, &stop.flag) {
         Err(redline_data::Error::Interrupted) => return Err(stop.stopped("reading the data")),
@@ -313,28 +379,8 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
         seed: args.seed,
         loss_scale,
     };
-    let (device, device_choice) = if ranks.is_distributed() {
-        (rank_device(spec, selected, &ranks)?, None)
-    } else {
-        crate::auto_device::choose(spec, selected, &job)?
-    };
-    if let Some(line) = &device_choice {
-        println!("{line}");
-    }
-    let precision_timing = crate::auto_device::precision_timing(&job, &device, precision)?;
-    if let Some(crate::auto_device::PrecisionTiming { line, .. }) = &precision_timing {
-        println!("{line}");
-    }
-    let mut ranks = ranks;
-    if let Some(line) = ranks.on_device(&device)? {
-        println!("{line}");
-    }
-    if let Some(s) = device.kernels_load_s().filter(|&s| s >= 1.0) {
-        println!(
-            "GPU kernels: compiled for this GPU in {s:.1} s before training (a first run on \
-             this machine; the driver caches them)"
-        );
-    }
+    let (device, device_choice, precision_timing) =
+        pick_device((spec, selected), &job, &mut ranks, precision)?;
     Ok(Plan {
         stop,
         threads,

@@ -26,7 +26,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// A metric for people: `accuracy` in percent, anything else as a number.
-fn show(name: &str, v: f64) -> String {
+pub fn show(name: &str, v: f64) -> String {
     if name == "accuracy" {
         pct(v)
     } else if v.is_finite() {

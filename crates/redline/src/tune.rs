@@ -300,6 +300,9 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
         TuneCommand::BatchSize(f) => ("batch-size", f),
         TuneCommand::Lr(f) => ("lr", f),
     };
+    if flags.train.print_config {
+        return crate::print_config::print(&flags.train);
+    }
     let test = LrRangeTest {
         min_lr: flags.min_lr,
         max_lr: flags.max_lr,

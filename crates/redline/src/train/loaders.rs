@@ -5,16 +5,15 @@
 use std::sync::Arc;
 
 use anyhow::bail;
-use redline_core::Device;
 use redline_data::{
     place, Augmented, DataOnDevice, Dataset, HostData, Loader, LoaderConfig, Placement, Prepared,
-    TargetKind,
+    TargetKind, Targets,
 };
-use redline_train::Strategy;
 
 use crate::cli::TrainArgs;
 use crate::data_flags::augment;
-use crate::short_runs::{apply, Limit, ShortRun};
+use crate::plan::Plan;
+use crate::short_runs::{apply, Limit};
 
 /// The loaders of a run and what the startup line says of its data.
 pub(super) struct Loaders {
@@ -38,16 +37,13 @@ pub(super) struct Loaders {
     pub notes: Vec<String>,
 }
 
-/// Builds the loaders of `prepared` on `device` for this rank of `strategy`,
-/// at `wanted_batch`, limited by `short`.
-pub(super) fn build(
-    args: &TrainArgs,
-    prepared: Prepared,
-    device: &Device,
-    strategy: &Strategy,
-    short: &ShortRun,
-    wanted_batch: usize,
-) -> anyhow::Result<Loaders> {
+/// Builds the loaders of the plan's data (taken out of it: the host copies
+/// go to the loaders) on its device for this rank, at its batch size,
+/// limited by its short-run flags.
+pub(super) fn build(args: &TrainArgs, plan: &mut Plan) -> anyhow::Result<Loaders> {
+    let prepared = take(&mut plan.prepared);
+    let (device, strategy, short) = (&plan.device, &plan.ranks.strategy, &plan.short);
+    let wanted_batch = plan.batch_size;
     // Each rank reads its shard of every epoch (DistributedSampler): padded
     // for training, so every rank takes the same steps; evaluation counts
     // each sample once.
@@ -140,4 +136,24 @@ pub(super) fn build(
         format: prepared.format.to_string(),
         notes: prepared.notes,
     })
+}
+
+/// The plan's data, leaving empty splits in its place: the loaders own the
+/// host copies (one of each split is held, never two).
+fn take(prepared: &mut Prepared) -> Prepared {
+    let empty = |d: &HostData| HostData {
+        x: Vec::new(),
+        y: Targets::Classes(Vec::new()),
+        input_dims: d.input_dims.clone(),
+        target: d.target,
+        source: d.source.clone(),
+    };
+    let emptied = Prepared {
+        format: prepared.format,
+        train: empty(&prepared.train),
+        val: None,
+        test: None,
+        notes: Vec::new(),
+    };
+    std::mem::replace(prepared, emptied)
 }

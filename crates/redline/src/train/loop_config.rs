@@ -1,20 +1,16 @@
 //! The training loop's settings from the flags ([`TrainConfig`]), checked
 //! before the run folder exists so that a bad value leaves nothing behind.
 
-use redline_train::{EarlyStop, GradClip, LossScale, LrSchedule, TrainConfig};
+use redline_train::{GradClip, TrainConfig};
 
 use crate::cli::TrainArgs;
-use crate::short_runs::ShortRun;
+use crate::plan::Plan;
 
 /// The loop's settings: the flags', one epoch for a fast dev run, and the
 /// plan's schedule, early stop and loss scale.
-pub(super) fn build(
-    args: &TrainArgs,
-    short: &ShortRun,
-    (schedule, early_stop, loss_scale): (LrSchedule, Option<EarlyStop>, Option<LossScale>),
-) -> anyhow::Result<TrainConfig> {
+pub(super) fn build(args: &TrainArgs, plan: &Plan) -> anyhow::Result<TrainConfig> {
     let cfg = TrainConfig {
-        epochs: if short.fast_dev_run.is_some() {
+        epochs: if plan.short.fast_dev_run.is_some() {
             1
         } else {
             args.epochs
@@ -31,24 +27,12 @@ pub(super) fn build(
         cuda_graph: args.cuda_graph.parse()?,
         kernel_trace: args.kernel_trace == "on",
         fused_kernels: args.fused_kernels.parse()?,
-        schedule,
-        early_stop,
-        loss_scale,
+        schedule: plan.schedule.clone(),
+        early_stop: plan.early_stop.clone(),
+        loss_scale: plan.loss_scale,
     };
     cfg.check()?;
     Ok(cfg)
-}
-
-/// The startup line of `--accumulate N` (N > 1): the effective batch.
-pub(super) fn print_accumulation(args: &TrainArgs, batch_size: usize) {
-    if args.accumulate > 1 {
-        println!(
-            "  accumulating {} micro-batches of {} per optimizer step (effective batch {})",
-            args.accumulate,
-            batch_size,
-            args.accumulate.saturating_mul(batch_size)
-        );
-    }
 }
 
 /// `--clip-grad-norm` / `--clip-grad-value` (clap refuses both at once).

@@ -61,6 +61,21 @@ pub(super) fn print(
     Ok(())
 }
 
+/// The device's memory after the fit (a GPU's; nothing on the CPU): the
+/// pool was trimmed, so peak is the run's high-water mark.
+pub(super) fn print_memory(trainer: &Trainer) {
+    if let Ok(Some(mem)) = trainer.memory() {
+        println!(
+            "device memory: peak allocated {:.1} MiB, pool {:.1} MiB after trim, {:.1} of {:.1} \
+             GiB free",
+            mem.peak_allocated as f64 / 1048576.0,
+            mem.reserved as f64 / 1048576.0,
+            mem.device_free as f64 / 1073741824.0,
+            mem.device_total as f64 / 1073741824.0
+        );
+    }
+}
+
 /// What became of `--save`: written, or why not (`fast_dev_run`, or the
 /// fit's `untrained` reason).
 pub(super) fn print_save(args: &TrainArgs, fast_dev_run: Option<usize>, untrained: Option<&str>) {

@@ -1,0 +1,76 @@
+//! The startup lines of `redline train`: the model, device and optimizer,
+//! the schedule and early stop, the data and what reading it decided, and a
+//! short run's limits.
+
+use redline_core::Precision;
+use redline_data::Loader;
+
+use super::loaders::Loaders;
+use super::model::Built;
+use crate::cli::TrainArgs;
+use crate::plan::Plan;
+
+/// The batches an epoch of each split runs (train, val, test), as limited.
+pub(super) fn batches(data: &Loaders) -> [Option<usize>; 3] {
+    [
+        Some(data.train.batches_per_epoch()),
+        data.val.as_ref().map(Loader::batches_per_epoch),
+        data.test.as_ref().map(Loader::batches_per_epoch),
+    ]
+}
+
+/// Prints the startup lines.
+pub(super) fn print(args: &TrainArgs, plan: &Plan, data: &Loaders, built: &Built) {
+    println!(
+        "redline: {} ({} params) on {} ({} compute threads), {} batch {}, lr {}, loss {}{}",
+        plan.model_cfg.name(),
+        built.model.params().numel(),
+        plan.device,
+        plan.threads,
+        args.optimizer,
+        data.batch_size,
+        plan.lr,
+        plan.step_kind,
+        match plan.precision {
+            Precision::Fp32 => String::new(),
+            p => format!(", precision {p}"),
+        }
+    );
+    if !plan.schedule.is_constant() {
+        println!("  lr schedule: {} (base lr {})", plan.schedule, plan.lr);
+    }
+    if let Some(es) = &plan.early_stop {
+        println!("  early stop: {es}");
+    }
+    let (train_n, val_n, test_n) = data.counts;
+    println!(
+        "data: {} ({}; inputs {:?}, {}): {} train / {} val / {} test, {}",
+        plan.data_dir.display(),
+        data.format,
+        data.inputs,
+        data.target,
+        train_n,
+        val_n,
+        test_n,
+        data.train.placement(),
+    );
+    for note in &data.notes {
+        println!("  {note}");
+    }
+    if let Some(line) = plan.short.describe(batches(data)) {
+        println!("  {line}");
+    }
+    loop_config_note(args, data.batch_size);
+}
+
+/// The startup line of `--accumulate N` (N > 1): the effective batch.
+fn loop_config_note(args: &TrainArgs, batch_size: usize) {
+    if args.accumulate > 1 {
+        println!(
+            "  accumulating {} micro-batches of {} per optimizer step (effective batch {})",
+            args.accumulate,
+            batch_size,
+            args.accumulate.saturating_mul(batch_size)
+        );
+    }
+}

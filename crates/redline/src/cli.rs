@@ -38,6 +38,28 @@ pub enum Command {
     /// Evaluate a finished run's weights on its test split, or on other data of its shape
     /// (Lightning's `trainer.test`): prints the loss and metrics, writes nothing.
     Test(TestArgs),
+    /// Apply a finished run's model to data and write one row per sample (Lightning's
+    /// `trainer.predict`): a classifier's class and probabilities, a regression's values.
+    Predict(PredictArgs),
+}
+
+/// Flags of `redline predict`.
+#[derive(Debug, Clone, Args)]
+pub struct PredictArgs {
+    /// The run folder, or `last`.
+    pub run_dir: PathBuf,
+    /// The data to predict on (the run's input shape): its test split, or all of it when it has
+    /// none.
+    #[arg(long, value_name = "PATH")]
+    pub data: PathBuf,
+    /// The file to write: .csv (a header, then one row per sample) or .npy (an (N, columns)
+    /// float32 array); a classifier's columns are class, p0.. and target, a regression's y0..
+    /// and target.
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+    /// Which weights: best, last, a checkpoint folder or a .safetensors file.
+    #[arg(long, default_value = "last", value_name = "best|last|PATH")]
+    pub checkpoint: String,
 }
 
 /// Flags of `redline test`.

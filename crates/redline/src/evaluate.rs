@@ -17,18 +17,18 @@ use crate::summary::show;
 
 /// The run's flags from its `config.toml`, with `--data`/`--device`
 /// overrides, and nothing it would write (no `--save`, `--metrics`).
-fn run_flags(dir: &Path, test: &TestArgs) -> anyhow::Result<TrainArgs> {
+fn run_flags(dir: &Path, data: Option<&Path>, device: Option<&str>) -> anyhow::Result<TrainArgs> {
     let config = dir.join("config.toml");
     let mut argv: Vec<OsString> = ["redline", "train", "--config"]
         .map(OsString::from)
         .into_iter()
         .chain([config.clone().into_os_string()])
         .collect();
-    if let Some(d) = &test.data {
+    if let Some(d) = data {
         // All of other data is evaluated when it has no test split.
-        argv.extend(["--val-split=0".into(), "--data".into(), d.clone().into()]);
+        argv.extend(["--val-split=0".into(), "--data".into(), d.into()]);
     }
-    if let Some(d) = &test.device {
+    if let Some(d) = device {
         argv.extend(["--device".into(), d.into()]);
     }
     argv.extend(["--monitor-interval=0".into()]);
@@ -107,13 +107,20 @@ fn best(all: &[(usize, PathBuf)], args: &TrainArgs) -> Option<PathBuf> {
         .map(|(_, p)| p.clone())
 }
 
-/// Runs `redline test`.
-pub fn run(test: &TestArgs) -> anyhow::Result<()> {
-    let dir = crate::resume::run_folder(&test.run_dir)
-        .map_err(|e| anyhow::anyhow!("{}", e.to_string().replace("--resume", "redline test")))?;
-    let args = run_flags(&dir, test)?;
-    let file = weights(&dir, &test.checkpoint, &args)?;
-    let mut plan = crate::plan::prepare(&args)?;
+/// The model of the run folder `run_dir` (its `config.toml`'s job on
+/// `data` if given, else its own), with the weights `checkpoint` names
+/// loaded: the plan (its data read), the model and the weights file.
+pub fn run_model(
+    run_dir: &Path,
+    data: Option<&Path>,
+    checkpoint: &str,
+    device: Option<&str>,
+) -> anyhow::Result<(crate::plan::Plan, Box<dyn redline_models::Model>, PathBuf)> {
+    let dir = crate::resume::run_folder(run_dir)
+        .map_err(|e| anyhow::anyhow!("{}", e.to_string().replace("--resume ", "")))?;
+    let args = run_flags(&dir, data, device)?;
+    let file = weights(&dir, checkpoint, &args)?;
+    let plan = crate::plan::prepare(&args)?;
     let model = plan
         .model_cfg
         .build(&plan.device, plan.precision, args.seed)?;
@@ -127,10 +134,20 @@ pub fn run(test: &TestArgs) -> anyhow::Result<()> {
             plan.prepared.train.target
         )
     })?;
+    Ok((plan, model, file))
+}
+
+/// The split to evaluate or predict on: the data's test split, else (for
+/// `other` data than the run's) all of it; taken out of the plan.
+pub fn data_split(
+    plan: &mut crate::plan::Plan,
+    other: bool,
+    run_dir: &Path,
+) -> anyhow::Result<HostData> {
     let target = plan.prepared.train.target;
-    let split: HostData = match (plan.prepared.test.take(), &test.data) {
+    Ok(match (plan.prepared.test.take(), other) {
         (Some(t), _) => t,
-        (None, Some(_)) => std::mem::replace(
+        (None, true) => std::mem::replace(
             &mut plan.prepared.train,
             HostData {
                 x: Vec::new(),
@@ -140,11 +157,28 @@ pub fn run(test: &TestArgs) -> anyhow::Result<()> {
                 source: PathBuf::new(),
             },
         ),
-        (None, None) => bail!(
+        (None, false) => bail!(
             "{}: the run's data has no test split\nHINT: give data to evaluate on: --data PATH",
-            dir.display()
+            run_dir.display()
         ),
-    };
+    })
+}
+
+/// Runs `redline test`.
+pub fn run(test: &TestArgs) -> anyhow::Result<()> {
+    let (mut plan, model, file) = run_model(
+        &test.run_dir,
+        test.data.as_deref(),
+        &test.checkpoint,
+        test.device.as_deref(),
+    )?;
+    let split = data_split(&mut plan, test.data.is_some(), &test.run_dir)?;
+    // The loader as the run's test pass had it (eval batch, prefetch, placement).
+    let args = run_flags(
+        &crate::resume::run_folder(&test.run_dir)?,
+        test.data.as_deref(),
+        test.device.as_deref(),
+    )?;
     let policy: DataOnDevice = args.data_on_device.parse()?;
     let free = redline_core::memory::stats(&plan.device)?.map(|m| m.device_free);
     let placement = place(policy, split.bytes(), free)?;

@@ -13,6 +13,7 @@ mod data_flags;
 mod dist;
 mod evaluate;
 mod plan;
+mod predict;
 mod print_config;
 mod progress;
 mod resume;
@@ -40,6 +41,7 @@ fn dispatch(command: cli::Command) -> anyhow::Result<()> {
         cli::Command::Runs(r) => cli::runs(&r),
         cli::Command::Tune(t) => tune::run(&t),
         cli::Command::Test(t) => evaluate::run(&t),
+        cli::Command::Predict(p) => predict::run(&p),
     }
 }
 

@@ -102,3 +102,65 @@ fn bad_checkpoints_folders_and_data_are_refused_by_name() {
         "do not fit the model",
     );
 }
+
+/// `redline predict` on Fashion-MNIST's test split: 10,000 rows whose
+/// argmax accuracy is the run's test accuracy; `.npy` holds the same rows;
+/// an `--out` that is a folder, a device or of another kind is refused.
+#[test]
+fn predictions_are_one_row_a_sample_and_agree_with_test() {
+    let t = tempfile::tempdir().unwrap();
+    let run = t.path().join("run");
+    let r = run.to_str().unwrap();
+    train_in(&run, &["--max-steps", "30"]);
+    let acc = json(&run.join("summary.json"))["test_accuracy"]
+        .as_f64()
+        .unwrap();
+    let csv = t.path().join("p.csv");
+    let predict =
+        |out: &str| redline(&["predict", r, "--data", "data/fashion-mnist", "--out", out]);
+    let out = predict(csv.to_str().unwrap());
+    assert!(out.status.success(), "{}", text(&out));
+    let body = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = body.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(header.len(), 12, "{header:?}");
+    assert_eq!(
+        (header[0], header[1], header[11]),
+        ("class", "p0", "target")
+    );
+    let rows: Vec<Vec<f64>> = lines
+        .map(|l| l.split(',').map(|c| c.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows.len(), 10_000);
+    let right = rows.iter().filter(|r| r[0] == r[11]).count();
+    assert_eq!(right as f64 / 10_000.0, (acc * 10_000.0).round() / 10_000.0);
+    let p_sum: f64 = rows[0][1..11].iter().sum();
+    assert!((p_sum - 1.0).abs() < 1e-4, "{p_sum}");
+    let npy = t.path().join("p.npy");
+    let out = predict(npy.to_str().unwrap());
+    assert!(out.status.success(), "{}", text(&out));
+    let bytes = std::fs::read(&npy).unwrap();
+    let head = String::from_utf8_lossy(&bytes[10..128]);
+    assert!(head.contains("'shape': (10000, 12)"), "{head}");
+    let header_len = 10 + u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    assert_eq!(bytes.len(), header_len + 10_000 * 12 * 4);
+    let fifo = t.path().join("fifo.csv");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    for (bad, want) in [
+        (t.path().to_str().unwrap(), "give a .csv"),
+        (fifo.to_str().unwrap(), "FIFO"),
+        (&*format!("{}/x.txt", t.path().display()), "give a .csv"),
+    ] {
+        let out = predict(bad);
+        let e = text(&out);
+        assert!(!out.status.success() && e.contains(want), "{bad}: {e}");
+    }
+    let dir_csv = t.path().join("d.csv");
+    std::fs::create_dir(&dir_csv).unwrap();
+    let out = predict(dir_csv.to_str().unwrap());
+    assert!(text(&out).contains("is a folder"), "{}", text(&out));
+}

@@ -66,6 +66,12 @@ pub enum Error {
     /// The profile or breakdown could not be written.
     #[error(transparent)]
     Profile(#[from] redline_profile::Error),
+    /// A checkpoint could not be read or does not fit the run.
+    #[error(transparent)]
+    Checkpoint(#[from] redline_train::Error),
+    /// A resume that cannot go on (a step limit below the checkpoint's).
+    #[error("{0}")]
+    Resume(String),
 }
 
 impl Error {

@@ -13,6 +13,7 @@ pub mod inputs;
 mod log;
 pub mod records;
 mod reopen;
+pub mod resume;
 mod run;
 pub mod segments;
 

@@ -177,8 +177,9 @@ pub fn same_inputs(
         return Ok(());
     }
     bail!(
-        "--resume {}: the run's input changed since it started: {}
-HINT: put the original          back, or pass --accept-changed-data to continue on the changed input (the resumed          run then differs from one never stopped)",
+        "--resume {}: the run's input changed since it started: {}\nHINT: put the original \
+         back, or pass --accept-changed-data to continue on the changed input (the resumed run \
+         then differs from one never stopped)",
         dir.display(),
         changes.join("; ")
     )
@@ -187,46 +188,42 @@ HINT: put the original          back, or pass --accept-changed-data to continue 
 /// The newest good checkpoint of the run folder `dir` for a model with
 /// `params` (`(name, shape)`): says which it resumes from and why it
 /// skipped any newer one, and sets those aside (`refused-step-N`). A
-/// `max_steps` (`--max-steps`) at or below its step is refused.
+/// `max_steps` (`--max-steps`) below its step is refused.
 pub fn load(
     dir: &Path,
     identity: &BTreeMap<String, Value>,
     params: &[(String, Vec<usize>)],
     max_steps: Option<usize>,
 ) -> anyhow::Result<(Loaded, redline_run::ResumePoint)> {
-    let folder = dir.join("checkpoints");
-    let (loaded, refused) = checkpoint::latest_good(&folder, identity, params)
-        .map_err(anyhow::Error::from)
-        .with_context(|| {
-            format!(
-                "--resume {}: nothing to resume from\nHINT: flags other than {} must be the \
+    let picked = match redline_run::resume::pick(dir, identity, params, max_steps) {
+        Err(e @ redline_run::Error::Resume(_)) => bail!("--resume {e}"),
+        other => other,
+    };
+    let picked = picked.map_err(anyhow::Error::from).with_context(|| {
+        format!(
+            "--resume {}: nothing to resume from\nHINT: flags other than {} must be the \
                  run's own (its config.toml); a run with no good checkpoint starts again \
                  without --resume",
-                dir.display(),
-                RESUMABLE_FLAGS
-                    .iter()
-                    .map(|f| format!("--{f}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })?;
-    let m = &loaded.meta;
-    // Before anything is set aside or the folder's config rewritten.
-    m.check_max_steps(max_steps)
-        .map_err(|e| anyhow::anyhow!("--resume {}: {e}", loaded.dir.display()))?;
-    for why in &refused {
+            dir.display(),
+            RESUMABLE_FLAGS
+                .iter()
+                .map(|f| format!("--{f}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })?;
+    for why in &picked.refused {
         println!("  checkpoint refused: {why}");
     }
-    if !refused.is_empty() {
+    let (loaded, m) = (&picked.loaded, &picked.loaded.meta);
+    if !picked.refused.is_empty() {
         println!(
             "  falling back to the newest good checkpoint, {}",
             loaded.dir.display()
         );
-        for p in checkpoint::set_aside(&folder, m.step)? {
+        for p in &picked.set_aside {
             println!("  set aside: {}", p.display());
         }
-    } else {
-        checkpoint::set_aside(&folder, m.step)?;
     }
     println!(
         "resuming {} from {} (step {}, epoch {}, {} batches into it)",
@@ -236,13 +233,7 @@ pub fn load(
         m.epoch,
         m.batch
     );
-    let at = redline_run::ResumePoint {
-        step: m.step,
-        epochs: m.logs.len(),
-        written_unix_s: m.written_unix_s,
-        checkpoint: loaded.dir.display().to_string(),
-    };
-    Ok((loaded, at))
+    Ok((picked.loaded, picked.at))
 }
 
 #[cfg(test)]

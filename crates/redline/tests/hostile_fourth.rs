@@ -211,7 +211,10 @@ fn a_resume_onto_changed_data_is_refused_by_file() {
         se.contains("input changed") && se.contains("wine.csv has the same size but other"),
         "{se}"
     );
-    assert!(se.contains("--accept-changed-data"), "{se}");
+    assert!(
+        se.contains("put the original back, or pass --accept-changed-data"),
+        "{se}"
+    );
     let out = resume(&["--accept-changed-data"]);
     let (so, se) = text(&out);
     assert!(out.status.success(), "{so}\n{se}");

@@ -155,6 +155,22 @@ pub struct HostData {
 }
 
 impl HostData {
+    /// Takes the samples out, leaving none of the same shape and kind in
+    /// their place (a loader takes the host copy; nothing is copied).
+    pub fn take(&mut self) -> HostData {
+        let empty = HostData {
+            x: Vec::new(),
+            y: match self.y {
+                Targets::Classes(_) => Targets::Classes(Vec::new()),
+                Targets::Values(_) => Targets::Values(Vec::new()),
+            },
+            input_dims: self.input_dims.clone(),
+            target: self.target,
+            source: self.source.clone(),
+        };
+        std::mem::replace(self, empty)
+    }
+
     /// Checks that the buffers agree with the shapes and that class ids are in range.
     pub fn new(
         x: Vec<f32>,

@@ -64,3 +64,29 @@ fn fuzz_reopen_metrics_jsonl() {
 fn fuzz_reopen_summary_json() {
     reopen_with("summary.json", "summary");
 }
+
+/// `segments.json` (a resumed run's segments), edited or damaged: the
+/// reopen goes on or errs, and the summary the run then writes reads back.
+#[test]
+fn fuzz_reopen_segments_json() {
+    reopen_with("segments.json", "segments");
+}
+
+/// `inputs.json` (the fingerprints `--resume` checks the data against),
+/// edited or damaged: read back or ignored, and compared with the inputs
+/// now without a panic; it never reports a change for an input it lacks.
+#[test]
+fn fuzz_inputs_json() {
+    use redline_run::inputs::{changes, fingerprint, recorded, INPUTS};
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("a.csv");
+    std::fs::write(&data, "x,y\n1,2\n").unwrap();
+    let now = vec![fingerprint("--data", &data).unwrap()];
+    fuzz("inputs", |bytes| {
+        std::fs::write(root.path().join(INPUTS), bytes).unwrap();
+        if let Some(was) = recorded(root.path()) {
+            let found = changes(&was, &now);
+            assert!(found.len() <= was.len(), "{found:?}");
+        }
+    });
+}

@@ -539,7 +539,7 @@ pub fn expand_config(argv: Vec<OsString>) -> anyhow::Result<(Vec<OsString>, Conf
     // `--resume RUN` reads RUN's config.toml as `--config` would (clap then
     // refuses `--config` beside it); `last` becomes the folder it names.
     if let (Some((at, run)), None) = (resume, &file) {
-        let dir = crate::resume::run_folder(&run)?;
+        let dir = crate::resume::run_folder(&run, "--resume")?;
         file = Some(dir.join("config.toml"));
         argv[at] = dir.into_os_string();
     }

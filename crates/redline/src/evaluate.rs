@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use redline_data::{place, DataOnDevice, Dataset, HostData, Loader, LoaderConfig};
+use redline_data::{place, DataOnDevice, Dataset, Loader, LoaderConfig};
 use redline_train::checkpoint;
 use redline_train::Trainer;
 
@@ -107,17 +107,30 @@ fn best(all: &[(usize, PathBuf)], args: &TrainArgs) -> Option<PathBuf> {
         .map(|(_, p)| p.clone())
 }
 
+/// A finished run's model, ready to evaluate or predict: its job's plan
+/// (the data read), its flags, the model with its weights, their file.
+pub struct RunModel {
+    /// The run's job, on `--data` if given.
+    pub plan: crate::plan::Plan,
+    /// The run's flags (`config.toml`, with the overrides).
+    pub args: TrainArgs,
+    /// The model, its weights loaded.
+    pub model: Box<dyn redline_models::Model>,
+    /// The weights file.
+    pub file: PathBuf,
+}
+
 /// The model of the run folder `run_dir` (its `config.toml`'s job on
 /// `data` if given, else its own), with the weights `checkpoint` names
-/// loaded: the plan (its data read), the model and the weights file.
+/// loaded; `command` names the command in errors.
 pub fn run_model(
+    command: &str,
     run_dir: &Path,
     data: Option<&Path>,
     checkpoint: &str,
     device: Option<&str>,
-) -> anyhow::Result<(crate::plan::Plan, Box<dyn redline_models::Model>, PathBuf)> {
-    let dir = crate::resume::run_folder(run_dir)
-        .map_err(|e| anyhow::anyhow!("{}", e.to_string().replace("--resume ", "")))?;
+) -> anyhow::Result<RunModel> {
+    let dir = crate::resume::run_folder(run_dir, command)?;
     let args = run_flags(&dir, data, device)?;
     let file = weights(&dir, checkpoint, &args)?;
     let plan = crate::plan::prepare(&args)?;
@@ -134,67 +147,56 @@ pub fn run_model(
             plan.prepared.train.target
         )
     })?;
-    Ok((plan, model, file))
+    Ok(RunModel {
+        plan,
+        args,
+        model,
+        file,
+    })
 }
 
-/// The split to evaluate or predict on: the data's test split, else (for
-/// `other` data than the run's) all of it; taken out of the plan.
-pub fn data_split(
-    plan: &mut crate::plan::Plan,
-    other: bool,
-    run_dir: &Path,
-) -> anyhow::Result<HostData> {
-    let target = plan.prepared.train.target;
-    Ok(match (plan.prepared.test.take(), other) {
-        (Some(t), _) => t,
-        (None, true) => std::mem::replace(
-            &mut plan.prepared.train,
-            HostData {
-                x: Vec::new(),
-                y: redline_data::Targets::Classes(Vec::new()),
-                input_dims: Vec::new(),
-                target,
-                source: PathBuf::new(),
-            },
-        ),
-        (None, false) => bail!(
-            "{}: the run's data has no test split\nHINT: give data to evaluate on: --data PATH",
-            run_dir.display()
-        ),
-    })
+impl RunModel {
+    /// A loader of the split to evaluate or predict on, as the run's test
+    /// pass had it (eval batch, prefetch, placement), and its samples: the
+    /// data's test split, else (for `other` data than the run's) all of it.
+    pub fn loader(&mut self, other: bool) -> anyhow::Result<(Loader, usize)> {
+        let prepared = &mut self.plan.prepared;
+        let split = match (prepared.test.take(), other) {
+            (Some(t), _) => t,
+            (None, true) => prepared.train.take(),
+            (None, false) => bail!(
+                "the run's data has no test split\nHINT: give data to evaluate on: --data PATH"
+            ),
+        };
+        let policy: DataOnDevice = self.args.data_on_device.parse()?;
+        let free = redline_core::memory::stats(&self.plan.device)?.map(|m| m.device_free);
+        let placement = place(policy, split.bytes(), free)?;
+        let n = split.len();
+        let cfg = LoaderConfig {
+            batch_size: self.args.eval_batch_size,
+            shuffle: false,
+            seed: 0,
+            prefetch: self.args.prefetch,
+            drop_last: false,
+        };
+        let loader = Loader::placed_host(split, self.plan.device.candle(), placement, cfg)?;
+        Ok((loader, n))
+    }
 }
 
 /// Runs `redline test`.
 pub fn run(test: &TestArgs) -> anyhow::Result<()> {
-    let (mut plan, model, file) = run_model(
+    let mut run = run_model(
+        "redline test",
         &test.run_dir,
         test.data.as_deref(),
         &test.checkpoint,
         test.device.as_deref(),
     )?;
-    let split = data_split(&mut plan, test.data.is_some(), &test.run_dir)?;
-    // The loader as the run's test pass had it (eval batch, prefetch, placement).
-    let args = run_flags(
-        &crate::resume::run_folder(&test.run_dir)?,
-        test.data.as_deref(),
-        test.device.as_deref(),
-    )?;
-    let policy: DataOnDevice = args.data_on_device.parse()?;
-    let free = redline_core::memory::stats(&plan.device)?.map(|m| m.device_free);
-    let placement = place(policy, split.bytes(), free)?;
-    let n = split.len();
-    let loader = Loader::placed_host(
-        split,
-        plan.device.candle(),
-        placement,
-        LoaderConfig {
-            batch_size: args.eval_batch_size,
-            shuffle: false,
-            seed: 0,
-            prefetch: args.prefetch,
-            drop_last: false,
-        },
-    )?;
+    let (loader, n) = run.loader(test.data.is_some())?;
+    let RunModel {
+        plan, model, file, ..
+    } = run;
     let mut trainer = Trainer::builder()
         .model_name(plan.model_cfg.name())
         .build(plan.step_kind.step(model), plan.device.clone())?;

@@ -8,10 +8,9 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::{bail, Context};
-use redline_data::{Dataset, Loader, LoaderConfig, Placement};
 
 use crate::cli::PredictArgs;
-use crate::evaluate::{data_split, run_model};
+use crate::evaluate::{run_model, RunModel};
 
 /// What a row holds.
 struct Rows {
@@ -24,23 +23,16 @@ struct Rows {
 /// Runs `redline predict`.
 pub fn run(args: &PredictArgs) -> anyhow::Result<()> {
     let format = check_out(&args.out)?;
-    let (plan, model, file) = run_model(&args.run_dir, Some(&args.data), &args.checkpoint, None)?;
-    let mut plan = plan;
-    let split = data_split(&mut plan, true, &args.run_dir)?;
-    let classes = split.target.classes();
-    let n = split.len();
-    let loader = Loader::placed_host(
-        split,
-        plan.device.candle(),
-        Placement::Resident,
-        LoaderConfig {
-            batch_size: 256,
-            shuffle: false,
-            seed: 0,
-            prefetch: 0,
-            drop_last: false,
-        },
+    let mut run = run_model(
+        "redline predict",
+        &args.run_dir,
+        Some(&args.data),
+        &args.checkpoint,
+        None,
     )?;
+    let classes = run.plan.prepared.train.target.classes();
+    let (loader, n) = run.loader(true)?;
+    let RunModel { model, file, .. } = run;
     let mut rows: Option<Rows> = None;
     for batch in loader.epoch(0) {
         let batch = batch?;

@@ -42,23 +42,24 @@ pub const RESUMABLE_FLAGS: &[&str] = &[
 /// Where `runs` keeps its run folders (as `redline runs` lists them).
 const RUNS: &str = "runs";
 
-/// The run folder `--resume` names: a folder with a `config.toml`, or
+/// The run folder `--resume` (or `redline test`, `redline predict`: the
+/// `command` named in errors) names: a folder with a `config.toml`, or
 /// `last`, the newest run under `runs/` (by its config's time) that holds
 /// a checkpoint.
-pub fn run_folder(arg: &Path) -> anyhow::Result<PathBuf> {
+pub fn run_folder(arg: &Path, command: &str) -> anyhow::Result<PathBuf> {
     if arg == Path::new("last") && !arg.is_dir() {
-        return newest(Path::new(RUNS));
+        return newest(Path::new(RUNS), command);
     }
     if !arg.is_dir() {
         bail!(
-            "--resume {}: no such run folder\nHINT: give a folder under runs/ (`redline runs` \
-             lists them), or `--resume last`",
+            "{command} {}: no such run folder\nHINT: give a folder under runs/ (`redline runs` \
+             lists them), or `{command} last`",
             arg.display()
         );
     }
     if !arg.join("config.toml").is_file() {
         bail!(
-            "--resume {}: not a run folder (it has no config.toml)\nHINT: give the folder a \
+            "{command} {}: not a run folder (it has no config.toml)\nHINT: give the folder a \
              `redline train` wrote, e.g. runs/<date-time>-<model>",
             arg.display()
         );
@@ -67,7 +68,7 @@ pub fn run_folder(arg: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// The newest run under `root` with a checkpoint.
-fn newest(root: &Path) -> anyhow::Result<PathBuf> {
+fn newest(root: &Path, command: &str) -> anyhow::Result<PathBuf> {
     let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
     for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
         let dir = e.path();
@@ -84,8 +85,8 @@ fn newest(root: &Path) -> anyhow::Result<PathBuf> {
     }
     best.map(|(_, d)| d).with_context(|| {
         format!(
-            "--resume last: no run under {}/ holds a checkpoint\nHINT: runs write one at each \
-             epoch end (unless --no-checkpoint); give a run folder with --resume RUN_DIR",
+            "{command} last: no run under {}/ holds a checkpoint\nHINT: runs write one at each \
+             epoch end (unless --no-checkpoint); give a run folder: {command} RUN_DIR",
             root.display()
         )
     })
@@ -243,7 +244,7 @@ mod tests {
     #[test]
     fn last_is_the_newest_run_with_a_checkpoint() -> anyhow::Result<()> {
         let t = tempfile::tempdir()?;
-        let err = newest(t.path()).err().map(|e| e.to_string());
+        let err = newest(t.path(), "--resume").err().map(|e| e.to_string());
         assert!(err.is_some_and(|e| e.contains("holds a checkpoint")));
         for (name, ckpt) in [("a", true), ("b", true), ("c", false)] {
             let d = t.path().join(name);
@@ -255,7 +256,7 @@ mod tests {
             // Distinct modification times.
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        assert_eq!(newest(t.path())?, t.path().join("b"));
+        assert_eq!(newest(t.path(), "--resume")?, t.path().join("b"));
         Ok(())
     }
 }

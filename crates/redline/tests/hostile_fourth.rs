@@ -12,11 +12,18 @@ use std::process::{Command, Output};
 
 use common::root;
 
-/// `redline train` on the CPU on the wine table, 1 thread, with `extra`.
+/// `bin train` on the CPU without system sampling.
+fn cpu_train(bin: &Path) -> Command {
+    let mut c = Command::new(bin);
+    c.args(["train", "--device", "cpu", "--monitor-interval", "0"]);
+    c
+}
+
+/// `redline train` on the CPU on the wine table, 1 thread, with `extra`
+/// (a later `--data` replaces the table).
 fn train(extra: &[&str]) -> Output {
     let wine = root().join("data/tables/wine.csv");
-    Command::new(env!("CARGO_BIN_EXE_redline"))
-        .args(["train", "--device", "cpu", "--monitor-interval", "0"])
+    cpu_train(Path::new(env!("CARGO_BIN_EXE_redline")))
         .args(["--threads", "1", "--batch-size", "16", "--data"])
         .arg(wine)
         .args(extra)
@@ -166,30 +173,16 @@ fn a_resume_onto_changed_data_is_refused_by_file() {
     let original = std::fs::read_to_string(root().join("data/tables/wine.csv")).unwrap();
     std::fs::write(&csv, &original).unwrap();
     let run = t.path().join("run");
-    let first = Command::new(env!("CARGO_BIN_EXE_redline"))
-        .args([
-            "train",
-            "--device",
-            "cpu",
-            "--monitor-interval",
-            "0",
-            "--threads",
-            "1",
-        ])
-        .args([
-            "--batch-size",
-            "16",
-            "--max-steps",
-            "3",
-            "--checkpoint-every",
-            "3",
-        ])
-        .arg("--data")
-        .arg(&csv)
-        .arg("--run-dir")
-        .arg(&run)
-        .output()
-        .unwrap();
+    let first = train(&[
+        "--max-steps",
+        "3",
+        "--checkpoint-every",
+        "3",
+        "--data",
+        s(&csv),
+        "--run-dir",
+        s(&run),
+    ]);
     assert!(first.status.success(), "{}", text(&first).1);
     assert!(run.join("inputs.json").is_file());
     // The same size: a digit of the last row changed.
@@ -236,15 +229,8 @@ fn a_copied_binary_finds_the_data_beside_itself_and_says_so() {
     .unwrap();
     let elsewhere = t.path().join("elsewhere");
     std::fs::create_dir(&elsewhere).unwrap();
-    let out = Command::new(bin.join("redline"))
-        .args([
-            "train",
-            "--device",
-            "cpu",
-            "--monitor-interval",
-            "0",
-            "--fast-dev-run",
-        ])
+    let out = cpu_train(&bin.join("redline"))
+        .arg("--fast-dev-run")
         .arg("--run-dir")
         .arg(t.path().join("run"))
         .current_dir(&elsewhere)

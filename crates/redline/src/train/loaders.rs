@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::bail;
 use redline_data::{
     place, Augmented, DataOnDevice, Dataset, HostData, Loader, LoaderConfig, Placement, Prepared,
-    TargetKind, Targets,
+    TargetKind,
 };
 
 use crate::cli::TrainArgs;
@@ -141,19 +141,11 @@ pub(super) fn build(args: &TrainArgs, plan: &mut Plan) -> anyhow::Result<Loaders
 /// The plan's data, leaving empty splits in its place: the loaders own the
 /// host copies (one of each split is held, never two).
 fn take(prepared: &mut Prepared) -> Prepared {
-    let empty = |d: &HostData| HostData {
-        x: Vec::new(),
-        y: Targets::Classes(Vec::new()),
-        input_dims: d.input_dims.clone(),
-        target: d.target,
-        source: d.source.clone(),
-    };
-    let emptied = Prepared {
+    Prepared {
         format: prepared.format,
-        train: empty(&prepared.train),
-        val: None,
-        test: None,
-        notes: Vec::new(),
-    };
-    std::mem::replace(prepared, emptied)
+        train: prepared.train.take(),
+        val: prepared.val.take(),
+        test: prepared.test.take(),
+        notes: std::mem::take(&mut prepared.notes),
+    }
 }

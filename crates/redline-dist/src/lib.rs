@@ -31,6 +31,20 @@ pub const NCCL_BUILT: bool = cfg!(feature = "nccl");
 /// Whether this build can join several ranks (the `mpi` feature).
 pub const MPI_BUILT: bool = cfg!(feature = "mpi");
 
+/// The version text of the MPI library this build was linked with
+/// (`Open MPI v4.1.4, ...`; `MPI_Get_library_version`, which MPI allows
+/// before initialization), or `None` for a build without MPI.
+pub fn mpi_library_version() -> Option<String> {
+    #[cfg(feature = "mpi")]
+    {
+        Some(MpiComm::library_version())
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        None
+    }
+}
+
 /// The communicator for `launch`: [`Single`] for a world of one; MPI for
 /// several ranks (an error naming the fix when this build has no MPI).
 pub fn connect(launch: &Launch, timeout: std::time::Duration) -> Result<Box<dyn Collectives>> {

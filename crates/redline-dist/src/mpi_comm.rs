@@ -24,7 +24,7 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 
 use crate::comm::Collectives;
 use crate::error::{Error, Result};
-use crate::launch::Launch;
+use crate::launch::{Launch, Launcher};
 
 /// How long a collective may wait after the interrupt flag is set: long
 /// enough for ranks that all got the signal to finish the step together.
@@ -113,9 +113,25 @@ impl MpiComm {
                     launch.rank,
                     launch.world_size
                 ),
-                hint: "Redline's collectives run over MPI: start the ranks with `mpirun -n N` \
-                       (or `srun --mpi=pmix` under Slurm), not with torchrun"
-                    .into(),
+                hint: if size == 1 && launch.launcher == Launcher::Slurm {
+                    "each rank started as a world of one: srun ran them without MPI's process \
+                     management; use `srun --mpi=pmix` (`srun --mpi=list` shows what this \
+                     cluster offers)"
+                        .into()
+                } else if size == 1 && launch.launcher != Launcher::Torchrun {
+                    // Each rank a world of one: the launcher is another MPI's.
+                    format!(
+                        "each rank started as a world of one, so the launcher is not the one of \
+                         the MPI this redline is linked with ({}); start the ranks with that \
+                         MPI's own mpirun (Debian: /usr/bin/mpirun.openmpi), or rebuild redline \
+                         against the launcher's MPI",
+                        Self::library_version()
+                    )
+                } else {
+                    "Redline's collectives run over MPI: start the ranks with `mpirun -n N` \
+                     (or `srun --mpi=pmix` under Slurm), not with torchrun"
+                        .into()
+                },
             });
         }
         Ok(Self {
@@ -137,7 +153,12 @@ impl MpiComm {
 
     /// The MPI library's version string (`Open MPI v4.1.4, ...`).
     pub fn library_version() -> String {
-        mpi::environment::library_version().unwrap_or_else(|_| "unknown MPI".into())
+        mpi::environment::library_version()
+            .map(|v| {
+                v.trim_end_matches(|c: char| c == '\0' || c.is_whitespace())
+                    .to_string()
+            })
+            .unwrap_or_else(|_| "unknown MPI".into())
     }
 
     /// Refuses calls after a failure.

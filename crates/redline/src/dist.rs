@@ -171,68 +171,6 @@ impl Ranks {
     }
 }
 
-/// `--devices N` without a launcher: runs this very command line again as
-/// `N` ranks under `mpirun -n N` (which sets the rank variables each copy
-/// then reads) and returns its exit status. `None` when there is nothing to
-/// spawn: no `--devices`, one device, or already under a launcher.
-pub fn spawn(
-    devices: Option<usize>,
-    strategy: &str,
-) -> anyhow::Result<Option<std::process::ExitStatus>> {
-    let launch = Launch::detect()?;
-    if let (Some(n @ 2..), Ok(StrategyFlag::Single)) = (devices, strategy.parse()) {
-        bail!(
-            "--strategy single runs one process on one device, but --devices {n} asks for {n} \
-             ranks\nHINT: drop --strategy single (auto or ddp runs {n} ranks), or drop \
-             --devices"
-        );
-    }
-    match devices {
-        Some(0) => bail!("--devices 0: give the number of ranks to start (at least 1)"),
-        Some(n) if launch.launcher != Launcher::None && n != launch.world_size => bail!(
-            "--devices {n}, but {} started {} ranks\nHINT: drop --devices under a launcher \
-             (its -n decides), or make them equal",
-            launch.launcher.name(),
-            launch.world_size
-        ),
-        Some(n) if n > 1 && launch.launcher == Launcher::None => {}
-        _ => return Ok(None),
-    }
-    let n = devices.unwrap_or(1);
-    let mpirun = std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|d| d.join("mpirun"))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            anyhow::anyhow!(
-                "--devices {n} starts the ranks with `mpirun`, which is not on PATH\nHINT: \
-                 install OpenMPI (Debian/Ubuntu: apt-get install openmpi-bin), or start the \
-                 ranks with your cluster's launcher (srun, mpiexec) and --strategy ddp"
-            )
-        })?;
-    if !redline_dist::MPI_BUILT {
-        bail!(
-            "--devices {n}: this redline was built without MPI, so its ranks cannot talk\nHINT: \
-             cargo build --release --features redline/mpi (Debian: apt-get install \
-             libopenmpi-dev libclang-dev)"
-        );
-    }
-    let exe = std::env::current_exe()?;
-    println!(
-        "starting {n} ranks: {} -n {n} {} ...",
-        mpirun.display(),
-        exe.display()
-    );
-    let status = std::process::Command::new(&mpirun)
-        .args(["-n", &n.to_string()])
-        .arg(&exe)
-        .args(std::env::args_os().skip(1))
-        .status()
-        .map_err(|e| anyhow::anyhow!("--devices {n}: starting {}: {e}", mpirun.display()))?;
-    Ok(Some(status))
-}
-
 /// The machine's online CPUs (not this process's affinity mask).
 pub fn online_cores() -> usize {
     // SAFETY: sysconf reads a system constant.
@@ -277,17 +215,10 @@ mod tests {
         assert!("fsdp".parse::<StrategyFlag>().is_err());
     }
 
-    /// Before: `--strategy single --devices 2` answered with a build hint
-    /// (no MPI) instead of the conflict; `--dist-timeout -1` answered "give
-    /// seconds from 0", and 0 is refused too.
+    /// Before: `--dist-timeout -1` answered "give seconds from 0", and 0 is
+    /// refused too.
     #[test]
     fn conflicting_flags_are_named() {
-        let e = spawn(Some(2), "single").err().map(|e| e.to_string());
-        assert!(
-            e.as_deref()
-                .is_some_and(|e| e.starts_with("--strategy single runs one process")),
-            "{e:?}"
-        );
         let stop = Arc::new(AtomicBool::new(false));
         for t in [-1.0, 0.0, f64::NAN, 1e9] {
             let e = join("auto", t, &stop).err().map(|e| e.to_string());

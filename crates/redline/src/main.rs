@@ -19,6 +19,7 @@ mod progress;
 mod resume;
 mod short_runs;
 mod signals;
+mod spawn;
 mod step_kind;
 mod summary;
 mod train;

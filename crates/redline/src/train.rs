@@ -21,10 +21,13 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         return crate::print_config::print(args);
     }
     // `--devices N` alone: this command again as N ranks under mpirun.
-    if let Some(status) = crate::dist::spawn(args.devices, &args.strategy)? {
+    if let Some(status) = crate::spawn::spawn(args.devices, &args.strategy)? {
         if !status.success() {
             bail!(
-                "the {} ranks ended with {status} (their errors are above)",
+                "the {} ranks ended with {status} (their errors are above)\nHINT: when the \
+                 launcher itself refused to start them, its message above says why; \
+                 docs/scaling.md (\"When the launcher refuses\") has the fix for each: root, \
+                 too few slots, another MPI's mpirun, srun outside an allocation",
                 args.devices.unwrap_or(1)
             );
         }

@@ -4,6 +4,7 @@
 //! * [`dataset`]: the `Dataset` trait, typed targets, and host-memory data.
 //! * [`split`]: a whole data set as two tensors on a device.
 //! * [`mnist`]: an MNIST-format folder, normalised.
+//! * [`readers`]: the formats `--data` reads, one [`Reader`] each, in one list.
 //! * [`source`]: `--data PATH`: format detection, task, hold-out; [`cifar`], [`table`] (CSV), [`arrays`] (npz, safetensors, npy), [`image_folder`]; [`augment`]: random crop and flip on the loader thread.
 //! * [`loader`]: seeded per-epoch shuffling, device-resident or streamed batches, background prefetch.
 //! * [`place`]: the `--data-on-device` policy (resident when the split fits a memory budget).
@@ -22,6 +23,7 @@ pub mod image_folder;
 pub mod loader;
 pub mod mnist;
 pub mod place;
+pub mod readers;
 pub mod source;
 pub mod split;
 pub mod stage;
@@ -34,6 +36,9 @@ pub use error::{Error, Result};
 pub use loader::{Batch, Loader, LoaderConfig, Shard};
 pub use mnist::{Normalize, SplitKind};
 pub use place::{place, DataOnDevice, Placement};
-pub use source::{peek_inputs, prepare, prepare_until, DataOptions, Format, Prepared, Task};
+pub use readers::{Reader, READERS};
+pub use source::{
+    detect, peek_inputs, prepare, prepare_until, DataOptions, Format, Found, Prepared, Task,
+};
 pub use split::Split;
 pub use table::{Header, TargetColumn};

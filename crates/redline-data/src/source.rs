@@ -1,5 +1,6 @@
-//! `--data PATH`: detect the format, read the splits, decide the task, and
-//! hold out a validation split.
+//! `--data PATH`: detect the format (the first of
+//! [`READERS`](crate::readers::READERS) that recognises the path), read the
+//! splits, decide the task, and hold out a validation split.
 //!
 //! | path | format |
 //! |---|---|
@@ -9,20 +10,20 @@
 //! | `*.npz`, `*.safetensors`, a folder with `x.npy` / `x_train.npy` | named arrays |
 //! | a folder of class sub-folders of PNG/JPEG (optionally under `train/`, `test/`) | image folder |
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::arrays::{self, RawSplit};
-use crate::cifar::{self, Variant};
+use crate::arrays::RawSplit;
 use crate::dataset::{Dataset, HostData, TargetKind, Targets};
 use crate::error::{Error, Result};
-use crate::image_folder;
-use crate::mnist::{self, Normalize, SplitKind};
-use crate::table::{self, Header, Layout, Standardize, TargetColumn};
+use crate::mnist::Normalize;
+use crate::readers;
+pub use crate::readers::{Format, Found};
+use crate::table::{Header, Standardize, TargetColumn};
 
 /// Targets as a file stores them, before the task decides what they are.
 #[derive(Debug, Clone)]
@@ -65,34 +66,6 @@ impl std::str::FromStr for Task {
                 "--task {s:?}: expected `auto`, `classification` or `regression`"
             ))),
         }
-    }
-}
-
-/// The format `--data` was read as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// The MNIST family's IDX files.
-    Idx,
-    /// CIFAR binary batches.
-    Cifar(Variant),
-    /// A numeric CSV/TSV table.
-    Csv,
-    /// Named arrays in `.npz`, `.safetensors` or `.npy` files.
-    Arrays,
-    /// PNG/JPEG files in one sub-folder per class.
-    Images,
-}
-
-impl std::fmt::Display for Format {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Idx => "IDX (MNIST family)",
-            Self::Cifar(Variant::Cifar10) => "CIFAR-10",
-            Self::Cifar(Variant::Cifar100) => "CIFAR-100",
-            Self::Csv => "CSV table",
-            Self::Arrays => "arrays",
-            Self::Images => "image folder",
-        })
     }
 }
 
@@ -153,101 +126,18 @@ pub struct Prepared {
     pub notes: Vec<String>,
 }
 
-/// Detects the format of `path`, with the folder or file that holds it.
-pub fn detect(path: &Path) -> Result<(Format, PathBuf)> {
-    const TAKES: &str = "--data takes an MNIST-format or CIFAR folder, a .csv/.tsv table, or an \
-                         .npz/.safetensors file or folder of .npy files";
-    // The real reason (a symlink loop, a folder on the way that cannot be
-    // entered), not a blanket "no such file".
-    let meta = std::fs::metadata(path).map_err(|source| {
-        let (source, hint) = match source.kind() {
-            std::io::ErrorKind::NotFound => (
-                std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
-                TAKES.to_string(),
-            ),
-            std::io::ErrorKind::PermissionDenied => (
-                source,
-                "a folder on the way cannot be entered: check the permissions".into(),
-            ),
-            // ELOOP (Linux): the kind is not stable in std yet.
-            _ if source.raw_os_error() == Some(40) => (
-                source,
-                "the path is a loop of symbolic links: point --data at the real folder".into(),
-            ),
-            _ => (source, "check the path".into()),
-        };
-        Error::Io {
-            path: path.to_path_buf(),
-            source,
-            hint,
-        }
-    })?;
-    if meta.is_dir() {
-        std::fs::read_dir(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-            hint: "the folder cannot be listed: check its permissions".into(),
-        })?;
-    } else if let Some(parent) = path.parent().filter(|p| {
-        !p.as_os_str().is_empty() && (mnist::is_idx_dir(p) || cifar::detect(p).is_some())
-    }) {
-        // One file of a data set folder: the folder is what is meant.
-        return Err(Error::Invalid {
-            path: path.to_path_buf(),
-            msg: format!(
-                "this is one file of a data set; --data takes the folder that holds it: \
-                 --data {}",
-                parent.display()
-            ),
-        });
-    }
-    let ext = path
-        .extension()
-        .map(|e| e.to_string_lossy().to_ascii_lowercase());
-    if path.is_dir() {
-        if mnist::is_idx_dir(path) {
-            return Ok((Format::Idx, path.to_path_buf()));
-        }
-        if let Some((v, dir)) = cifar::detect(path) {
-            return Ok((Format::Cifar(v), dir));
-        }
-        if arrays::is_npy_dir(path) {
-            return Ok((Format::Arrays, path.to_path_buf()));
-        }
-        if image_folder::detect(path).is_some() {
-            return Ok((Format::Images, path.to_path_buf()));
-        }
-        return Err(Error::Invalid {
-            path: path.to_path_buf(),
-            msg: "no data set recognised in this folder: expected train-images-idx3-ubyte[.gz] \
-                  (MNIST family), data_batch_1.bin or train.bin + test.bin (CIFAR binary), \
-                  x.npy / x_train.npy, or class sub-folders of PNG/JPEG images"
-                .into(),
-        });
-    }
-    match ext.as_deref() {
-        Some("csv" | "tsv") => Ok((Format::Csv, path.to_path_buf())),
-        Some("npz" | "safetensors") => Ok((Format::Arrays, path.to_path_buf())),
-        _ => Err(Error::Invalid {
-            path: path.to_path_buf(),
-            msg: "unknown data file type; --data takes .csv, .tsv, .npz or .safetensors files, \
-                  or a data set folder"
-                .into(),
-        }),
-    }
+/// The format of `path` and the folder or file that holds it: the first
+/// of [`READERS`](crate::readers::READERS) that recognises it.
+pub fn detect(path: &Path) -> Result<Found> {
+    readers::detect(path)
 }
 
 /// The input shape of one sample of `--data`, where it can be read without
 /// reading the data (a table's first row): enough to check the model the data
 /// implies before materialising a large file. `None` for other formats.
 pub fn peek_inputs(path: &Path, opts: &DataOptions) -> Result<Option<Vec<usize>>> {
-    match detect(path)? {
-        (Format::Csv, at) => {
-            let layout = Layout::read(&at, opts.header)?;
-            Ok(Some(vec![layout.columns.saturating_sub(1).max(1)]))
-        }
-        _ => Ok(None),
-    }
+    let found = detect(path)?;
+    found.format.reader.peek_inputs(&found.at, opts)
 }
 
 /// Reads `--data`, decides the task and prepares train, validation and test splits.
@@ -263,67 +153,9 @@ pub fn prepare_until(path: &Path, opts: &DataOptions, stop: &AtomicBool) -> Resu
         true => Err(Error::Interrupted),
         false => Ok(()),
     };
-    let (format, at) = detect(path)?;
+    let Found { format, at } = detect(path)?;
     let mut notes = Vec::new();
-    let (train, test) = match format {
-        Format::Idx | Format::Cifar(_) => {
-            if opts.task == Task::Regression {
-                return Err(Error::Config(format!(
-                    "--task regression: {format} labels are class ids; regression needs a \
-                     table or array file with value targets"
-                )));
-            }
-            let load = |kind, classes| match format {
-                Format::Cifar(v) => cifar::load(&at, v, kind, opts.norm),
-                _ => mnist::load(&at, kind, classes, opts.norm),
-            };
-            let train = load(SplitKind::Train, opts.classes)?;
-            stopped()?;
-            let test = load(SplitKind::Test, train.target.classes())?;
-            (train, Some(test))
-        }
-        Format::Images => {
-            if opts.task == Task::Regression {
-                return Err(Error::Config(
-                    "--task regression: an image folder's labels are class ids".into(),
-                ));
-            }
-            let (train_dir, test_dir) =
-                image_folder::detect(&at).ok_or_else(|| Error::Invalid {
-                    path: at.clone(),
-                    msg: "no class sub-folders of images".into(),
-                })?;
-            let (train, names) =
-                image_folder::load(&train_dir, None, opts.image_size, opts.norm, stop)?;
-            let shown: Vec<&str> = names.iter().take(10).map(String::as_str).collect();
-            notes.push(format!(
-                "classes (sorted folder names): {}{}",
-                shown.join(", "),
-                if names.len() > 10 { ", ..." } else { "" }
-            ));
-            let size = train.input_dims.get(1).map(|&s| s as u32);
-            let test = test_dir
-                .map(|d| image_folder::load(&d, Some(&names), size, opts.norm, stop).map(|t| t.0))
-                .transpose()?;
-            (train, test)
-        }
-        Format::Csv => {
-            let layout = Layout::read(&at, opts.header)?;
-            notes.push(layout.note.clone());
-            let raw = table::read(&at, &layout, &opts.target, stop)?;
-            (host(&at, raw, opts, &mut notes)?, None)
-        }
-        Format::Arrays => {
-            let (train, test) = arrays::load(&at, opts.norm)?;
-            stopped()?;
-            let first = train.y.name.clone();
-            let train = host(&at, train, opts, &mut notes)?;
-            let test = test
-                .map(|t| finish(&at, t, train.target, &first))
-                .transpose()?;
-            (train, test)
-        }
-    };
+    let (train, test) = format.reader.open(&at, opts, &mut notes, stop)?;
     stopped()?;
     // Validation is never the test split: the test split is read only by
     // the test pass after training.
@@ -345,7 +177,7 @@ pub fn prepare_until(path: &Path, opts: &DataOptions, stop: &AtomicBool) -> Resu
         None => "validation: none (--val-split 0)".into(),
     });
     let (mut train, mut val, mut test) = (train, val, test);
-    if format == Format::Csv && opts.standardize {
+    if format.reader.standardizes() && opts.standardize {
         let cols = train.input_dims.iter().product();
         let s = Standardize::fit(&train.x, cols);
         for d in std::iter::once(&mut train)
@@ -522,7 +354,12 @@ fn decide(raw: &RawTargets, opts: &DataOptions, notes: &mut Vec<String>) -> Resu
 }
 
 /// Host data from a raw split whose target kind is known.
-fn finish(path: &Path, raw: RawSplit, kind: TargetKind, first: &str) -> Result<HostData> {
+pub(crate) fn finish(
+    path: &Path,
+    raw: RawSplit,
+    kind: TargetKind,
+    first: &str,
+) -> Result<HostData> {
     let y = match kind {
         TargetKind::Classes(_) => {
             if let Some(why) = not_class_ids(&raw.y) {
@@ -542,7 +379,7 @@ fn finish(path: &Path, raw: RawSplit, kind: TargetKind, first: &str) -> Result<H
     HostData::new(raw.x, raw.input_dims, y, kind, path.to_path_buf())
 }
 
-fn host(
+pub(crate) fn host(
     path: &Path,
     raw: RawSplit,
     opts: &DataOptions,

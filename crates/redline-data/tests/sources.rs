@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use redline_data::{
-    prepare, DataOptions, Dataset, Format, HostData, Loader, LoaderConfig, Placement, Split,
-    TargetKind, Targets, Task,
+    prepare, DataOptions, Dataset, HostData, Loader, LoaderConfig, Placement, Split, TargetKind,
+    Targets, Task,
 };
 
 fn tables() -> PathBuf {
@@ -24,7 +24,7 @@ fn err(r: redline_data::Result<redline_data::Prepared>) -> String {
 #[test]
 fn wine_csv_is_a_standardised_three_class_table_with_a_holdout() {
     let p = prepare(&tables().join("wine.csv"), &DataOptions::default()).unwrap();
-    assert_eq!(p.format, Format::Csv);
+    assert_eq!(p.format.id(), "csv");
     assert_eq!(p.train.target, TargetKind::Classes(3));
     assert_eq!(p.train.input_dims, vec![13]);
     let val = p.val.as_ref().unwrap();
@@ -112,7 +112,7 @@ fn digits_npz_has_a_test_split_and_keeps_float_pixels() {
     let p = prepare(&tables().join("digits.npz"), &whole).unwrap();
     assert!(p.val.is_none(), "--val-split 0: no validation");
     assert_eq!((p.train.len(), p.test.as_ref().unwrap().len()), (1500, 297));
-    assert_eq!(p.format, Format::Arrays);
+    assert_eq!(p.format.id(), "arrays");
     assert_eq!(p.train.input_dims, vec![1, 8, 8]);
     assert_eq!(p.train.target, TargetKind::Classes(10));
     // Validation is held out of the training split (10%), never the test split.
@@ -415,7 +415,7 @@ fn an_image_folder_of_real_pngs_reads_back_the_idx_pixels() {
         (108, Some(12))
     );
     let p = prepare(dir.path(), &opts).unwrap();
-    assert_eq!(p.format, Format::Images);
+    assert_eq!(p.format.id(), "images");
     assert_eq!(p.train.input_dims, vec![1, 28, 28]);
     assert_eq!(p.train.target, TargetKind::Classes(10));
     assert_eq!(p.test.as_ref().unwrap().len(), 30);

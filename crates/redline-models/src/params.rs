@@ -228,6 +228,13 @@ impl Params {
     /// leaves half a file (nor the temporary one). Only a regular file (or a
     /// new path) is written: a device node or FIFO there is refused by name.
     pub fn save_safetensors(&self, path: &Path) -> Result<()> {
+        self.save_safetensors_with(path, &[])
+    }
+
+    /// [`Params::save_safetensors`] with string `metadata` in the file's
+    /// header (`__metadata__`, which PyTorch's and Hugging Face's loaders
+    /// ignore): Redline records the run folder the weights came from.
+    pub fn save_safetensors_with(&self, path: &Path, metadata: &[(&str, &str)]) -> Result<()> {
         let io = |source| Error::Io {
             path: path.to_path_buf(),
             source,
@@ -241,13 +248,56 @@ impl Params {
             .collect::<Result<_>>()?;
         // In memory, then a plain write: the file gets the mode the umask
         // gives (as PyTorch's files do), not a temporary file's 0600.
-        let bytes = safetensors::serialize(&map, None).map_err(|e| Error::Weights {
+        let meta = (!metadata.is_empty()).then(|| {
+            metadata
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<HashMap<String, String>>()
+        });
+        let bytes = safetensors::serialize(&map, meta).map_err(|e| Error::Weights {
             path: path.to_path_buf(),
             msg: format!("cannot be serialised: {e}"),
             hint: "a parameter has a dtype safetensors cannot store".into(),
         })?;
         redline_core::files::write_atomic(path, &bytes).map_err(io)
     }
+}
+
+/// The string metadata in the header of the safetensors file at `path`
+/// (`__metadata__`; empty when it has none), read without its tensors.
+pub fn safetensors_metadata(path: &Path) -> Result<HashMap<String, String>> {
+    use std::io::Read;
+    let bad = |msg: String| Error::Weights {
+        path: path.to_path_buf(),
+        msg,
+        hint: "give a .safetensors file (Redline's --save or a checkpoint's weights)".into(),
+    };
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len)
+        .map_err(|_| bad("too short for a safetensors header".into()))?;
+    // safetensors' own limit on a header.
+    const MAX_HEADER: u64 = 100_000_000;
+    let n = u64::from_le_bytes(len);
+    if n > MAX_HEADER {
+        return Err(bad(format!(
+            "a header of {n} bytes: not a safetensors file"
+        )));
+    }
+    let mut header = Vec::new();
+    file.take(n).read_to_end(&mut header).map_err(io)?;
+    let value: serde_json::Value =
+        serde_json::from_slice(&header).map_err(|e| bad(format!("its header is not JSON: {e}")))?;
+    let meta = value.get("__metadata__").and_then(|m| m.as_object());
+    Ok(meta
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+        .collect())
 }
 
 /// Refuses weights that would load silently wrong: integers where the model
@@ -300,6 +350,39 @@ mod tests {
             Var::zeros(2, candle_core::DType::F32, &Device::Cpu)?,
         )?;
         Ok(p)
+    }
+
+    /// Metadata is written into the header, read back without the tensors,
+    /// and the weights still load; a file without any reads as empty, and
+    /// what is not safetensors is refused by name.
+    #[test]
+    fn metadata_round_trips_through_the_header() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::Config(e.to_string()))?;
+        let (with, without) = (
+            dir.path().join("m.safetensors"),
+            dir.path().join("p.safetensors"),
+        );
+        let a = store()?;
+        a.save_safetensors_with(&with, &[("redline_run", "/runs/a b"), ("k", "v")])?;
+        a.save_safetensors(&without)?;
+        let meta = safetensors_metadata(&with)?;
+        assert_eq!(
+            meta.get("redline_run").map(String::as_str),
+            Some("/runs/a b")
+        );
+        assert_eq!(meta.len(), 2);
+        assert!(safetensors_metadata(&without)?.is_empty());
+        store()?.load_safetensors(&with)?;
+        let junk = dir.path().join("junk.safetensors");
+        std::fs::write(&junk, b"\xff\xff\xff\xff\xff\xff\xff\xffrest")
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let e = safetensors_metadata(&junk).err().map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.contains("not a safetensors file")),
+            "{e:?}"
+        );
+        Ok(())
     }
 
     #[test]

@@ -170,8 +170,17 @@ impl Trainer {
 
     /// Saves the model's weights (safetensors, PyTorch names), profiled as checkpointing.
     pub fn save_weights(&mut self, path: &std::path::Path) -> Result<()> {
+        self.save_weights_with(path, &[])
+    }
+
+    /// [`Trainer::save_weights`] with string `metadata` in the file's header.
+    pub fn save_weights_with(
+        &mut self,
+        path: &std::path::Path,
+        metadata: &[(&str, &str)],
+    ) -> Result<()> {
         self.after_fit(Action::Checkpointing, |t| {
-            Ok(t.module.params().save_safetensors(path)?)
+            Ok(t.module.params().save_safetensors_with(path, metadata)?)
         })
     }
 

@@ -46,7 +46,8 @@ pub enum Command {
 /// Flags of `redline predict`.
 #[derive(Debug, Clone, Args)]
 pub struct PredictArgs {
-    /// The run folder, or `last`.
+    /// The run folder, `last`, or a .safetensors weights file (a checkpoint's, or --save's).
+    #[arg(value_name = "RUN_DIR|WEIGHTS")]
     pub run_dir: PathBuf,
     /// The data to predict on (the run's input shape): its test split, or all of it when it has
     /// none.
@@ -65,8 +66,10 @@ pub struct PredictArgs {
 /// Flags of `redline test`.
 #[derive(Debug, Clone, Args)]
 pub struct TestArgs {
-    /// The run folder (its config.toml says the job; its checkpoints hold the weights), or
-    /// `last`: the newest run under runs/ with a checkpoint.
+    /// The run folder (its config.toml says the job; its checkpoints hold the weights), `last`
+    /// (the newest run under runs/ with a checkpoint), or a .safetensors weights file: a
+    /// checkpoint's, or --save's (which names its run folder).
+    #[arg(value_name = "RUN_DIR|WEIGHTS")]
     pub run_dir: PathBuf,
     /// Other data of the run's input shape [default: the run's own test split]; its test
     /// split, or all of it when it has none.
@@ -79,6 +82,10 @@ pub struct TestArgs {
     /// The device [default: the run's].
     #[arg(long, value_name = "DEVICE")]
     pub device: Option<String>,
+    /// Append the result (weights, data, loss and metrics) as a line of the run folder's
+    /// tests.jsonl; without it nothing is written.
+    #[arg(long)]
+    pub record: bool,
 }
 
 /// `redline tune`.

@@ -1,7 +1,8 @@
-//! `redline test RUN_DIR`: a finished run's weights evaluated again, on its
-//! own test split or on other data of its input shape, from the same plan
-//! the run was trained from (its `config.toml`), as Lightning's
-//! `trainer.test(ckpt_path=...)`. Nothing is written.
+//! `redline test RUN_DIR|WEIGHTS`: a finished run's weights evaluated again,
+//! on its own test split or on other data of its input shape, from the same
+//! plan the run was trained from (its `config.toml`), as Lightning's
+//! `trainer.test(ckpt_path=...)`. Nothing is written unless `--record`
+//! appends the result to the run's `tests.jsonl`.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -13,7 +14,54 @@ use redline_train::checkpoint;
 use redline_train::Trainer;
 
 use crate::cli::{Cli, Command, TestArgs, TrainArgs};
+use crate::run_shape::RunShape;
 use crate::summary::show;
+
+/// The key in `--save`'s safetensors metadata that names the run folder the
+/// weights were trained in.
+pub const RUN_KEY: &str = "redline_run";
+
+/// The file `--record` appends one line to per evaluation.
+pub const RECORD: &str = "tests.jsonl";
+
+/// The run folder `arg` names, and the weights file when `arg` is one: a
+/// `.safetensors` file inside a run folder (a checkpoint's), or one whose
+/// metadata names its run (`--save`'s).
+fn locate(arg: &Path, command: &str) -> anyhow::Result<(PathBuf, Option<PathBuf>)> {
+    if !arg.is_file() {
+        return Ok((crate::resume::run_folder(arg, command)?, None));
+    }
+    let shown = arg.display();
+    if arg.extension().is_none_or(|e| e != "safetensors") {
+        bail!(
+            "{command} {shown}: neither a run folder nor a .safetensors weights file\nHINT: give \
+             a folder under runs/ (`redline runs` lists them), `last`, or a weights file"
+        );
+    }
+    let file = std::path::absolute(arg)?;
+    if let Some(dir) = file
+        .ancestors()
+        .skip(1)
+        .find(|d| d.join("config.toml").is_file())
+    {
+        return Ok((dir.to_path_buf(), Some(file)));
+    }
+    let meta = redline_models::params::safetensors_metadata(&file)?;
+    match meta.get(RUN_KEY).map(PathBuf::from) {
+        Some(dir) if dir.join("config.toml").is_file() => Ok((dir, Some(file))),
+        Some(dir) => bail!(
+            "{command} {shown}: these weights were trained in {}, which is no longer a run \
+             folder (its config.toml, the job, is gone)\nHINT: {command} RUN_DIR --checkpoint \
+             {shown} with the run folder of the same job",
+            dir.display()
+        ),
+        None => bail!(
+            "{command} {shown}: a weights file outside any run folder, and it does not name its \
+             run (Redline's --save records it), so the model and data are unknown\nHINT: \
+             {command} RUN_DIR --checkpoint {shown} with the run folder of its job"
+        ),
+    }
+}
 
 /// The run's flags from its `config.toml`, with `--data`/`--device`
 /// overrides, and nothing it would write (no `--save`, `--metrics`).
@@ -118,6 +166,10 @@ pub struct RunModel {
     pub model: Box<dyn redline_models::Model>,
     /// The weights file.
     pub file: PathBuf,
+    /// The run folder.
+    pub dir: PathBuf,
+    /// The data shape the model was built for (the run's).
+    pub shape: RunShape,
 }
 
 /// The model of the run folder `run_dir` (its `config.toml`'s job on
@@ -130,10 +182,24 @@ pub fn run_model(
     checkpoint: &str,
     device: Option<&str>,
 ) -> anyhow::Result<RunModel> {
-    let dir = crate::resume::run_folder(run_dir, command)?;
+    let (dir, given) = locate(run_dir, command)?;
     let args = run_flags(&dir, data, device)?;
-    let file = weights(&dir, checkpoint, &args)?;
-    let plan = crate::plan::prepare(&args)?;
+    let file = match given {
+        Some(_) if checkpoint != "last" => bail!(
+            "{command}: {} is a weights file already; --checkpoint {checkpoint} names \
+             another\nHINT: give one of them",
+            run_dir.display()
+        ),
+        Some(f) => f,
+        None => weights(&dir, checkpoint, &args)?,
+    };
+    // The run's model (its head), on data it can take.
+    let recorded = RunShape::of_run(&dir);
+    let plan = crate::plan::prepare_for(&args, recorded.as_ref())?;
+    let shape = recorded.unwrap_or_else(|| RunShape {
+        inputs: plan.prepared.train.input_dims.clone(),
+        target: plan.prepared.train.target,
+    });
     let model = plan
         .model_cfg
         .build(&plan.device, plan.precision, args.seed)?;
@@ -152,6 +218,8 @@ pub fn run_model(
         args,
         model,
         file,
+        dir,
+        shape,
     })
 }
 
@@ -195,7 +263,11 @@ pub fn run(test: &TestArgs) -> anyhow::Result<()> {
     )?;
     let (loader, n) = run.loader(test.data.is_some())?;
     let RunModel {
-        plan, model, file, ..
+        plan,
+        model,
+        file,
+        dir,
+        ..
     } = run;
     let mut trainer = Trainer::builder()
         .model_name(plan.model_cfg.name())
@@ -212,5 +284,27 @@ pub fn run(test: &TestArgs) -> anyhow::Result<()> {
         parts.join(" | "),
         file.display()
     );
+    if test.record {
+        let mut line = serde_json::json!({
+            "unix": std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+            "weights": file,
+            "data": plan.data_dir,
+            "samples": n,
+            "test_loss": r.loss,
+        });
+        for (k, v) in r.metrics.iter() {
+            line[format!("test_{k}")] = serde_json::json!(v);
+        }
+        let at = dir.join(RECORD);
+        match at.exists() {
+            true => redline_core::files::LineFile::append_to(&at),
+            false => redline_core::files::LineFile::create(&at),
+        }
+        .and_then(|mut f| f.append(&line.to_string()))
+        .with_context(|| format!("--record: appending to {}", at.display()))?;
+        println!("recorded in {}", at.display());
+    }
     Ok(())
 }

@@ -17,6 +17,7 @@ mod predict;
 mod print_config;
 mod progress;
 mod resume;
+mod run_shape;
 mod short_runs;
 mod signals;
 mod spawn;

@@ -14,6 +14,7 @@ use redline_train::OptimizerConfig;
 use crate::auto_flag::Auto;
 use crate::cli::TrainArgs;
 use crate::data_flags::{data_options, hidden};
+use crate::run_shape::RunShape;
 use crate::short_runs::ShortRun;
 use crate::signals::{stop_on_signals, StopFlags};
 use crate::step_kind::StepKind;
@@ -276,6 +277,12 @@ fn pick_device(
 /// everything `train` and `tune` do before their first step. Errors come
 /// before any run folder exists.
 pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
+    prepare_for(args, None)
+}
+
+/// [`prepare`] for a finished run's model on `--data`: the model is built
+/// for `run`'s shape (its head), and data it cannot take is refused.
+pub fn prepare_for(args: &TrainArgs, run: Option<&RunShape>) -> anyhow::Result<Plan> {
     // First of all: a signal at any phase (loading, building, training,
     // writing) stops the run the same way, never is ignored.
     let stop = stop_on_signals()?;
@@ -361,7 +368,14 @@ pub fn prepare(args: &TrainArgs) -> anyhow::Result<Plan> {
         other => other.with_context(|| format!("--data {}", data_dir.display()))?,
     };
     stop.check("reading the data")?;
-    let (inputs, target) = (prepared.train.input_dims.clone(), prepared.train.target);
+    let data_shape = RunShape {
+        inputs: prepared.train.input_dims.clone(),
+        target: prepared.train.target,
+    };
+    if let Some(run) = run {
+        run.check(&data_dir, &data_shape)?;
+    }
+    let RunShape { inputs, target } = run.cloned().unwrap_or(data_shape);
     let model_cfg = ModelConfig::for_data(
         &args.model,
         &inputs,

@@ -30,7 +30,7 @@ pub fn run(args: &PredictArgs) -> anyhow::Result<()> {
         &args.checkpoint,
         None,
     )?;
-    let classes = run.plan.prepared.train.target.classes();
+    let classes = run.shape.target.classes();
     let (loader, n) = run.loader(true)?;
     let RunModel { model, file, .. } = run;
     let mut rows: Option<Rows> = None;

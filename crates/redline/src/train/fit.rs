@@ -129,7 +129,15 @@ pub(super) fn run(
     let untrained = fit.as_ref().ok().and_then(|(f, _)| results::untrained(f));
     let saved = match (&fit, &args.save) {
         (Ok(_), Some(path)) if plan.short.fast_dev_run.is_none() && untrained.is_none() => {
-            Some(trainer.save_weights(path).context("--save").map(|()| path))
+            // The file names its run, so `redline test FILE` finds the job.
+            let dir = std::path::absolute(run.dir()).unwrap_or_else(|_| run.dir().to_path_buf());
+            let meta = [(crate::evaluate::RUN_KEY, &*dir.to_string_lossy())];
+            Some(
+                trainer
+                    .save_weights_with(path, &meta)
+                    .context("--save")
+                    .map(|()| path),
+            )
         }
         _ => None,
     };

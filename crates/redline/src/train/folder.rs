@@ -170,6 +170,13 @@ pub(super) fn describe(
     ] {
         run.set(k, v)?;
     }
+    let shape = crate::run_shape::RunShape {
+        inputs: data.inputs.clone(),
+        target: data.target,
+    };
+    for (k, v) in shape.to_json() {
+        run.set(k, v)?;
+    }
     let fused = redline_train::graph::reduced_kernels_on(loop_cfg.fused_kernels);
     let timing = plan.precision_timing.as_ref();
     for (k, v) in precision_note::fields(plan.precision, &plan.device, fused, timing) {

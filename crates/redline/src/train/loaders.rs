@@ -142,7 +142,7 @@ pub(super) fn build(args: &TrainArgs, plan: &mut Plan) -> anyhow::Result<Loaders
 /// host copies (one of each split is held, never two).
 fn take(prepared: &mut Prepared) -> Prepared {
     Prepared {
-        format: prepared.format,
+        format: prepared.format.clone(),
         train: prepared.train.take(),
         val: prepared.val.take(),
         test: prepared.test.take(),

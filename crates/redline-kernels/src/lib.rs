@@ -46,4 +46,4 @@ pub use conv_block::{conv2d_pool_relu, conv2d_pool_relu_param};
 pub use error::{Error, Result};
 pub use linear::{linear, linear_param};
 pub use loss::{cross_entropy, cross_entropy_counted};
-pub use pool::{max_pool2d, max_pool2d_generic};
+pub use pool::{max_pool2d, max_pool2d_generic, max_pool2d_window};

@@ -71,18 +71,98 @@ pub fn max_pool2d_generic(x: &Tensor, k: usize) -> Result<Tensor> {
     // the plain regions of real images tie often (82,165 windows of the
     // golden CNN's first batch). A window holding a NaN finds no slot; its
     // sum below is NaN all the same (NaN * 0).
+    first_max(&windows)
+}
+
+/// The first maximum of each row of `windows` `(B, C, oh, ow, k*k)`, with
+/// the whole gradient routed to it: `(B, C, oh, ow)`.
+fn first_max(windows: &Tensor) -> Result<Tensor> {
     let plain = windows.detach();
     let hit = plain.broadcast_eq(&plain.max_keepdim(D::Minus1)?)?;
-    let kk = (k * k) as u32;
-    let slots = Tensor::arange(0u32, kk, x.device())?
-        .reshape((1, 1, 1, 1, k * k))?
+    let n = windows.dim(D::Minus1)?;
+    let slots = Tensor::arange(0u32, n as u32, windows.device())?
+        .reshape((1, 1, 1, 1, n))?
         .broadcast_as(windows.shape())?;
-    let none = Tensor::full(kk, windows.shape(), x.device())?;
+    let none = Tensor::full(n as u32, windows.shape(), windows.device())?;
     let first = hit.where_cond(&slots, &none)?.min_keepdim(D::Minus1)?;
     // The one-hot mask carries no gradient, so the product routes the whole
     // window gradient to that element.
     let onehot = slots.broadcast_eq(&first)?.to_dtype(windows.dtype())?;
     Ok((windows * onehot)?.sum(D::Minus1)?)
+}
+
+/// Max pooling with any window, stride and padding (PyTorch's
+/// `MaxPool2d(k, stride, padding)`, floor mode; ResNet's stem is `(3, 2,
+/// 1)`): `(B, C, H, W) -> (B, C, (H + 2p - k)/s + 1, ...)`. The padding is
+/// the dtype's lowest finite value, so it never wins over a real value, and
+/// the first maximum of each window takes its gradient, as in PyTorch. A window equal to its stride without padding
+/// takes [`max_pool2d`]; others are built from generic candle ops (any
+/// device and dtype).
+pub fn max_pool2d_window(x: &Tensor, k: usize, stride: usize, padding: usize) -> Result<Tensor> {
+    check(x, k)?;
+    let (b, c, h, w) = x.dims4()?;
+    if stride == 0 || padding > k / 2 || k > h + 2 * padding || k > w + 2 * padding {
+        return Err(Error::Candle(candle_core::Error::Msg(format!(
+            "max_pool2d: window {k}, stride {stride}, padding {padding} on a {h}x{w} input: \
+             need a stride of at least 1, padding at most half the window (as PyTorch), and a \
+             window that fits"
+        ))));
+    }
+    if stride == k && padding == 0 {
+        return max_pool2d(x, k);
+    }
+    let (oh, ow) = (
+        (h + 2 * padding - k) / stride + 1,
+        (w + 2 * padding - k) / stride + 1,
+    );
+    // Padded so that every window start `d + stride * i` has a whole
+    // `stride`-long cell: `k - 1 + stride * o` rows (at least `h + 2p`).
+    let (hp, wp) = (k - 1 + stride * oh, k - 1 + stride * ow);
+    // The padding: the dtype's lowest finite value rather than -inf, whose
+    // product with the one-hot mask's zeros would be NaN. With padding at
+    // most half the window, every window holds a real value.
+    let lowest = match x.dtype() {
+        candle_core::DType::F16 => -65504.0,
+        _ => -3.0e38,
+    };
+    let fill = |rows: usize, cols: usize| -> Result<Tensor> {
+        Ok(Tensor::full(lowest, (b, c, rows, cols), x.device())?.to_dtype(x.dtype())?)
+    };
+    let mut parts = Vec::new();
+    if padding > 0 {
+        parts.push(fill(h, padding)?);
+    }
+    parts.push(x.clone());
+    if wp > padding + w {
+        parts.push(fill(h, wp - padding - w)?);
+    }
+    let x = Tensor::cat(&parts, 3)?;
+    let mut parts = Vec::new();
+    if padding > 0 {
+        parts.push(fill(padding, wp)?);
+    }
+    parts.push(x);
+    if hp > padding + h {
+        parts.push(fill(hp - padding - h, wp)?);
+    }
+    let x = Tensor::cat(&parts, 2)?.contiguous()?;
+    // Window offset (dy, dx): the values at (dy + stride * i, dx + stride * j).
+    let mut taps = Vec::with_capacity(k * k);
+    for dy in 0..k {
+        let rows = x
+            .narrow(2, dy, stride * oh)?
+            .reshape((b, c, oh, stride, wp))?
+            .narrow(3, 0, 1)?
+            .reshape((b, c, oh, wp))?;
+        for dx in 0..k {
+            let tap = rows
+                .narrow(3, dx, stride * ow)?
+                .reshape((b, c, oh, ow, stride))?
+                .narrow(4, 0, 1)?;
+            taps.push(tap);
+        }
+    }
+    first_max(&Tensor::cat(&taps, 4)?)
 }
 
 /// The first maximum of a 2x2 window's values in row-major order: its value
@@ -355,6 +435,47 @@ mod tests {
             gx.transpose()?,
             Some(vec![0., 10., 20., 0., 0., 0., 0., 0.])
         );
+        Ok(())
+    }
+
+    /// ResNet's stem pool (3, stride 2, padding 1) on a 4x4 plane:
+    /// `F.max_pool2d(torch.arange(16.).view(1, 1, 4, 4), 3, 2, 1)` is
+    /// `[[5, 7], [13, 15]]`; on a plane of ties each window's first real
+    /// element (row-major, the padding never) takes the gradient, as
+    /// PyTorch's `val > max` scan from -inf gives it.
+    #[test]
+    fn padded_overlapping_windows_pool_and_route_like_pytorch() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Var::from_tensor(&Tensor::arange(0f32, 16., &dev)?.reshape((1, 1, 4, 4))?)?;
+        let y = max_pool2d_window(x.as_tensor(), 3, 2, 1)?;
+        assert_eq!(y.flatten_all()?.to_vec1::<f32>()?, [5., 7., 13., 15.]);
+        let g = y.sum_all()?.backward()?;
+        let gx = g
+            .get(x.as_tensor())
+            .map(|t| t.flatten_all()?.to_vec1::<f32>());
+        let mut want = [0f32; 16];
+        for i in [5, 7, 13, 15] {
+            want[i] = 1.0;
+        }
+        assert_eq!(gx.transpose()?.as_deref(), Some(&want[..]));
+        let ties = Var::from_tensor(&Tensor::zeros((1, 1, 4, 4), DType::F32, &dev)?)?;
+        let y = max_pool2d_window(ties.as_tensor(), 3, 2, 1)?;
+        assert_eq!(y.flatten_all()?.to_vec1::<f32>()?, [0.; 4]);
+        let g = y.sum_all()?.backward()?;
+        let gx = g
+            .get(ties.as_tensor())
+            .map(|t| t.flatten_all()?.to_vec1::<f32>());
+        let mut want = [0f32; 16];
+        for i in [0, 1, 4, 5] {
+            want[i] = 1.0;
+        }
+        assert_eq!(gx.transpose()?.as_deref(), Some(&want[..]));
+        // A window equal to its stride takes the plain pool; bad windows
+        // are refused.
+        let a = max_pool2d_window(x.as_tensor(), 2, 2, 0)?;
+        assert_eq!(a.flatten_all()?.to_vec1::<f32>()?, [5., 7., 13., 15.]);
+        assert!(max_pool2d_window(x.as_tensor(), 3, 2, 2).is_err());
+        assert!(max_pool2d_window(x.as_tensor(), 3, 0, 1).is_err());
         Ok(())
     }
 

@@ -12,6 +12,7 @@ pub mod init;
 pub mod layers;
 pub mod mlp;
 pub mod params;
+pub mod resnet;
 
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
@@ -98,7 +99,11 @@ impl ModelConfig {
     /// Fashion-MNIST until shaped by [`ModelConfig::for_data`]), or `resnet`
     /// (a ResNet-8 for 3x32x32 CIFAR-10 images, 10 classes).
     pub fn by_name(name: &str) -> Result<Self> {
-        match name.trim().to_ascii_lowercase().as_str() {
+        let name = name.trim().to_ascii_lowercase();
+        if let Some(cfg) = resnet::config(&name) {
+            return Ok(Self::Sequential(cfg?));
+        }
+        match name.as_str() {
             "resnet" => Ok(Self::Sequential(SequentialConfig::from_toml(
                 RESNET,
                 "resnet",
@@ -108,8 +113,9 @@ impl ModelConfig {
             "mlp" => Ok(Self::Mlp(MlpConfig::default())),
             "cnn" => Ok(Self::Cnn(CnnConfig::default())),
             other => Err(Error::Config(format!(
-                "--model {other:?}: unknown model; available: mlp, cnn, resnet, or a model \
-                 file (FILE.toml, docs/models.md)"
+                "--model {other:?}: unknown model; available: mlp, cnn, resnet (a ResNet-8 for \
+                 CIFAR), resnet18, resnet34, resnet50, resnet101, resnet152 (torchvision's), or \
+                 a model file (FILE.toml, docs/models.md)"
             ))),
         }
     }

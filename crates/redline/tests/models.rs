@@ -86,3 +86,33 @@ fn model_file_mistakes_are_refused_with_the_layer_and_a_fix() {
     ]);
     assert!(m.contains("conv2d takes images"), "{m}");
 }
+
+/// `--model resnet18` from the zoo trains from the command line on any
+/// image size (the digits' 1 x 8 x 8; torchvision's stem and strides bring
+/// it down to 1 x 1), and its run folder records it.
+#[test]
+fn the_zoo_resnet18_trains_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = train(
+        &[
+            "--model",
+            "resnet18",
+            "--data",
+            "data/tables/digits.npz",
+            "--max-steps",
+            "1",
+            "--batch-size",
+            "16",
+        ],
+        &run,
+    );
+    assert!(out.contains("redline: resnet18 ("), "{out}");
+    let summary = common::json(&run.join("summary.json"));
+    assert_eq!(summary["model"], "resnet18", "{summary}");
+    assert_eq!(summary["steps"], 1, "{summary}");
+    assert!(
+        summary["test_loss"].as_f64().is_some_and(f64::is_finite),
+        "{summary}"
+    );
+}

@@ -153,7 +153,7 @@ fn killed_and_resumed(extra: &[&str], seed: u64, steps: (usize, usize)) {
     let case = format!("{extra:?} seed {seed}: killed at step {reached} (drawn {at})\n{out}");
     assert!(out.contains("resuming"), "{case}");
     assert!(
-        std::fs::read(&whole_st).unwrap() == std::fs::read(&cut_st).unwrap(),
+        common::same_tensors(&whole_st, &cut_st),
         "final weights differ: {case}"
     );
     let (w, c) = (logged(&whole), logged(&cut));

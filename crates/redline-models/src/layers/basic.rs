@@ -8,7 +8,7 @@ use rand::distr::{Distribution, Uniform};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use redline_kernels::grad::Param;
-use redline_kernels::{conv2d_in, linear_in, max_pool2d};
+use redline_kernels::{conv2d_in, linear_in, max_pool2d_window};
 
 use super::Layer;
 use crate::error::{Error, Result};
@@ -82,12 +82,25 @@ impl Layer for Conv2d {
     }
 }
 
-/// `nn.MaxPool2d(k)` (stride k, floor mode; the first maximum takes the gradient).
-pub(super) struct MaxPool(pub(super) usize);
+/// `nn.MaxPool2d(kernel, stride, padding)` (floor mode; the first maximum
+/// takes the gradient).
+pub(super) struct MaxPool {
+    /// Window side.
+    pub(super) kernel: usize,
+    /// Step between windows.
+    pub(super) stride: usize,
+    /// `-inf` padding on each side.
+    pub(super) padding: usize,
+}
 
 impl Layer for MaxPool {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
-        Ok(max_pool2d(x, self.0)?)
+        Ok(max_pool2d_window(
+            x,
+            self.kernel,
+            self.stride,
+            self.padding,
+        )?)
     }
 }
 

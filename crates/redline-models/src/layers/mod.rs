@@ -70,6 +70,10 @@ fn one() -> usize {
     1
 }
 
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 fn yes() -> bool {
     true
 }
@@ -83,6 +87,10 @@ pub enum LayerSpec {
         /// Output features [default: the data's outputs].
         #[serde(default)]
         out: Option<usize>,
+        /// The parameters' name in the state dict [default: the layer's
+        /// position]: torchvision's `conv1`, `layer1.0.bn2`, `fc`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
     },
     /// `nn.Conv2d(in, out, kernel, stride, padding, bias=bias)` on `(B, C, H, W)`.
     Conv2d {
@@ -99,6 +107,10 @@ pub enum LayerSpec {
         /// Whether the layer has a bias (ResNets drop it before batch norm).
         #[serde(default = "yes")]
         bias: bool,
+        /// The parameters' name in the state dict [default: the layer's
+        /// position]: torchvision's `conv1`, `layer1.0.bn2`, `fc`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
     },
     /// `nn.BatchNorm2d(C, eps, momentum)` on `(B, C, H, W)`, with running
     /// statistics (buffers `running_mean`, `running_var`, `num_batches_tracked`).
@@ -109,11 +121,21 @@ pub enum LayerSpec {
         /// Weight of the batch in the running statistics.
         #[serde(default = "default_momentum")]
         momentum: f64,
+        /// The parameters' name in the state dict [default: the layer's
+        /// position]: torchvision's `conv1`, `layer1.0.bn2`, `fc`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
     },
-    /// `nn.MaxPool2d(kernel)` (stride = kernel).
+    /// `nn.MaxPool2d(kernel, stride, padding)` (floor mode).
     Maxpool2d {
         /// Window side.
         kernel: usize,
+        /// Step between windows [default: the window side].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stride: Option<usize>,
+        /// `-inf` padding on each side (at most half the window, as PyTorch).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        padding: usize,
     },
     /// `nn.AvgPool2d(kernel)` (stride = kernel).
     Avgpool2d {
@@ -154,10 +176,26 @@ pub enum LayerSpec {
         /// The shortcut's layers [default: none, the identity].
         #[serde(default)]
         shortcut: Vec<LayerSpec>,
+        /// The block's name in the state dict [default: its position]: the
+        /// body's parameters are `NAME.<layer>`, the shortcut's
+        /// `NAME.downsample.<i>` (torchvision's `layer1.0.downsample.0`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
     },
 }
 
 impl LayerSpec {
+    /// The name given in the file (`name = "conv1"`), if any.
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            Self::Linear { name, .. }
+            | Self::Conv2d { name, .. }
+            | Self::Batchnorm2d { name, .. }
+            | Self::Residual { name, .. } => name.as_deref(),
+            _ => None,
+        }
+    }
+
     /// The name a spec's `type` has in a file.
     fn kind(&self) -> &'static str {
         match self {
@@ -307,7 +345,7 @@ const MAX_SIZE: usize = 1 << 24;
 /// The sizes `spec` sets, by name.
 fn sizes(spec: &LayerSpec) -> Vec<(&'static str, usize)> {
     match spec {
-        LayerSpec::Linear { out } => out.iter().map(|&o| ("out", o)).collect(),
+        LayerSpec::Linear { out, .. } => out.iter().map(|&o| ("out", o)).collect(),
         LayerSpec::Conv2d {
             out,
             kernel,
@@ -320,9 +358,16 @@ fn sizes(spec: &LayerSpec) -> Vec<(&'static str, usize)> {
             ("padding", *padding),
             ("stride", *stride),
         ],
-        LayerSpec::Maxpool2d { kernel } | LayerSpec::Avgpool2d { kernel } => {
-            vec![("kernel", *kernel)]
-        }
+        LayerSpec::Maxpool2d {
+            kernel,
+            stride,
+            padding,
+        } => vec![
+            ("kernel", *kernel),
+            ("stride", stride.unwrap_or(*kernel)),
+            ("padding", *padding),
+        ],
+        LayerSpec::Avgpool2d { kernel } => vec![("kernel", *kernel)],
         LayerSpec::Embedding { num, dim } => vec![("num", *num), ("dim", *dim)],
         _ => Vec::new(),
     }
@@ -339,16 +384,30 @@ fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Result<Vec<us
             ))),
         }
     };
+    if let Some(name) = spec.name().filter(|n| {
+        n.is_empty()
+            || n.len() > 64
+            || n.starts_with('.')
+            || n.ends_with('.')
+            || !n
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+    }) {
+        return bad(format!(
+            "name = {:?}: a state dict name is 1 to 64 letters, digits, `_` and inner `.`s",
+            redline_core::text::clip(name, redline_core::text::MAX_SHOWN)
+        ));
+    }
     if let Some((name, v)) = sizes(spec).into_iter().find(|&(_, v)| v > MAX_SIZE) {
         return bad(format!(
             "{name} = {v}: sizes in a model file are at most {MAX_SIZE}"
         ));
     }
     Ok(match spec {
-        LayerSpec::Linear { out: Some(0) } => {
+        LayerSpec::Linear { out: Some(0), .. } => {
             return bad("out = 0: a linear layer needs at least one output".into())
         }
-        LayerSpec::Linear { out } => match input {
+        LayerSpec::Linear { out, .. } => match input {
             [_] => vec![out.unwrap_or(outputs)],
             _ => {
                 return bad(format!(
@@ -372,14 +431,35 @@ fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Result<Vec<us
             let side = |n: usize| (n + 2 * padding - kernel) / stride + 1;
             vec![*out, side(h), side(w)]
         }
-        LayerSpec::Batchnorm2d { eps, momentum } => {
+        LayerSpec::Batchnorm2d { eps, momentum, .. } => {
             image("batchnorm2d")?;
             if !(eps.is_finite() && *eps > 0.0 && (0.0..=1.0).contains(momentum)) {
                 return bad(format!("eps {eps}, momentum {momentum}: need eps > 0 and momentum in [0, 1]"));
             }
             input.to_vec()
         }
-        LayerSpec::Maxpool2d { kernel } | LayerSpec::Avgpool2d { kernel } => {
+        LayerSpec::Maxpool2d {
+            kernel,
+            stride,
+            padding,
+        } => {
+            let (c, h, w) = image(spec.kind())?;
+            let s = stride.unwrap_or(*kernel);
+            if *kernel == 0 || s == 0 || *kernel > h + 2 * padding || *kernel > w + 2 * padding {
+                return bad(format!(
+                    "kernel {kernel}, stride {s}, padding {padding} do not fit a {h}x{w} input"
+                ));
+            }
+            if *padding > kernel / 2 {
+                return bad(format!(
+                    "padding {padding} is more than half the window {kernel} (PyTorch refuses it \
+                     too: a window could hold only padding)"
+                ));
+            }
+            let side = |n: usize| (n + 2 * padding - kernel) / s + 1;
+            vec![c, side(h), side(w)]
+        }
+        LayerSpec::Avgpool2d { kernel } => {
             let (c, h, w) = image(spec.kind())?;
             if *kernel == 0 || *kernel > h || *kernel > w {
                 return bad(format!("kernel {kernel} does not fit a {h}x{w} input"));
@@ -415,7 +495,9 @@ fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Result<Vec<us
             }
             vec![input[0], *dim]
         }
-        LayerSpec::Residual { layers, shortcut } => {
+        LayerSpec::Residual {
+            layers, shortcut, ..
+        } => {
             let through = |what: &str, specs: &[LayerSpec]| -> Result<Vec<usize>> {
                 let mut shape = input.to_vec();
                 for (j, inner) in specs.iter().enumerate() {
@@ -453,11 +535,11 @@ fn build_layers(
     let mut i = 0;
     while i < specs.len() {
         let spec = &specs[i];
-        let name = format!("{prefix}{i}");
+        let name = format!("{prefix}{}", spec.name().unwrap_or(&i.to_string()));
         let next = |k: usize| specs.get(i + k);
         let mut used = 1;
         let layer: Box<dyn Layer> = match spec {
-            LayerSpec::Linear { out: o } => {
+            LayerSpec::Linear { out: o, .. } => {
                 let (fan_in, fan_out) = (shape[0], o.unwrap_or(outputs));
                 let (w, b) = init.layer(&[fan_out, fan_in], fan_out, fan_in)?;
                 let relu = matches!(next(1), Some(LayerSpec::Relu));
@@ -475,13 +557,27 @@ fn build_layers(
                 padding,
                 stride,
                 bias,
+                ..
             } => {
                 let cin = shape[0];
                 let (w, b) = init.layer(&[*o, cin, *kernel, *kernel], *o, cin * kernel * kernel)?;
+                // A pool whose window is its stride, without padding.
+                let plain_pool = |l: Option<&LayerSpec>| match l {
+                    Some(LayerSpec::Maxpool2d {
+                        kernel: k,
+                        stride: None,
+                        padding: 0,
+                    }) => Some(*k),
+                    Some(LayerSpec::Maxpool2d {
+                        kernel: k,
+                        stride: Some(s),
+                        padding: 0,
+                    }) if s == k => Some(*k),
+                    _ => None,
+                };
                 let pool_relu = match (*stride, next(1), next(2)) {
-                    (1, Some(LayerSpec::Relu), Some(LayerSpec::Maxpool2d { kernel: k }))
-                    | (1, Some(LayerSpec::Maxpool2d { kernel: k }), Some(LayerSpec::Relu)) => {
-                        Some(*k)
+                    (1, Some(LayerSpec::Relu), pool) | (1, pool, Some(LayerSpec::Relu)) => {
+                        plain_pool(pool)
                     }
                     _ => None,
                 };
@@ -503,7 +599,7 @@ fn build_layers(
                     dtype: init.compute_dtype(),
                 })
             }
-            LayerSpec::Batchnorm2d { eps, momentum } => {
+            LayerSpec::Batchnorm2d { eps, momentum, .. } => {
                 let c = shape[0];
                 let dev = init.device().clone();
                 let (w, b) = (init.constant(&[c], 1.0)?, init.constant(&[c], 0.0)?);
@@ -529,7 +625,15 @@ fn build_layers(
                     momentum: *momentum,
                 })
             }
-            LayerSpec::Maxpool2d { kernel } => Box::new(basic::MaxPool(*kernel)),
+            LayerSpec::Maxpool2d {
+                kernel,
+                stride,
+                padding,
+            } => Box::new(basic::MaxPool {
+                kernel: *kernel,
+                stride: stride.unwrap_or(*kernel),
+                padding: *padding,
+            }),
             LayerSpec::Avgpool2d { kernel } => Box::new(basic::AvgPool(*kernel)),
             LayerSpec::Adaptiveavgpool2d => Box::new(basic::GlobalAvgPool),
             LayerSpec::Flatten => Box::new(basic::Flatten),
@@ -552,10 +656,17 @@ fn build_layers(
                     w: params.push(format!("{name}.weight"), w)?,
                 })
             }
-            LayerSpec::Residual { layers, shortcut } => {
-                let body_prefix = format!("{name}.body.");
+            LayerSpec::Residual {
+                layers,
+                shortcut,
+                name: named,
+            } => {
+                // torchvision's block names when the block is named.
+                let (body_prefix, short_prefix) = match named {
+                    Some(_) => (format!("{name}."), format!("{name}.downsample.")),
+                    None => (format!("{name}.body."), format!("{name}.shortcut.")),
+                };
                 let body = build_layers(layers, &shape, outputs, &body_prefix, init, params)?;
-                let short_prefix = format!("{name}.shortcut.");
                 let shortcut =
                     build_layers(shortcut, &shape, outputs, &short_prefix, init, params)?;
                 Box::new(norm::Residual { body, shortcut })

@@ -172,6 +172,39 @@ fn bad_files_name_the_layer_and_the_fix() {
     assert!(m.contains("same shape"), "{m}");
     let m = err("[model]\nlayers = []", &[4]);
     assert!(m.contains("no layers"), "{m}");
+    // Names a state dict cannot hold, and pools PyTorch refuses.
+    for bad in ["", "../x", "a b", ".fc", "fc."] {
+        let m = err(
+            &format!("[model]\nlayers = [{{ type = \"linear\", name = {bad:?} }}]"),
+            &[4],
+        );
+        assert!(
+            m.contains("layer 0 (linear)") && m.contains("name ="),
+            "{bad:?}: {m}"
+        );
+    }
+    let m = err(
+        "[model]\nlayers = [{ type = \"maxpool2d\", kernel = 3, stride = 2, padding = 2 }]",
+        &[1, 8, 8],
+    );
+    assert!(m.contains("more than half the window"), "{m}");
+}
+
+/// Two layers given one name are refused when built, by the name.
+#[test]
+fn a_name_given_twice_is_refused() -> Result<()> {
+    let text = "[model]\nlayers = [{ type = \"linear\", out = 4, name = \"fc\" }, \
+                { type = \"linear\", name = \"fc\" }]";
+    let e = parse(text, &[4], 2)?
+        .build(&mut init())
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        e.as_deref()
+            .is_some_and(|e| e.contains("\"fc.weight\" registered twice")),
+        "{e:?}"
+    );
+    Ok(())
 }
 
 #[test]

@@ -142,3 +142,19 @@ pub fn rel_l2(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
     let n = b.sqr().unwrap().sum_all().unwrap();
     (d.to_scalar::<f32>().unwrap() / n.to_scalar::<f32>().unwrap().max(1e-30)).sqrt()
 }
+
+/// A safetensors file's tensors, bit for bit: its header without the
+/// `__metadata__` entry (which `--save` fills with the run folder), and its
+/// data bytes.
+pub fn tensor_bits(path: &Path) -> (serde_json::Value, Vec<u8>) {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header.as_object_mut().unwrap().remove("__metadata__");
+    (header, bytes[8 + n..].to_vec())
+}
+
+/// Whether two safetensors files hold the same tensors, bit for bit.
+pub fn same_tensors(a: &Path, b: &Path) -> bool {
+    tensor_bits(a) == tensor_bits(b)
+}

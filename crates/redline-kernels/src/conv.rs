@@ -78,6 +78,37 @@ pub(crate) fn conv2d_with(
         .apply_op3(&w.contiguous()?, &b.contiguous()?, op)?)
 }
 
+/// [`conv2d_param`] with windows `stride` apart (PyTorch's
+/// `F.conv2d(x, w, b, stride, padding)`): CPU f32 tensors take the im2col +
+/// GEMM kernel and its fused backward (the 7x7 stride-2 stems and strided
+/// 3x3 and 1x1 downsampling of ResNets); other devices and dtypes candle's
+/// convolution.
+pub fn conv2d_strided_param(
+    x: &Tensor,
+    w: &Param,
+    b: &Param,
+    padding: usize,
+    stride: usize,
+) -> Result<Tensor> {
+    if stride == 1 {
+        return conv2d_param(x, w, b, padding);
+    }
+    let (wt, bt) = (w.as_tensor(), b.as_tensor());
+    let geom = Geom::strided(x, wt, bt, padding, stride)?;
+    if ![x, wt, bt].into_iter().all(fused_cpu) {
+        let y = x.conv2d(wt, padding, stride, 1, 1)?;
+        return Ok(y.broadcast_add(&bt.reshape((1, geom.cout, 1, 1))?)?);
+    }
+    let op = Conv2dOp {
+        geom,
+        input_grad: x.track_op(),
+        layer: trace::current_layer(),
+        buffers: layer_buffers(w, b),
+    };
+    Ok(x.contiguous()?
+        .apply_op3(&wt.contiguous()?, &bt.contiguous()?, op)?)
+}
+
 /// The same convolution from candle's own ops (what `candle_nn::Conv2d`
 /// does): runs on every device and dtype, slowly backward on the CPU.
 pub fn conv2d_generic(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Result<Tensor> {
@@ -97,6 +128,8 @@ pub(super) struct Geom {
     pub(super) kh: usize,
     pub(super) kw: usize,
     pub(super) pad: usize,
+    /// Step between windows (1 for every fused path but the strided one).
+    pub(super) stride: usize,
     pub(super) oh: usize,
     pub(super) ow: usize,
     /// The dtype of the GEMMs' products: F32, or BF16 for the native bf16
@@ -106,11 +139,22 @@ pub(super) struct Geom {
 
 impl Geom {
     pub(super) fn new(x: &Tensor, w: &Tensor, b: &Tensor, pad: usize) -> Result<Self> {
+        Self::strided(x, w, b, pad, 1)
+    }
+
+    /// [`Geom::new`] with windows `stride` apart.
+    pub(super) fn strided(
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        pad: usize,
+        stride: usize,
+    ) -> Result<Self> {
         let bad = || {
             Error::Candle(candle_core::Error::Msg(format!(
-                "conv2d: input {:?}, weight {:?}, bias {:?}, padding {pad}: expected \
-                 input (B, Cin, H, W), weight (Cout, Cin, kh, kw), bias (Cout) with \
-                 non-zero sizes and kh <= H + 2*padding, kw <= W + 2*padding",
+                "conv2d: input {:?}, weight {:?}, bias {:?}, padding {pad}, stride {stride}: \
+                 expected input (B, Cin, H, W), weight (Cout, Cin, kh, kw), bias (Cout) with \
+                 non-zero sizes and stride, and kh <= H + 2*padding, kw <= W + 2*padding",
                 x.dims(),
                 w.dims(),
                 b.dims()
@@ -119,7 +163,7 @@ impl Geom {
         let (Ok((bsz, cin, h, wd)), Ok((cout, wcin, kh, kw))) = (x.dims4(), w.dims4()) else {
             return Err(bad());
         };
-        let sizes_ok = [cin, h, wd, cout, kh, kw].iter().all(|&n| n > 0);
+        let sizes_ok = [cin, h, wd, cout, kh, kw, stride].iter().all(|&n| n > 0);
         if !sizes_ok || wcin != cin || b.dims() != [cout] || kh > h + 2 * pad || kw > wd + 2 * pad {
             return Err(bad());
         }
@@ -132,8 +176,9 @@ impl Geom {
             kh,
             kw,
             pad,
-            oh: h + 2 * pad - kh + 1,
-            ow: wd + 2 * pad - kw + 1,
+            stride,
+            oh: (h + 2 * pad - kh) / stride + 1,
+            ow: (wd + 2 * pad - kw) / stride + 1,
             gemm: DType::F32,
         })
     }
@@ -163,17 +208,24 @@ impl Geom {
         self.b.div_ceil(crate::gemm::threads()).max(1)
     }
 
-    /// Output columns `lo..hi` whose input column `ox + kx - pad` lies inside
-    /// the image, and the input column of `lo`; `None` when there are none.
+    /// Output columns `lo..hi` whose input column `ox * stride + kx - pad`
+    /// lies inside the image, and the input column of `lo`; `None` when
+    /// there are none.
     fn col_span(&self, kx: usize) -> Option<(usize, usize, usize)> {
-        let lo = self.pad.saturating_sub(kx);
-        let hi = (self.w + self.pad).saturating_sub(kx).min(self.ow);
-        (lo < hi).then(|| (lo, hi, lo + kx - self.pad))
+        let s = self.stride;
+        let lo = self.pad.saturating_sub(kx).div_ceil(s);
+        let hi = (self.w + self.pad)
+            .saturating_sub(kx)
+            .div_ceil(s)
+            .min(self.ow);
+        (lo < hi).then(|| (lo, hi, lo * s + kx - self.pad))
     }
 
     /// Input row of output row `oy` under kernel row `ky`, if inside the image.
     fn in_row(&self, oy: usize, ky: usize) -> Option<usize> {
-        (oy + ky).checked_sub(self.pad).filter(|&iy| iy < self.h)
+        (oy * self.stride + ky)
+            .checked_sub(self.pad)
+            .filter(|&iy| iy < self.h)
     }
 
     /// (input channel, kernel row, kernel column) of im2col row `r`. Rows run
@@ -220,8 +272,15 @@ impl Geom {
                 match (self.in_row(oy, ky), span) {
                     (Some(iy), Some((lo, hi, ix))) => {
                         orow[..lo].fill(0.0);
-                        let src = &plane[iy * self.w + ix..][..hi - lo];
-                        orow[lo..hi].copy_from_slice(src);
+                        let src = &plane[iy * self.w + ix..];
+                        if self.stride == 1 {
+                            orow[lo..hi].copy_from_slice(&src[..hi - lo]);
+                        } else {
+                            let taken = src.iter().step_by(self.stride);
+                            for (o, &v) in orow[lo..hi].iter_mut().zip(taken) {
+                                *o = v;
+                            }
+                        }
                         orow[hi..].fill(0.0);
                     }
                     _ => orow.fill(0.0),
@@ -242,8 +301,8 @@ impl Geom {
             let plane = &mut dx[ci * hw..(ci + 1) * hw];
             for (oy, orow) in row.chunks(self.ow).enumerate() {
                 if let Some(iy) = self.in_row(oy, ky) {
-                    let dst = &mut plane[iy * self.w + ix..][..hi - lo];
-                    for (d, s) in dst.iter_mut().zip(&orow[lo..hi]) {
+                    let dst = plane[iy * self.w + ix..].iter_mut().step_by(self.stride);
+                    for (d, s) in dst.zip(&orow[lo..hi]) {
                         *d += s;
                     }
                 }
@@ -518,6 +577,74 @@ mod tests {
                     "{name} differs by {d} for {:?}",
                     (b, cin, h, w, cout, k, p)
                 );
+            }
+        }
+        Ok(())
+    }
+
+    /// Strided convolutions (ResNet's 7x7 stride-2 stem with padding 3, its
+    /// 3x3 and 1x1 stride-2 downsampling, sizes that do not divide) through
+    /// the im2col kernel: the output and all three gradients as the stride-1
+    /// convolution subsampled gives them through candle's autograd. The
+    /// gradients land in the parameters' buffers.
+    #[test]
+    fn strided_convolutions_match_candle_forward_and_backward() -> Result<()> {
+        use crate::grad::Param;
+        let shapes = [
+            // (b, cin, h, w, cout, k, p, s)
+            (2, 3, 13, 11, 4, 7, 3, 2),
+            (3, 4, 9, 9, 6, 3, 1, 2),
+            (2, 5, 8, 7, 3, 1, 0, 2),
+            (1, 2, 10, 10, 2, 3, 0, 3),
+        ];
+        for (b, cin, h, w, cout, k, p, s) in shapes {
+            let what = (b, cin, h, w, cout, k, p, s);
+            let x = Var::from_tensor(&data(&[b, cin, h, w], 0.0)?)?;
+            let wt = Param::new(Var::from_tensor(&data(&[cout, cin, k, k], 1.0)?)?);
+            let bias = Param::new(Var::from_tensor(&data(&[cout], 2.0)?)?);
+            let ours = conv2d_strided_param(x.as_tensor(), &wt, &bias, p, s)?;
+            // The reference: the stride-1 convolution, every s-th output
+            // row and column taken (candle's own strided backward gives an
+            // input gradient of the wrong size when the stride does not
+            // divide: 8 columns for a 7-column input).
+            let full = x
+                .as_tensor()
+                .conv2d(wt.as_tensor(), p, 1, 1, 1)?
+                .broadcast_add(&bias.as_tensor().reshape((1, cout, 1, 1))?)?;
+            let every = |n: usize| -> Result<Tensor> {
+                let idx: Vec<u32> = (0..(n - 1) / s + 1).map(|i| (i * s) as u32).collect();
+                Ok(Tensor::new(idx.as_slice(), &Device::Cpu)?)
+            };
+            let (fh, fw) = (full.dim(2)?, full.dim(3)?);
+            let theirs = full.index_select(&every(fh)?, 2)?.index_select(&every(fw)?, 3)?;
+            assert_eq!(ours.dims(), theirs.dims(), "{what:?}");
+            let d = max_rel_diff(&ours, &theirs)?;
+            assert!(d < 1e-5, "forward differs by {d} for {what:?}");
+            let r = data(theirs.dims(), 3.0)?;
+            let mut g_ours = (ours * &r)?.sum_all()?.backward()?;
+            let g_theirs = (theirs * &r)?.sum_all()?.backward()?;
+            for param in [&wt, &bias] {
+                param.absorb(&mut g_ours)?;
+            }
+            let dx = g_ours.get(x.as_tensor()).cloned();
+            for (name, got, want) in [
+                ("dx", dx, g_theirs.get(x.as_tensor()).cloned()),
+                (
+                    "dW",
+                    wt.grad().to_tensor(wt.as_tensor())?,
+                    g_theirs.get(wt.as_tensor()).cloned(),
+                ),
+                (
+                    "db",
+                    bias.grad().to_tensor(bias.as_tensor())?,
+                    g_theirs.get(bias.as_tensor()).cloned(),
+                ),
+            ] {
+                let (Some(got), Some(want)) = (got, want) else {
+                    panic!("{name} missing for {what:?}");
+                };
+                let d = max_rel_diff(&got, &want)?;
+                assert!(d < 1e-4, "{name} differs by {d} for {what:?}");
             }
         }
         Ok(())

@@ -291,6 +291,7 @@ mod tests {
             kh: 3,
             kw: 3,
             pad: 1,
+            stride: 1,
             oh: h,
             ow: w,
             gemm: DType::BF16,

@@ -41,7 +41,7 @@ mod slices;
 pub mod tally;
 
 pub use autocast::{conv2d_in, linear_in};
-pub use conv::{conv2d, conv2d_generic, conv2d_param};
+pub use conv::{conv2d, conv2d_generic, conv2d_param, conv2d_strided_param};
 pub use conv_block::{conv2d_pool_relu, conv2d_pool_relu_param};
 pub use error::{Error, Result};
 pub use linear::{linear, linear_param};

@@ -51,6 +51,17 @@ impl Layer for Conv2d {
             // Nothing reads this buffer: keep it from growing across steps.
             self.b.grad().clear();
         }
+        if self.stride != 1 && self.dtype == DType::F32 {
+            // im2col + GEMM with the fused backward on the CPU (fp32);
+            // candle's convolution elsewhere.
+            return Ok(redline_kernels::conv2d_strided_param(
+                x,
+                &self.w,
+                &self.b,
+                self.padding,
+                self.stride,
+            )?);
+        }
         if self.stride != 1 {
             // candle's CPU convolution has no bf16 (its im2col matmul): on
             // the CPU a 16-bit one is the fp32 convolution of the rounded

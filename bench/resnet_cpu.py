@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""ResNet training steps on the CPU, Redline against PyTorch on the same cores, in one run
+(issue 52's ResNet rows). Random images of one size, 10 classes, Adam 1e-3 in both.
+
+    ~/.venvs/redline-ref/bin/python bench/resnet_cpu.py --bin target/release/redline \\
+        --threads 2 --rows resnet18:8:64,resnet18:32:224
+
+Each row MODEL:BATCH:SIZE: Redline's `train --model MODEL` on an .npz of BATCH x STEPS
+images (`--max-steps STEPS`, its summary's ms/step: the fit's training time over its steps,
+first steps included), then torchvision's model in a plain PyTorch loop (the median of
+STEPS steps after two warm-up steps). Prints a table of ms/step, images/s and the ratio.
+"""
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import torchvision
+
+
+def redline_ms(binary, model, batch, size, steps, threads, tmp):
+    n = batch * steps
+    rng = np.random.default_rng(0)
+    path = os.path.join(tmp, f"x{batch}_{size}.npz")
+    x = rng.standard_normal((n, 3, size, size), dtype=np.float32)
+    y = rng.integers(0, 10, n).astype(np.int64)
+    np.savez(path, x=x, y=y)
+    cmd = [binary, "train", "--model", model, "--data", path, "--batch-size", str(batch),
+           "--max-steps", str(steps), "--threads", str(threads), "--val-split", "0",
+           "--no-validate", "--monitor-interval", "0", "--task", "classification",
+           "--device", "cpu", "--run-dir", os.path.join(tmp, f"run{batch}_{size}")]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    out = p.stdout + p.stderr
+    m = re.search(r"([0-9.]+) ms/step", out)
+    if p.returncode != 0 or not m:
+        sys.exit(f"failed: {' '.join(cmd)}\n{out[-3000:]}")
+    return float(m.group(1))
+
+
+def torch_ms(model, batch, size, steps, threads):
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    net = getattr(torchvision.models, model)(num_classes=10)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    x = torch.randn(batch, 3, size, size)
+    y = torch.randint(0, 10, (batch,))
+    times = []
+    for i in range(steps + 2):
+        t = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+        if i >= 2:
+            times.append(time.perf_counter() - t)
+    return 1000 * statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="target/release/redline")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--rows", default="resnet18:8:64")
+    a = ap.parse_args()
+    print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, "
+          f"{a.threads} threads, {os.cpu_count()} logical cores")
+    print("| model | batch | size | Redline ms/step | PyTorch ms/step | Redline img/s | PyTorch img/s | Redline / PyTorch time |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    with tempfile.TemporaryDirectory() as tmp:
+        for row in a.rows.split(","):
+            model, batch, size = row.split(":")
+            batch, size = int(batch), int(size)
+            ours = redline_ms(a.bin, model, batch, size, a.steps, a.threads, tmp)
+            theirs = torch_ms(model, batch, size, a.steps, a.threads)
+            print(f"| {model} | {batch} | {size} | {ours:.0f} | {theirs:.0f} | "
+                  f"{1000 * batch / ours:.1f} | {1000 * batch / theirs:.1f} | {ours / theirs:.2f}x |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

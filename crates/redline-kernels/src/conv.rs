@@ -310,6 +310,82 @@ impl Geom {
         }
     }
 
+    /// Whether the samples of a thread's chunk are multiplied side by side
+    /// (one GEMM of `n * oh * ow` columns) rather than one by one: for
+    /// output maps under 64 pixels, where a sample's GEMM is too thin to
+    /// use the weights it reads.
+    pub(super) fn batched(&self) -> bool {
+        self.ohw() < 64
+    }
+
+    /// The im2col matrices of the samples in `x`, side by side: `(K, n *
+    /// oh*ow)`, sample `s`'s columns at `s * oh*ow`.
+    pub(super) fn batch_cols(&self, x: &[f32]) -> Vec<f32> {
+        let (k, p) = (self.k(), self.ohw());
+        let n = x.len() / self.in_len().max(1);
+        let mut one = vec![0f32; k * p];
+        let mut cols = vec![0f32; k * n * p];
+        for (s, xs) in x.chunks(self.in_len()).enumerate() {
+            self.im2col(xs, &mut one);
+            for (r, row) in one.chunks(p).enumerate() {
+                cols[(r * n + s) * p..][..p].copy_from_slice(row);
+            }
+        }
+        cols
+    }
+
+    /// Per-sample `(rows, oh*ow)` blocks of `v` (samples one after another)
+    /// side by side as one `(rows, n * oh*ow)` matrix.
+    pub(super) fn side_by_side(&self, v: &[f32], rows: usize) -> Vec<f32> {
+        let p = self.ohw();
+        let n = v.len() / (rows * p).max(1);
+        let mut out = vec![0f32; v.len()];
+        for (s, block) in v.chunks(rows * p).enumerate() {
+            for (r, row) in block.chunks(p).enumerate() {
+                out[(r * n + s) * p..][..p].copy_from_slice(row);
+            }
+        }
+        out
+    }
+
+    /// Sample `s`'s `(rows, oh*ow)` block out of a side-by-side matrix.
+    pub(super) fn take_sample(&self, all: &[f32], s: usize, one: &mut [f32]) {
+        let p = self.ohw();
+        let n = all.len() / one.len().max(1);
+        for (r, row) in one.chunks_mut(p).enumerate() {
+            row.copy_from_slice(&all[(r * n + s) * p..][..p]);
+        }
+    }
+
+    /// The outputs of the samples in `x` ([`Geom::batched`]), one GEMM for
+    /// the chunk, into `y` (samples one after another), the bias added last.
+    pub(super) fn forward_batched(
+        &self,
+        name: &str,
+        w: &[f32],
+        b: &[f32],
+        x: &[f32],
+        y: &mut [f32],
+    ) -> candle_core::Result<()> {
+        let cols = self.batch_cols(x);
+        let np = cols.len() / self.k().max(1);
+        let mut all = vec![0f32; self.cout * np];
+        let (wm, cm) = (
+            Mat::new(w, self.cout, self.k()),
+            Mat::new(&cols, self.k(), np),
+        );
+        gemm_or_err(self.gemm, name, &mut all, wm, cm, false)?;
+        let mut one = vec![0f32; self.out_len()];
+        for (s, ys) in y.chunks_mut(self.out_len()).enumerate() {
+            self.take_sample(&all, s, &mut one);
+            ys.copy_from_slice(&one);
+            for (row, &bias) in ys.chunks_mut(self.ohw()).zip(b) {
+                row.iter_mut().for_each(|v| *v += bias);
+            }
+        }
+        Ok(())
+    }
+
     /// One sample's output `y (Cout, oh*ow)` from its input `x`, with the
     /// weights `w` in im2col row order and `cols` as scratch.
     pub(super) fn forward_sample(
@@ -438,6 +514,9 @@ impl CustomOp3 for Conv2dOp {
         out.par_chunks_mut(per * g.out_len())
             .zip(x.par_chunks(per * g.in_len()))
             .try_for_each(|(out, x)| {
+                if g.batched() {
+                    return g.forward_batched(name, w, b, x, out);
+                }
                 let mut cols = vec![0f32; g.k() * g.ohw()];
                 for (y, x) in out.chunks_mut(g.out_len()).zip(x.chunks(g.in_len())) {
                     g.forward_sample(name, w, b, x, &mut cols, y)?;
@@ -488,13 +567,17 @@ mod tests {
     }
 
     /// (batch, Cin, H, W, Cout, kernel, padding)
-    const SHAPES: [(usize, usize, usize, usize, usize, usize, usize); 6] = [
+    /// The last two have maps of 64 pixels or more (one GEMM a sample), the
+    /// others smaller ones (the chunk's samples side by side).
+    const SHAPES: [(usize, usize, usize, usize, usize, usize, usize); 8] = [
         (2, 1, 6, 5, 3, 3, 1),
         (3, 3, 7, 9, 4, 3, 0),
         (2, 3, 8, 6, 2, 5, 1),
         (1, 1, 5, 7, 5, 5, 0),
         (4, 2, 4, 4, 3, 3, 2),
         (3, 2, 3, 5, 2, 5, 2),
+        (3, 2, 10, 9, 3, 3, 1),
+        (2, 3, 12, 12, 4, 5, 2),
     ];
 
     #[test]
@@ -596,6 +679,7 @@ mod tests {
             (3, 4, 9, 9, 6, 3, 1, 2),
             (2, 5, 8, 7, 3, 1, 0, 2),
             (1, 2, 10, 10, 2, 3, 0, 3),
+            (3, 3, 20, 19, 4, 3, 1, 2),
         ];
         for (b, cin, h, w, cout, k, p, s) in shapes {
             let what = (b, cin, h, w, cout, k, p, s);
@@ -616,7 +700,9 @@ mod tests {
                 Ok(Tensor::new(idx.as_slice(), &Device::Cpu)?)
             };
             let (fh, fw) = (full.dim(2)?, full.dim(3)?);
-            let theirs = full.index_select(&every(fh)?, 2)?.index_select(&every(fw)?, 3)?;
+            let theirs = full
+                .index_select(&every(fh)?, 2)?
+                .index_select(&every(fw)?, 3)?;
             assert_eq!(ours.dims(), theirs.dims(), "{what:?}");
             let d = max_rel_diff(&ours, &theirs)?;
             assert!(d < 1e-5, "forward differs by {d} for {what:?}");

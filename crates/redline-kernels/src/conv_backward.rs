@@ -188,6 +188,9 @@ impl Conv2dBackward {
             Dy::Full(dys) => dys,
             Dy::Pooled(u, gp, at) => return self.chunk_wide(u, x, w, gp, at, dx),
         };
+        if self.geom.batched() {
+            return self.chunk_batched(x, w, dys, dx);
+        }
         let (g, name) = (self.geom, self.name());
         let wlen = g.cout * g.k();
         let mut acc = vec![0f32; wlen + g.cout];
@@ -211,6 +214,41 @@ impl Conv2dBackward {
             if let Some(dx) = dx.as_mut().and_then(Iterator::next) {
                 input_cols(g, name, w, dym, &mut dcols)?;
                 g.col2im(&dcols, dx);
+            }
+        }
+        Ok(acc)
+    }
+
+    /// [`Conv2dBackward::chunk`] for small output maps ([`Geom::batched`]):
+    /// the chunk's samples side by side in one `(K, n*oh*ow)` matrix, so dW
+    /// is one GEMM over all their pixels and dx's columns one more, rather
+    /// than a rank-(oh*ow) update of all of dW per sample (ResNet's last
+    /// stage at 64 px: 2 x 2 maps under 512 x 4608 weights, memory-bound).
+    fn chunk_batched(
+        &self,
+        x: &[f32],
+        w: &[f32],
+        dys: &[f32],
+        dx: Option<&mut [f32]>,
+    ) -> candle_core::Result<Vec<f32>> {
+        let (g, name) = (self.geom, self.name());
+        let (k, wlen) = (g.k(), g.cout * g.k());
+        let cols = g.batch_cols(x);
+        let dy = g.side_by_side(dys, g.cout);
+        let np = cols.len() / k.max(1);
+        let mut acc = vec![0f32; wlen + g.cout];
+        let (dw, db) = acc.split_at_mut(wlen);
+        let dym = Mat::new(&dy, g.cout, np);
+        // dW (Cout, K) = dy (Cout, n*oh*ow) * cols^T (n*oh*ow, K)
+        gemm_or_err(g.gemm, name, dw, dym, Mat::new(&cols, k, np).t(), false)?;
+        add_row_sums(db, &dy, np);
+        if let Some(dx) = dx {
+            let mut dcols = vec![0f32; k * np];
+            input_cols(g, name, w, dym, &mut dcols)?;
+            let mut one = vec![0f32; k * g.ohw()];
+            for (s, dx) in dx.chunks_mut(g.in_len()).enumerate() {
+                g.take_sample(&dcols, s, &mut one);
+                g.col2im(&one, dx);
             }
         }
         Ok(acc)

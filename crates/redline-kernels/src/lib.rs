@@ -37,6 +37,7 @@ mod optim_generic_bf16;
 pub mod optim_math;
 pub mod pool;
 mod pool2x2;
+mod pool_window;
 mod slices;
 pub mod tally;
 
@@ -46,4 +47,4 @@ pub use conv_block::{conv2d_pool_relu, conv2d_pool_relu_param};
 pub use error::{Error, Result};
 pub use linear::{linear, linear_param};
 pub use loss::{cross_entropy, cross_entropy_counted};
-pub use pool::{max_pool2d, max_pool2d_generic, max_pool2d_window};
+pub use pool::{max_pool2d, max_pool2d_generic, max_pool2d_window, max_pool2d_window_generic};

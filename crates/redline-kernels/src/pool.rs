@@ -91,14 +91,15 @@ fn first_max(windows: &Tensor) -> Result<Tensor> {
     Ok((windows * onehot)?.sum(D::Minus1)?)
 }
 
-/// Max pooling with any window, stride and padding (PyTorch's
-/// `MaxPool2d(k, stride, padding)`, floor mode; ResNet's stem is `(3, 2,
-/// 1)`): `(B, C, H, W) -> (B, C, (H + 2p - k)/s + 1, ...)`. The padding is
-/// the dtype's lowest finite value, so it never wins over a real value, and
-/// the first maximum of each window takes its gradient, as in PyTorch. A window equal to its stride without padding
-/// takes [`max_pool2d`]; others are built from generic candle ops (any
-/// device and dtype).
-pub fn max_pool2d_window(x: &Tensor, k: usize, stride: usize, padding: usize) -> Result<Tensor> {
+/// Refuses what PyTorch's `MaxPool2d` refuses: a zero window or stride,
+/// padding over half the window, a window larger than the padded input;
+/// the input's dimensions otherwise.
+fn check_window(
+    x: &Tensor,
+    k: usize,
+    stride: usize,
+    padding: usize,
+) -> Result<(usize, usize, usize, usize)> {
     check(x, k)?;
     let (b, c, h, w) = x.dims4()?;
     if stride == 0 || padding > k / 2 || k > h + 2 * padding || k > w + 2 * padding {
@@ -108,9 +109,44 @@ pub fn max_pool2d_window(x: &Tensor, k: usize, stride: usize, padding: usize) ->
              window that fits"
         ))));
     }
+    Ok((b, c, h, w))
+}
+
+/// Max pooling with any window, stride and padding (PyTorch's
+/// `MaxPool2d(k, stride, padding)`, floor mode; ResNet's stem is `(3, 2,
+/// 1)`): `(B, C, H, W) -> (B, C, (H + 2p - k)/s + 1, ...)`. The padding is
+/// the dtype's lowest finite value, so it never wins over a real value, and
+/// the first maximum of each window takes its gradient, as in PyTorch. A window equal to its stride without padding
+/// takes [`max_pool2d`]; others are built from generic candle ops (any
+/// device and dtype).
+pub fn max_pool2d_window(x: &Tensor, k: usize, stride: usize, padding: usize) -> Result<Tensor> {
+    check_window(x, k, stride, padding)?;
     if stride == k && padding == 0 {
         return max_pool2d(x, k);
     }
+    if fused_cpu(x) {
+        let op = crate::pool_window::MaxPoolWindow {
+            win: crate::pool_window::Window {
+                k,
+                stride,
+                pad: padding,
+            },
+            layer: trace::current_layer(),
+        };
+        return Ok(x.contiguous()?.apply_op1(op)?);
+    }
+    max_pool2d_window_generic(x, k, stride, padding)
+}
+
+/// [`max_pool2d_window`] from generic candle ops (any device and dtype);
+/// the CPU's f32 takes the fused kernel.
+pub fn max_pool2d_window_generic(
+    x: &Tensor,
+    k: usize,
+    stride: usize,
+    padding: usize,
+) -> Result<Tensor> {
+    let (b, c, h, w) = check_window(x, k, stride, padding)?;
     let (oh, ow) = (
         (h + 2 * padding - k) / stride + 1,
         (w + 2 * padding - k) / stride + 1,
@@ -476,6 +512,47 @@ mod tests {
         assert_eq!(a.flatten_all()?.to_vec1::<f32>()?, [5., 7., 13., 15.]);
         assert!(max_pool2d_window(x.as_tensor(), 3, 2, 2).is_err());
         assert!(max_pool2d_window(x.as_tensor(), 3, 0, 1).is_err());
+        Ok(())
+    }
+
+    /// The fused windowed kernel against the generic ops: values with many
+    /// ties (rounded to quarters) and odd sizes, the output and the input
+    /// gradient (overlapping windows add up), for ResNet's (3, 2, 1) and
+    /// other windows.
+    #[test]
+    fn fused_windowed_kernel_matches_the_generic_ops() -> Result<()> {
+        let dev = Device::Cpu;
+        for (h, w, k, s, p) in [
+            (9, 7, 3, 2, 1),
+            (8, 8, 3, 2, 1),
+            (10, 9, 5, 3, 2),
+            (6, 5, 2, 1, 1),
+        ] {
+            let n = 2 * 3 * h * w;
+            let v: Vec<f32> = (0..n)
+                .map(|i| ((i as f32 * 0.77).sin() * 4.0).round() / 4.0)
+                .collect();
+            let x = Var::from_tensor(&Tensor::from_vec(v, (2, 3, h, w), &dev)?)?;
+            let fused = max_pool2d_window(x.as_tensor(), k, s, p)?;
+            let generic = max_pool2d_window_generic(x.as_tensor(), k, s, p)?;
+            assert_eq!(
+                fused.flatten_all()?.to_vec1::<f32>()?,
+                generic.flatten_all()?.to_vec1::<f32>()?,
+                "{:?}",
+                (h, w, k, s, p)
+            );
+            let r =
+                Tensor::arange(0f32, fused.elem_count() as f32, &dev)?.reshape(fused.shape())?;
+            let gf = (fused * &r)?.sum_all()?.backward()?;
+            let gg = (generic * &r)?.sum_all()?.backward()?;
+            let take = |g: &candle_core::backprop::GradStore| -> Result<Vec<f32>> {
+                match g.get(x.as_tensor()) {
+                    Some(t) => Ok(t.flatten_all()?.to_vec1::<f32>()?),
+                    None => Ok(Vec::new()),
+                }
+            };
+            assert_eq!(take(&gf)?, take(&gg)?, "{:?}", (h, w, k, s, p));
+        }
         Ok(())
     }
 

@@ -121,6 +121,14 @@ impl Initializer {
         Ok(Var::from_tensor(&t)?)
     }
 
+    /// A parameter of `shape` drawn from N(0, std^2) (Kaiming's normal init).
+    pub fn normal_std(&mut self, shape: &[usize], std: f64) -> Result<Var> {
+        let unit = self.normal(shape)?;
+        let t = unit.as_tensor().to_dtype(candle_core::DType::F32)?;
+        let t = t.affine(std, 0.0)?.to_dtype(self.dtype)?;
+        Ok(Var::from_tensor(&t)?)
+    }
+
     /// A seed for a layer's own random stream (dropout masks), drawn from
     /// this one so that the model's seed fixes it.
     pub fn fork_seed(&mut self) -> u64 {

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 pub use cnn::{Cnn, CnnConfig};
 pub use error::{Error, Result};
-pub use layers::{Layer, LayerSpec, Sequential, SequentialConfig};
+pub use layers::{ConvInit, Layer, LayerSpec, Sequential, SequentialConfig};
 pub use mlp::{Mlp, MlpConfig};
 pub use params::Params;
 

@@ -3,10 +3,12 @@
 //! a bottleneck's stride is on its 3x3 convolution), written as the layer
 //! set's layers with torchvision's parameter names (`conv1.weight`,
 //! `layer1.0.bn2.running_mean`, `layer2.0.downsample.0.weight`, `fc.bias`),
-//! so `--init` takes a torchvision `state_dict` saved as safetensors.
+//! so `--init` takes a torchvision `state_dict` saved as safetensors, and
+//! initialised as torchvision does: convolutions `kaiming_normal_(mode =
+//! "fan_out")`, batch norms ones and zeros, `fc` PyTorch's default.
 
 use crate::error::{Error, Result};
-use crate::layers::{LayerSpec, SequentialConfig};
+use crate::layers::{ConvInit, LayerSpec, SequentialConfig};
 
 /// The depths torchvision ships, with blocks per stage and whether the
 /// blocks are bottlenecks.
@@ -30,6 +32,7 @@ fn conv(name: &str, out: usize, kernel: usize, stride: usize) -> LayerSpec {
         padding: kernel / 2,
         stride,
         bias: false,
+        init: ConvInit::KaimingNormalFanOut,
         name: Some(name.into()),
     }
 }
@@ -171,6 +174,40 @@ mod tests {
             }
         }
         assert!(config("resnet19").is_some_and(|c| c.is_err()));
+        // torchvision's init: N(0, 2 / fan_out) for every convolution.
+        let cfg = config("resnet18").ok_or_else(|| Error::Config("resnet18".into()))??;
+        let device = redline_core::Device::cpu();
+        let mut init = Initializer::new(1, &device, redline_core::Precision::Fp32);
+        let model = cfg.build(&mut init)?;
+        use crate::Model;
+        for (name, fan_out) in [
+            ("conv1.weight", 64 * 49),
+            ("layer1.0.conv1.weight", 64 * 9),
+            ("layer4.1.conv2.weight", 512 * 9),
+            ("layer2.0.downsample.0.weight", 128),
+        ] {
+            let w = model
+                .params()
+                .get(name)
+                .ok_or_else(|| Error::Config(name.into()))?
+                .as_tensor()
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            let n = w.len() as f64;
+            let mean = w.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+            let std = (w
+                .iter()
+                .map(|&v| (f64::from(v) - mean).powi(2))
+                .sum::<f64>()
+                / n)
+                .sqrt();
+            let want = (2.0 / f64::from(fan_out)).sqrt();
+            assert!(
+                (std / want - 1.0).abs() < 0.05,
+                "{name}: std {std}, want {want}"
+            );
+            assert!(mean.abs() < 0.05 * want, "{name}: mean {mean}");
+        }
         assert!(config("resnetx").is_none());
         Ok(())
     }

@@ -78,6 +78,24 @@ fn yes() -> bool {
     true
 }
 
+/// How a convolution's weight is drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConvInit {
+    /// PyTorch's `nn.Conv2d` default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+    #[default]
+    Default,
+    /// `kaiming_normal_(mode="fan_out", nonlinearity="relu")`, as
+    /// torchvision's ResNets draw their convolutions: N(0, 2 / (out * kh * kw)).
+    KaimingNormalFanOut,
+}
+
+impl ConvInit {
+    fn is_default(&self) -> bool {
+        *self == Self::Default
+    }
+}
+
 /// One layer as written in a model file (`type = "..."` plus its settings).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
@@ -107,6 +125,9 @@ pub enum LayerSpec {
         /// Whether the layer has a bias (ResNets drop it before batch norm).
         #[serde(default = "yes")]
         bias: bool,
+        /// How the weight is drawn [default: PyTorch's `nn.Conv2d` default].
+        #[serde(default, skip_serializing_if = "ConvInit::is_default")]
+        init: ConvInit,
         /// The parameters' name in the state dict [default: the layer's
         /// position]: torchvision's `conv1`, `layer1.0.bn2`, `fc`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -557,10 +578,19 @@ fn build_layers(
                 padding,
                 stride,
                 bias,
+                init: how,
                 ..
             } => {
                 let cin = shape[0];
-                let (w, b) = init.layer(&[*o, cin, *kernel, *kernel], *o, cin * kernel * kernel)?;
+                let dims = [*o, cin, *kernel, *kernel];
+                let (w, b) = init.layer(&dims, *o, cin * kernel * kernel)?;
+                let w = match how {
+                    ConvInit::Default => w,
+                    ConvInit::KaimingNormalFanOut => {
+                        let fan_out = (o * kernel * kernel).max(1) as f64;
+                        init.normal_std(&dims, (2.0 / fan_out).sqrt())?
+                    }
+                };
                 // A pool whose window is its stride, without padding.
                 let plain_pool = |l: Option<&LayerSpec>| match l {
                     Some(LayerSpec::Maxpool2d {

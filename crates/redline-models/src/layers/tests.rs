@@ -184,6 +184,14 @@ fn bad_files_name_the_layer_and_the_fix() {
         );
     }
     let m = err(
+        "[model]\nlayers = [{ type = \"conv2d\", out = 2, kernel = 3, init = \"xavier\" }]",
+        &[1, 4, 4],
+    );
+    assert!(
+        m.contains("xavier") && m.contains("kaiming_normal_fan_out"),
+        "{m}"
+    );
+    let m = err(
         "[model]\nlayers = [{ type = \"maxpool2d\", kernel = 3, stride = 2, padding = 2 }]",
         &[1, 8, 8],
     );

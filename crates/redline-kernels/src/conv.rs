@@ -54,9 +54,23 @@ pub(crate) fn conv2d_with(
     padding: usize,
     buffers: Option<ParamBuffers>,
 ) -> Result<Tensor> {
-    let geom = Geom::new(x, w, b, padding)?;
+    conv2d_strided_with(x, w, b, (padding, 1), buffers)
+}
+
+/// The convolution with windows `stride` apart: Redline's implicit GEMM on
+/// CUDA where it is on (stride 1), the fused im2col + GEMM kernel for CPU
+/// f32 tensors, candle's convolution otherwise.
+fn conv2d_strided_with(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    (padding, stride): (usize, usize),
+    buffers: Option<ParamBuffers>,
+) -> Result<Tensor> {
+    let geom = Geom::strided(x, w, b, padding, stride)?;
     #[cfg(feature = "cuda")]
-    if x.device().is_cuda()
+    if stride == 1
+        && x.device().is_cuda()
         && crate::fused_gpu::takes(x.dtype())
         && [w, b].iter().all(|t| t.dtype() == x.dtype())
     {
@@ -66,7 +80,8 @@ pub(crate) fn conv2d_with(
         return Ok(y.broadcast_add(&b.reshape((1, geom.cout, 1, 1))?)?);
     }
     if ![x, w, b].into_iter().all(fused_cpu) {
-        return conv2d_generic(x, w, b, padding);
+        let y = x.conv2d(w, padding, stride, 1, 1)?;
+        return Ok(y.broadcast_add(&b.reshape((1, geom.cout, 1, 1))?)?);
     }
     let op = Conv2dOp {
         geom,
@@ -90,23 +105,8 @@ pub fn conv2d_strided_param(
     padding: usize,
     stride: usize,
 ) -> Result<Tensor> {
-    if stride == 1 {
-        return conv2d_param(x, w, b, padding);
-    }
-    let (wt, bt) = (w.as_tensor(), b.as_tensor());
-    let geom = Geom::strided(x, wt, bt, padding, stride)?;
-    if ![x, wt, bt].into_iter().all(fused_cpu) {
-        let y = x.conv2d(wt, padding, stride, 1, 1)?;
-        return Ok(y.broadcast_add(&bt.reshape((1, geom.cout, 1, 1))?)?);
-    }
-    let op = Conv2dOp {
-        geom,
-        input_grad: x.track_op(),
-        layer: trace::current_layer(),
-        buffers: layer_buffers(w, b),
-    };
-    Ok(x.contiguous()?
-        .apply_op3(&wt.contiguous()?, &bt.contiguous()?, op)?)
+    let buffers = layer_buffers(w, b);
+    conv2d_strided_with(x, w.as_tensor(), b.as_tensor(), (padding, stride), buffers)
 }
 
 /// The same convolution from candle's own ops (what `candle_nn::Conv2d`
@@ -375,10 +375,8 @@ impl Geom {
             Mat::new(&cols, self.k(), np),
         );
         gemm_or_err(self.gemm, name, &mut all, wm, cm, false)?;
-        let mut one = vec![0f32; self.out_len()];
         for (s, ys) in y.chunks_mut(self.out_len()).enumerate() {
-            self.take_sample(&all, s, &mut one);
-            ys.copy_from_slice(&one);
+            self.take_sample(&all, s, ys);
             for (row, &bias) in ys.chunks_mut(self.ohw()).zip(b) {
                 row.iter_mut().for_each(|v| *v += bias);
             }

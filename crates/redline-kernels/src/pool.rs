@@ -331,22 +331,18 @@ impl CustomOp1 for MaxPool2d {
         let x = f32s(storage, layout, "max_pool2d input")?;
         let (b, c, h, w) = layout.shape().dims4()?;
         let (k, oh, ow) = (self.k, h / self.k, w / self.k);
-        let mut out = vec![0f32; b * c * oh * ow];
-        if out.is_empty() {
-            return Ok((CpuStorage::F32(out), Shape::from((b, c, oh, ow))));
-        }
-        let per = planes_per_chunk(b * c);
-        out.par_chunks_mut(per * oh * ow)
-            .zip(x.par_chunks(per * h * w))
-            .for_each(|(out, x)| {
-                let mut best = vec![(0f32, 0usize); ow];
-                for (out, plane) in out.chunks_mut(oh * ow).zip(x.chunks(h * w)) {
-                    for (oy, out) in out.chunks_mut(ow).enumerate() {
-                        forward_row(plane, w, k, oy, out, &mut best);
-                    }
+        let scratch = || vec![(0f32, 0usize); ow];
+        Ok(pool_planes(
+            x,
+            (b, c, h, w),
+            (oh, ow),
+            scratch,
+            |best, plane, out| {
+                for (oy, out) in out.chunks_mut(ow).enumerate() {
+                    forward_row(plane, w, k, oy, out, best);
                 }
-            });
-        Ok((CpuStorage::F32(out), Shape::from((b, c, oh, ow))))
+            },
+        ))
     }
 
     fn bwd(&self, x: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
@@ -380,36 +376,77 @@ impl CustomOp2 for MaxPool2dBackward {
         );
         let (b, c, h, w) = l1.shape().dims4()?;
         let (k, oh, ow) = (self.k, h / self.k, w / self.k);
-        if dy.len() != b * c * oh * ow {
-            bail!(
-                "{}: output grad has {} elements, expected {}",
-                self.name(),
-                dy.len(),
-                b * c * oh * ow
-            );
-        }
-        let mut dx = vec![0f32; x.len()];
-        if dy.is_empty() {
-            return Ok((CpuStorage::F32(dx), l1.shape().clone()));
-        }
+        let scratch = || vec![(0f32, 0usize); ow];
+        let dims = ((b, c, h, w), (oh, ow));
+        unpool_planes(self.name(), x, dy, dims, scratch, |best, plane, dy, dx| {
+            for (oy, dy) in dy.chunks(ow).enumerate() {
+                backward_row(plane, w, k, oy, dy, dx, best);
+            }
+        })
+    }
+}
+
+/// A pool's output `(B, C, oh, ow)` from `x (B, C, h, w)`: planes split
+/// across the compute threads, each written by `f(scratch, plane, out)`
+/// with one `scratch()` a thread chunk.
+pub(crate) fn pool_planes<S>(
+    x: &[f32],
+    (b, c, h, w): (usize, usize, usize, usize),
+    (oh, ow): (usize, usize),
+    scratch: impl Fn() -> S + Sync,
+    f: impl Fn(&mut S, &[f32], &mut [f32]) + Sync,
+) -> (CpuStorage, Shape) {
+    let mut out = vec![0f32; b * c * oh * ow];
+    if !out.is_empty() {
+        let per = planes_per_chunk(b * c);
+        out.par_chunks_mut(per * oh * ow)
+            .zip(x.par_chunks(per * h * w))
+            .for_each(|(out, x)| {
+                let mut s = scratch();
+                for (out, plane) in out.chunks_mut(oh * ow).zip(x.chunks(h * w)) {
+                    f(&mut s, plane, out);
+                }
+            });
+    }
+    (CpuStorage::F32(out), Shape::from((b, c, oh, ow)))
+}
+
+/// A pool's input gradient `dx` (the shape of `x`) from the output gradient
+/// `dy` (its length checked; `name` names the op): planes split across the
+/// compute threads, each by `f(scratch, plane, dy, dx)` onto a zeroed `dx`.
+pub(crate) fn unpool_planes<S>(
+    name: &str,
+    x: &[f32],
+    dy: &[f32],
+    ((b, c, h, w), (oh, ow)): ((usize, usize, usize, usize), (usize, usize)),
+    scratch: impl Fn() -> S + Sync,
+    f: impl Fn(&mut S, &[f32], &[f32], &mut [f32]) + Sync,
+) -> candle_core::Result<(CpuStorage, Shape)> {
+    if dy.len() != b * c * oh * ow {
+        bail!(
+            "{name}: output grad has {} elements, expected {}",
+            dy.len(),
+            b * c * oh * ow
+        );
+    }
+    let mut dx = vec![0f32; x.len()];
+    if !dy.is_empty() {
         let per = planes_per_chunk(b * c);
         dx.par_chunks_mut(per * h * w)
             .zip(x.par_chunks(per * h * w))
             .zip(dy.par_chunks(per * oh * ow))
             .for_each(|((dx, x), dy)| {
-                let mut best = vec![(0f32, 0usize); ow];
+                let mut s = scratch();
                 let planes = dx
                     .chunks_mut(h * w)
                     .zip(x.chunks(h * w))
                     .zip(dy.chunks(oh * ow));
                 for ((dx, plane), dy) in planes {
-                    for (oy, dy) in dy.chunks(ow).enumerate() {
-                        backward_row(plane, w, k, oy, dy, dx, &mut best);
-                    }
+                    f(&mut s, plane, dy, dx);
                 }
             });
-        Ok((CpuStorage::F32(dx), l1.shape().clone()))
     }
+    Ok((CpuStorage::F32(dx), Shape::from((b, c, h, w))))
 }
 
 /// Threads per block of the GPU CNN block's backward kernel

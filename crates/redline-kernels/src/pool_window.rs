@@ -7,10 +7,9 @@
 
 use std::sync::Arc;
 
-use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
-use rayon::prelude::*;
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 
-use crate::gemm;
+use crate::pool::{pool_planes, unpool_planes};
 use crate::slices::f32s;
 use redline_core::trace;
 
@@ -52,11 +51,6 @@ impl Window {
     }
 }
 
-/// Planes per thread chunk.
-fn per_chunk(planes: usize) -> usize {
-    planes.div_ceil(gemm::threads()).max(1)
-}
-
 /// The forward op: `x (B, C, H, W) -> (B, C, oh, ow)`, contiguous f32.
 pub(crate) struct MaxPoolWindow {
     pub(crate) win: Window,
@@ -78,24 +72,20 @@ impl CustomOp1 for MaxPoolWindow {
         let x = f32s(storage, layout, "max_pool2d input")?;
         let (b, c, h, w) = layout.shape().dims4()?;
         let (oh, ow) = (self.win.out(h), self.win.out(w));
-        let mut out = vec![0f32; b * c * oh * ow];
-        let shape = Shape::from((b, c, oh, ow));
-        if out.is_empty() {
-            return Ok((CpuStorage::F32(out), shape));
-        }
-        let per = per_chunk(b * c);
-        out.par_chunks_mut(per * oh * ow)
-            .zip(x.par_chunks(per * h * w))
-            .for_each(|(out, x)| {
-                for (out, plane) in out.chunks_mut(oh * ow).zip(x.chunks(h * w)) {
-                    for (oy, row) in out.chunks_mut(ow).enumerate() {
-                        for (ox, o) in row.iter_mut().enumerate() {
-                            *o = self.win.argmax(plane, (h, w), oy, ox).0;
-                        }
+        let win = self.win;
+        Ok(pool_planes(
+            x,
+            (b, c, h, w),
+            (oh, ow),
+            || (),
+            |(), plane, out| {
+                for (oy, row) in out.chunks_mut(ow).enumerate() {
+                    for (ox, o) in row.iter_mut().enumerate() {
+                        *o = win.argmax(plane, (h, w), oy, ox).0;
                     }
                 }
-            });
-        Ok((CpuStorage::F32(out), shape))
+            },
+        ))
     }
 
     fn bwd(&self, x: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
@@ -130,35 +120,20 @@ impl CustomOp2 for MaxPoolWindowBackward {
         );
         let (b, c, h, w) = l1.shape().dims4()?;
         let (oh, ow) = (self.win.out(h), self.win.out(w));
-        if dy.len() != b * c * oh * ow {
-            bail!(
-                "{}: output grad has {} elements, expected {}",
-                self.name(),
-                dy.len(),
-                b * c * oh * ow
-            );
-        }
-        let mut dx = vec![0f32; x.len()];
-        if dy.is_empty() {
-            return Ok((CpuStorage::F32(dx), l1.shape().clone()));
-        }
-        let per = per_chunk(b * c);
-        dx.par_chunks_mut(per * h * w)
-            .zip(x.par_chunks(per * h * w))
-            .zip(dy.par_chunks(per * oh * ow))
-            .for_each(|((dx, x), dy)| {
-                let planes = dx
-                    .chunks_mut(h * w)
-                    .zip(x.chunks(h * w))
-                    .zip(dy.chunks(oh * ow));
-                for ((dx, plane), dy) in planes {
-                    for (oy, row) in dy.chunks(ow).enumerate() {
-                        for (ox, &g) in row.iter().enumerate() {
-                            dx[self.win.argmax(plane, (h, w), oy, ox).1] += g;
-                        }
+        let (win, dims) = (self.win, ((b, c, h, w), (oh, ow)));
+        unpool_planes(
+            self.name(),
+            x,
+            dy,
+            dims,
+            || (),
+            |(), plane, dy, dx| {
+                for (oy, row) in dy.chunks(ow).enumerate() {
+                    for (ox, &g) in row.iter().enumerate() {
+                        dx[win.argmax(plane, (h, w), oy, ox).1] += g;
                     }
                 }
-            });
-        Ok((CpuStorage::F32(dx), l1.shape().clone()))
+            },
+        )
     }
 }

@@ -120,6 +120,17 @@ mod tests {
         assert_eq!(RunShape::from_summary(&both), None);
     }
 
+    /// Any `summary.json` (the summary corpus, mutated) gives a shape or
+    /// none, never a panic.
+    #[test]
+    fn fuzz_summary_shapes() {
+        redline_testkit::fuzz::fuzz("summary", |bytes| {
+            if let Ok(v) = serde_json::from_slice::<Value>(bytes) {
+                let _ = RunShape::from_summary(&v);
+            }
+        });
+    }
+
     #[test]
     fn data_the_head_cannot_take_is_refused_with_both_numbers() {
         let run = shape(&[13], TargetKind::Classes(3));

@@ -107,10 +107,7 @@ struct Found {
 /// Every launcher of [`LAUNCHERS`] on PATH, once each (an alternatives link
 /// and its target are the same program).
 fn on_path() -> Vec<Found> {
-    let dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .collect();
+    let dirs = path_dirs();
     let mut seen = Vec::new();
     let mut found = Vec::new();
     for name in LAUNCHERS {
@@ -131,6 +128,14 @@ fn on_path() -> Vec<Found> {
         });
     }
     found
+}
+
+/// The folders of `PATH`, in order.
+fn path_dirs() -> Vec<PathBuf> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .collect()
 }
 
 /// `PATH --version`'s output, or `None` when it does not run.
@@ -177,10 +182,7 @@ fn ranks_to_start(devices: Option<usize>, strategy: &str) -> anyhow::Result<Opti
 /// The launcher that belongs to `library` among `found`, or the error that
 /// names what was found and the fix.
 fn choose(n: usize, found: Vec<Found>, library: &Mpi) -> anyhow::Result<Found> {
-    let srun = std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .any(|d| d.join("srun").is_file());
+    let srun = path_dirs().iter().any(|d| d.join("srun").is_file());
     let slurm = if srun {
         format!(
             "; under Slurm, start the ranks with `srun -n {n} --mpi=pmix redline train --strategy \

@@ -57,6 +57,13 @@ pub fn host_memory_free() -> Option<u64> {
     Some(sys.available_memory()).filter(|&m| m > 0)
 }
 
+/// Host memory installed, in bytes (`None` where it cannot be read).
+pub fn host_memory_total() -> Option<u64> {
+    let mut sys = System::new().ok()?;
+    sys.refresh_memory();
+    Some(sys.total_memory()).filter(|&m| m > 0)
+}
+
 /// Whether this build can drive NVIDIA GPUs.
 pub fn cuda_compiled() -> bool {
     false

@@ -1,18 +1,18 @@
 //! An image folder: one sub-folder per class holding PNG or JPEG files
 //! (torchvision's `ImageFolder`), optionally under `train/` and `test/`.
 //!
-//! Every image is decoded once (in parallel), resized to a common square size
-//! when asked, and kept as one normalised array: epochs never decode again.
-//! Classes are the sub-folder names in sorted order, as in torchvision.
+//! [`listing`] lists the images and their classes (the sub-folder names in
+//! sorted order, as in torchvision); [`load`] decodes every image once (in
+//! parallel) into one normalised array, and the streaming reader decodes
+//! them batch by batch instead ([`crate::stream`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
-use rayon::prelude::*;
-
-use crate::dataset::{HostData, TargetKind, Targets};
+use crate::dataset::HostData;
 use crate::error::{Error, Result};
-use crate::mnist::{check_norm, normalise, Normalize};
+use crate::stream::{decode, worker_pool, ChannelNorm, Item, Listing, Streamed, Transform, View};
 
 const EXTENSIONS: [&str; 3] = ["png", "jpg", "jpeg"];
 
@@ -75,55 +75,27 @@ fn classes(dir: &Path) -> Result<Vec<(String, Vec<PathBuf>)>> {
     Ok(out)
 }
 
-/// The layout of an image folder: `(train, test)` class roots.
+/// The layout of an image folder: `(train, test)` class roots (`test/`, or
+/// ImageNet's `val/`).
 pub fn detect(dir: &Path) -> Option<(PathBuf, Option<PathBuf>)> {
     let has = |d: &Path| {
         d.is_dir() && classes(d).is_ok_and(|c| c.iter().any(|(_, files)| !files.is_empty()))
     };
-    let (train, test) = (dir.join("train"), dir.join("test"));
+    let train = dir.join("train");
     if has(&train) {
-        return Some((train, has(&test).then_some(test)));
+        // ImageNet's folders name the held-out split `val`.
+        let test = [dir.join("test"), dir.join("val")]
+            .into_iter()
+            .find(|d| has(d));
+        return Some((train, test));
     }
     has(dir).then(|| (dir.to_path_buf(), None))
 }
 
-/// Decodes one image as `channels` channels of `size` (resized when it differs).
-fn decode(path: &Path, channels: usize, size: Option<u32>) -> Result<(u32, u32, Vec<u8>)> {
-    let img = image::open(path).map_err(|e| Error::Invalid {
-        path: path.to_path_buf(),
-        msg: format!("cannot be decoded as an image: {e}"),
-    })?;
-    let img = match size {
-        Some(s) if (img.width(), img.height()) != (s, s) => {
-            img.resize_exact(s, s, image::imageops::FilterType::Triangle)
-        }
-        _ => img,
-    };
-    let (w, h) = (img.width(), img.height());
-    // Channel planes (C, H, W), as ToTensor lays them out.
-    let bytes = if channels == 1 {
-        img.to_luma8().into_raw()
-    } else {
-        let rgb = img.to_rgb8().into_raw();
-        let px = (w * h) as usize;
-        (0..3)
-            .flat_map(|c| (0..px).map(move |i| (c, i)))
-            .map(|(c, i)| rgb[i * 3 + c])
-            .collect()
-    };
-    Ok((w, h, bytes))
-}
-
-/// Reads a class-folder tree with the class names of `names` (the training
-/// split's, so test ids match) or its own.
-pub fn load(
-    root: &Path,
-    names: Option<&[String]>,
-    size: Option<u32>,
-    norm: Normalize,
-    stop: &AtomicBool,
-) -> Result<(HostData, Vec<String>)> {
-    check_norm(norm)?;
+/// The samples of a class-folder tree, with the class names of `names` (the
+/// training split's, so test ids match) or its own (sorted folder names).
+/// Each path is held once.
+pub fn listing(root: &Path, names: Option<&[String]>) -> Result<(Listing, Vec<String>)> {
     let found = classes(root)?;
     // A class without images would be a class the model never sees, with
     // every id after it shifted: refused, as torchvision's ImageFolder does.
@@ -140,68 +112,71 @@ pub fn load(
         Some(n) => n.to_vec(),
         None => found.iter().map(|(n, _)| n.clone()).collect(),
     };
-    let mut files = Vec::new();
-    for (name, paths) in &found {
+    let (mut items, mut labels) = (Vec::new(), Vec::new());
+    for (name, paths) in found {
         let id = names
             .iter()
-            .position(|n| n == name)
+            .position(|n| *n == name)
             .ok_or_else(|| Error::Invalid {
-                path: root.join(name),
+                path: root.join(&name),
                 msg: format!("class folder `{name}` is not one of the training classes {names:?}"),
             })?;
-        files.extend(paths.iter().map(|p| (p.clone(), id as u32)));
+        labels.extend(std::iter::repeat_n(id as u32, paths.len()));
+        items.extend(paths.into_iter().map(Item::File));
     }
-    let Some((first, _)) = files.first() else {
+    if items.is_empty() {
         return Err(Error::Invalid {
             path: root.to_path_buf(),
             msg: "holds no PNG or JPEG images in class sub-folders".into(),
         });
-    };
-    let probe = image::open(first).map_err(|e| Error::Invalid {
-        path: first.clone(),
-        msg: format!("cannot be decoded as an image: {e}"),
-    })?;
-    let channels = match probe.color().channel_count() {
-        1 | 2 => 1,
-        _ => 3,
-    };
-    let (w0, h0) = size.map_or((probe.width(), probe.height()), |s| (s, s));
-    let decoded: Vec<Result<(u32, u32, Vec<u8>)>> = files
-        .par_iter()
-        .map(|(p, _)| match stop.load(Ordering::Relaxed) {
-            true => Err(Error::Interrupted),
-            false => decode(p, channels, size),
-        })
-        .collect();
-    let mut pixels = Vec::with_capacity(files.len() * channels * (w0 * h0) as usize);
-    for ((path, _), d) in files.iter().zip(decoded) {
-        let (w, h, bytes) = d?;
-        if (w, h) != (w0, h0) {
-            return Err(Error::Invalid {
-                path: path.clone(),
-                msg: format!(
-                    "is {w}x{h} while {} is {w0}x{h0}\nHINT: pass --image-size N to resize \
-                     every image to N x N",
-                    first.display()
-                ),
-            });
-        }
-        pixels.extend_from_slice(&bytes);
     }
-    let labels = files.iter().map(|(_, id)| *id).collect();
-    let data = HostData::new(
-        normalise(&pixels, norm),
-        vec![channels, h0 as usize, w0 as usize],
-        Targets::Classes(labels),
-        TargetKind::Classes(names.len()),
-        root.to_path_buf(),
-    )?;
-    Ok((data, names))
+    let list = Listing {
+        items,
+        labels,
+        shards: Vec::new(),
+        classes: names.len(),
+        source: root.to_path_buf(),
+    };
+    Ok((list, names))
+}
+
+/// Reads a class-folder tree into host memory, every image decoded once
+/// and resized to `size` x `size` when given (else every image must have
+/// the first one's size), through the same code the streamed folder uses.
+pub fn load(
+    root: &Path,
+    names: Option<&[String]>,
+    size: Option<u32>,
+    norm: ChannelNorm,
+    stop: &AtomicBool,
+) -> Result<(HostData, Vec<String>)> {
+    let (list, names) = listing(root, names)?;
+    let (channels, side) = probe(&list, size)?;
+    let view = View {
+        transform: Transform::Resize(size),
+        norm,
+        channels,
+        side,
+        skip_bad: false,
+    };
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let data = Streamed::new(Arc::new(list), view, worker_pool(workers)?, 0)?;
+    Ok((data.materialise(stop)?, names))
+}
+
+/// The channels (1 for grey images, else 3) and the side of the first
+/// image of `list`, or `size` x `size`.
+pub fn probe(list: &Listing, size: Option<u32>) -> Result<(usize, (u32, u32))> {
+    let first = list.name(0);
+    let bytes = list.read(0)?;
+    let (channels, w, h) = decode::probe(&bytes, &first)?;
+    Ok((channels, size.map_or((w, h), |s| (s, s))))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dataset::Targets;
 
     fn write(path: &Path, w: u32, h: u32, rgb: [u8; 3]) -> Result<()> {
         std::fs::create_dir_all(path.parent().unwrap_or(path)).map_err(|e| io(path, e))?;
@@ -220,10 +195,7 @@ mod tests {
         write(&d.join("test/zebra/d.png"), 4, 4, [0, 0, 0])?;
         std::fs::write(d.join("train/ant/notes.txt"), "x").map_err(|e| io(d, e))?;
         let (train, test) = detect(d).ok_or_else(|| Error::Config("not detected".into()))?;
-        let none = Normalize {
-            mean: 0.0,
-            std: 1.0,
-        };
+        let none = ChannelNorm::same(0.0, 1.0);
         let go = AtomicBool::new(false);
         let err = load(&train, None, None, none, &go)
             .err()
@@ -257,7 +229,7 @@ mod tests {
             tmp.path(),
             None,
             None,
-            Normalize::default(),
+            ChannelNorm::IMAGENET,
             &AtomicBool::new(false),
         )
         .err()
@@ -274,7 +246,7 @@ mod tests {
         write(&d.join("cat/a.png"), 2, 2, [1, 2, 3])?;
         write(&d.join("dog/2024/june/b.png"), 2, 2, [1, 2, 3])?;
         let go = AtomicBool::new(false);
-        let (data, names) = load(d, None, None, Normalize::default(), &go)?;
+        let (data, names) = load(d, None, None, ChannelNorm::IMAGENET, &go)?;
         assert_eq!(
             (names, data.y),
             (
@@ -283,7 +255,7 @@ mod tests {
             )
         );
         std::fs::create_dir_all(d.join("emu")).map_err(|e| io(d, e))?;
-        let m = load(d, None, None, Normalize::default(), &go)
+        let m = load(d, None, None, ChannelNorm::IMAGENET, &go)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();

@@ -6,6 +6,7 @@
 //! * [`mnist`]: an MNIST-format folder, normalised.
 //! * [`readers`]: the formats `--data` reads, one [`Reader`] each, in one list.
 //! * [`source`]: `--data PATH`: format detection, task, hold-out; [`cifar`], [`table`] (CSV), [`arrays`] (npz, safetensors, npy), [`image_folder`]; [`augment`]: random crop and flip on the loader thread.
+//! * [`stream`]: image folders and tar shards read from disk batch by batch, decoded and augmented on worker threads; [`samples`]: a split resident or streamed.
 //! * [`loader`]: seeded per-epoch shuffling, device-resident or streamed batches, background prefetch.
 //! * [`place`]: the `--data-on-device` policy (resident when the split fits a memory budget).
 //! * [`stage`]: staging buffers for streaming (pinned memory and async copies on GPUs).
@@ -24,9 +25,11 @@ pub mod loader;
 pub mod mnist;
 pub mod place;
 pub mod readers;
+pub mod samples;
 pub mod source;
 pub mod split;
 pub mod stage;
+pub mod stream;
 pub mod table;
 
 pub use augment::{Augment, Augmented};
@@ -37,8 +40,11 @@ pub use loader::{Batch, Loader, LoaderConfig, Shard};
 pub use mnist::{Normalize, SplitKind};
 pub use place::{place, DataOnDevice, Placement};
 pub use readers::{Reader, READERS};
+pub use samples::Samples;
 pub use source::{
-    detect, peek_inputs, prepare, prepare_until, DataOptions, Format, Found, Prepared, Task,
+    detect, peek_inputs, prepare, prepare_until, DataOptions, Format, Found, Prepared, StreamMode,
+    StreamOptions, Task,
 };
 pub use split::Split;
+pub use stream::{ChannelNorm, Streamed, Transform};
 pub use table::{Header, TargetColumn};

@@ -21,9 +21,10 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::dataset::{Dataset, HostData, TargetKind};
+use crate::dataset::{Dataset, TargetKind};
 use crate::error::{Error, Result};
 use crate::place::Placement;
+use crate::samples::Samples;
 use crate::split::Split;
 use crate::stage::{stage_for, Fence, Stage, StagePool};
 
@@ -182,17 +183,24 @@ impl Loader {
         }
     }
 
-    /// A loader over host data for `device`: resident uploads it once,
-    /// streaming keeps it on the host and copies a batch at a time.
+    /// A loader over a split's samples for `device`: resident host data is
+    /// uploaded once; streaming host data stays on the host and is copied a
+    /// batch at a time; streamed images are always read from disk batch by
+    /// batch, whatever `placement` says.
     pub fn placed_host(
-        data: HostData,
+        data: impl Into<Samples>,
         device: &Device,
         placement: Placement,
         cfg: LoaderConfig,
     ) -> Result<Self> {
-        match placement {
-            Placement::Resident => Self::new(Split::from_host(&data, device)?, cfg),
-            Placement::Streaming => Self::from_dataset(Arc::new(data), device, cfg),
+        match (data.into(), placement) {
+            (Samples::Host(d), Placement::Resident) => {
+                Self::new(Split::from_host(&d, device)?, cfg)
+            }
+            (Samples::Host(d), Placement::Streaming) => {
+                Self::from_dataset(Arc::new(d), device, cfg)
+            }
+            (s @ Samples::Streamed(_), _) => Self::from_dataset(Arc::new(s), device, cfg),
         }
     }
 

@@ -23,6 +23,8 @@ use crate::error::{Error, Result};
 use crate::mnist::Normalize;
 use crate::readers;
 pub use crate::readers::{Format, Found};
+use crate::samples::Samples;
+pub use crate::stream::ChannelNorm;
 use crate::table::{Header, Standardize, TargetColumn};
 
 /// Targets as a file stores them, before the task decides what they are.
@@ -92,6 +94,73 @@ pub struct DataOptions {
     pub seed: u64,
     /// Resize every image of an image folder to this square size.
     pub image_size: Option<u32>,
+    /// How image folders and tar shards are read: streamed or resident.
+    pub stream: StreamOptions,
+}
+
+/// `--stream`: whether an image split is decoded into memory once or read
+/// from disk batch by batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StreamMode {
+    /// Streamed when its decoded size exceeds the host-memory budget, or
+    /// when a random-resized crop needs a fresh decode every epoch.
+    #[default]
+    Auto,
+    /// Always streamed.
+    On,
+    /// Always decoded into memory (refused with a random-resized crop).
+    Off,
+}
+
+impl std::str::FromStr for StreamMode {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "on" | "true" | "yes" => Ok(Self::On),
+            "off" | "false" | "no" => Ok(Self::Off),
+            _ => Err(Error::Config(format!(
+                "--stream {s:?}: expected auto, on or off"
+            ))),
+        }
+    }
+}
+
+/// How image folders and tar shards are read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamOptions {
+    /// Streamed, resident, or decided by size.
+    pub mode: StreamMode,
+    /// In `auto`, a split streams when its decoded size exceeds this many
+    /// bytes (`None`: never on size alone).
+    pub budget: Option<u64>,
+    /// Decode threads.
+    pub workers: usize,
+    /// `random-resized-crop=SIZE`: training crops at random and resizes to
+    /// SIZE (evaluation: resize to SIZE/0.875 and centre-crop).
+    pub crop: Option<u32>,
+    /// A random horizontal flip after the crop.
+    pub hflip: bool,
+    /// Per-channel normalisation (`None`: ImageNet's for RGB images, the
+    /// scalar `norm` for grey ones).
+    pub norm: Option<ChannelNorm>,
+    /// Skip undecodable images instead of stopping (`--bad-samples skip`).
+    pub skip_bad: bool,
+}
+
+impl Default for StreamOptions {
+    fn default() -> Self {
+        Self {
+            mode: StreamMode::Auto,
+            budget: None,
+            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            crop: None,
+            hflip: false,
+            norm: None,
+            skip_bad: false,
+        }
+    }
 }
 
 impl Default for DataOptions {
@@ -106,6 +175,7 @@ impl Default for DataOptions {
             val_split: None,
             seed: 0,
             image_size: None,
+            stream: StreamOptions::default(),
         }
     }
 }
@@ -116,12 +186,12 @@ pub struct Prepared {
     /// The format detected.
     pub format: Format,
     /// Training samples.
-    pub train: HostData,
+    pub train: Samples,
     /// Validation samples held out of the training data (`None`:
     /// `--val-split 0`, no validation).
-    pub val: Option<HostData>,
+    pub val: Option<Samples>,
     /// The test split the file provides, for the test pass after fit.
-    pub test: Option<HostData>,
+    pub test: Option<Samples>,
     /// What was decided and why (task, hold-out, scaling), for the run's header.
     pub notes: Vec<String>,
 }
@@ -167,7 +237,7 @@ pub fn prepare_until(path: &Path, opts: &DataOptions, stop: &AtomicBool) -> Resu
              --val-split sets the fraction)",
             v.len(),
             frac * 100.0,
-            if v.target.classes().is_some() {
+            if v.target().classes().is_some() {
                 "stratified by class, "
             } else {
                 ""
@@ -177,14 +247,17 @@ pub fn prepare_until(path: &Path, opts: &DataOptions, stop: &AtomicBool) -> Resu
         None => "validation: none (--val-split 0)".into(),
     });
     let (mut train, mut val, mut test) = (train, val, test);
-    if format.reader.standardizes() && opts.standardize {
-        let cols = train.input_dims.iter().product();
-        let s = Standardize::fit(&train.x, cols);
+    if let (true, true, Samples::Host(t)) = (format.reader.standardizes(), opts.standardize, &train)
+    {
+        let cols = t.input_dims.iter().product();
+        let s = Standardize::fit(&t.x, cols);
         for d in std::iter::once(&mut train)
             .chain(val.iter_mut())
             .chain(test.iter_mut())
         {
-            s.apply(&mut d.x);
+            if let Samples::Host(d) = d {
+                s.apply(&mut d.x);
+            }
         }
         notes.push(
             "features standardised with the training rows' mean and std (--no-standardize \
@@ -194,13 +267,14 @@ pub fn prepare_until(path: &Path, opts: &DataOptions, stop: &AtomicBool) -> Resu
     }
     // Checked now, not after a whole epoch of training.
     for (split, d) in [("validation", val.as_ref()), ("test", test.as_ref())] {
-        if let Some(d) = d.filter(|d| d.input_dims != train.input_dims) {
+        if let Some(d) = d.filter(|d| d.input_dims() != train.input_dims()) {
             return Err(Error::Invalid {
-                path: d.source.clone(),
+                path: d.source().to_path_buf(),
                 msg: format!(
                     "the {split} samples are {:?} but the training samples are {:?}; both \
                      splits must hold inputs of one shape",
-                    d.input_dims, train.input_dims
+                    d.input_dims(),
+                    train.input_dims()
                 ),
             });
         }
@@ -396,7 +470,7 @@ pub const DEFAULT_VAL_SPLIT: f64 = 0.1;
 /// Splits off `frac` of the samples (a seeded draw) for validation. Class
 /// ids are stratified: each class gives its share (largest remainders make
 /// up the rounding), so a rare class is in both parts when it can be.
-pub fn holdout(data: HostData, frac: f64, seed: u64) -> Result<(HostData, Option<HostData>)> {
+pub fn holdout(data: Samples, frac: f64, seed: u64) -> Result<(Samples, Option<Samples>)> {
     if !(0.0..1.0).contains(&frac) {
         return Err(Error::Config(format!(
             "--val-split {frac}: give a fraction in [0, 1) (0 turns validation off)"
@@ -415,9 +489,9 @@ pub fn holdout(data: HostData, frac: f64, seed: u64) -> Result<(HostData, Option
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     // A stream apart from the loader's epoch streams.
     rng.set_stream(u64::MAX);
-    let mut val = match &data.y {
-        Targets::Classes(ids) => stratified(ids, k, &mut rng),
-        Targets::Values(_) => {
+    let mut val = match data.class_ids() {
+        Some(ids) => stratified(&ids, k, &mut rng),
+        None => {
             let mut idx: Vec<u32> = (0..n as u32).collect();
             idx.shuffle(&mut rng);
             idx.truncate(k);

@@ -93,8 +93,25 @@ impl Stage for PlainStage {
     ) -> Result<(Tensor, Tensor, Fence)> {
         let n = self.buffers.len();
         let (x, y) = &mut self.buffers[slot % n];
-        data.gather(idx, x, y.as_mut())?;
         let b = idx.len();
+        if self.device.is_cpu() {
+            // Gathered straight into the batch's own storage: no copy on
+            // this thread while the gather's workers wait for the next batch.
+            let mut own = vec![0f32; b * row(data)];
+            data.gather(idx, &mut own, y.as_mut())?;
+            let xs = Tensor::from_vec(own, batch_shape(data, b), &self.device)?;
+            let kind = data.target();
+            let ys = match y {
+                Targets::Classes(v) => {
+                    Tensor::from_slice(&v[..b], kind.batch_shape(b), &self.device)?
+                }
+                Targets::Values(v) => {
+                    Tensor::from_slice(&v[..b * kind.width()], kind.batch_shape(b), &self.device)?
+                }
+            };
+            return Ok((xs, ys, Fence::Ready));
+        }
+        data.gather(idx, x, y.as_mut())?;
         let xs = Tensor::from_slice(&x[..b * row(data)], batch_shape(data, b), &self.device)?;
         let kind = data.target();
         let ys = match y {

@@ -37,8 +37,11 @@ fn fuzz_csv_through_prepare() {
     fuzz("csv", |bytes| {
         std::fs::write(&path, bytes).unwrap();
         if let Ok(p) = prepare(&path, &DataOptions::default()) {
-            let cols: usize = p.train.input_dims.iter().product();
-            assert_eq!(p.train.x.len(), p.train.len() * cols);
+            let cols: usize = p.train.input_dims().iter().product();
+            assert_eq!(
+                p.train.host().map(|h| h.x.len()),
+                Some(p.train.len() * cols)
+            );
         }
     });
 }

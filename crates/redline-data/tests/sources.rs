@@ -9,15 +9,37 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use redline_data::{
-    prepare, DataOptions, Dataset, HostData, Loader, LoaderConfig, Placement, Split, TargetKind,
-    Targets, Task,
+    DataOptions, Dataset, HostData, Loader, LoaderConfig, Placement, Split, TargetKind, Targets,
+    Task,
 };
+
+/// The splits of `--data` in host memory, as these tests inspect them.
+struct Resident {
+    format: redline_data::Format,
+    train: HostData,
+    val: Option<HostData>,
+    test: Option<HostData>,
+    #[allow(dead_code)]
+    notes: Vec<String>,
+}
+
+/// [`redline_data::prepare`], every split decoded into host memory.
+fn prepare(path: &Path, opts: &DataOptions) -> redline_data::Result<Resident> {
+    let p = redline_data::prepare(path, opts)?;
+    Ok(Resident {
+        format: p.format,
+        train: p.train.into_host()?,
+        val: p.val.map(|v| v.into_host()).transpose()?,
+        test: p.test.map(|t| t.into_host()).transpose()?,
+        notes: p.notes,
+    })
+}
 
 fn tables() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables")
 }
 
-fn err(r: redline_data::Result<redline_data::Prepared>) -> String {
+fn err(r: redline_data::Result<Resident>) -> String {
     r.err().map(|e| format!("{e:#}")).unwrap_or_default()
 }
 

@@ -61,6 +61,13 @@ pub fn fingerprint(flag: &str, path: &Path) -> Result<InputFingerprint> {
     } else {
         paths.push(root.clone());
     }
+    fingerprint_files(flag, &root, paths)
+}
+
+/// Fingerprints an input named by a pattern (`train-{0000..0127}.tar`): the
+/// files it expands to, in the order given.
+pub fn fingerprint_files(flag: &str, path: &Path, paths: Vec<PathBuf>) -> Result<InputFingerprint> {
+    let root = std::path::absolute(path).map_err(Error::io("reading", path))?;
     let total_files = paths.len();
     let files = paths
         .iter()

@@ -19,7 +19,7 @@ use anyhow::Context;
 use candle_core::{DType, Module, Tensor};
 use candle_nn::{conv2d, linear, Conv2d, Conv2dConfig, Linear, VarBuilder, VarMap};
 use redline_core::Device;
-use redline_data::{prepare, DataOptions, Loader, LoaderConfig, Split};
+use redline_data::{prepare, DataOptions, Dataset, Loader, LoaderConfig, Split};
 use redline_models::{Model, Params};
 use redline_train::{Classifier, GradClip, TrainConfig, Trainer};
 
@@ -103,12 +103,16 @@ impl<M: Module + Send + Sync> Model for CandleNn<M> {
 pub fn run(data: &Path, epochs: usize, samples: usize) -> anyhow::Result<f64> {
     let dev = Device::cpu();
     let found = prepare(data, &DataOptions::default())?;
-    let [channels, side, width] = found.train.input_dims[..] else {
+    let [channels, side, width] = found.train.input_dims()[..] else {
         anyhow::bail!("{}: not images (C x H x W)", data.display());
     };
     anyhow::ensure!(side == width, "square images expected, got {side}x{width}");
-    let classes = found.train.target.classes().unwrap_or(0);
-    let test = found.test.as_ref().context("the data has no test split")?;
+    let classes = found.train.target().classes().unwrap_or(0);
+    let test = found
+        .test
+        .clone()
+        .context("the data has no test split")?
+        .into_host()?;
     println!(
         "{}: {} {channels}x{side}x{side}, {classes} classes",
         data.display(),
@@ -119,20 +123,15 @@ pub fn run(data: &Path, epochs: usize, samples: usize) -> anyhow::Result<f64> {
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, dev.candle());
     let model = CandleNn::new(Net::new(vb, channels, side, classes)?, &varmap)?;
 
-    let train = Split::from_host(&found.train, dev.candle())?;
-    let n = samples.min(train.len());
-    let train = Split {
-        x: train.x.narrow(0, 0, n)?,
-        y: train.y.narrow(0, 0, n)?,
-        ..train
-    };
+    // The first `samples` training images (a streamed folder decodes only those).
+    let train = Split::from_host(&found.train.head(samples)?, dev.candle())?;
     let train = Loader::new(train, LoaderConfig::default())?;
     let test_cfg = LoaderConfig {
         shuffle: false,
         batch_size: 1000,
         ..Default::default()
     };
-    let test = Loader::new(Split::from_host(test, dev.candle())?, test_cfg)?;
+    let test = Loader::new(Split::from_host(&test, dev.candle())?, test_cfg)?;
     let mut trainer = Trainer::builder()
         .config(TrainConfig {
             epochs,

@@ -30,7 +30,11 @@ fn loader() -> Loader {
     };
     let data = prepare(&root().join("data/tables/diabetes.csv"), &opts).unwrap();
     assert!(data.val.is_none() && data.test.is_none());
-    let split = Split::from_host(&data.train, &candle_core::Device::Cpu).unwrap();
+    let split = Split::from_host(
+        &data.train.clone().into_host().unwrap(),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
     let cfg = LoaderConfig {
         batch_size: BATCH,
         shuffle: false,

@@ -5,7 +5,7 @@
 
 use anyhow::Context;
 use redline_core::{Device, DeviceSpec, Precision};
-use redline_data::{Dataset, HostData, Loader, LoaderConfig};
+use redline_data::{Dataset, Loader, LoaderConfig, Samples};
 use redline_models::ModelConfig;
 use redline_train::{probe, OptimizerConfig, TrainStep};
 
@@ -19,7 +19,7 @@ const TIMED_STEPS: usize = 30;
 /// The job the probe times: the run's model, step, optimizer and batch.
 pub struct Job<'a> {
     /// The training split (a head of it is used).
-    pub train: &'a HostData,
+    pub train: &'a Samples,
     /// The model, shaped for the data.
     pub model: &'a ModelConfig,
     /// Classification or regression, and the loss.
@@ -69,7 +69,7 @@ fn step_ms(
     let n = job.train.len().min((WARMUP_STEPS + TIMED_STEPS) * batch);
     let head: Vec<u32> = (0..n as u32).collect();
     let loader = Loader::placed_host(
-        job.train.subset(&head)?,
+        job.train.head(head.len())?,
         device.candle(),
         redline_data::Placement::Resident,
         LoaderConfig {
@@ -193,13 +193,14 @@ mod tests {
     /// Without a GPU there is nothing to time: auto is the CPU, with no line.
     #[test]
     fn auto_without_a_gpu_is_the_cpu_untimed() -> anyhow::Result<()> {
-        let train = HostData::new(
+        let train: Samples = redline_data::HostData::new(
             vec![0.5; 40],
             vec![4],
             Targets::Values(vec![1.0; 10]),
             TargetKind::Values(1),
             "t".into(),
-        )?;
+        )?
+        .into();
         let model = ModelConfig::for_data("mlp", &[4], 1, None)?;
         let job = Job {
             train: &train,

@@ -204,10 +204,34 @@ pub struct TrainArgs {
     /// Resize every image of an image folder to N x N [default: the images' own size].
     #[arg(long, value_name = "N")]
     pub image_size: Option<u32>,
-    /// Augment training images on the loader thread: flip (random horizontal flip),
-    /// crop (pad 4 and crop back at a random offset) or crop=N, comma-separated.
+    /// Augment training images: flip (random horizontal flip), crop (pad 4 and crop back at
+    /// a random offset) or crop=N, comma-separated; or, for image folders and tar shards,
+    /// torchvision's ImageNet recipe random-resized-crop=SIZE[,hflip] (a fresh crop of each
+    /// image every epoch, so the images stream; validation resizes to SIZE/0.875 and
+    /// centre-crops).
     #[arg(long, value_name = "LIST")]
     pub augment: Option<String>,
+    /// Image folders and tar shards: auto (decoded into memory once when they fit
+    /// --host-memory-budget, else read from disk and decoded batch by batch), on (always
+    /// streamed) or off (always decoded into memory).
+    #[arg(long, default_value = "auto", value_name = "auto|on|off")]
+    #[serde(default = "default_auto", skip_serializing_if = "is_auto")]
+    pub stream: String,
+    /// Threads that read, decode and augment streamed images [default: on the CPU the cores
+    /// the compute threads leave, at least 1; with a GPU all cores but one].
+    #[arg(long, value_name = "N")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<usize>,
+    /// In --stream auto, image data whose decoded size exceeds this streams: bytes with a
+    /// unit (64GB, 512MiB) or a share of RAM (50%) [default: half of RAM].
+    #[arg(long, value_name = "SIZE")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory_budget: Option<String>,
+    /// An image that cannot be decoded: error (stop, naming the file) or skip (take the next
+    /// sample in its place; the skips are counted in the summary).
+    #[arg(long, default_value = "error", value_name = "error|skip", value_parser = ["error", "skip"])]
+    #[serde(default = "default_error", skip_serializing_if = "is_error")]
+    pub bad_samples: String,
     /// Keep table features as they are (by default they are standardised with the
     /// training rows' mean and std).
     #[arg(long)]
@@ -411,12 +435,16 @@ pub struct TrainArgs {
     #[arg(long, default_value = "auto", value_name = "MODE", value_parser = ["auto", "on", "off"])]
     #[serde(default = "default_auto", skip_serializing_if = "is_auto")]
     pub cpu_bf16_gemm: String,
-    /// Normalisation mean, after scaling pixels to [0, 1].
-    #[arg(long, allow_negative_numbers = true, default_value_t = 0.5)]
-    pub mean: f32,
-    /// Normalisation standard deviation.
-    #[arg(long, allow_negative_numbers = true, default_value_t = 0.5)]
-    pub std: f32,
+    /// Normalisation mean, after scaling pixels to [0, 1] [default: 0.5; ImageNet's per
+    /// channel (0.485, 0.456, 0.406) for RGB image folders and tar shards].
+    #[arg(long, allow_negative_numbers = true)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean: Option<f32>,
+    /// Normalisation standard deviation [default: 0.5; ImageNet's (0.229, 0.224, 0.225) for
+    /// RGB image folders and tar shards].
+    #[arg(long, allow_negative_numbers = true)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub std: Option<f32>,
     /// Read the loss back every N steps (the loop itself never waits on the device).
     #[arg(long, default_value_t = 50)]
     pub log_every: usize,
@@ -486,6 +514,18 @@ fn default_auto() -> String {
 #[allow(clippy::ptr_arg)] // serde's `skip_serializing_if` passes the field's type
 fn is_auto(m: &String) -> bool {
     m == "auto"
+}
+
+/// `--bad-samples`' default.
+fn default_error() -> String {
+    "error".into()
+}
+
+/// `--bad-samples error` is left out of `config.toml` (runs recorded before
+/// the flag keep their identity).
+#[allow(clippy::ptr_arg)] // serde's `skip_serializing_if` passes the field's type
+fn is_error(m: &String) -> bool {
+    m == "error"
 }
 
 /// `--precision`'s default.

@@ -2,12 +2,29 @@
 //! `--image-size`, `--augment`, `--hidden`, ...) turned into configs.
 
 use anyhow::{bail, Context};
-use redline_data::{Augment, DataOptions, Normalize};
+use redline_data::{Augment, ChannelNorm, DataOptions, Normalize, StreamOptions};
 
 use crate::cli::TrainArgs;
 
-/// How `--data` is read, from the flags.
-pub fn data_options(args: &TrainArgs) -> anyhow::Result<DataOptions> {
+/// How `--data` is read, from the flags; streamed images are decoded on
+/// `workers` threads.
+pub fn data_options(args: &TrainArgs, workers: usize) -> anyhow::Result<DataOptions> {
+    let max = crate::plan::MAX_IMAGE_SIZE;
+    if let Some(s) = args.image_size.filter(|s| !(1..=max).contains(s)) {
+        bail!("--image-size {s}: give a side from 1 to {max} pixels");
+    }
+    let (crop, hflip) = resized_crop(args)?;
+    let given = args.mean.is_some() || args.std.is_some();
+    let norm = normalisation(args.mean.unwrap_or(0.5), args.std.unwrap_or(0.5))?;
+    let stream = StreamOptions {
+        mode: args.stream.parse()?,
+        budget: Some(host_memory_budget(args.host_memory_budget.as_deref())?),
+        workers,
+        crop,
+        hflip,
+        norm: given.then(|| ChannelNorm::same(norm.mean, norm.std)),
+        skip_bad: args.bad_samples == "skip",
+    };
     Ok(DataOptions {
         task: args.task.parse()?,
         classes: args.classes,
@@ -16,12 +33,117 @@ pub fn data_options(args: &TrainArgs) -> anyhow::Result<DataOptions> {
             None => Default::default(),
         },
         header: args.header.parse()?,
-        norm: normalisation(args.mean, args.std)?,
+        norm,
         standardize: !args.no_standardize,
         val_split: args.val_split,
         seed: args.seed,
         image_size: args.image_size,
+        stream,
     })
+}
+
+/// The most decode threads `--workers` takes.
+const MAX_WORKERS: usize = 1024;
+
+/// `--workers`, or its default: on the CPU the cores the `threads` compute
+/// threads leave (at least 1), with a GPU all cores but one.
+pub fn workers(args: &TrainArgs, cores: usize, threads: usize, gpu: bool) -> anyhow::Result<usize> {
+    match args.workers {
+        Some(n) if (1..=MAX_WORKERS).contains(&n) => Ok(n),
+        Some(n) => bail!("--workers {n}: give 1 to {MAX_WORKERS} decode threads"),
+        None if gpu => Ok(cores.saturating_sub(1).max(1)),
+        None => Ok(cores.saturating_sub(threads).max(1)),
+    }
+}
+
+/// `--host-memory-budget`: `64GB`, `512MiB`, `1e9` (bytes) or `50%` of RAM;
+/// half of RAM by default.
+pub fn host_memory_budget(text: Option<&str>) -> anyhow::Result<u64> {
+    let total = redline_core::system::host_memory_total();
+    let share = |f: f64| -> anyhow::Result<u64> {
+        let t = total.context(
+            "--host-memory-budget: the host's memory cannot be read; give a size such as 16GB",
+        )?;
+        Ok((t as f64 * f) as u64)
+    };
+    let Some(text) = text.map(str::trim) else {
+        return share(0.5);
+    };
+    let bad = || {
+        anyhow::anyhow!(
+            "--host-memory-budget {text:?}: give a size such as 64GB, 512MiB or 1e9 (bytes),              or a share of RAM such as 50%"
+        )
+    };
+    if let Some(p) = text.strip_suffix('%') {
+        let p: f64 = p.trim().parse().map_err(|_| bad())?;
+        if !(0.0..=100.0).contains(&p) || p.is_nan() {
+            bail!("--host-memory-budget {text}: give a share from 0% to 100%");
+        }
+        return share(p / 100.0);
+    }
+    let split = text
+        .find(|c: char| c.is_ascii_alphabetic())
+        .unwrap_or(text.len());
+    let (num, unit) = text.split_at(split);
+    let num: f64 = num.trim().parse().map_err(|_| bad())?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" | "k" => 1e3,
+        "mb" | "m" => 1e6,
+        "gb" | "g" => 1e9,
+        "tb" | "t" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1048576.0,
+        "gib" => 1073741824.0,
+        "tib" => 1099511627776.0,
+        _ => return Err(bad()),
+    };
+    let bytes = num * scale;
+    if !bytes.is_finite() || !(0.0..=1e18).contains(&bytes) {
+        return Err(bad());
+    }
+    Ok(bytes as u64)
+}
+
+/// `random-resized-crop=SIZE` and `hflip` of `--augment`: the crop's side
+/// and the flip (`None`: no random-resized crop).
+fn resized_crop(args: &TrainArgs) -> anyhow::Result<(Option<u32>, bool)> {
+    let Some(text) = &args.augment else {
+        return Ok((None, false));
+    };
+    let mut crop = None;
+    let mut flip = false;
+    for part in text.split(',').map(str::trim) {
+        match part.split_once('=') {
+            Some(("random-resized-crop", n)) => {
+                crop = Some(
+                    n.parse::<u32>()
+                        .ok()
+                        .filter(|s| (1..=crate::plan::MAX_IMAGE_SIZE).contains(s))
+                        .with_context(|| {
+                            format!(
+                                "--augment random-resized-crop={n}: give the output side, 1 to \
+                                 {} pixels (e.g. 224)",
+                                crate::plan::MAX_IMAGE_SIZE
+                            )
+                        })?,
+                )
+            }
+            None if part == "flip" || part == "hflip" => flip = true,
+            _ => {}
+        }
+    }
+    let other = text
+        .split(',')
+        .map(str::trim)
+        .find(|p| !(p.starts_with("random-resized-crop=") || *p == "flip" || *p == "hflip"));
+    if let (Some(_), Some(p)) = (crop, other) {
+        bail!(
+            "--augment {p:?}: with random-resized-crop=SIZE, give only hflip (the ImageNet \
+             recipe); crop and pad-crop cannot be combined with it"
+        );
+    }
+    Ok((crop, crop.is_some() && flip))
 }
 
 /// `--mean`/`--std`, refused when dividing by the std would turn pixels into
@@ -44,19 +166,24 @@ fn normalisation(mean: f32, std: f32) -> anyhow::Result<Normalize> {
     Ok(Normalize { mean, std })
 }
 
-/// `--augment flip,crop=4` as the transforms (`None` without the flag).
+/// `--augment flip,crop=4` as the transforms on the loader thread (`None`
+/// without the flag, or when random-resized-crop, which the streamed images
+/// apply themselves, is given).
 pub fn augment(args: &TrainArgs) -> anyhow::Result<Option<Augment>> {
     let Some(text) = &args.augment else {
         return Ok(None);
     };
+    if resized_crop(args)?.0.is_some() {
+        return Ok(None);
+    }
     let mut aug = Augment {
         flip: false,
         crop_padding: 0,
-        fill: -args.mean / args.std,
+        fill: -args.mean.unwrap_or(0.5) / args.std.unwrap_or(0.5),
     };
     for part in text.split(',').map(str::trim) {
         match part.split_once('=') {
-            None if part == "flip" => aug.flip = true,
+            None if part == "flip" || part == "hflip" => aug.flip = true,
             None if part == "crop" => aug.crop_padding = 4,
             Some(("crop", n)) => {
                 aug.crop_padding = n
@@ -65,7 +192,10 @@ pub fn augment(args: &TrainArgs) -> anyhow::Result<Option<Augment>> {
                     .filter(|&n| n > 0)
                     .with_context(|| format!("--augment crop={n}: give a padding >= 1"))?
             }
-            _ => bail!("--augment {part:?}: expected flip, crop or crop=N (comma-separated)"),
+            _ => bail!(
+                "--augment {part:?}: expected flip, crop or crop=N, or \
+                 random-resized-crop=SIZE[,hflip] (comma-separated)"
+            ),
         }
     }
     Ok(Some(aug))
@@ -131,7 +261,7 @@ mod tests {
         for bad in ["crop=0", "crop=-1", "blur", "flip,,crop"] {
             assert!(augment(&args(&["--augment", bad])?).is_err(), "{bad:?}");
         }
-        let d = data_options(&args(&["--target", "-2", "--task", "regression"])?)?;
+        let d = data_options(&args(&["--target", "-2", "--task", "regression"])?, 1)?;
         assert_eq!(d.target, redline_data::TargetColumn::Index(-2));
         assert_eq!(d.task, redline_data::Task::Regression);
         Ok(())

@@ -197,8 +197,8 @@ pub fn run_model(
     let recorded = RunShape::of_run(&dir);
     let plan = crate::plan::prepare_for(&args, recorded.as_ref())?;
     let shape = recorded.unwrap_or_else(|| RunShape {
-        inputs: plan.prepared.train.input_dims.clone(),
-        target: plan.prepared.train.target,
+        inputs: plan.prepared.train.input_dims().to_vec(),
+        target: plan.prepared.train.target(),
     });
     let model = plan
         .model_cfg
@@ -209,8 +209,8 @@ pub fn run_model(
              data of the run's input shape and classes",
             file.display(),
             plan.model_cfg.name(),
-            plan.prepared.train.input_dims,
-            plan.prepared.train.target
+            plan.prepared.train.input_dims(),
+            plan.prepared.train.target()
         )
     })?;
     Ok(RunModel {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use redline_core::{Device, DeviceSpec, Precision};
+use redline_data::Dataset;
 use redline_models::ModelConfig;
 use redline_profile::Mode;
 use redline_train::OptimizerConfig;
@@ -26,7 +27,7 @@ pub const DEFAULT_BATCH: usize = 64;
 pub const DEFAULT_LR: f64 = 1e-3;
 
 /// The largest side `--image-size` resizes to.
-const MAX_IMAGE_SIZE: u32 = 4096;
+pub(crate) const MAX_IMAGE_SIZE: u32 = 4096;
 
 /// The most batches `--prefetch` may keep ahead.
 const MAX_PREFETCH: usize = 64;
@@ -298,12 +299,6 @@ pub fn prepare_for(args: &TrainArgs, run: Option<&RunShape>) -> anyhow::Result<P
     if let Some(line) = &ranks.line {
         println!("{line}");
     }
-    if let Some(s) = args
-        .image_size
-        .filter(|s| !(1..=MAX_IMAGE_SIZE).contains(s))
-    {
-        bail!("--image-size {s}: give a side from 1 to {MAX_IMAGE_SIZE} pixels");
-    }
     // Ranks on one machine share its cores (measuring free cores would see
     // them all free at once and oversubscribe).
     let (usable, online) = (
@@ -360,7 +355,13 @@ pub fn prepare_for(args: &TrainArgs, run: Option<&RunShape>) -> anyhow::Result<P
     check_outputs(args)?;
 
     let short = crate::short_runs::ShortRun::from_args(args)?;
-    let data = data_options(args)?;
+    let workers = crate::data_flags::workers(
+        args,
+        usable,
+        threads,
+        matches!(selected, DeviceSpec::Cuda(_)),
+    )?;
+    let data = data_options(args, workers)?;
     check_model_fits(args, &data_dir, &data)?;
     println!("loading {} ...", data_dir.display());
     let prepared = match redline_data::prepare_until(&data_dir, &data, &stop.flag) {
@@ -369,8 +370,8 @@ pub fn prepare_for(args: &TrainArgs, run: Option<&RunShape>) -> anyhow::Result<P
     };
     stop.check("reading the data")?;
     let data_shape = RunShape {
-        inputs: prepared.train.input_dims.clone(),
-        target: prepared.train.target,
+        inputs: prepared.train.input_dims().to_vec(),
+        target: prepared.train.target(),
     };
     if let Some(run) = run {
         run.check(&data_dir, &data_shape)?;

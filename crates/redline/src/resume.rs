@@ -143,7 +143,15 @@ pub fn fingerprints(
     data: &Path,
     init: Option<&Path>,
 ) -> anyhow::Result<Vec<redline_run::inputs::InputFingerprint>> {
-    let mut out = vec![redline_run::inputs::fingerprint("--data", data)?];
+    let data_print = match redline_data::stream::shards::is_pattern(data) {
+        true => redline_run::inputs::fingerprint_files(
+            "--data",
+            data,
+            redline_data::stream::shards::expand(&data.to_string_lossy())?,
+        )?,
+        false => redline_run::inputs::fingerprint("--data", data)?,
+    };
+    let mut out = vec![data_print];
     if let Some(init) = init {
         out.push(redline_run::inputs::fingerprint("--init", init)?);
     }

@@ -157,7 +157,9 @@ pub fn batch_size(plan: &Plan, mut search: BatchSizeSearch) -> anyhow::Result<Ba
     let make = step_maker(plan);
     // The training split on the device once, as training holds it: every
     // trial reads it, so each peak is the real job's (data and step).
-    let split = redline_data::Split::from_host(train, plan.device.candle())
+    // Streamed images: the samples the largest batch reads, decoded.
+    let head = train.head(search.max.max(1))?;
+    let split = redline_data::Split::from_host(&head, plan.device.candle())
         .context("the batch-size search: placing the training split on the device")?;
     // What the trials may peak at: what the process holds now and most of
     // what is free (on a GPU, its memory; out-of-memory is caught too).

@@ -272,6 +272,42 @@ fn a_cnn_killed_at_random_steps_resumes_bit_for_bit() {
     }
 }
 
+#[test]
+fn a_streamed_image_folder_with_random_crops_resumes_bit_for_bit() {
+    // Random-resized crops decoded on 2 workers every epoch: 3 epochs of 5
+    // steps, a checkpoint every 2 steps; the crops after the resume must be
+    // the ones the whole run drew.
+    let t = tempfile::tempdir().unwrap();
+    common::image_folder(t.path(), 12);
+    let data = t.path().to_str().unwrap();
+    for seed in [6, 7] {
+        killed_and_resumed(
+            &[
+                "--model",
+                "cnn",
+                "--data",
+                data,
+                "--hidden",
+                "16",
+                "--batch-size",
+                "7",
+                "--threads",
+                "1",
+                "--workers",
+                "2",
+                "--epochs",
+                "3",
+                "--checkpoint-every",
+                "2",
+                "--augment",
+                "random-resized-crop=16,hflip",
+            ],
+            seed,
+            (3, 13),
+        );
+    }
+}
+
 /// A stopped (SIGTERM) run folder of the MLP on the digits, and its flags.
 fn stopped_run(t: &Path) -> (PathBuf, Vec<String>) {
     let dir = t.join("run");

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::Reader;
 use crate::arrays;
-use crate::dataset::HostData;
 use crate::error::{Error, Result};
+use crate::samples::Samples;
 use crate::source::{finish, host, DataOptions};
 
 /// Named arrays.
@@ -38,7 +38,7 @@ impl Reader for Arrays {
         opts: &DataOptions,
         notes: &mut Vec<String>,
         stop: &AtomicBool,
-    ) -> Result<(HostData, Option<HostData>)> {
+    ) -> Result<(Samples, Option<Samples>)> {
         let (train, test) = arrays::load(at, opts.norm)?;
         if stop.load(Ordering::Relaxed) {
             return Err(Error::Interrupted);
@@ -48,6 +48,6 @@ impl Reader for Arrays {
         let test = test
             .map(|t| finish(at, t, train.target, &first))
             .transpose()?;
-        Ok((train, test))
+        Ok((train.into(), test.map(Samples::from)))
     }
 }

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::idx::class_ids_only;
 use super::Reader;
 use crate::cifar::{self, Variant};
-use crate::dataset::HostData;
 use crate::error::{Error, Result};
 use crate::mnist::SplitKind;
+use crate::samples::Samples;
 use crate::source::DataOptions;
 
 /// CIFAR binary.
@@ -46,7 +46,7 @@ impl Reader for Cifar {
         opts: &DataOptions,
         _notes: &mut Vec<String>,
         stop: &AtomicBool,
-    ) -> Result<(HostData, Option<HostData>)> {
+    ) -> Result<(Samples, Option<Samples>)> {
         let (v, _) = cifar::detect(at).ok_or_else(|| Error::Invalid {
             path: at.to_path_buf(),
             msg: "no CIFAR batches here any more".into(),
@@ -57,6 +57,6 @@ impl Reader for Cifar {
             return Err(Error::Interrupted);
         }
         let test = cifar::load(at, v, SplitKind::Test, opts.norm)?;
-        Ok((train, Some(test)))
+        Ok((train.into(), Some(test.into())))
     }
 }

@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::Reader;
-use crate::dataset::HostData;
 use crate::error::{Error, Result};
 use crate::mnist::{self, SplitKind};
+use crate::samples::Samples;
 use crate::source::{DataOptions, Task};
 
 /// IDX (MNIST, Fashion-MNIST, KMNIST).
@@ -37,14 +37,14 @@ impl Reader for Idx {
         opts: &DataOptions,
         _notes: &mut Vec<String>,
         stop: &AtomicBool,
-    ) -> Result<(HostData, Option<HostData>)> {
+    ) -> Result<(Samples, Option<Samples>)> {
         class_ids_only(opts, "IDX (MNIST family)")?;
         let train = mnist::load(at, SplitKind::Train, opts.classes, opts.norm)?;
         if stop.load(Ordering::Relaxed) {
             return Err(Error::Interrupted);
         }
         let test = mnist::load(at, SplitKind::Test, train.target.classes(), opts.norm)?;
-        Ok((train, Some(test)))
+        Ok((train.into(), Some(test.into())))
     }
 }
 

@@ -6,14 +6,15 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-use crate::dataset::HostData;
 use crate::error::{Error, Result};
+use crate::samples::Samples;
 use crate::source::DataOptions;
 
 mod arrays;
 mod cifar;
 mod idx;
 mod images;
+mod shards;
 mod table;
 
 /// One data format.
@@ -40,7 +41,7 @@ pub trait Reader: Send + Sync {
         opts: &DataOptions,
         notes: &mut Vec<String>,
         stop: &AtomicBool,
-    ) -> Result<(HostData, Option<HostData>)>;
+    ) -> Result<(Samples, Option<Samples>)>;
     /// One sample's input shape, where it can be read without reading the
     /// data (a table's first row). `None`: not without reading it.
     fn peek_inputs(&self, _at: &Path, _opts: &DataOptions) -> Result<Option<Vec<usize>>> {
@@ -55,11 +56,12 @@ pub trait Reader: Send + Sync {
 
 /// Every format, in the order they are asked (the first that recognises a
 /// path reads it).
-pub static READERS: [&dyn Reader; 5] = [
+pub static READERS: [&dyn Reader; 6] = [
     &idx::Idx,
     &cifar::Cifar,
     &arrays::Arrays,
     &images::Images,
+    &shards::Shards,
     &table::Table,
 ];
 
@@ -134,6 +136,17 @@ fn unreadable(path: &Path, source: std::io::Error) -> Error {
 
 /// The reader that recognises `path`, asked in [`READERS`]' order.
 pub fn detect(path: &Path) -> Result<Found> {
+    // A shard pattern names files, not itself.
+    if crate::stream::shards::is_pattern(path) {
+        for reader in READERS {
+            if let Some((name, at)) = reader.recognise(path) {
+                return Ok(Found {
+                    format: Format { reader, name },
+                    at,
+                });
+            }
+        }
+    }
     let meta = std::fs::metadata(path).map_err(|e| unreadable(path, e))?;
     if meta.is_dir() {
         std::fs::read_dir(path).map_err(|source| Error::Io {

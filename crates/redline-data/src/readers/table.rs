@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use super::Reader;
-use crate::dataset::HostData;
 use crate::error::Result;
+use crate::samples::Samples;
 use crate::source::{host, DataOptions};
 use crate::table::{self, Layout};
 
@@ -35,11 +35,11 @@ impl Reader for Table {
         opts: &DataOptions,
         notes: &mut Vec<String>,
         stop: &AtomicBool,
-    ) -> Result<(HostData, Option<HostData>)> {
+    ) -> Result<(Samples, Option<Samples>)> {
         let layout = Layout::read(at, opts.header)?;
         notes.push(layout.note.clone());
         let raw = table::read(at, &layout, &opts.target, stop)?;
-        Ok((host(at, raw, opts, notes)?, None))
+        Ok((host(at, raw, opts, notes)?.into(), None))
     }
 
     fn peek_inputs(&self, at: &Path, opts: &DataOptions) -> Result<Option<Vec<usize>>> {

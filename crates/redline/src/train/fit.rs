@@ -175,6 +175,14 @@ pub(super) fn run(
         (Err(e), Some(m)) if e.downcast_ref::<Stopped>().is_some() => Ending::Interrupted(m),
         (Err(_), m) => Ending::Failed(m.as_deref().unwrap_or_default()),
     };
+    let mut run = run;
+    let skipped = data.skipped();
+    if skipped > 0 {
+        println!("data: {skipped} undecodable images skipped (--bad-samples skip)");
+    }
+    if !data.streamed.is_empty() {
+        run.set("bad_samples_skipped", serde_json::json!(skipped))?;
+    }
     let done = run.finish(&mut trainer, ending)?;
     results::report(&done);
     outcome.map(|_| ())

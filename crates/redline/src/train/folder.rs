@@ -154,6 +154,7 @@ pub(super) fn describe(
         ),
         ("prefetch", json!(args.prefetch)),
         ("data_placement", json!(data.train.placement().to_string())),
+        ("data_workers", json!(data.workers())),
         ("profiler", json!(plan.mode.to_string())),
         ("validation", json!(validation)),
         (

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::bail;
 use redline_data::{
-    place, Augmented, DataOnDevice, Dataset, HostData, Loader, LoaderConfig, Placement, Prepared,
+    place, Augmented, DataOnDevice, Dataset, Loader, LoaderConfig, Placement, Prepared, Samples,
     TargetKind,
 };
 
@@ -35,6 +35,21 @@ pub(super) struct Loaders {
     pub format: String,
     /// What reading decided and why.
     pub notes: Vec<String>,
+    /// The streamed image sources (training with validation, and test), for
+    /// the count of skipped bad samples and the decode workers.
+    pub streamed: Vec<redline_data::Streamed>,
+}
+
+impl Loaders {
+    /// Images skipped as undecodable so far (`--bad-samples skip`).
+    pub fn skipped(&self) -> usize {
+        self.streamed.iter().map(|s| s.skipped()).sum()
+    }
+
+    /// Decode threads of streamed images (`None`: nothing streams).
+    pub fn workers(&self) -> Option<usize> {
+        self.streamed.first().map(|s| s.workers())
+    }
 }
 
 /// Builds the loaders of the plan's data (taken out of it: the host copies
@@ -42,6 +57,11 @@ pub(super) struct Loaders {
 /// limited by its short-run flags.
 pub(super) fn build(args: &TrainArgs, plan: &mut Plan) -> anyhow::Result<Loaders> {
     let prepared = take(&mut plan.prepared);
+    let streamed: Vec<redline_data::Streamed> = [Some(&prepared.train), prepared.test.as_ref()]
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.streamed().cloned())
+        .collect();
     let (device, strategy, short) = (&plan.device, &plan.ranks.strategy, &plan.short);
     let wanted_batch = plan.batch_size;
     // Each rank reads its shard of every epoch (DistributedSampler): padded
@@ -49,11 +69,14 @@ pub(super) fn build(args: &TrainArgs, plan: &mut Plan) -> anyhow::Result<Loaders
     // each sample once.
     let shard =
         |l: Loader, pad: bool| -> anyhow::Result<Loader> { Ok(l.shard(strategy.shard(pad))?) };
-    let (inputs, target) = (prepared.train.input_dims.clone(), prepared.train.target);
+    let (inputs, target) = (
+        prepared.train.input_dims().to_vec(),
+        prepared.train.target(),
+    );
     let policy: DataOnDevice = args.data_on_device.parse()?;
     // Read on the host, then placed: uploaded once, or streamed per batch.
     let mut device_free = redline_core::memory::stats(device)?.map(|m| m.device_free);
-    let mut load = |data: HostData, cfg: LoaderConfig| -> anyhow::Result<Loader> {
+    let mut load = |data: Samples, cfg: LoaderConfig| -> anyhow::Result<Loader> {
         let placement = place(policy, data.bytes(), device_free)?;
         if let (Placement::Resident, Some(free)) = (placement, device_free.as_mut()) {
             *free = free.saturating_sub(data.bytes());
@@ -135,6 +158,7 @@ pub(super) fn build(args: &TrainArgs, plan: &mut Plan) -> anyhow::Result<Loaders
         target,
         format: prepared.format.to_string(),
         notes: prepared.notes,
+        streamed,
     })
 }
 

@@ -158,3 +158,26 @@ pub fn tensor_bits(path: &Path) -> (serde_json::Value, Vec<u8>) {
 pub fn same_tensors(a: &Path, b: &Path) -> bool {
     tensor_bits(a) == tensor_bits(b)
 }
+
+/// A class folder tree of `per_class` gradient images per class, of varied
+/// sizes (PNG and JPEG), under `dir/train` and `dir/val`.
+pub fn image_folder(dir: &Path, per_class: u32) {
+    for (split, n) in [("train", per_class), ("val", 2)] {
+        for c in 0..3u32 {
+            let d = dir.join(split).join(format!("class{c}"));
+            std::fs::create_dir_all(&d).unwrap();
+            for i in 0..n {
+                let (w, h) = (24 + (i * 5) % 17, 20 + (i * 3) % 13);
+                let img = image::RgbImage::from_fn(w, h, |x, y| {
+                    image::Rgb([
+                        (x * 9 + c * 70) as u8,
+                        (y * 11 + i * 13) as u8,
+                        ((x + y) * 5 + c * 40) as u8,
+                    ])
+                });
+                let ext = if i % 3 == 0 { "jpg" } else { "png" };
+                img.save(d.join(format!("{i}.{ext}"))).unwrap();
+            }
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! Streamed folders and shards: the same samples whatever the batch, the
+//! order or the workers; resident and streamed alike; bad files named.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use super::*;
+use crate::image_folder;
+
+fn io(e: std::io::Error) -> Error {
+    Error::Config(e.to_string())
+}
+
+/// A gradient image, so crops and flips change the pixels.
+fn gradient(w: u32, h: u32, seed: u8) -> image::RgbImage {
+    image::RgbImage::from_fn(w, h, |x, y| {
+        image::Rgb([(x * 7) as u8 ^ seed, (y * 5) as u8, seed.wrapping_mul(3)])
+    })
+}
+
+fn folder(d: &Path) -> Result<()> {
+    for (class, n) in [("ant", 5), ("bee", 4)] {
+        std::fs::create_dir_all(d.join(class)).map_err(io)?;
+        for i in 0..n {
+            let img = gradient(40 + i * 3, 30 + i, i as u8 * 17);
+            let ext = if i % 2 == 0 { "png" } else { "jpg" };
+            img.save(d.join(class).join(format!("{i}.{ext}")))
+                .map_err(|e| Error::Config(e.to_string()))?;
+        }
+    }
+    Ok(())
+}
+
+fn view(transform: Transform) -> View {
+    View {
+        transform,
+        norm: ChannelNorm::IMAGENET,
+        channels: 3,
+        side: (16, 16),
+        skip_bad: false,
+    }
+}
+
+fn all(s: &Streamed, idx: &[u32]) -> Result<(Vec<f32>, Vec<u32>)> {
+    let row: usize = s.input_dims().iter().product();
+    let (mut x, mut y) = (vec![0.0; idx.len() * row], vec![0u32; idx.len()]);
+    s.gather(idx, &mut x, TargetsMut::Classes(&mut y))?;
+    Ok((x, y))
+}
+
+#[test]
+fn a_samples_crop_depends_on_seed_epoch_and_sample_not_on_batch_or_workers() -> Result<()> {
+    let tmp = tempfile::tempdir().map_err(io)?;
+    folder(tmp.path())?;
+    let (list, names) = image_folder::listing(tmp.path(), None)?;
+    assert_eq!(names, vec!["ant", "bee"]);
+    let list = Arc::new(list);
+    let t = Transform::RandomResizedCrop {
+        size: 16,
+        hflip: true,
+    };
+    let one = Streamed::new(list.clone(), view(t), worker_pool(1)?, 7)?;
+    let three = Streamed::new(list.clone(), view(t), worker_pool(3)?, 7)?;
+    let (a, ya) = all(&one, &[0, 1, 2, 3, 4, 5, 6, 7, 8])?;
+    let (b, yb) = all(&three, &[8, 7, 6, 5, 4, 3, 2, 1, 0])?;
+    assert_eq!(ya, vec![0, 0, 0, 0, 0, 1, 1, 1, 1]);
+    let row = 3 * 16 * 16;
+    for i in 0..9 {
+        assert_eq!(
+            a[i * row..(i + 1) * row],
+            b[(8 - i) * row..(9 - i) * row],
+            "{i}"
+        );
+        assert_eq!(ya[i], yb[8 - i]);
+    }
+    // Another epoch draws other crops; the same epoch again the same.
+    three.set_epoch(1);
+    let (c, _) = all(&three, &[0, 1, 2, 3, 4, 5, 6, 7, 8])?;
+    assert_ne!(a, c);
+    three.set_epoch(0);
+    assert_eq!(all(&three, &[0, 1, 2, 3, 4, 5, 6, 7, 8])?.0, a);
+    // Another seed, other crops.
+    let other = Streamed::new(list, view(t), worker_pool(1)?, 8)?;
+    assert_ne!(all(&other, &[0, 1, 2, 3, 4, 5, 6, 7, 8])?.0, a);
+    Ok(())
+}
+
+#[test]
+fn resident_and_streamed_hold_the_same_values_and_held_out_samples_centre_crop() -> Result<()> {
+    let tmp = tempfile::tempdir().map_err(io)?;
+    folder(tmp.path())?;
+    let (list, _) = image_folder::listing(tmp.path(), None)?;
+    let s = Streamed::new(
+        Arc::new(list),
+        view(Transform::Resize(Some(16))),
+        worker_pool(2)?,
+        0,
+    )?;
+    let host = s.materialise(&AtomicBool::new(false))?;
+    let (x, y) = all(&s, &(0..9).collect::<Vec<u32>>())?;
+    assert_eq!(host.x, x);
+    assert_eq!(host.y, Targets::Classes(y));
+    // A held-out part of a randomly cropped split is centre-cropped: the
+    // same pixels every epoch.
+    let rrc = Streamed::new(
+        s.list.clone(),
+        view(Transform::RandomResizedCrop {
+            size: 16,
+            hflip: true,
+        }),
+        worker_pool(1)?,
+        0,
+    )?;
+    let (_, held) = crate::samples::Samples::Streamed(Box::new(rrc)).split_rows(&[2, 6])?;
+    let held = held
+        .streamed()
+        .cloned()
+        .ok_or(Error::Config("streamed".into()))?;
+    assert_eq!(held.view().transform, Transform::ResizeCenterCrop(16));
+    assert_eq!(held.labels(), vec![0, 1]);
+    let e0 = all(&held, &[0, 1])?;
+    held.set_epoch(3);
+    assert_eq!(all(&held, &[0, 1])?, e0);
+    Ok(())
+}
+
+#[test]
+fn a_corrupt_image_is_named_or_skipped_and_counted() -> Result<()> {
+    let tmp = tempfile::tempdir().map_err(io)?;
+    folder(tmp.path())?;
+    std::fs::write(tmp.path().join("bee/9.jpg"), b"\xff\xd8\xff garbage").map_err(io)?;
+    let (list, _) = image_folder::listing(tmp.path(), None)?;
+    let list = Arc::new(list);
+    let s = Streamed::new(
+        list.clone(),
+        view(Transform::Resize(Some(16))),
+        worker_pool(1)?,
+        0,
+    )?;
+    let m = all(&s, &[9])
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        m.contains("bee/9.jpg") && m.contains("cannot be") && m.contains("--bad-samples skip"),
+        "{m}"
+    );
+    let mut v = view(Transform::Resize(Some(16)));
+    v.skip_bad = true;
+    let s = Streamed::new(list, v, worker_pool(1)?, 0)?;
+    let (_, y) = all(&s, &[9, 0])?;
+    // Sample 9 is replaced by the next that decodes (sample 0, an ant).
+    assert_eq!((y, s.skipped()), (vec![0, 0], 1));
+    Ok(())
+}
+
+/// Writes a tar of `members` (name, bytes); `cut` bytes are dropped from its end.
+fn tar_file(path: &Path, members: &[(&str, Vec<u8>)], cut: usize) -> Result<()> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, bytes) in members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(bytes.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, &bytes[..]).map_err(io)?;
+    }
+    let mut data = b.into_inner().map_err(io)?;
+    data.truncate(data.len() - cut);
+    let mut f = std::fs::File::create(path).map_err(io)?;
+    f.write_all(&data).map_err(io)
+}
+
+fn png(seed: u8) -> Result<Vec<u8>> {
+    let mut out = std::io::Cursor::new(Vec::new());
+    image::DynamicImage::ImageRgb8(gradient(20, 20, seed))
+        .write_to(&mut out, image::ImageFormat::Png)
+        .map_err(|e| Error::Config(e.to_string()))?;
+    Ok(out.into_inner())
+}
+
+#[test]
+fn shards_pair_members_by_key_and_bad_shards_are_named() -> Result<()> {
+    let tmp = tempfile::tempdir().map_err(io)?;
+    let d = tmp.path();
+    let stop = AtomicBool::new(false);
+    tar_file(
+        &d.join("train-0.tar"),
+        &[
+            ("a/x1.png", png(1)?),
+            ("a/x1.cls", b"2\n".to_vec()),
+            ("x2.json", br#"{"label": 0}"#.to_vec()),
+            ("x2.png", png(2)?),
+        ],
+        0,
+    )?;
+    tar_file(
+        &d.join("train-1.tar"),
+        &[("y.png", png(3)?), ("y.cls", b"1".to_vec())],
+        0,
+    )?;
+    let shards = shards::expand(&d.join("train-{0..1}.tar").to_string_lossy())?;
+    let list = shards::list(&shards, None, d, &stop)?;
+    assert_eq!((list.labels.clone(), list.classes), (vec![2, 0, 1], 3));
+    let s = Streamed::new(
+        Arc::new(list),
+        view(Transform::Resize(Some(16))),
+        worker_pool(2)?,
+        0,
+    )?;
+    let (x, y) = all(&s, &[1, 2])?;
+    assert_eq!(y, vec![0, 1]);
+    // The member's pixels: decode x2.png directly and compare.
+    let direct = decode::decode(&png(2)?, 3, Path::new("x2"))?;
+    let mut want = vec![0.0; 3 * 16 * 16];
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    crop::apply(
+        &direct,
+        Transform::Resize(Some(16)),
+        &ChannelNorm::IMAGENET,
+        &mut rng,
+        &mut want,
+        (16, 16),
+    );
+    assert_eq!(x[..want.len()], want[..]);
+    let msg = |shards: &[std::path::PathBuf]| {
+        shards::list(shards, None, d, &stop)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    tar_file(
+        &d.join("lonely.tar"),
+        &[("k.png", png(1)?), ("j.cls", b"0".to_vec())],
+        0,
+    )?;
+    let m = msg(&[d.join("lonely.tar")]);
+    assert!(
+        m.contains("lonely.tar") && m.contains("do not pair up"),
+        "{m}"
+    );
+    tar_file(&d.join("empty.tar"), &[], 0)?;
+    let m = msg(&[d.join("empty.tar")]);
+    assert!(m.contains("empty.tar") && m.contains("empty shard"), "{m}");
+    tar_file(
+        &d.join("cut.tar"),
+        &[("k.png", png(1)?), ("k.cls", b"0".to_vec())],
+        1500,
+    )?;
+    let m = msg(&[d.join("cut.tar")]);
+    assert!(
+        m.contains("cut.tar") && (m.contains("truncated") || m.contains("damaged")),
+        "{m}"
+    );
+    let list = shards::list(&[d.join("train-0.tar")], Some(2), d, &stop)?;
+    let m = Streamed::new(
+        Arc::new(list),
+        view(Transform::Resize(Some(16))),
+        worker_pool(1)?,
+        0,
+    )
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
+    assert!(
+        m.contains("x1.png") && m.contains("label 2 is beyond the 2 classes"),
+        "{m}"
+    );
+    Ok(())
+}

@@ -7,6 +7,7 @@
 //! * [`readers`]: the formats `--data` reads, one [`Reader`] each, in one list.
 //! * [`source`]: `--data PATH`: format detection, task, hold-out; [`cifar`], [`table`] (CSV), [`arrays`] (npz, safetensors, npy), [`image_folder`]; [`augment`]: random crop and flip on the loader thread.
 //! * [`stream`]: image folders and tar shards read from disk batch by batch, decoded and augmented on worker threads; [`samples`]: a split resident or streamed.
+//! * [`pack`]: `redline pack`, an image folder into tar shards.
 //! * [`loader`]: seeded per-epoch shuffling, device-resident or streamed batches, background prefetch.
 //! * [`place`]: the `--data-on-device` policy (resident when the split fits a memory budget).
 //! * [`stage`]: staging buffers for streaming (pinned memory and async copies on GPUs).
@@ -23,6 +24,7 @@ pub mod idx;
 pub mod image_folder;
 pub mod loader;
 pub mod mnist;
+pub mod pack;
 pub mod place;
 pub mod readers;
 pub mod samples;

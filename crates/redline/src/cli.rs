@@ -41,6 +41,37 @@ pub enum Command {
     /// Apply a finished run's model to data and write one row per sample (Lightning's
     /// `trainer.predict`): a classifier's class and probabilities, a regression's values.
     Predict(PredictArgs),
+    /// Turn an image folder into WebDataset tar shards that `redline train --data DEST`
+    /// streams: images shrunk to a largest side and re-encoded, in shuffled order.
+    Pack(PackArgs),
+}
+
+/// Flags of `redline pack`.
+#[derive(Debug, Clone, Args)]
+pub struct PackArgs {
+    /// The image folder (class sub-folders, optionally under train/ and val/ or test/).
+    #[arg(value_name = "SRC")]
+    pub src: PathBuf,
+    /// The folder to create (it must not exist): DEST/train/*.tar, DEST/val/*.tar and
+    /// DEST/index.json.
+    #[arg(value_name = "DEST")]
+    pub dest: PathBuf,
+    /// Images larger than this on their longer side are shrunk to it and re-encoded as
+    /// JPEG; smaller ones are copied as they are.
+    #[arg(long, default_value_t = 512, value_name = "PIXELS")]
+    pub max_side: u32,
+    /// JPEG quality of the re-encoded images (1-100).
+    #[arg(long, default_value_t = 90)]
+    pub quality: u8,
+    /// Close a shard once it holds this much: bytes with a unit (256MB, 1GiB).
+    #[arg(long, default_value = "256MB", value_name = "SIZE")]
+    pub shard_size: String,
+    /// Threads that decode, shrink and encode [default: all cores].
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
+    /// Seed of the shuffled order the samples are written in.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
 }
 
 /// Flags of `redline predict`.

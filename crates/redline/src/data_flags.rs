@@ -81,6 +81,22 @@ pub fn host_memory_budget(text: Option<&str>) -> anyhow::Result<u64> {
         }
         return share(p / 100.0);
     }
+    size(
+        "--host-memory-budget",
+        text,
+        "or a share of RAM such as 50%",
+    )
+}
+
+/// A size flag's bytes: `64GB`, `512MiB`, `1e9` (bytes); `more` adds to
+/// what the message says the flag takes.
+pub fn size(flag: &str, text: &str, more: &str) -> anyhow::Result<u64> {
+    let bad = || {
+        let sep = if more.is_empty() { "" } else { ", " };
+        anyhow::anyhow!(
+            "{flag} {text:?}: give a size such as 64GB, 512MiB or 1e9 (bytes){sep}{more}"
+        )
+    };
     let split = text
         .find(|c: char| c.is_ascii_alphabetic())
         .unwrap_or(text.len());

@@ -12,6 +12,7 @@ mod cli;
 mod data_flags;
 mod dist;
 mod evaluate;
+mod pack;
 mod plan;
 mod predict;
 mod print_config;
@@ -44,6 +45,7 @@ fn dispatch(command: cli::Command) -> anyhow::Result<()> {
         cli::Command::Tune(t) => tune::run(&t),
         cli::Command::Test(t) => evaluate::run(&t),
         cli::Command::Predict(p) => predict::run(&p),
+        cli::Command::Pack(p) => pack::run(&p),
     }
 }
 

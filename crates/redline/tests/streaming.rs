@@ -309,3 +309,54 @@ fn bad_streaming_flags_are_refused_with_the_fix() {
     );
     assert!(out.contains("more than the host-memory budget"), "{out}");
 }
+
+#[test]
+fn pack_writes_shards_that_train_and_refuses_what_it_would_overwrite() {
+    let t = tempfile::tempdir().unwrap();
+    image_folder(t.path(), 6);
+    let src = t.path().to_str().unwrap();
+    let dest = t.path().join("packed");
+    let d = dest.to_str().unwrap();
+    let out = common::ok(&["pack", src, d, "--max-side", "24", "--workers", "2"]);
+    assert!(
+        out.contains("train: 18 images in 1 shard, val: 6 images in 1 shard")
+            && out.contains("redline train --data"),
+        "{out}"
+    );
+    assert!(dest.join("train/train-000000.tar").is_file() && dest.join("index.json").is_file());
+    let run = t.path().join("run");
+    let text = train(&run, &cnn(&dest, &["--image-size", "16", "--epochs", "1"]));
+    assert!(
+        text.contains("classes (index.json of `redline pack`): class0, class1, class2")
+            && text.contains("18 training samples in 1 shard"),
+        "{text}"
+    );
+    // Nothing is ever written over.
+    let m = fails(&["pack", src, d]);
+    assert!(m.contains("already exists (a folder)"), "{m}");
+    let m = fails(&["pack", src, "/dev/null"]);
+    assert!(m.contains("a device, pipe or socket"), "{m}");
+    for (flag, value, want) in [
+        ("--quality", "0", "quality from 1 to 100"),
+        ("--shard-size", "1KB", "at least 1MB"),
+        ("--shard-size", "big", "give a size such as"),
+        ("--max-side", "0", "16 to 16384"),
+        ("--workers", "0", "1 to 1024"),
+    ] {
+        let m = fails(&[
+            "pack",
+            src,
+            t.path().join("x").to_str().unwrap(),
+            flag,
+            value,
+        ]);
+        assert!(m.contains(want), "{flag} {value}: {m}");
+    }
+    let none = t.path().join("none");
+    let m = fails(&[
+        "pack",
+        t.path().join("train/class0/0.jpg").to_str().unwrap(),
+        none.to_str().unwrap(),
+    ]);
+    assert!(m.contains("is not an image folder"), "{m}");
+}

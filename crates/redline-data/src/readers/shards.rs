@@ -79,6 +79,14 @@ impl Reader for Shards {
                 .map(|t| format!("; {} test samples in {} shards", t.items.len(), test.len()))
                 .unwrap_or_default()
         ));
+        if let Some(names) = at.is_dir().then(|| crate::pack::class_names(at)).flatten() {
+            let shown: Vec<&str> = names.iter().take(10).map(String::as_str).collect();
+            notes.push(format!(
+                "classes (index.json of `redline pack`): {}{}",
+                shown.join(", "),
+                if names.len() > 10 { ", ..." } else { "" }
+            ));
+        }
         open_images(train_list, test_list, opts, notes, stop)
     }
 }

@@ -191,6 +191,11 @@ fn crop_resize(px: &Pixels, b: Box4, w: u32, h: u32) -> Pixels {
     out
 }
 
+/// `px` resized to `w x h` (PIL's antialiased bilinear).
+pub fn resize(px: &Pixels, w: u32, h: u32) -> Pixels {
+    crop_resize(px, (0, 0, px.height, px.width), w, h)
+}
+
 /// Applies `t` to `px` (its random draws from `rng`) and writes the result
 /// as normalised channel planes `(C, size, size)` into `out`. `None` when
 /// the image is not of the size `t` needs (a plain resize of images of

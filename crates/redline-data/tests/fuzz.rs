@@ -1,7 +1,9 @@
 //! Fuzzing the data readers (`redline_testkit::fuzz`, corpus in
 //! `testdata/fuzz/`): IDX raw and gzipped, `.npy`, and CSV through the whole
-//! `--data` preparation. Every input gives data or an error, never a panic,
-//! and IDX never holds more than its header declares.
+//! `--data` preparation, tar shards (listing, then every member read,
+//! decoded and cropped) and single images (PNG, JPEG). Every input gives
+//! data or an error, never a panic, and IDX never holds more than its
+//! header declares.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -86,4 +88,72 @@ fn special_files_are_refused_by_every_data_reader() {
         let r = within(limit, &what, move || idx::read(&p).map(|_| ()));
         assert!(r.is_err(), "{what}");
     }
+}
+
+#[test]
+fn fuzz_tar_shards_listed_then_read_and_decoded() {
+    use redline_data::stream::{shards, worker_pool, ChannelNorm, Streamed, Transform, View};
+    use redline_data::TargetsMut;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.tar");
+    let pool = worker_pool(1).unwrap();
+    fuzz("shard", |bytes| {
+        std::fs::write(&path, bytes).unwrap();
+        let Ok(list) = shards::list(
+            std::slice::from_ref(&path),
+            None,
+            dir.path(),
+            &AtomicBool::new(false),
+        ) else {
+            return;
+        };
+        assert_eq!(list.items.len(), list.labels.len());
+        let view = View {
+            transform: Transform::RandomResizedCrop {
+                size: 8,
+                hflip: true,
+            },
+            norm: ChannelNorm::IMAGENET,
+            channels: 3,
+            side: (8, 8),
+            skip_bad: false,
+        };
+        let n = list.items.len();
+        let Ok(s) = Streamed::new(Arc::new(list), view, pool.clone(), 0) else {
+            return;
+        };
+        for i in 0..n as u32 {
+            let (mut x, mut y) = (vec![0f32; 3 * 64], vec![0u32; 1]);
+            if s.gather(&[i], &mut x, TargetsMut::Classes(&mut y)).is_ok() {
+                assert!(x.iter().all(|v| v.is_finite()));
+            }
+        }
+    });
+}
+
+#[test]
+fn fuzz_images_decoded_and_cropped() {
+    use rand::SeedableRng;
+    use redline_data::stream::{crop, decode, ChannelNorm, Transform};
+    fuzz("image", |bytes| {
+        let Ok(px) = decode::decode(bytes, 3, Path::new("fuzz.img")) else {
+            return;
+        };
+        assert_eq!(px.data.len(), (px.width * px.height) as usize * 3);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        for t in [
+            Transform::RandomResizedCrop {
+                size: 5,
+                hflip: true,
+            },
+            Transform::ResizeCenterCrop(5),
+            Transform::Resize(Some(5)),
+        ] {
+            let mut out = vec![0f32; 75];
+            let done = crop::apply(&px, t, &ChannelNorm::IMAGENET, &mut rng, &mut out, (5, 5));
+            assert!(done.is_some() && out.iter().all(|v| v.is_finite()));
+        }
+    });
 }

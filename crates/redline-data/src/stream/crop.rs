@@ -144,22 +144,43 @@ pub fn centre(width: u32, height: u32, size: u32) -> (u32, u32) {
 fn crop_resize(px: &Pixels, b: Box4, w: u32, h: u32) -> Pixels {
     let (top, left, ch, cw) = b;
     let c = px.channels;
-    if (cw, ch) == (w, h) {
-        let stride = px.width as usize * c;
-        let (t, l) = (top as usize, left as usize);
-        let mut data = Vec::with_capacity((w * h) as usize * c);
-        for y in t..t + ch as usize {
-            data.extend_from_slice(
-                &px.data[y * stride + l * c..y * stride + (l + cw as usize) * c],
-            );
+    let whole = (top, left, ch, cw) == (0, 0, px.height, px.width);
+    // The crop is cut out first, as torchvision's `resized_crop` (PIL's
+    // `crop` then `resize`) does: the filter near its edges sees only the
+    // crop, not the pixels beyond it.
+    let cut;
+    let src = match whole {
+        true => px,
+        false => {
+            let stride = px.width as usize * c;
+            let (t, l) = (top as usize, left as usize);
+            let mut data = Vec::with_capacity((cw * ch) as usize * c);
+            for y in t..t + ch as usize {
+                data.extend_from_slice(
+                    &px.data[y * stride + l * c..y * stride + (l + cw as usize) * c],
+                );
+            }
+            cut = Pixels {
+                width: cw,
+                height: ch,
+                channels: c,
+                data,
+            };
+            &cut
         }
-        return Pixels {
-            width: w,
-            height: h,
-            channels: c,
-            data,
-        };
+    };
+    if (cw, ch) == (w, h) {
+        return src.clone();
     }
+    resize_region(src, (0.0, 0.0, f64::from(ch), f64::from(cw)), w, h)
+}
+
+/// The region `(top, left, height, width)` of `px` (fractional pixels)
+/// resized to `w x h`: what resizing the whole image and cropping the
+/// matching pixels gives, without the whole resized image.
+fn resize_region(px: &Pixels, region: (f64, f64, f64, f64), w: u32, h: u32) -> Pixels {
+    let (top, left, ch, cw) = region;
+    let c = px.channels;
     let kind = if c == 1 {
         PixelType::U8
     } else {
@@ -175,12 +196,7 @@ fn crop_resize(px: &Pixels, b: Box4, w: u32, h: u32) -> Pixels {
         let mut dst = Image::from_slice_u8(w, h, &mut out.data, kind)?;
         let opts = ResizeOptions::new()
             .resize_alg(ResizeAlg::Convolution(ResizeFilter::Bilinear))
-            .crop(
-                f64::from(left),
-                f64::from(top),
-                f64::from(cw),
-                f64::from(ch),
-            );
+            .crop(left, top, cw, ch);
         Resizer::new()
             .resize(&src, &mut dst, &opts)
             .map_err(|_| fast_image_resize::ImageBufferError::InvalidBufferSize)
@@ -189,6 +205,20 @@ fn crop_resize(px: &Pixels, b: Box4, w: u32, h: u32) -> Pixels {
     // refuse them; were it to, the zeroed output stands.
     debug_assert!(resized.is_ok(), "{resized:?}");
     out
+}
+
+/// torchvision's `F.resized_crop(img, top, left, height, width, [size, size])`
+/// (the box `b` as `(top, left, height, width)`), mirrored when `flip`, as
+/// normalised planes in `out`.
+pub fn resized_crop(
+    px: &Pixels,
+    b: Box4,
+    size: u32,
+    flip: bool,
+    norm: &ChannelNorm,
+    out: &mut [f32],
+) {
+    planes(&crop_resize(px, b, size, size), norm, flip, out);
 }
 
 /// `px` resized to `w x h` (PIL's antialiased bilinear).
@@ -222,12 +252,19 @@ pub fn apply(
         Transform::ResizeCenterCrop(size) => {
             let s = (f64::from(size) / 0.875) as u32;
             let (w, h) = shorter_side_to(px.width, px.height, s);
-            let resized = crop_resize(px, full, w, h);
             let (top, left) = centre(w, h, size);
-            (
-                crop_resize(&resized, (top, left, size, size), size, size),
-                false,
-            )
+            // The centre crop of the resized image, mapped back onto the
+            // original: only that region is resized (an image of extreme
+            // aspect ratio never makes a huge intermediate).
+            let sx = f64::from(px.width) / f64::from(w);
+            let sy = f64::from(px.height) / f64::from(h);
+            let region = (
+                f64::from(top) * sy,
+                f64::from(left) * sx,
+                f64::from(size) * sy,
+                f64::from(size) * sx,
+            );
+            (resize_region(px, region, size, size), false)
         }
     };
     planes(&img, norm, flip, out);

@@ -138,6 +138,11 @@ pub enum TuneCommand {
     /// the steepest fall of the smoothed loss; the curve is saved with a chart (lr.html).
     #[command(args_override_self = true)]
     Lr(Box<TuneFlags>),
+    /// Time the streamed image pipeline alone (read, decode, augment, batch; no model) at
+    /// 1, 2, 4, ... decode threads up to the cores, with the peak memory of each; pick the
+    /// fewest within 5% of the fastest (the --workers to train with).
+    #[command(args_override_self = true)]
+    Workers(Box<TuneFlags>),
 }
 
 /// Flags of `redline tune batch-size|lr`: the job's, as `train` takes them.

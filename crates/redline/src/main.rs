@@ -26,6 +26,7 @@ mod step_kind;
 mod summary;
 mod train;
 mod tune;
+mod tune_workers;
 
 #[cfg(test)]
 mod hostile_tests;

@@ -301,6 +301,7 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     let (what, flags) = match &args.command {
         TuneCommand::BatchSize(f) => ("batch-size", f),
         TuneCommand::Lr(f) => ("lr", f),
+        TuneCommand::Workers(f) => ("workers", f),
     };
     if flags.train.print_config {
         return crate::print_config::print(&flags.train);
@@ -359,12 +360,23 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
             )?;
             write(&out, "lr.html", &page)?;
         }
+        TuneCommand::Workers(_) => {
+            let choice = crate::tune_workers::search(&plan, flags.train.prefetch)?;
+            print!("{}", choice.table());
+            println!("{}", choice.line());
+            write(
+                &out,
+                "workers.json",
+                &serde_json::to_string_pretty(&choice)?,
+            )?;
+            write(&out, "workers.csv", &choice.csv())?;
+        }
     }
     println!("saved in {}", out.display());
     Ok(())
 }
 
-fn write(dir: &Path, name: &str, text: &str) -> anyhow::Result<()> {
+pub(crate) fn write(dir: &Path, name: &str, text: &str) -> anyhow::Result<()> {
     let p = dir.join(name);
     redline_core::files::write_atomic(&p, text.as_bytes())
         .with_context(|| format!("writing {}", p.display()))

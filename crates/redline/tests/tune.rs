@@ -211,3 +211,66 @@ fn tune_lr_stops_at_the_first_signal_and_bounds_its_steps() {
         "{se}"
     );
 }
+
+#[test]
+fn tune_workers_times_the_streamed_pipeline_and_refuses_resident_data() {
+    let t = tempfile::tempdir().unwrap();
+    common::image_folder(t.path(), 10);
+    let data = t.path().to_str().unwrap();
+    let out = t.path().join("tw");
+    let text = common::ok(&[
+        "tune",
+        "workers",
+        "--device",
+        "cpu",
+        "--data",
+        data,
+        "--augment",
+        "random-resized-crop=16,hflip",
+        "--batch-size",
+        "8",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        text.contains("workers  images/s  peak RSS") && text.contains("<- chosen"),
+        "{text}"
+    );
+    let csv = std::fs::read_to_string(out.join("workers.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    // One row per count (1, 2, 4, ... up to the cores), exactly one chosen,
+    // every rate positive.
+    assert!(!rows.is_empty() && rows[0].starts_with("1,"), "{csv}");
+    assert_eq!(
+        rows.iter().filter(|r| r.ends_with(",true")).count(),
+        1,
+        "{csv}"
+    );
+    for r in &rows {
+        let rate: f64 = r.split(',').nth(1).unwrap().parse().unwrap();
+        assert!(rate > 0.0, "{csv}");
+    }
+    let chosen = common::json(&out.join("workers.json"))["workers"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        text.contains(&format!("train with --workers {chosen}")),
+        "{text}"
+    );
+    let m = common::fails(&[
+        "tune",
+        "workers",
+        "--device",
+        "cpu",
+        "--data",
+        data,
+        "--image-size",
+        "16",
+        "--stream",
+        "off",
+    ]);
+    assert!(
+        m.contains("decoded into memory once (resident)") && m.contains("--stream on"),
+        "{m}"
+    );
+}

@@ -238,6 +238,15 @@ impl Streamed {
         }
     }
 
+    /// The same samples decoded on a new pool of `workers` threads (what
+    /// `redline tune workers` times).
+    pub fn with_workers(&self, workers: usize) -> Result<Self> {
+        Ok(Self {
+            pool: worker_pool(workers)?,
+            ..self.clone()
+        })
+    }
+
     /// How samples are made.
     pub fn view(&self) -> View {
         self.view

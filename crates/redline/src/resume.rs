@@ -37,6 +37,10 @@ pub const RESUMABLE_FLAGS: &[&str] = &[
     "strategy",
     "dist-timeout",
     "devices",
+    // Decode threads and the memory budget change where images are decoded,
+    // not their values (a sample's draws are keyed by epoch and sample).
+    "workers",
+    "host-memory-budget",
 ];
 
 /// Where `runs` keeps its run folders (as `redline runs` lists them).

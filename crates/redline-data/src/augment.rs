@@ -27,9 +27,9 @@ pub struct Augment {
     /// Pad each side by this many pixels, then crop back to the original
     /// size at a random offset (0: no crop).
     pub crop_padding: usize,
-    /// Value of the padding, in the data's (normalised) units: black is
-    /// `-mean/std` after `Normalize`.
-    pub fill: f32,
+    /// Value of the padding per channel (a grey image uses the first), in
+    /// the data's (normalised) units: black is `-mean/std` after `Normalize`.
+    pub fill: [f32; 3],
 }
 
 /// An image data set whose samples are transformed as they are gathered.
@@ -73,7 +73,7 @@ fn transform(
     dims: [usize; 3],
     shift: (isize, isize),
     flip: bool,
-    fill: f32,
+    fill: [f32; 3],
 ) {
     let [c, h, w] = dims;
     scratch.clear();
@@ -87,7 +87,7 @@ fn transform(
                 x[(ch * h + y) * w + xo] = if inside {
                     scratch[(ch * h + sy as usize) * w + sx as usize]
                 } else {
-                    fill
+                    fill[ch.min(2)]
                 };
             }
         }
@@ -157,14 +157,14 @@ mod tests {
         let base = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
         let mut s = Vec::new();
         let mut x = base;
-        transform(&mut x, &mut s, [1, 2, 3], (0, 0), true, 0.0);
+        transform(&mut x, &mut s, [1, 2, 3], (0, 0), true, [0.0; 3]);
         assert_eq!(x, [3.0, 2.0, 1.0, 6.0, 5.0, 4.0]);
         let mut x = base;
         // The crop window moved one pixel right and one down: content moves up-left.
-        transform(&mut x, &mut s, [1, 2, 3], (1, 1), false, -1.0);
+        transform(&mut x, &mut s, [1, 2, 3], (1, 1), false, [-1.0; 3]);
         assert_eq!(x, [5.0, 6.0, -1.0, -1.0, -1.0, -1.0]);
         let mut x = base;
-        transform(&mut x, &mut s, [1, 2, 3], (0, -1), false, 9.0);
+        transform(&mut x, &mut s, [1, 2, 3], (0, -1), false, [9.0; 3]);
         assert_eq!(x, [9.0, 1.0, 2.0, 9.0, 4.0, 5.0]);
     }
 
@@ -180,7 +180,7 @@ mod tests {
         let aug = Augment {
             flip: true,
             crop_padding: 1,
-            fill: 0.0,
+            fill: [0.0; 3],
         };
         let run = |seed| -> Result<Vec<f32>> {
             let a = Augmented::new(data.clone(), aug, seed)?;
@@ -218,7 +218,7 @@ mod tests {
         let aug = Augment {
             flip: true,
             crop_padding: 2,
-            fill: 0.0,
+            fill: [0.0; 3],
         };
         let a = Augmented::new(data, aug, 5)?;
         let gather = |idx: &[u32]| -> Result<Vec<f32>> {

@@ -41,7 +41,7 @@ pub use error::{Error, Result};
 pub use loader::{Batch, Loader, LoaderConfig, Shard};
 pub use mnist::{Normalize, SplitKind};
 pub use place::{place, DataOnDevice, Placement};
-pub use readers::{Reader, READERS};
+pub use readers::{pixel_norm, Reader, READERS};
 pub use samples::Samples;
 pub use source::{
     detect, peek_inputs, prepare, prepare_until, DataOptions, Format, Found, Prepared, StreamMode,

@@ -195,7 +195,7 @@ pub fn augment(args: &TrainArgs) -> anyhow::Result<Option<Augment>> {
     let mut aug = Augment {
         flip: false,
         crop_padding: 0,
-        fill: -args.mean.unwrap_or(0.5) / args.std.unwrap_or(0.5),
+        fill: [-args.mean.unwrap_or(0.5) / args.std.unwrap_or(0.5); 3],
     };
     for part in text.split(',').map(str::trim) {
         match part.split_once('=') {
@@ -269,7 +269,7 @@ mod tests {
             Some(Augment {
                 flip: true,
                 crop_padding: 2,
-                fill: -2.0
+                fill: [-2.0; 3]
             })
         );
         let a = augment(&args(&["--augment", "crop"])?)?;

@@ -73,11 +73,7 @@ fn view(list: &Listing, opts: &DataOptions) -> Result<View> {
         },
         None => Transform::Resize(opts.image_size),
     };
-    let norm = match (s.norm, channels) {
-        (Some(n), _) => n,
-        (None, 1) => ChannelNorm::same(opts.norm.mean, opts.norm.std),
-        (None, _) => ChannelNorm::IMAGENET,
-    };
+    let norm = pixel_norm(opts, channels);
     Ok(View {
         transform,
         norm,
@@ -85,6 +81,17 @@ fn view(list: &Listing, opts: &DataOptions) -> Result<View> {
         side,
         skip_bad: s.skip_bad,
     })
+}
+
+/// The normalisation of image folders and tar shards of `channels`
+/// channels: `--mean/--std` when given, else ImageNet's per channel for RGB
+/// and the scalar default for grey.
+pub fn pixel_norm(opts: &DataOptions, channels: usize) -> ChannelNorm {
+    match (opts.stream.norm, channels) {
+        (Some(n), _) => n,
+        (None, 1) => ChannelNorm::same(opts.norm.mean, opts.norm.std),
+        (None, _) => ChannelNorm::IMAGENET,
+    }
 }
 
 fn gib(b: u64) -> String {
@@ -181,4 +188,20 @@ pub(super) fn open_images(
         });
     }
     Ok((train.into(), test.map(Samples::from)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rgb_images_default_to_imagenet_and_black_pads_in_their_units() {
+        let mut opts = DataOptions::default();
+        assert_eq!(pixel_norm(&opts, 3), ChannelNorm::IMAGENET);
+        assert_eq!(pixel_norm(&opts, 1), ChannelNorm::same(0.5, 0.5));
+        let black = pixel_norm(&opts, 3).black();
+        assert!((black[0] + 0.485 / 0.229).abs() < 1e-6 && (black[2] + 0.406 / 0.225).abs() < 1e-6);
+        opts.stream.norm = Some(ChannelNorm::same(0.25, 0.5));
+        assert_eq!(pixel_norm(&opts, 3).black(), [-0.5; 3]);
+    }
 }

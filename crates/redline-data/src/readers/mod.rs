@@ -14,6 +14,7 @@ mod arrays;
 mod cifar;
 mod idx;
 mod images;
+pub use images::pixel_norm;
 mod shards;
 mod table;
 

@@ -64,6 +64,11 @@ impl ChannelNorm {
         std: [0.229, 0.224, 0.225],
     };
 
+    /// Black in these units, per channel: `-mean/std`.
+    pub fn black(&self) -> [f32; 3] {
+        std::array::from_fn(|c| -self.mean[c] / self.std[c])
+    }
+
     /// One mean and std for every channel.
     pub fn same(mean: f32, std: f32) -> Self {
         Self {

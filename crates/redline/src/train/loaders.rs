@@ -118,11 +118,20 @@ pub(super) fn build(args: &TrainArgs, plan: &mut Plan) -> anyhow::Result<Loaders
              it cannot be combined with --data-on-device on"
         ),
         // Transforms run while gathering on the loader thread: the split streams.
-        Some(aug) => Loader::from_dataset(
-            Arc::new(Augmented::new(prepared.train, aug, args.seed)?),
-            device.candle(),
-            train_cfg,
-        )?,
+        Some(mut aug) => {
+            // Image folders and shards are normalised per channel (ImageNet's
+            // by default): the padding is black in those units.
+            if matches!(prepared.format.id(), "images" | "shards") {
+                let opts = crate::data_flags::data_options(args, 1)?;
+                let channels = inputs.first().copied().unwrap_or(3);
+                aug.fill = redline_data::pixel_norm(&opts, channels).black();
+            }
+            Loader::from_dataset(
+                Arc::new(Augmented::new(prepared.train, aug, args.seed)?),
+                device.candle(),
+                train_cfg,
+            )?
+        }
         None => load(prepared.train, train_cfg)?,
     };
     let train_loader = shard(train_loader, true)?;

@@ -224,6 +224,15 @@ pub fn prepare_until(path: &Path, opts: &DataOptions, stop: &AtomicBool) -> Resu
         false => Ok(()),
     };
     let Found { format, at } = detect(path)?;
+    if opts.stream.norm.is_some_and(|n| !n.is_uniform())
+        && !matches!(format.id(), "images" | "shards")
+    {
+        return Err(Error::Config(format!(
+            "--mean/--std per channel (R,G,B) apply to image folders and tar shards; {} takes \
+             one value each",
+            format.name
+        )));
+    }
     let mut notes = Vec::new();
     let (train, test) = format.reader.open(&at, opts, &mut notes, stop)?;
     stopped()?;

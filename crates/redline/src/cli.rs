@@ -471,16 +471,17 @@ pub struct TrainArgs {
     #[arg(long, default_value = "auto", value_name = "MODE", value_parser = ["auto", "on", "off"])]
     #[serde(default = "default_auto", skip_serializing_if = "is_auto")]
     pub cpu_bf16_gemm: String,
-    /// Normalisation mean, after scaling pixels to [0, 1] [default: 0.5; ImageNet's per
-    /// channel (0.485, 0.456, 0.406) for RGB image folders and tar shards].
-    #[arg(long, allow_negative_numbers = true)]
+    /// Normalisation mean, after scaling pixels to [0, 1]: one value, or one per channel
+    /// (R,G,B) for RGB image folders and tar shards [default: 0.5; ImageNet's
+    /// 0.485,0.456,0.406 for RGB image folders and tar shards].
+    #[arg(long, allow_negative_numbers = true, value_name = "X|R,G,B")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mean: Option<f32>,
-    /// Normalisation standard deviation [default: 0.5; ImageNet's (0.229, 0.224, 0.225) for
-    /// RGB image folders and tar shards].
-    #[arg(long, allow_negative_numbers = true)]
+    pub mean: Option<Stat>,
+    /// Normalisation standard deviation: one value, or R,G,B [default: 0.5; ImageNet's
+    /// 0.229,0.224,0.225 for RGB image folders and tar shards].
+    #[arg(long, allow_negative_numbers = true, value_name = "X|R,G,B")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub std: Option<f32>,
+    pub std: Option<Stat>,
     /// Read the loss back every N steps (the loop itself never waits on the device).
     #[arg(long, default_value_t = 50)]
     pub log_every: usize,
@@ -550,6 +551,53 @@ fn default_auto() -> String {
 #[allow(clippy::ptr_arg)] // serde's `skip_serializing_if` passes the field's type
 fn is_auto(m: &String) -> bool {
     m == "auto"
+}
+
+/// `--mean`/`--std`: one value for every channel, or one per channel. In
+/// `config.toml` a number or a list of numbers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stat(pub Vec<f32>);
+
+impl std::str::FromStr for Stat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let v: Result<Vec<f32>, _> = s.split(',').map(|p| p.trim().parse::<f32>()).collect();
+        match v {
+            Ok(v) if v.len() == 1 || v.len() == 3 => Ok(Self(v)),
+            _ => Err(format!(
+                "{s:?}: give one number (every channel) or three separated by commas (R,G,B)"
+            )),
+        }
+    }
+}
+
+impl Serialize for Stat {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0.as_slice() {
+            [one] => s.serialize_f32(*one),
+            many => many.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Stat {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            One(f32),
+            Many(Vec<f32>),
+        }
+        match Either::deserialize(d)? {
+            Either::One(v) => Ok(Self(vec![v])),
+            Either::Many(v) if v.len() == 1 || v.len() == 3 => Ok(Self(v)),
+            Either::Many(v) => Err(serde::de::Error::custom(format!(
+                "{} values: give one or three",
+                v.len()
+            ))),
+        }
+    }
 }
 
 /// `--bad-samples`' default.
@@ -667,6 +715,16 @@ pub fn expand_config(argv: Vec<OsString>) -> anyhow::Result<(Vec<OsString>, Conf
             toml::Value::String(s) => flags.push(format!("{flag}={s}").into()),
             toml::Value::Integer(i) => flags.push(format!("{flag}={i}").into()),
             toml::Value::Float(x) => flags.push(format!("{flag}={x}").into()),
+            // A list of numbers (`mean = [0.485, 0.456, 0.406]`) is the flag's
+            // comma-separated value.
+            toml::Value::Array(items)
+                if items
+                    .iter()
+                    .all(|v| v.as_float().or(v.as_integer().map(|i| i as f64)).is_some()) =>
+            {
+                let parts: Vec<String> = items.iter().map(|v| v.to_string()).collect();
+                flags.push(format!("{flag}={}", parts.join(",")).into())
+            }
             other => anyhow::bail!(
                 "--config {}: `{key}` has a value of type {} that no flag takes",
                 file.display(),

@@ -14,15 +14,26 @@ pub fn data_options(args: &TrainArgs, workers: usize) -> anyhow::Result<DataOpti
         bail!("--image-size {s}: give a side from 1 to {max} pixels");
     }
     let (crop, hflip) = resized_crop(args)?;
+    let (means, stds) = channel_stats(args)?;
     let given = args.mean.is_some() || args.std.is_some();
-    let norm = normalisation(args.mean.unwrap_or(0.5), args.std.unwrap_or(0.5))?;
+    let uniform = means.iter().all(|&m| m == means[0]) && stds.iter().all(|&s| s == stds[0]);
+    // One value for every channel is the scalar every format takes; three
+    // differing ones only image folders and shards take (checked with the data).
+    let norm = match uniform {
+        true => normalisation(means[0], stds[0])?,
+        false => Normalize::default(),
+    };
+    let channel = ChannelNorm {
+        mean: means,
+        std: stds,
+    };
     let stream = StreamOptions {
         mode: args.stream.parse()?,
         budget: Some(host_memory_budget(args.host_memory_budget.as_deref())?),
         workers,
         crop,
         hflip,
-        norm: given.then(|| ChannelNorm::same(norm.mean, norm.std)),
+        norm: given.then_some(channel),
         skip_bad: args.bad_samples == "skip",
     };
     Ok(DataOptions {
@@ -162,6 +173,23 @@ fn resized_crop(args: &TrainArgs) -> anyhow::Result<(Option<u32>, bool)> {
     Ok((crop, crop.is_some() && flip))
 }
 
+/// `--mean` and `--std` per channel (R, G, B; one value repeated), each
+/// checked as [`normalisation`] checks a pair.
+fn channel_stats(args: &TrainArgs) -> anyhow::Result<([f32; 3], [f32; 3])> {
+    let three = |s: Option<&crate::cli::Stat>| -> [f32; 3] {
+        match s.map(|s| s.0.as_slice()) {
+            Some([one]) => [*one; 3],
+            Some([r, g, b]) => [*r, *g, *b],
+            _ => [0.5; 3],
+        }
+    };
+    let (m, s) = (three(args.mean.as_ref()), three(args.std.as_ref()));
+    for c in 0..3 {
+        normalisation(m[c], s[c])?;
+    }
+    Ok((m, s))
+}
+
 /// `--mean`/`--std`, refused when dividing by the std would turn pixels into
 /// infinities or flip their sign (the loss would later be blamed instead).
 fn normalisation(mean: f32, std: f32) -> anyhow::Result<Normalize> {
@@ -195,7 +223,10 @@ pub fn augment(args: &TrainArgs) -> anyhow::Result<Option<Augment>> {
     let mut aug = Augment {
         flip: false,
         crop_padding: 0,
-        fill: [-args.mean.unwrap_or(0.5) / args.std.unwrap_or(0.5); 3],
+        fill: {
+            let (m, s) = channel_stats(args)?;
+            std::array::from_fn(|c| -m[c] / s[c])
+        },
     };
     for part in text.split(',').map(str::trim) {
         match part.split_once('=') {

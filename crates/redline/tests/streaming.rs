@@ -360,3 +360,54 @@ fn pack_writes_shards_that_train_and_refuses_what_it_would_overwrite() {
     ]);
     assert!(m.contains("is not an image folder"), "{m}");
 }
+
+#[test]
+fn mean_and_std_take_one_value_or_one_per_channel() {
+    let t = tempfile::tempdir().unwrap();
+    image_folder(t.path(), 6);
+    let runs: Vec<_> = ["default", "listed", "scalar"]
+        .iter()
+        .map(|n| t.path().join(n))
+        .collect();
+    let base = ["--image-size", "16", "--epochs", "1"];
+    train(&runs[0], &cnn(t.path(), &base));
+    let mut listed = base.to_vec();
+    listed.extend(["--mean", "0.485,0.456,0.406", "--std", "0.229,0.224,0.225"]);
+    let out = train(&runs[1], &cnn(t.path(), &listed));
+    assert!(!out.contains("ImageNet's mean and std"), "{out}");
+    // ImageNet's values given by hand are the default's, channel by channel.
+    assert_eq!(step_losses(&runs[0]), step_losses(&runs[1]));
+    let config = std::fs::read_to_string(runs[1].join("config.toml")).unwrap();
+    assert!(config.contains("mean = [0.485, 0.456, 0.406]"), "{config}");
+    let mut scalar = base.to_vec();
+    scalar.extend(["--mean", "0.5", "--std", "0.5"]);
+    train(&runs[2], &cnn(t.path(), &scalar));
+    assert_ne!(step_losses(&runs[0]), step_losses(&runs[2]));
+    // The recorded config runs the same job again.
+    let again = t.path().join("again");
+    let cfg = runs[1].join("config.toml");
+    train_in(&again, &["--config", cfg.to_str().unwrap()]);
+    assert_eq!(step_losses(&runs[1]), step_losses(&again));
+    for (flags, want) in [
+        (
+            vec!["--mean", "0.1,0.2"],
+            "give one number (every channel) or three",
+        ),
+        (vec!["--std", "0.2,0,0.2"], "--std 0"),
+        (
+            vec!["--data", "data/tables/digits.npz", "--mean", "0.1,0.2,0.3"],
+            "apply to image folders and tar shards",
+        ),
+    ] {
+        let mut a = vec![
+            "train",
+            "--device",
+            "cpu",
+            "--data",
+            t.path().to_str().unwrap(),
+        ];
+        a.extend(flags.iter());
+        let m = fails(&a);
+        assert!(m.contains(want), "{flags:?}: {m}");
+    }
+}

@@ -166,7 +166,7 @@ pub(super) fn open_images(
         ),
         false => format!("images: decoded into memory once ({why}; --stream on streams them)"),
     });
-    if v.norm == ChannelNorm::IMAGENET {
+    if s.norm.is_none() && v.norm == ChannelNorm::IMAGENET {
         notes.push(
             "images: normalised with ImageNet's mean and std per channel (--mean/--std \
              change it)"

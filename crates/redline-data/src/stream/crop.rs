@@ -64,6 +64,11 @@ impl ChannelNorm {
         std: [0.229, 0.224, 0.225],
     };
 
+    /// The same mean and std for every channel.
+    pub fn is_uniform(&self) -> bool {
+        self.mean.iter().all(|&m| m == self.mean[0]) && self.std.iter().all(|&s| s == self.std[0])
+    }
+
     /// Black in these units, per channel: `-mean/std`.
     pub fn black(&self) -> [f32; 3] {
         std::array::from_fn(|c| -self.mean[c] / self.std[c])

@@ -16,7 +16,11 @@
 #      PyTorch's references (bench/precision_check.py), then each precision's epochs
 #      beside PyTorch autocast / GradScaler / model.to(bfloat16) on the same GPU.
 # One part at a time keeps each device call under its 10 minutes:
-#   bash bench/gpu.sh [all|tests|redline|torch|precision|steps|busy]   (default all; the table ends each part)
+#   bash bench/gpu.sh [all|tests|redline|torch|precision|steps|busy|stream]   (default all; the table ends each part)
+# Part `stream` (issue 48): ImageNet-like JPEGs made on the host (tools/datasets/make_imagelike.py),
+# the streamed pipeline alone at 1..all host cores (`redline tune workers`), torchvision's
+# DataLoader on the same cores (bench/pipeline.py --no-redline), and ResNet-18 bf16-mixed on
+# cuda:0 streamed with the ImageNet recipe (data wait in its breakdown).
 # Part `busy` trains long enough (about 5-8 s each) for NVML's utilisation to be
 # compared with GPU busy from the kernel trace (issue 22's "within 10 points" rows).
 # Part `steps` saves the CNN's 16-mixed golden jobs' weights after 6 and 10 steps, with the
@@ -26,7 +30,7 @@
 # bench/gpu-session.sh runs several parts in one device call, each under its own time limit.
 set -uo pipefail
 part="${1:-all}"
-case "$part" in all|tests|redline|torch|precision|steps|busy) ;; *) echo "usage: bash bench/gpu.sh [all|tests|redline|torch|precision|steps|busy]" >&2; exit 2 ;; esac
+case "$part" in all|tests|redline|torch|precision|steps|busy|stream) ;; *) echo "usage: bash bench/gpu.sh [all|tests|redline|torch|precision|steps|busy|stream]" >&2; exit 2 ;; esac
 out="${OUT:-bench/results/gpu-raw}"
 mkdir -p "$out"
 exec > >(tee -a "$out/gpu-$part.log") 2>&1
@@ -198,6 +202,16 @@ done
 # Against PyTorch's CUDA run of the same steps, kept in $out/torch-steps: another machine
 # compares PyTorch's CUDA run against its CPU run (precision_steps.py --cache DIR --spread).
 "$py" tools/reference/precision_steps.py "$out" --device cuda --cache "$out/torch-steps"
+fi
+if want stream; then
+imgs="$(mktemp -d)/imnet"
+"$py" tools/datasets/make_imagelike.py "$imgs" --classes 10 --train 200 --val 10
+$rl tune workers --device cpu --data "$imgs" --augment random-resized-crop=224,hflip \
+    --batch-size 256 --out "$out/tune-workers"
+"$py" bench/pipeline.py "$imgs" --no-redline --workers "1,4,8,$(nproc)" --batch 256 --batches 6 \
+    > "$out/pipeline-torchvision.md"
+run resnet18-stream-bf16 --data "$imgs" --model resnet18 --augment random-resized-crop=224,hflip \
+    --precision bf16-mixed --batch-size 256 --epochs 2
 fi
 set +x
 "$py" bench/gpu_table.py "$out"

@@ -77,6 +77,9 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--batches", type=int, default=12)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-redline", action="store_true",
+                    help="torchvision's rows only (where the example binary is not built: "
+                         "`redline tune workers` times Redline's)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     train = os.path.join(a.data, "train")
@@ -92,7 +95,8 @@ def main():
     print("| workers | redline | tv-pil | tv-decode | redline / best torchvision |")
     print("| ---: | ---: | ---: | ---: | ---: |")
     for w in [int(x) for x in a.workers.split(",")]:
-        r = statistics.median(redline(a.data, w, a.size, a.batch, a.batches) for _ in range(a.repeats))
+        r = float("nan") if a.no_redline else statistics.median(
+            redline(a.data, w, a.size, a.batch, a.batches) for _ in range(a.repeats))
         p = statistics.median(torch_rate(pil, w, a.batch, a.batches) for _ in range(a.repeats))
         d = statistics.median(torch_rate(dec, w, a.batch, a.batches) for _ in range(a.repeats))
         print(f"| {w} | {r:.1f} | {p:.1f} | {d:.1f} | {r / max(p, d):.2f}x |", flush=True)

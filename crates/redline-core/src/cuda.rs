@@ -35,6 +35,21 @@ fn context(dev: &CudaDevice) -> Arc<CudaContext> {
     dev.cuda_stream().context().clone()
 }
 
+/// The GPU's name as the driver gives it (`NVIDIA H100 80GB HBM3`) and its
+/// compute capability, which key the peak table ([`crate::peak::gpu`]).
+pub fn identity(dev: &CudaDevice) -> Result<(String, (u32, u32))> {
+    let ctx = context(dev);
+    let name = ctx.name().map_err(|e| driver("device name", e))?;
+    let (major, minor) = ctx
+        .compute_capability()
+        .map_err(|e| driver("compute capability", e))?;
+    let cc = (
+        u32::try_from(major).unwrap_or(0),
+        u32::try_from(minor).unwrap_or(0),
+    );
+    Ok((name, cc))
+}
+
 fn default_pool(dev: &CudaDevice) -> Result<sys::CUmemoryPool> {
     let ctx = context(dev);
     ctx.bind_to_thread()

@@ -192,6 +192,20 @@ impl Device {
         })
     }
 
+    /// On a GPU, its name as the driver gives it and its compute
+    /// capability (or why they could not be read); `None` on the CPU.
+    pub fn gpu_identity(&self) -> Option<std::result::Result<crate::peak::GpuId, String>> {
+        match &self.inner {
+            #[cfg(feature = "cuda")]
+            candle_core::Device::Cuda(d) => Some(
+                crate::cuda::identity(d)
+                    .map(|(name, capability)| crate::peak::GpuId { name, capability })
+                    .map_err(|e| e.to_string()),
+            ),
+            _ => None,
+        }
+    }
+
     /// On a GPU, the seconds its opening spent loading candle's kernel
     /// modules: on the first run on a machine the driver compiles them for
     /// the GPU here (tens of seconds), not inside the first timed step; later

@@ -8,6 +8,7 @@
 //! * [`host`]: every read of a tensor back to the host goes through here and is counted.
 //! * [`threads`]: the process's one thread policy (compute threads = free cores).
 //! * [`memory`]: device memory stats, pool trim (`empty_cache`), out-of-memory recognition.
+//! * [`peak`]: a device's peak FLOP/s (GPU data sheets, `--peak-flops`), MFU's denominator.
 //! * [`system`]: discovery of the machine's devices for `redline devices`.
 //! * [`text`]: user and file text clipped to a width before it is printed.
 //! * [`trace`]: detailed spans and per-op counts for `--profiler detailed`.
@@ -21,6 +22,7 @@ pub mod files;
 pub mod host;
 mod matmul;
 pub mod memory;
+pub mod peak;
 pub mod system;
 pub mod text;
 pub mod threads;

@@ -35,6 +35,7 @@ mod optim_chunks;
 mod optim_generic;
 mod optim_generic_bf16;
 pub mod optim_math;
+pub mod peak_probe;
 pub mod pool;
 mod pool2x2;
 mod pool_window;

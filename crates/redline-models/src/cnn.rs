@@ -9,7 +9,9 @@ use redline_kernels::grad::Param;
 use redline_kernels::{conv2d_in, linear_in};
 
 use crate::error::{Error, Result};
+use crate::flops::{fold, Flops};
 use crate::init::Initializer;
+use crate::layers::LayerSpec;
 use crate::params::Params;
 use crate::Model;
 
@@ -40,6 +42,43 @@ impl Default for CnnConfig {
     }
 }
 
+impl CnnConfig {
+    /// The model as the layer set's layers ([Conv2d 3x3, ReLU, MaxPool2d 2]
+    /// blocks, Flatten, Linear, ReLU, Linear), for counting its FLOPs
+    /// ([`crate::flops`]).
+    pub fn layers(&self) -> Vec<LayerSpec> {
+        let mut out = Vec::new();
+        for &c in &self.channels {
+            out.push(LayerSpec::Conv2d {
+                out: c,
+                kernel: 3,
+                padding: 1,
+                stride: 1,
+                bias: true,
+                init: Default::default(),
+                name: None,
+            });
+            out.push(LayerSpec::Relu);
+            out.push(LayerSpec::Maxpool2d {
+                kernel: 2,
+                stride: None,
+                padding: 0,
+            });
+        }
+        out.push(LayerSpec::Flatten);
+        out.push(LayerSpec::Linear {
+            out: Some(self.hidden),
+            name: None,
+        });
+        out.push(LayerSpec::Relu);
+        out.push(LayerSpec::Linear {
+            out: Some(self.classes),
+            name: None,
+        });
+        out
+    }
+}
+
 /// The built network.
 pub struct Cnn {
     /// (weight (Cout, Cin, 3, 3), bias (Cout)) of each conv block.
@@ -52,6 +91,8 @@ pub struct Cnn {
     params: Params,
     /// The products' dtype (fp32, or 16-bit under `--precision`).
     dtype: candle_core::DType,
+    /// FLOPs per training sample.
+    flops: Flops,
 }
 
 impl Cnn {
@@ -87,6 +128,13 @@ impl Cnn {
             fc2,
             params,
             dtype: init.compute_dtype(),
+            flops: fold(
+                &cfg.layers(),
+                &[cfg.in_channels, cfg.image_size, cfg.image_size],
+                cfg.classes,
+                false,
+            )?
+            .0,
         })
     }
 }
@@ -120,6 +168,10 @@ impl Model for Cnn {
 
     fn params(&self) -> &Params {
         &self.params
+    }
+
+    fn flops(&self) -> Option<Flops> {
+        Some(self.flops)
     }
 
     fn capture_safe(&self) -> std::result::Result<(), String> {

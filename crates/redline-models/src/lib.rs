@@ -3,11 +3,13 @@
 //! * [`params`]: the named parameter store (PyTorch `state_dict()` names) and safetensors I/O.
 //! * [`init`]: PyTorch's default initialisation for Linear and Conv2d.
 //! * [`mlp`], [`cnn`]: the zoo's model families; [`ModelConfig`] picks one.
+//! * [`flops`]: FLOPs per sample counted from the layers ([`Model::flops`]).
 //! * [`layers`]: a layer set and models described as a list of layers
 //!   ([`SequentialConfig`], e.g. from a TOML file: `--model FILE.toml`).
 
 pub mod cnn;
 mod error;
+pub mod flops;
 pub mod init;
 pub mod layers;
 pub mod mlp;
@@ -19,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 pub use cnn::{Cnn, CnnConfig};
 pub use error::{Error, Result};
+pub use flops::Flops;
 pub use layers::{ConvInit, Layer, LayerSpec, Sequential, SequentialConfig};
 pub use mlp::{Mlp, MlpConfig};
 pub use params::Params;
@@ -39,6 +42,13 @@ pub trait Model: Send + Sync {
     }
     /// The trainable parameters, in PyTorch `state_dict()` order.
     fn params(&self) -> &Params;
+    /// FLOPs per training sample (forward and backward), counted from the
+    /// layers as [`flops`] describes; they make a run's MFU. `None`, the
+    /// default, means unknown: a model of your own reports no guessed
+    /// number, and its runs show no MFU until it implements this.
+    fn flops(&self) -> Option<Flops> {
+        None
+    }
     /// Whether a training step through this model can be captured once as a
     /// CUDA graph and replayed with the same result: its forward pass uses
     /// device ops only, with no host-drawn random numbers, no value read
@@ -73,6 +83,9 @@ impl<M: Model + ?Sized> Model for Box<M> {
     }
     fn params(&self) -> &Params {
         (**self).params()
+    }
+    fn flops(&self) -> Option<Flops> {
+        (**self).flops()
     }
     fn rng_state(&self) -> Vec<u128> {
         (**self).rng_state()
@@ -200,6 +213,18 @@ impl ModelConfig {
             }
         }
         Ok(cfg)
+    }
+
+    /// FLOPs per sample of the model this config builds ([`flops`]).
+    pub fn flops(&self) -> Result<Flops> {
+        match self {
+            Self::Mlp(c) => Ok(flops::fold(&c.layers(), &[c.in_features], c.classes, false)?.0),
+            Self::Cnn(c) => {
+                let input = [c.in_channels, c.image_size, c.image_size];
+                Ok(flops::fold(&c.layers(), &input, c.classes, false)?.0)
+            }
+            Self::Sequential(c) => c.flops(),
+        }
     }
 
     /// Short name for logs and run directories.

@@ -8,7 +8,9 @@ use redline_kernels::linear_in;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::flops::{fold, Flops};
 use crate::init::Initializer;
+use crate::layers::LayerSpec;
 use crate::params::Params;
 use crate::Model;
 
@@ -33,6 +35,26 @@ impl Default for MlpConfig {
     }
 }
 
+impl MlpConfig {
+    /// The model as the layer set's layers (Linear, ReLU, ..., Linear), for
+    /// counting its FLOPs ([`crate::flops`]).
+    pub fn layers(&self) -> Vec<LayerSpec> {
+        let mut out = Vec::new();
+        for &h in &self.hidden {
+            out.push(LayerSpec::Linear {
+                out: Some(h),
+                name: None,
+            });
+            out.push(LayerSpec::Relu);
+        }
+        out.push(LayerSpec::Linear {
+            out: Some(self.classes),
+            name: None,
+        });
+        out
+    }
+}
+
 /// The built network; layers are named `fc1`, `fc2`, ... as in PyTorch.
 pub struct Mlp {
     /// (weight (out, in), bias (out)) per layer, shared with `params`.
@@ -42,6 +64,8 @@ pub struct Mlp {
     params: Params,
     /// The products' dtype (fp32, or 16-bit under `--precision`).
     dtype: candle_core::DType,
+    /// FLOPs per training sample.
+    flops: Flops,
 }
 
 impl Mlp {
@@ -72,6 +96,7 @@ impl Mlp {
             names,
             params,
             dtype: init.compute_dtype(),
+            flops: fold(&cfg.layers(), &[cfg.in_features], cfg.classes, false)?.0,
         })
     }
 }
@@ -92,6 +117,10 @@ impl Model for Mlp {
 
     fn params(&self) -> &Params {
         &self.params
+    }
+
+    fn flops(&self) -> Option<Flops> {
+        Some(self.flops)
     }
 
     fn capture_safe(&self) -> std::result::Result<(), String> {

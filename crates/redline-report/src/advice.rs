@@ -6,6 +6,8 @@
 use crate::records::{Breakdown, Category};
 use crate::run::RunData;
 
+pub(crate) use math::efficiency_line;
+
 /// How a piece of advice should be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
@@ -377,6 +379,7 @@ pub fn advice(run: &RunData) -> Vec<Advice> {
         Some(g) => out.push(gpu::kernel_time(run, run.breakdown.as_ref(), g)),
         None => out.extend(gpu::nvml_utilization_low(run)),
     }
+    out.extend(math::mfu(run));
     out.extend(host_syncs(run));
     out.extend(threads_busy(run));
     out.extend(oversubscribed(run));
@@ -385,5 +388,6 @@ pub fn advice(run: &RunData) -> Vec<Advice> {
 }
 
 mod gpu;
+mod math;
 #[cfg(test)]
 mod tests;

@@ -165,6 +165,12 @@ fn header(run: &RunData) -> String {
             num(s.host_syncs_per_step, |v| format!("{v:.3}")),
         ),
     ];
+    cards.push((
+        "MFU (model FLOPs / peak)".into(),
+        num(s.flops.as_ref().and_then(|f| f.mfu), |v| {
+            format!("{:.1}%", 100.0 * v)
+        }),
+    ));
     if !run.is_cpu() {
         cards.push((
             "GPU busy (kernel time)".into(),

@@ -33,6 +33,8 @@ pub struct RunRow {
     pub wall_s: Option<f64>,
     /// Compute share of wall time from `breakdown.json`, percent.
     pub compute_pct: Option<f64>,
+    /// Model FLOPs utilisation, percent (`summary.json`'s `flops.mfu`).
+    pub mfu_pct: Option<f64>,
     /// Start time as Unix seconds (the sort key).
     pub started_unix: Option<f64>,
     /// Start time as written (`YYYY-mm-dd HH:MM:SS`).
@@ -75,6 +77,11 @@ fn row(dir: &Path, name: String) -> RunRow {
         samples_per_s: summary.samples_per_s,
         wall_s: summary.wall_s,
         compute_pct,
+        mfu_pct: summary
+            .flops
+            .as_ref()
+            .and_then(|f| f.mfu)
+            .map(|m| 100.0 * m),
         started_unix: summary.started_unix,
         started: summary.started,
         problem,
@@ -231,11 +238,12 @@ pub fn format_runs(rows: &[RunRow]) -> String {
         "samples/s",
         "wall s",
         "compute %",
+        "MFU %",
     ];
     // Text from the run's files, clipped: a column is as wide as its widest
     // cell, and a width past u16::MAX panics in `format!`.
     let text = |t: &str| clip(t, MAX_SHOWN);
-    let cells: Vec<[String; 9]> = rows
+    let cells: Vec<[String; 10]> = rows
         .iter()
         .map(|r| {
             [
@@ -248,6 +256,7 @@ pub fn format_runs(rows: &[RunRow]) -> String {
                 opt(r.samples_per_s, 0),
                 opt(r.wall_s, 2),
                 opt(r.compute_pct, 1),
+                opt(r.mfu_pct, 1),
             ]
         })
         .collect();

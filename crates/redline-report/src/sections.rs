@@ -116,6 +116,9 @@ pub(crate) fn breakdown(run: &RunData) -> Result<String> {
     if !b.rule.is_empty() {
         let _ = write!(legend, r#"<p class="note">{}</p>"#, esc(&b.rule));
     }
+    if let Some(line) = crate::advice::efficiency_line(run) {
+        let _ = write!(legend, r#"<p class="note">{}</p>"#, esc(&line));
+    }
     match charts::pie(b)? {
         Some(c) => {
             let _ = write!(

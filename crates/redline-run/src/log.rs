@@ -214,6 +214,13 @@ impl Callback for RunLog {
                 if let Some(g) = s.loss_scale {
                     scalars.push(("train/loss_scale", g));
                 }
+                // TFLOP/s, so the chart's axis reads as the summary does.
+                if let Some(f) = s.flops_per_s {
+                    scalars.push(("train/tflops", f / 1e12));
+                }
+                if let Some(u) = s.mfu {
+                    scalars.push(("train/mfu", u));
+                }
                 w.tb.add_scalars(s.step as i64, &scalars, unix_now())
                     .map_err(|e| e.to_string())
             }),

@@ -166,6 +166,14 @@ pub struct Summary {
     /// On a GPU without [`Summary::gpu_busy`]: why it was not measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_busy_note: Option<String>,
+    /// The training FLOPs counted from the model and the MFU against the
+    /// device's peak: `train_per_sample`, `per_step`, `achieved_per_s`,
+    /// `peak_per_s`, `peak_source`, `mfu`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flops: Option<redline_train::mfu::FlopsSummary>,
+    /// Without [`Summary::flops`]: why the FLOPs are not known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flops_note: Option<String>,
     /// On a GPU: seconds the device's opening spent loading (on a machine's
     /// first run, compiling) candle's kernels, before training.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -241,6 +249,12 @@ pub struct StepRecord {
     /// The loss scale after the step (`16-mixed`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub loss_scale: Option<f64>,
+    /// Training FLOPs per second over the log window (the model counts its FLOPs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flops_per_s: Option<f64>,
+    /// Model FLOPs utilisation over the log window (the device's peak is known).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
 }
 
 /// A `{"kind":"epoch"}` record of `metrics.jsonl`, written at each epoch end.

@@ -343,6 +343,15 @@ pub fn summarize(mut m: Map<String, Value>, ending: Ending<'_>, samples: usize) 
         if let Some(mem) = &f.memory {
             m.insert("memory".into(), json!(mem));
         }
+        match &f.flops {
+            Some(Ok(fl)) => {
+                m.insert("flops".into(), json!(fl));
+            }
+            Some(Err(why)) => {
+                m.insert("flops_note".into(), json!(why));
+            }
+            None => {}
+        }
         match &f.gpu_busy {
             Some(Ok(g)) => {
                 m.insert("gpu_busy".into(), json!(g));

@@ -23,6 +23,11 @@ pub struct StepLog {
     pub loss_scale: Option<f64>,
     /// Training samples per second over the same window.
     pub samples_per_s: f64,
+    /// Training FLOPs per second over the same window (all ranks), when the
+    /// model counts its FLOPs.
+    pub flops_per_s: Option<f64>,
+    /// Model FLOPs utilisation over the same window, when the peak is known.
+    pub mfu: Option<f64>,
     /// Seconds since fit started.
     pub elapsed_s: f64,
 }
@@ -127,6 +132,10 @@ pub struct FitSummary {
     /// The step's memory: parameters, gradients, optimizer state and one
     /// batch's activations, measured at the fit's first step.
     pub memory: Option<crate::memory::MemorySplit>,
+    /// The training FLOPs and MFU ([`crate::mfu`]), or why they are not
+    /// known (the model does not count its FLOPs); `None` when no peak was
+    /// given to the trainer.
+    pub flops: Option<std::result::Result<crate::mfu::FlopsSummary, String>>,
 }
 
 /// An event of the training loop.

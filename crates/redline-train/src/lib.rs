@@ -9,6 +9,7 @@
 //! * [`clip`]: gradient clipping (norm, value) and the gradient norm.
 //! * [`metrics`]: the JSON-lines metrics writer.
 //! * [`strategy`]: one process or data-parallel ranks (`--strategy ddp`).
+//! * [`mfu`]: the fit's FLOPs and model FLOPs utilisation against the device's peak.
 //! * [`scaler`]: the dynamic loss scaler of `16-mixed` (PyTorch's `GradScaler`).
 
 pub mod checkpoint;
@@ -22,6 +23,7 @@ mod kernel_trace;
 pub mod loss;
 pub mod memory;
 pub mod metrics;
+pub mod mfu;
 pub mod optim;
 #[cfg(feature = "cuda")]
 mod optim_gpu;

@@ -85,6 +85,12 @@ pub fn step_record(s: &StepLog) -> serde_json::Value {
     if let (Some(g), Some(m)) = (s.loss_scale, r.as_object_mut()) {
         m.insert("loss_scale".into(), num(g));
     }
+    if let (Some(f), Some(m)) = (s.flops_per_s, r.as_object_mut()) {
+        m.insert("flops_per_s".into(), num(f));
+    }
+    if let (Some(u), Some(m)) = (s.mfu, r.as_object_mut()) {
+        m.insert("mfu".into(), num(u));
+    }
     r
 }
 

@@ -90,6 +90,12 @@ pub trait TrainStep: Send + Sync {
     fn metric_names(&self) -> Option<Vec<String>> {
         None
     }
+    /// FLOPs per training sample, forward and backward ([`Model::flops`]),
+    /// for the run's MFU; `None`, the default, means unknown, and no MFU
+    /// is shown rather than a guessed one.
+    fn flops(&self) -> Option<redline_models::Flops> {
+        None
+    }
     /// The positions of the step's random streams (its model's dropout), saved
     /// in checkpoints ([`Model::rng_state`]); empty by default.
     fn rng_state(&self) -> Vec<u128> {
@@ -122,6 +128,9 @@ impl<S: TrainStep + ?Sized> TrainStep for Box<S> {
     }
     fn metric_names(&self) -> Option<Vec<String>> {
         (**self).metric_names()
+    }
+    fn flops(&self) -> Option<redline_models::Flops> {
+        (**self).flops()
     }
     fn rng_state(&self) -> Vec<u128> {
         (**self).rng_state()
@@ -204,6 +213,10 @@ impl<M: Model> TrainStep for Classifier<M> {
 
     fn capture_safe(&self) -> std::result::Result<(), String> {
         self.model.capture_safe()
+    }
+
+    fn flops(&self) -> Option<redline_models::Flops> {
+        self.model.flops()
     }
 
     fn rng_state(&self) -> Vec<u128> {
@@ -308,6 +321,10 @@ impl<M: Model> TrainStep for Regressor<M> {
 
     fn capture_safe(&self) -> std::result::Result<(), String> {
         self.model.capture_safe()
+    }
+
+    fn flops(&self) -> Option<redline_models::Flops> {
+        self.model.flops()
     }
 
     fn rng_state(&self) -> Vec<u128> {

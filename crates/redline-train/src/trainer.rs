@@ -76,6 +76,8 @@ pub struct Trainer {
     memory: Option<crate::memory::MemorySplit>,
     /// Graph mode's loop without a capture ([`TrainerBuilder::cursor_steps`]).
     cursor_steps: bool,
+    /// The peak MFU is read against ([`TrainerBuilder::peak`]).
+    peak: Option<crate::mfu::PeakResult>,
 }
 
 impl Trainer {
@@ -502,6 +504,7 @@ impl Trainer {
                 m.optimizer = self.optimizer.state_bytes();
                 m
             }),
+            flops: self.flops_summary(samples, step, train_s),
         };
         prof.switch(Action::Logging);
         self.emit(&Event::FitEnd(&summary))?;

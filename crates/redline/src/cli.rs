@@ -444,6 +444,13 @@ pub struct TrainArgs {
     /// wall time: on or off.
     #[arg(long, default_value = "on", value_name = "ON|OFF", value_parser = ["on", "off"])]
     pub kernel_trace: String,
+    /// The device's peak FLOP/s that MFU (model FLOPs utilisation) is read against, for the
+    /// math the run does: a number (989e12) or with a unit (989T, 67 TFLOPS). Overrides
+    /// Redline's table of GPUs (data-sheet figures by name and compute capability) and the
+    /// CPU's measured GEMM peak; needed for a GPU the table does not know.
+    #[arg(long, value_name = "FLOP/S")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_flops: Option<String>,
     /// On a GPU, use Redline's fused kernels where it has them (the optimizer
     /// update, the cross-entropy, linear layers, convolutions, the CNN
     /// block), with their 16-bit and TF32 tensor-core variants: auto or on

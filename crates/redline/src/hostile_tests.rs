@@ -146,6 +146,9 @@ proptest! {
             "--monitor-interval",
         );
         check("val-split", v.to_string(), &[], (0.0..1.0).contains(&v), "--val-split");
+        // FLOP/s of one device: 1e6 to 1e18, as a number or with a unit.
+        check("peak-flops", v.to_string(), &[], (1e6..=1e18).contains(&v), "--peak-flops");
+        check("peak-flops", format!("{v}T"), &[], (1e-6..=1e6).contains(&v), "--peak-flops");
         // The pixel normalisation is parsed as fp32: a scale that would make
         // the inputs infinite or meaningless is refused, whatever the data.
         let f = v as f32;

@@ -13,6 +13,7 @@ mod data_flags;
 mod dist;
 mod evaluate;
 mod pack;
+mod peak;
 mod plan;
 mod predict;
 mod print_config;

@@ -77,6 +77,9 @@ pub struct Plan {
     pub precision_timing: Option<crate::auto_device::PrecisionTiming>,
     /// 16-mixed's loss scaler (`--loss-scale`, else GradScaler's defaults).
     pub loss_scale: Option<redline_train::LossScale>,
+    /// The peak MFU is read against, once `train` has resolved it
+    /// ([`crate::peak::resolve`]).
+    pub peak: Option<redline_train::mfu::PeakResult>,
 }
 
 /// The shipped Fashion-MNIST: `./data/fashion-mnist` from the repository root,
@@ -274,6 +277,16 @@ fn pick_device(
     Ok((device, device_choice, precision_timing))
 }
 
+/// The settings that are process-wide, as PyTorch's are: how fp32 products
+/// are computed on a GPU, the CPU's bf16 GEMM and the GPU's convolutions.
+/// Set before the device is picked: its probe times the same math.
+fn set_process_wide(args: &TrainArgs) -> anyhow::Result<()> {
+    redline_core::set_matmul_precision(args.matmul_precision.parse()?);
+    redline_train::set_cpu_bf16_gemm(args.cpu_bf16_gemm.parse()?)?;
+    redline_train::set_gpu_conv(&args.gpu_conv)?;
+    Ok(())
+}
+
 /// Checks the flags, reads the data, shapes the model and picks the device:
 /// everything `train` and `tune` do before their first step. Errors come
 /// before any run folder exists.
@@ -325,17 +338,15 @@ pub fn prepare_for(args: &TrainArgs, run: Option<&RunShape>) -> anyhow::Result<P
     let lr = args.lr.or(DEFAULT_LR);
     let opt_cfg = optimizer(args, lr)?;
     check_counts(args)?;
+    // `--peak-flops` is checked now; `train` takes it when it resolves the peak.
+    crate::peak::flag(args)?;
     let schedule: redline_train::LrSchedule = args.lr_schedule.parse()?;
     // Every precision is built; an unknown name is refused by the parse.
     let precision: Precision = args.precision.parse()?;
     let loss_scale = loss_scale(precision, args.loss_scale.as_deref())?;
     let early_stop: Option<redline_train::EarlyStop> =
         args.early_stop.as_deref().map(str::parse).transpose()?;
-    // Process-wide, as PyTorch's: the device probe below times the same math.
-    redline_core::set_matmul_precision(args.matmul_precision.parse()?);
-    // So is the CPU's bf16 GEMM: the precision timing below runs on it too.
-    redline_train::set_cpu_bf16_gemm(args.cpu_bf16_gemm.parse()?)?;
-    redline_train::set_gpu_conv(&args.gpu_conv)?;
+    set_process_wide(args)?;
     let data_dir = match &args.data {
         Some(d) => d.clone(),
         None => {
@@ -418,6 +429,7 @@ pub fn prepare_for(args: &TrainArgs, run: Option<&RunShape>) -> anyhow::Result<P
         precision,
         precision_timing,
         loss_scale,
+        peak: None,
     })
 }
 

@@ -32,6 +32,8 @@ pub const RESUMABLE_FLAGS: &[&str] = &[
     "no-checkpoint",
     "early-stop",
     "kernel-trace",
+    // What MFU is read against, not what is trained.
+    "peak-flops",
     "no-validate",
     // How ranks are joined; the number of ranks is in the identity as `ranks`.
     "strategy",

@@ -112,10 +112,16 @@ pub fn print(s: &FitSummary, test: Option<&EvalResult>, batch_size: usize) -> st
     if let Some(why) = &s.stopped_early {
         writeln!(out, "stopped after epoch {}: {}", why.epoch, why.message)?;
     }
+    let mfu = match &s.flops {
+        Some(Ok(f)) => f
+            .mfu
+            .map_or(String::new(), |m| format!(" | MFU {:.1}%", 100.0 * m)),
+        _ => String::new(),
+    };
     writeln!(
         out,
         "{headline}train {:.3} s/epoch (median) | {:.0} samples/s | batch {} | {} steps | \
-         host syncs/step {:.3} | wall {:.2} s",
+         host syncs/step {:.3}{mfu} | wall {:.2} s",
         median(full),
         s.samples_per_s,
         batch_size,

@@ -36,6 +36,15 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let mut plan = crate::plan::prepare(args)?;
     // `auto` flags are settled by measurement on this very job.
     let tuned = crate::tune::resolve(args, &mut plan)?;
+    // Measured (on the CPU) before the data's workers start.
+    if plan.ranks.is_global_zero() {
+        plan.peak = Some(crate::peak::resolve(
+            crate::peak::flag(args)?,
+            &plan.device,
+            plan.precision,
+            plan.threads,
+        ));
+    }
     let data = loaders::build(args, &mut plan)?;
     let built = model::build(args, &plan)?;
     startup::print(args, &plan, &data, &built);

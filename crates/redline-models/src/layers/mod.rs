@@ -342,9 +342,15 @@ impl SequentialConfig {
         Ok(())
     }
 
+    /// FLOPs per sample, a fold over the layers ([`crate::flops`]).
+    pub fn flops(&self) -> Result<crate::Flops> {
+        self.shapes()?;
+        Ok(crate::flops::fold(&self.layers, &self.input_dims, self.outputs, false)?.0)
+    }
+
     /// Builds the model, drawing PyTorch's default initialisation from `init`.
     pub fn build(&self, init: &mut Initializer) -> Result<Sequential> {
-        self.shapes()?;
+        let flops = self.flops()?;
         let mut params = Params::new();
         let body = build_layers(
             &self.layers,
@@ -354,7 +360,11 @@ impl SequentialConfig {
             init,
             &mut params,
         )?;
-        Ok(Sequential { body, params })
+        Ok(Sequential {
+            body,
+            params,
+            flops,
+        })
     }
 }
 
@@ -395,7 +405,7 @@ fn sizes(spec: &LayerSpec) -> Vec<(&'static str, usize)> {
 }
 
 /// The per-sample shape after `spec` given `input`.
-fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Result<Vec<usize>> {
+pub(crate) fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Result<Vec<usize>> {
     let bad = |m: String| Err(Error::Config(m));
     let image = |what: &str| -> Result<(usize, usize, usize)> {
         match input {
@@ -717,6 +727,7 @@ pub struct Sequential {
     /// (span name, layer): `3.linear+relu` for a fused pair.
     body: norm::Chain,
     params: Params,
+    flops: crate::Flops,
 }
 
 impl Model for Sequential {
@@ -730,6 +741,10 @@ impl Model for Sequential {
 
     fn params(&self) -> &Params {
         &self.params
+    }
+
+    fn flops(&self) -> Option<crate::Flops> {
+        Some(self.flops)
     }
 
     fn rng_state(&self) -> Vec<u128> {

@@ -485,3 +485,82 @@ fn a_bf16_true_run_says_what_its_state_takes_against_fp32() {
     assert!(find(&with("bf16-mixed"), "optimizer state in").is_none());
     assert!(find(&quiet(), "optimizer state in").is_none());
 }
+
+/// `summary.json`'s `flops` with `mfu` of a peak from `source`, at
+/// `per_step` FLOPs a step.
+fn flops(mfu: f64, source: &str, per_step: f64) -> redline_train::mfu::FlopsSummary {
+    let peak = 989.4e12;
+    redline_train::mfu::FlopsSummary {
+        train_per_sample: 1_000_000,
+        per_step,
+        achieved_per_s: mfu * peak,
+        peak_per_s: Some(peak),
+        peak_source: source.into(),
+        mfu: Some(mfu),
+    }
+}
+
+#[test]
+fn a_busy_gpu_with_little_math_is_told_why_with_the_numbers() {
+    // The MLP: kernels 93% of wall, MFU 2%, fp32 products, tiny steps.
+    let mut run = traced([96.0, 0.0, 0.0, 1.0, 2.0, 1.0], 93.0, &[]);
+    summary(&mut run).batch_size = Some(64);
+    summary(&mut run).flops = Some(flops(0.02, "NVIDIA H100 datasheet, SXM (tf32 dense)", 5e7));
+    let a = find(&run, "MFU is only 2.0%").unwrap();
+    assert_eq!(a.level, Level::Warn);
+    for part in [
+        "GPU busy (kernel time) is 93% of wall time",
+        "19.8 TFLOP/s of 989 TFLOP/s",
+        "--precision bf16-mixed",
+        "a step is 50.0 MFLOP of math, 0.1 us at the peak",
+        "batch 64: a larger --batch-size (e.g. 256",
+    ] {
+        assert!(a.text.contains(part), "{part:?} missing: {}", a.text);
+    }
+    // bf16 already, big steps, big batch: none of the three, but still said.
+    let mut big = traced([96.0, 0.0, 0.0, 1.0, 2.0, 1.0], 93.0, &[]);
+    summary(&mut big).batch_size = Some(1024);
+    summary(&mut big).flops = Some(flops(0.2, "NVIDIA H100 datasheet, SXM (bf16 dense)", 1e13));
+    let a = find(&big, "MFU is only 20.0%").unwrap();
+    assert!(
+        !a.text.contains("bf16-mixed") && !a.text.contains("batch 1024"),
+        "{}",
+        a.text
+    );
+    assert!(a.text.contains("narrow for the device"), "{}", a.text);
+}
+
+#[test]
+fn mfu_advice_stays_quiet_when_the_device_idles_or_the_math_is_fast() {
+    // Not busy: the kernel-time rule names the cause; this one says nothing.
+    let mut idle = traced([96.0, 0.0, 0.0, 1.0, 2.0, 1.0], 40.0, &[]);
+    summary(&mut idle).flops = Some(flops(0.02, "x (fp32 dense)", 5e7));
+    assert!(find(&idle, "MFU is only").is_none());
+    // Above 30%: no warning; from 50% good news.
+    let mut ok = traced([96.0, 0.0, 0.0, 1.0, 2.0, 1.0], 93.0, &[]);
+    summary(&mut ok).flops = Some(flops(0.35, "x (bf16 dense)", 1e13));
+    assert!(find(&ok, "MFU").is_none());
+    summary(&mut ok).flops = Some(flops(0.55, "x (bf16 dense)", 1e13));
+    assert_eq!(
+        find(&ok, "MFU is 55.0%").map(|a| a.level),
+        Some(Level::Good)
+    );
+}
+
+#[test]
+fn the_breakdown_line_reads_mfu_against_the_busy_time() {
+    let mut run = quiet();
+    assert_eq!(efficiency_line(&run), None);
+    summary(&mut run).flops_note = Some("the model does not count its FLOPs".into());
+    let line = efficiency_line(&run).unwrap();
+    assert!(
+        line.contains("not known: the model does not count"),
+        "{line}"
+    );
+    summary(&mut run).flops = Some(flops(0.35, "measured: the fp32 GEMM on 2 threads", 1e9));
+    let line = efficiency_line(&run).unwrap();
+    // Compute is 70% of wall in `quiet`: 35% / 0.7 = 50% while busy.
+    assert!(line.contains("MFU 35.0%"), "{line}");
+    assert!(line.contains("compute was 70.0% of wall time"), "{line}");
+    assert!(line.contains("the math ran at 50.0% of peak"), "{line}");
+}

@@ -16,6 +16,7 @@ use crate::early_stop::EarlyStop;
 use crate::error::{Error, Result};
 use crate::events::Callback;
 use crate::graph::GraphMode;
+use crate::mfu::PeakResult;
 use crate::optim::OptimizerConfig;
 use crate::scaler::{GradScaler, LossScale};
 use crate::schedule::LrSchedule;
@@ -172,6 +173,7 @@ pub struct TrainerBuilder {
     checkpoints: Option<CheckpointConfig>,
     strategy: Strategy,
     cursor_steps: bool,
+    peak: Option<PeakResult>,
 }
 
 impl TrainerBuilder {
@@ -193,7 +195,16 @@ impl TrainerBuilder {
             checkpoints: None,
             strategy: Strategy::single(),
             cursor_steps: false,
+            peak: None,
         }
+    }
+
+    /// The device's peak FLOP/s (or why it is unknown) that the fit's MFU
+    /// is read against: each log point's and the summary's
+    /// ([`crate::mfu`]). Without it, no MFU is computed.
+    pub fn peak(mut self, peak: PeakResult) -> Self {
+        self.peak = Some(peak);
+        self
     }
 
     /// How the fit spreads over processes (default: one process). With
@@ -377,6 +388,7 @@ impl TrainerBuilder {
             scaler,
             memory: None,
             cursor_steps: self.cursor_steps,
+            peak: self.peak,
         })
     }
 }

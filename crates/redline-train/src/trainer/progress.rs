@@ -142,6 +142,17 @@ impl Trainer {
         )?;
         check_finite(loss, step, epoch, self.optimizer.lr())?;
         let secs = window_start.elapsed().as_secs_f64();
+        let samples_per_s = if secs > 0.0 {
+            samples as f64 / secs
+        } else {
+            f64::NAN
+        };
+        let (flops_per_s, mfu) = crate::mfu::window_mfu(
+            self.module.flops(),
+            self.peak.as_ref(),
+            samples_per_s,
+            self.strategy.world_size(),
+        );
         Ok(StepLog {
             step,
             epoch,
@@ -153,12 +164,37 @@ impl Trainer {
                 .as_ref()
                 .map(|s| s.read_scale(&self.reads))
                 .transpose()?,
-            samples_per_s: if secs > 0.0 {
-                samples as f64 / secs
-            } else {
-                f64::NAN
-            },
+            samples_per_s,
+            flops_per_s,
+            mfu,
             elapsed_s: fit_start.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+impl Trainer {
+    /// The fit's FLOPs and MFU ([`crate::FitSummary::flops`]): `samples`
+    /// (all ranks) trained in `steps` over `train_s` seconds. `None`
+    /// without a peak ([`crate::TrainerBuilder::peak`]).
+    pub(super) fn flops_summary(
+        &self,
+        samples: usize,
+        steps: usize,
+        train_s: f64,
+    ) -> Option<std::result::Result<crate::mfu::FlopsSummary, String>> {
+        let peak = self.peak.as_ref()?;
+        Some(match self.module.flops() {
+            Some(f) => Ok(crate::mfu::FlopsSummary::new(
+                f,
+                peak,
+                (samples, steps, train_s),
+                self.strategy.world_size(),
+            )),
+            None => Err(
+                "the model does not count its FLOPs (a model of your own: implement \
+                 Model::flops, or TrainStep::flops)"
+                    .into(),
+            ),
         })
     }
 }

@@ -76,6 +76,9 @@ pub(super) fn trainer(
     if let Some(c) = checkpoints {
         builder = builder.checkpoints(c);
     }
+    if let Some(p) = plan.peak.take() {
+        builder = builder.peak(p);
+    }
     let mut trainer = builder.build(plan.step_kind.step(model), plan.device.clone())?;
     if let Some(loaded) = resume_from {
         trainer.resume_from(loaded)?;

@@ -41,6 +41,15 @@ pub(super) fn print(
             s.scale, s.skipped_steps, fit.steps
         );
     }
+    match &fit.flops {
+        Some(Ok(f)) => println!(
+            "flops: {} per sample (forward and backward), {}",
+            redline_train::mfu::amount(f.train_per_sample as f64),
+            f.line()
+        ),
+        Some(Err(why)) => println!("MFU: not shown: {why}"),
+        None => {}
+    }
     match &fit.gpu_busy {
         Some(Ok(g)) => println!("{}", g.line()),
         Some(Err(why)) => println!("GPU busy: not measured: {why}"),

@@ -61,6 +61,15 @@ pub(super) fn print(args: &TrainArgs, plan: &Plan, data: &Loaders, built: &Built
         println!("  {line}");
     }
     loop_config_note(args, data.batch_size);
+    match &plan.peak {
+        Some(Ok(p)) => println!(
+            "  MFU against a peak of {} ({})",
+            redline_train::mfu::rate(p.per_s),
+            p.source
+        ),
+        Some(Err(why)) => println!("  MFU: not shown: {why}"),
+        None => {}
+    }
 }
 
 /// The startup line of `--accumulate N` (N > 1): the effective batch.

@@ -16,11 +16,15 @@
 #      PyTorch's references (bench/precision_check.py), then each precision's epochs
 #      beside PyTorch autocast / GradScaler / model.to(bfloat16) on the same GPU.
 # One part at a time keeps each device call under its 10 minutes:
-#   bash bench/gpu.sh [all|tests|redline|torch|precision|steps|busy|stream]   (default all; the table ends each part)
+#   bash bench/gpu.sh [all|tests|redline|torch|precision|steps|busy|stream|mfu]   (default all; the table ends each part)
 # Part `stream` (issue 48): ImageNet-like JPEGs made on the host (tools/datasets/make_imagelike.py),
 # the streamed pipeline alone at 1..all host cores (`redline tune workers`), torchvision's
 # DataLoader on the same cores (bench/pipeline.py --no-redline), and ResNet-18 bf16-mixed on
 # cuda:0 streamed with the ImageNet recipe (data wait in its breakdown).
+# Part `mfu` (issue 49): the zoo's jobs at batch 512 (ResNet-18 at 256) in each precision, with
+# the FLOPs counted from the model and MFU against the data sheet's peak for the math
+# (summary.json `flops`); bench/gpu_table.py adds PyTorch's MFU on the same GPU from its
+# samples/s and FlopCounterMode's counts (testdata/golden/flops.json).
 # Part `busy` trains long enough (about 5-8 s each) for NVML's utilisation to be
 # compared with GPU busy from the kernel trace (issue 22's "within 10 points" rows).
 # Part `steps` saves the CNN's 16-mixed golden jobs' weights after 6 and 10 steps, with the
@@ -30,7 +34,7 @@
 # bench/gpu-session.sh runs several parts in one device call, each under its own time limit.
 set -uo pipefail
 part="${1:-all}"
-case "$part" in all|tests|redline|torch|precision|steps|busy|stream) ;; *) echo "usage: bash bench/gpu.sh [all|tests|redline|torch|precision|steps|busy|stream]" >&2; exit 2 ;; esac
+case "$part" in all|tests|redline|torch|precision|steps|busy|stream|mfu) ;; *) echo "usage: bash bench/gpu.sh [all|tests|redline|torch|precision|steps|busy|stream|mfu]" >&2; exit 2 ;; esac
 out="${OUT:-bench/results/gpu-raw}"
 mkdir -p "$out"
 exec > >(tee -a "$out/gpu-$part.log") 2>&1
@@ -202,6 +206,18 @@ done
 # Against PyTorch's CUDA run of the same steps, kept in $out/torch-steps: another machine
 # compares PyTorch's CUDA run against its CPU run (precision_steps.py --cache DIR --spread).
 "$py" tools/reference/precision_steps.py "$out" --device cuda --cache "$out/torch-steps"
+fi
+if want mfu; then
+for p in 32-true bf16-mixed 16-mixed; do
+    run "mfu-mlp-b512-$p" --batch-size 512 --precision "$p" --epochs 2
+    run "mfu-cnn-b512-$p" --model cnn --batch-size 512 --precision "$p" --epochs 2
+done
+run mfu-cnn-b512-tf32 --model cnn --batch-size 512 --matmul-precision high --epochs 2
+run mfu-resnet18-b256-bf16-mixed --model resnet18 --batch-size 256 --precision bf16-mixed --epochs 1
+for m in mlp cnn; do
+    "$py" bench/torch_mnist.py --device cuda --workload tensor --model "$m" --batch-size 512 \
+        --epochs 2 --threads 4 > "$out/torch-mfu-$m-b512.json"
+done
 fi
 if want stream; then
 imgs="$(mktemp -d)/imnet"

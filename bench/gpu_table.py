@@ -78,6 +78,7 @@ def redline_row(run: Path) -> dict:
         "event_compute": prof.get("device_compute_percent"),
         "kernel_busy": (summary.get("gpu_busy") or {}).get("percent"),
         "kernels_per_step": (summary.get("gpu_busy") or {}).get("kernels_per_step"),
+        "flops": summary.get("flops"),
         "status": summary.get("status", "missing"),
         "precision": (summary.get("matmul_precision") or "-").split(" ")[0],
         "kernels_load_s": summary.get("gpu_kernels_load_s"),
@@ -97,6 +98,43 @@ def torch_precision(t: dict) -> str:
 
 def fmt(v: object, spec: str) -> str:
     return "-" if v is None else format(v, spec)
+
+
+def mfu_table(out: Path, rows: list) -> None:
+    """Issue 49: each run's FLOPs counted from its model and MFU against the peak it names;
+    PyTorch's runs of the zoo's MLP and CNN beside them, from their samples/s, FlopCounterMode's
+    count per sample (testdata/golden/flops.json) and the fp32 peak Redline's fp32 run used."""
+    with_flops = [(n, r) for n, r in rows if r.get("flops")]
+    if not with_flops:
+        return
+    golden = json.loads(Path("testdata/golden/flops.json").read_text())["cases"]
+    print()
+    print("| run | FLOPs / sample | achieved TFLOP/s | peak TFLOP/s | MFU % | peak source |")
+    print("| --- | ---: | ---: | ---: | ---: | --- |")
+    fp32_peak = None
+    for name, r in with_flops:
+        f = r["flops"]
+        peak = f.get("peak_per_s")
+        if "(fp32 dense)" in f.get("peak_source", ""):
+            fp32_peak = peak
+        mfu = f.get("mfu")
+        print(
+            f"| {name} | {f['train_per_sample']:,} | {f['achieved_per_s'] / 1e12:.3f} | "
+            f"{fmt(peak and peak / 1e12, '.1f')} | {fmt(mfu and 100 * mfu, '.2f')} | {f['peak_source']} |"
+        )
+    for tj in sorted(out.glob("torch-mfu-*.json")):
+        lines = tj.read_text().strip().splitlines()
+        model = tj.stem.split("-")[2]
+        if not lines or model not in golden or fp32_peak is None:
+            continue
+        t = json.loads(lines[-1])
+        per = golden[model]["forward"] + golden[model]["backward"]
+        achieved = t["samples_per_s"] * per
+        print(
+            f"| pytorch {tj.stem[6:]} ({torch_precision(t)}) | {per:,} | {achieved / 1e12:.3f} | "
+            f"{fp32_peak / 1e12:.1f} | {100 * achieved / fp32_peak:.2f} | FlopCounterMode count, "
+            f"Redline's fp32 peak |"
+        )
 
 
 def main(out: Path) -> int:
@@ -140,6 +178,7 @@ def main(out: Path) -> int:
             f"{fmt(r['event_compute'], '.1f')} | {r['precision']} | {r['status']} |"
         )
     by = dict(rows)
+    mfu_table(out, rows)
     print()
     for model, rl, ref in [
         ("mlp b64 defaults", "redline mlp-defaults", "pytorch graph-mlp-b64"),

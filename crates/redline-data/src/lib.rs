@@ -48,5 +48,5 @@ pub use source::{
     StreamOptions, Task,
 };
 pub use split::Split;
-pub use stream::{ChannelNorm, Streamed, Transform};
+pub use stream::{ChannelNorm, PipelineStats, Streamed, Transform};
 pub use table::{Header, TargetColumn};

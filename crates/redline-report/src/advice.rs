@@ -380,6 +380,7 @@ pub fn advice(run: &RunData) -> Vec<Advice> {
         None => out.extend(gpu::nvml_utilization_low(run)),
     }
     out.extend(math::mfu(run));
+    out.extend(pipeline::bound(run));
     out.extend(host_syncs(run));
     out.extend(threads_busy(run));
     out.extend(oversubscribed(run));
@@ -389,5 +390,6 @@ pub fn advice(run: &RunData) -> Vec<Advice> {
 
 mod gpu;
 mod math;
+mod pipeline;
 #[cfg(test)]
 mod tests;

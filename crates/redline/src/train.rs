@@ -11,6 +11,7 @@ mod folder;
 mod loaders;
 mod loop_config;
 mod model;
+mod pipeline_bound;
 mod precision_note;
 mod results;
 mod startup;

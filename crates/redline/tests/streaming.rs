@@ -77,6 +77,27 @@ fn a_streamed_folder_trains_bit_for_bit_as_the_same_folder_in_memory() {
     assert_eq!(sb["data_placement"], "streaming");
     assert_eq!(sb["data_workers"], 3);
     assert_eq!(sb["bad_samples_skipped"], 0);
+    // What bounds the streamed run, from the workers' busy time; resident
+    // data has no pipeline to measure.
+    assert!(sa.get("data_pipeline").is_none(), "{sa}");
+    let p = &sb["data_pipeline"];
+    assert_eq!(p["workers"], 3);
+    // At least every training sample of both epochs (validation and the
+    // test pass decode too).
+    let train = sb["samples"].as_u64().unwrap();
+    assert!(p["images"].as_u64().unwrap() >= train, "{p}");
+    let (rate, busy) = (
+        p["images_per_s"].as_f64().unwrap(),
+        p["workers_busy"].as_f64().unwrap(),
+    );
+    assert!(rate > 0.0 && busy > 0.0 && busy < 1.5, "{p}");
+    let bound = if busy >= 0.9 { "data" } else { "model" };
+    assert_eq!(p["bound"], bound, "{p}");
+    let said = format!("the {bound} bounds this run");
+    assert!(
+        out.contains("data pipeline: 3 workers make") && out.contains(&said),
+        "{out}"
+    );
 }
 
 #[test]

@@ -25,9 +25,11 @@ use crate::error::{Error, Result};
 pub mod crop;
 pub mod decode;
 pub mod shards;
+pub mod stats;
 
 pub use crop::{ChannelNorm, Transform};
 use decode::Pixels;
+pub use stats::PipelineStats;
 
 /// Words of the random stream one sample's draws may use: ten crop tries of
 /// two doubles and two offsets, and a coin, with room to spare.
@@ -139,6 +141,8 @@ pub struct Streamed {
     rng: ChaCha8Rng,
     epoch: AtomicUsize,
     skipped: Arc<AtomicUsize>,
+    /// What the workers did while batches gathered samples.
+    stats: Arc<stats::Counters>,
 }
 
 impl std::fmt::Debug for Streamed {
@@ -162,6 +166,7 @@ impl Clone for Streamed {
             rng: self.rng.clone(),
             epoch: AtomicUsize::new(self.epoch.load(Ordering::Relaxed)),
             skipped: self.skipped.clone(),
+            stats: self.stats.clone(),
         }
     }
 }
@@ -219,6 +224,7 @@ impl Streamed {
             rng,
             epoch: AtomicUsize::new(0),
             skipped: Arc::new(AtomicUsize::new(0)),
+            stats: Arc::default(),
         })
     }
 
@@ -267,6 +273,18 @@ impl Streamed {
     /// Samples skipped so far as undecodable (`--bad-samples skip`).
     pub fn skipped(&self) -> usize {
         self.skipped.load(Ordering::Relaxed)
+    }
+
+    /// What the decode workers did so far for batches (this source, its
+    /// clones and its splits together; [`Streamed::materialise`] not counted).
+    pub fn pipeline(&self) -> PipelineStats {
+        self.stats.read(self.workers())
+    }
+
+    /// Whether `other` counts into the same totals as this one (a clone or
+    /// a split of the same source), so that totals are not added twice.
+    pub fn shares_pipeline(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.stats, &other.stats)
     }
 
     /// Bytes the split would take decoded as fp32 (what resident data costs).
@@ -392,7 +410,9 @@ impl Dataset for Streamed {
                 .zip(y.par_iter_mut())
                 .zip(idx.par_iter())
                 .try_for_each(|((out, label), &i)| {
+                    let start = std::time::Instant::now();
                     *label = self.sample(i as usize, epoch, out)?;
+                    self.stats.add(start.elapsed());
                     Ok(())
                 })
         })

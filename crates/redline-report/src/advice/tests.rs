@@ -564,3 +564,36 @@ fn the_breakdown_line_reads_mfu_against_the_busy_time() {
     assert!(line.contains("compute was 70.0% of wall time"), "{line}");
     assert!(line.contains("the math ran at 50.0% of peak"), "{line}");
 }
+
+#[test]
+fn a_streamed_run_names_its_bound_with_the_numbers() {
+    let mut run = quiet();
+    assert!(
+        find(&run, "bounds this run").is_none(),
+        "resident data: no rule"
+    );
+    let pipeline = |busy: f64, bound: &str| {
+        serde_json::json!({"workers": 2, "images": 1000, "busy_s": 3.2, "images_per_s": 310.0,
+                           "workers_busy": busy, "samples_per_s": 297.0, "bound": bound})
+    };
+    summary(&mut run)
+        .other
+        .insert("data_pipeline".into(), pipeline(0.96, "data"));
+    let a = find(&run, "the data bounds this run").unwrap();
+    assert_eq!(a.level, Level::Warn);
+    for part in [
+        "2 decode workers make 310 images/s with all busy and were busy 96% of the fit",
+        "trained 297 samples/s",
+        "--workers",
+        "redline pack",
+        "--stream off",
+    ] {
+        assert!(a.text.contains(part), "{part:?}: {}", a.text);
+    }
+    summary(&mut run)
+        .other
+        .insert("data_pipeline".into(), pipeline(0.25, "model"));
+    let a = find(&run, "the model bounds this run").unwrap();
+    assert_eq!(a.level, Level::Good);
+    assert!(a.text.contains("(1.0x what training took)"), "{}", a.text);
+}

@@ -186,6 +186,16 @@ pub(super) fn run(
     if !data.streamed.is_empty() {
         run.set("bad_samples_skipped", serde_json::json!(skipped))?;
     }
+    let bound = match (&outcome, data.pipeline()) {
+        (Ok((fit, test)), Some(stats)) => {
+            super::pipeline_bound::describe(stats, (fit, test.as_ref()))
+        }
+        _ => None,
+    };
+    if let Some((record, line)) = bound {
+        println!("{line}");
+        run.set("data_pipeline", record)?;
+    }
     let done = run.finish(&mut trainer, ending)?;
     results::report(&done);
     outcome.map(|_| ())

@@ -46,6 +46,24 @@ impl Loaders {
         self.streamed.iter().map(|s| s.skipped()).sum()
     }
 
+    /// What the decode workers did so far, over every streamed split
+    /// (`None`: nothing streams).
+    pub fn pipeline(&self) -> Option<redline_data::PipelineStats> {
+        // Splits of one source count into the same totals: each once.
+        let mut all = self
+            .streamed
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| !self.streamed[..*i].iter().any(|o| o.shares_pipeline(s)))
+            .map(|(_, s)| s.pipeline());
+        let first = all.next()?;
+        Some(all.fold(first, |a, b| redline_data::PipelineStats {
+            workers: a.workers,
+            images: a.images + b.images,
+            busy_s: a.busy_s + b.busy_s,
+        }))
+    }
+
     /// Decode threads of streamed images (`None`: nothing streams).
     pub fn workers(&self) -> Option<usize> {
         self.streamed.first().map(|s| s.workers())

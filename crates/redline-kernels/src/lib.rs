@@ -6,6 +6,7 @@
 //! ops for every other device; tests hold the two against each other and the
 //! model-level golden tests hold both against PyTorch.
 
+pub mod attention;
 pub mod autocast;
 pub mod conv;
 mod conv_backward;
@@ -42,6 +43,7 @@ mod pool_window;
 mod slices;
 pub mod tally;
 
+pub use attention::causal_attention;
 pub use autocast::{conv2d_in, linear_in};
 pub use conv::{conv2d, conv2d_generic, conv2d_param, conv2d_strided_param};
 pub use conv_block::{conv2d_pool_relu, conv2d_pool_relu_param};

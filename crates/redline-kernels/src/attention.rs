@@ -1,0 +1,353 @@
+//! Causal scaled dot-product attention as one fused op (PyTorch's
+//! `F.scaled_dot_product_attention(q, k, v, is_causal=True)`), forward and
+//! backward, on `(B, H, T, D)` queries, keys and values.
+//!
+//! The CPU kernel never holds a `T x T` score matrix: it works a query row
+//! at a time (FlashAttention's idea, as its second version orders the
+//! backward), keeping one row of `T` scores per thread and, for the
+//! backward, each row's log-sum-exp (`T` values per head). Its memory grows
+//! with `T`, not `T^2`. Heads run in parallel on the compute threads.
+//!
+//! The softmax is always computed in fp32: 16-bit inputs (`bf16-mixed`) are
+//! widened for the kernel and its output narrowed back, as autocast runs
+//! attention's softmax in fp32. Elsewhere (a GPU, other dtypes) the op is
+//! built from candle's ops (matmul, mask, softmax in fp32), which hold the
+//! score matrix.
+
+use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Shape, Storage, Tensor};
+use rayon::prelude::*;
+
+use crate::error::Result;
+use crate::slices::{f32s, keep, saved};
+use redline_core::trace;
+
+/// `softmax(q k^T / sqrt(D) + causal mask) v` for `q, k, v (B, H, T, D)`:
+/// `(B, H, T, D)`. Query `i` attends to keys `0..=i`.
+pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let (b, h, t, d) = q.dims4()?;
+    if k.dims() != q.dims() || v.dims() != q.dims() {
+        return Err(crate::Error::Shape(format!(
+            "attention: queries {:?}, keys {:?} and values {:?} must have one shape (B, H, T, D)",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        )));
+    }
+    let dtype = q.dtype();
+    if !q.device().is_cpu() || !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+        return generic(q, k, v);
+    }
+    let wide = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(DType::F32)?.contiguous()?) };
+    let op = Attention {
+        dims: (b * h, t, d),
+        lse: std::sync::Mutex::new(None),
+    };
+    let out = wide(q)?.apply_op3(&wide(k)?, &wide(v)?, op)?;
+    Ok(out.to_dtype(dtype)?)
+}
+
+/// The op built from candle's ops: the reference the fused kernel is held
+/// to, and the path off the CPU. The scores are fp32 whatever the inputs.
+pub fn generic(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let (_, _, t, d) = q.dims4()?;
+    let dtype = q.dtype();
+    let scale = 1.0 / (d as f64).sqrt();
+    let f = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(DType::F32)?.contiguous()?) };
+    let scores = (f(q)?.matmul(&f(k)?.t()?.contiguous()?)? * scale)?;
+    // -inf above the diagonal: key j > query i is never seen.
+    let mask: Vec<f32> = (0..t * t)
+        .map(|n| if n % t > n / t { f32::NEG_INFINITY } else { 0.0 })
+        .collect();
+    let mask = Tensor::from_vec(mask, (t, t), q.device())?;
+    let p = candle_nn_softmax(&scores.broadcast_add(&mask)?)?;
+    Ok(p.matmul(&f(v)?)?.to_dtype(dtype)?)
+}
+
+/// Softmax over the last dimension, with the row's max taken out first.
+fn candle_nn_softmax(x: &Tensor) -> Result<Tensor> {
+    let last = x.rank() - 1;
+    let max = x.max_keepdim(last)?;
+    let e = x.broadcast_sub(&max)?.exp()?;
+    Ok(e.broadcast_div(&e.sum_keepdim(last)?)?)
+}
+
+/// The fused op: `(heads, T, D)` of the flattened `(B*H, T, D)` inputs, and
+/// each row's log-sum-exp, left by the forward for the backward.
+struct Attention {
+    dims: (usize, usize, usize),
+    lse: std::sync::Mutex<Option<Vec<f32>>>,
+}
+
+/// `q . k` over `d` values.
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// One head's forward: `o` and each row's log-sum-exp `lse`, with one row
+/// of scores `row` (length T) as the only scratch.
+fn head_forward(
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    (o, lse): (&mut [f32], &mut [f32]),
+    (t, d): (usize, usize),
+    row: &mut [f32],
+) {
+    let scale = 1.0 / (d as f32).sqrt();
+    for i in 0..t {
+        let qi = &q[i * d..(i + 1) * d];
+        let mut max = f32::NEG_INFINITY;
+        for (j, s) in row[..=i].iter_mut().enumerate() {
+            *s = scale * dot(qi, &k[j * d..(j + 1) * d]);
+            max = max.max(*s);
+        }
+        let mut sum = 0f32;
+        for s in &mut row[..=i] {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let oi = &mut o[i * d..(i + 1) * d];
+        oi.fill(0.0);
+        for (j, p) in row[..=i].iter().enumerate() {
+            for (o, v) in oi.iter_mut().zip(&v[j * d..(j + 1) * d]) {
+                *o += p * v;
+            }
+        }
+        let inv = 1.0 / sum;
+        oi.iter_mut().for_each(|x| *x *= inv);
+        lse[i] = max + sum.ln();
+    }
+}
+
+/// One head's backward (FlashAttention-2's order, a query row at a time):
+/// `dq`, and `dk`, `dv` summed over the rows, from the forward's `o` and
+/// `lse`; one row of `T` values as scratch.
+#[allow(clippy::too_many_arguments)]
+fn head_backward(
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    (o, lse, go): (&[f32], &[f32], &[f32]),
+    (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]),
+    (t, d): (usize, usize),
+    row: &mut [f32],
+) {
+    let scale = 1.0 / (d as f32).sqrt();
+    dk.fill(0.0);
+    dv.fill(0.0);
+    for i in 0..t {
+        let (qi, gi) = (&q[i * d..(i + 1) * d], &go[i * d..(i + 1) * d]);
+        // D_i = dO_i . O_i: the softmax's own term of its gradient.
+        let di = dot(gi, &o[i * d..(i + 1) * d]);
+        let dqi = &mut dq[i * d..(i + 1) * d];
+        dqi.fill(0.0);
+        for (j, ds) in row[..=i].iter_mut().enumerate() {
+            let (kj, vj) = (&k[j * d..(j + 1) * d], &v[j * d..(j + 1) * d]);
+            let p = (scale * dot(qi, kj) - lse[i]).exp();
+            // dV_j += p dO_i
+            for (a, g) in dv[j * d..(j + 1) * d].iter_mut().zip(gi) {
+                *a += p * g;
+            }
+            *ds = p * (dot(gi, vj) - di);
+        }
+        for (j, ds) in row[..=i].iter().enumerate() {
+            let kj = &k[j * d..(j + 1) * d];
+            let c = scale * ds;
+            for (a, x) in dqi.iter_mut().zip(kj) {
+                *a += c * x;
+            }
+            for (a, x) in dk[j * d..(j + 1) * d].iter_mut().zip(qi) {
+                *a += c * x;
+            }
+        }
+    }
+}
+
+impl CustomOp3 for Attention {
+    fn name(&self) -> &'static str {
+        "redline-causal-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let op = "attention";
+        trace::count("attention.forward");
+        let (q, k, v) = (f32s(s1, l1, op)?, f32s(s2, l2, op)?, f32s(s3, l3, op)?);
+        let (heads, t, d) = self.dims;
+        let n = t * d;
+        if q.len() != heads * n || k.len() != q.len() || v.len() != q.len() {
+            bail!("{op}: inputs do not hold {heads} heads of {t} x {d}")
+        }
+        let mut o = vec![0f32; heads * n];
+        let mut lse = vec![0f32; heads * t];
+        o.par_chunks_mut(n.max(1))
+            .zip(lse.par_chunks_mut(t.max(1)))
+            .enumerate()
+            .for_each_init(
+                || vec![0f32; t],
+                |row, (hd, (o, lse))| {
+                    let s = hd * n..(hd + 1) * n;
+                    head_forward((&q[s.clone()], &k[s.clone()], &v[s]), (o, lse), (t, d), row);
+                },
+            );
+        keep(&self.lse, lse);
+        Ok((CpuStorage::F32(o), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        o: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        trace::count("attention.backward");
+        let bwd = AttentionBwd {
+            dims: self.dims,
+            lse: saved(&self.lse, "attention backward")?,
+            v: v.clone(),
+            o: o.clone(),
+        };
+        let grad = grad.contiguous()?;
+        let flat = grad.apply_op3_no_bwd(q, k, &bwd)?;
+        let n = q.elem_count();
+        let part = |i: usize| flat.narrow(0, i * n, n)?.reshape(q.shape());
+        Ok((Some(part(0)?), Some(part(1)?), Some(part(2)?)))
+    }
+}
+
+/// The backward kernel: inputs `dO, q, k`, with `v`, `o` and the forward's
+/// log-sum-exp held; output `[dq | dk | dv]` flat.
+struct AttentionBwd {
+    dims: (usize, usize, usize),
+    lse: Vec<f32>,
+    v: Tensor,
+    o: Tensor,
+}
+
+/// The f32 slice of a held CPU tensor.
+fn held<'a>(storage: &'a Storage, layout: &Layout, op: &str) -> candle_core::Result<&'a [f32]> {
+    let Storage::Cpu(s) = storage else {
+        bail!("{op}: a saved tensor is not on the CPU")
+    };
+    f32s(s, layout, op)
+}
+
+impl CustomOp3 for AttentionBwd {
+    fn name(&self) -> &'static str {
+        "redline-causal-attention-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let op = "attention backward";
+        let (go, q, k) = (f32s(s1, l1, op)?, f32s(s2, l2, op)?, f32s(s3, l3, op)?);
+        let (vs, vl) = self.v.storage_and_layout();
+        let (os, ol) = self.o.storage_and_layout();
+        let (v, o) = (held(&vs, vl, op)?, held(&os, ol, op)?);
+        let (heads, t, d) = self.dims;
+        let n = t * d;
+        let total = heads * n;
+        if [go.len(), q.len(), k.len(), v.len(), o.len()]
+            .iter()
+            .any(|&l| l != total)
+            || self.lse.len() != heads * t
+        {
+            bail!("{op}: inputs do not hold {heads} heads of {t} x {d}")
+        }
+        let mut out = vec![0f32; 3 * total];
+        let (dq, rest) = out.split_at_mut(total);
+        let (dk, dv) = rest.split_at_mut(total);
+        dq.par_chunks_mut(n.max(1))
+            .zip(dk.par_chunks_mut(n.max(1)))
+            .zip(dv.par_chunks_mut(n.max(1)))
+            .enumerate()
+            .for_each_init(
+                || vec![0f32; t],
+                |row, (hd, ((dq, dk), dv))| {
+                    let s = hd * n..(hd + 1) * n;
+                    head_backward(
+                        (&q[s.clone()], &k[s.clone()], &v[s.clone()]),
+                        (&o[s.clone()], &self.lse[hd * t..(hd + 1) * t], &go[s]),
+                        (dq, dk, dv),
+                        (t, d),
+                        row,
+                    );
+                },
+            );
+        Ok((CpuStorage::F32(out), Shape::from(3 * total)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn inputs(shape: (usize, usize, usize, usize), seed: u64) -> Result<[Var; 3]> {
+        let n = shape.0 * shape.1 * shape.2 * shape.3;
+        let mk = |salt: u64| -> Result<Var> {
+            let v: Vec<f32> = (0..n)
+                .map(|i| (((i as u64 * 2654435761 + seed * 97 + salt * 13) % 1000) as f32 / 500.0) - 1.0)
+                .collect();
+            Ok(Var::from_tensor(&Tensor::from_vec(v, shape, &Device::Cpu)?)?)
+        };
+        Ok([mk(1)?, mk(2)?, mk(3)?])
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
+        Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
+    }
+
+    #[test]
+    fn the_fused_kernel_matches_the_masked_softmax_forward_and_backward() -> Result<()> {
+        for shape in [(1, 1, 1, 4), (2, 3, 17, 8), (1, 2, 64, 16)] {
+            let [q, k, v] = inputs(shape, 7)?;
+            let go = Tensor::randn(0f32, 1.0, shape, &Device::Cpu)?;
+            let fused = causal_attention(&q, &k, &v)?;
+            let plain = generic(&q, &k, &v)?;
+            assert!(max_diff(&fused, &plain)? < 1e-5, "{shape:?} forward");
+            let gf = (fused * &go)?.sum_all()?.backward()?;
+            let gp = (plain * &go)?.sum_all()?.backward()?;
+            for (x, name) in [(&q, "dq"), (&k, "dk"), (&v, "dv")] {
+                let (a, b) = (gf.get(x), gp.get(x));
+                let (Some(a), Some(b)) = (a, b) else {
+                    panic!("{shape:?} {name} missing");
+                };
+                assert!(max_diff(a, b)? < 1e-4, "{shape:?} {name}");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_first_query_sees_only_the_first_key() -> Result<()> {
+        let [q, k, v] = inputs((1, 1, 5, 3), 3)?;
+        let o = causal_attention(&q, &k, &v)?;
+        let first = o.narrow(2, 0, 1)?.flatten_all()?.to_vec1::<f32>()?;
+        let v0 = v.narrow(2, 0, 1)?.flatten_all()?.to_vec1::<f32>()?;
+        assert_eq!(first, v0);
+        Ok(())
+    }
+
+    #[test]
+    fn mismatched_shapes_are_refused_by_name() -> Result<()> {
+        let [q, k, _] = inputs((1, 1, 4, 2), 1)?;
+        let v = Tensor::zeros((1, 1, 3, 2), DType::F32, &Device::Cpu)?;
+        let e = causal_attention(&q, &k, &v).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("must have one shape"), "{e}");
+        Ok(())
+    }
+}

@@ -11,6 +11,7 @@ for the MFU issue's check of Redline's own count (`redline_models::flops`):
 | `resnet18` | `torchvision.models.resnet18(num_classes=1000)` | (3, 224, 224) | 1000 |
 | `resnet18_cifar` | `torchvision.models.resnet18(num_classes=10)` | (3, 32, 32) | 10 |
 | `resnet50` | `torchvision.models.resnet50(num_classes=1000)` | (3, 224, 224) | 1000 |
+| `attention` | Linear 48->48, nanoGPT's `CausalSelfAttention` (4 heads, SDPA), Flatten, Linear | (32, 48) | 10 |
 
 Each model runs in train mode on a batch of 4 random inputs: the forward alone under
 one counter, then forward, cross-entropy and backward under another; both totals are
@@ -60,6 +61,23 @@ def small_cnn(channels=3, side=32, classes=10):
     )
 
 
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's, without dropout: c_attn, the heads through SDPA (is_causal), c_proj."""
+
+    def __init__(self, n_embd, n_head):
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.n_head = n_head
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
 def count(model, shape, classes):
     model.train()
     x = torch.randn(BATCH, *shape)
@@ -92,6 +110,11 @@ def main():
         "resnet18": count(torchvision.models.resnet18(num_classes=1000), (3, 224, 224), 1000),
         "resnet18_cifar": count(torchvision.models.resnet18(num_classes=10), (3, 32, 32), 10),
         "resnet50": count(torchvision.models.resnet50(num_classes=1000), (3, 224, 224), 1000),
+        "attention": count(
+            nn.Sequential(nn.Linear(48, 48), CausalSelfAttention(48, 4), nn.Flatten(), nn.Linear(32 * 48, 10)),
+            (32, 48),
+            10,
+        ),
     }
     out = {
         "torch_version": torch.__version__,

@@ -56,7 +56,13 @@ pub fn generic(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     let scores = (f(q)?.matmul(&f(k)?.t()?.contiguous()?)? * scale)?;
     // -inf above the diagonal: key j > query i is never seen.
     let mask: Vec<f32> = (0..t * t)
-        .map(|n| if n % t > n / t { f32::NEG_INFINITY } else { 0.0 })
+        .map(|n| {
+            if n % t > n / t {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
         .collect();
     let mask = Tensor::from_vec(mask, (t, t), q.device())?;
     let p = candle_nn_softmax(&scores.broadcast_add(&mask)?)?;
@@ -300,9 +306,15 @@ mod tests {
         let n = shape.0 * shape.1 * shape.2 * shape.3;
         let mk = |salt: u64| -> Result<Var> {
             let v: Vec<f32> = (0..n)
-                .map(|i| (((i as u64 * 2654435761 + seed * 97 + salt * 13) % 1000) as f32 / 500.0) - 1.0)
+                .map(|i| {
+                    (((i as u64 * 2654435761 + seed * 97 + salt * 13) % 1000) as f32 / 500.0) - 1.0
+                })
                 .collect();
-            Ok(Var::from_tensor(&Tensor::from_vec(v, shape, &Device::Cpu)?)?)
+            Ok(Var::from_tensor(&Tensor::from_vec(
+                v,
+                shape,
+                &Device::Cpu,
+            )?)?)
         };
         Ok([mk(1)?, mk(2)?, mk(3)?])
     }
@@ -346,7 +358,10 @@ mod tests {
     fn mismatched_shapes_are_refused_by_name() -> Result<()> {
         let [q, k, _] = inputs((1, 1, 4, 2), 1)?;
         let v = Tensor::zeros((1, 1, 3, 2), DType::F32, &Device::Cpu)?;
-        let e = causal_attention(&q, &k, &v).err().map(|e| e.to_string()).unwrap_or_default();
+        let e = causal_attention(&q, &k, &v)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(e.contains("must have one shape"), "{e}");
         Ok(())
     }

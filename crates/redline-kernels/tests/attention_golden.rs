@@ -27,8 +27,21 @@ fn formula(shape: (usize, usize, usize, usize), a: f64, b: f64, f: fn(f64) -> f6
 
 /// Relative L2 distance.
 fn rel(a: &Tensor, b: &Tensor) -> f32 {
-    let d = (a - b).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
-    let n = b.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+    let d = (a - b)
+        .unwrap()
+        .sqr()
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    let n = b
+        .sqr()
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
     (d / n.max(1e-30)).sqrt()
 }
 
@@ -79,5 +92,8 @@ fn bf16_attention_is_as_close_to_float64_as_pytorchs_own_bf16() {
     // PyTorch its math too); Redline's softmax is fp32 throughout.
     let torch_err = g["bf16.err"].to_vec1::<f32>().unwrap()[0];
     let e = rel(&o, &g["bf16.o"]);
-    assert!(e < 3.0 * torch_err.max(1e-3), "bf16 output {e} off PyTorch's bf16 (its own error {torch_err})");
+    assert!(
+        e < 3.0 * torch_err.max(1e-3),
+        "bf16 output {e} off PyTorch's bf16 (its own error {torch_err})"
+    );
 }

@@ -92,11 +92,32 @@ fn layer(
     grad_in: bool,
 ) -> Result<(Flops, bool)> {
     Ok(match spec {
-        // (in,) x (in, out): 2·in·out
+        // (rows, in) x (in, out): 2·rows·in·out, the leading dimensions rows
         LayerSpec::Linear { .. } => (
-            Flops::weighted(product(&[2, input[0], out[0]]), grad_in),
+            Flops::weighted(
+                product(&[2])
+                    .saturating_mul(product(input))
+                    .saturating_mul(product(&out[out.len() - 1..])),
+                grad_in,
+            ),
             true,
         ),
+        // c_attn (C -> 3C) and c_proj (C -> C) over T rows, and the heads'
+        // two products (q k^T and the weights times v, 2·T·T·C each over
+        // the heads), counted as FlopCounterMode counts SDPA: the whole
+        // T x T (no halving for the mask), and its backward five such
+        // products (the scores recomputed, then dV, dP, dQ and dK).
+        LayerSpec::Attention { .. } => {
+            let (t, c) = (input[0], input[1]);
+            let c_attn = Flops::weighted(product(&[2, t, c, 3 * c]), grad_in);
+            let c_proj = Flops::weighted(product(&[2, t, c, c]), true);
+            let sdpa = product(&[2, t, t, c]);
+            let heads = Flops {
+                forward: sdpa.saturating_mul(2),
+                backward: sdpa.saturating_mul(5),
+            };
+            (c_attn.add(c_proj).add(heads), true)
+        }
         // Each output value is a dot product over Cin·k·k inputs.
         LayerSpec::Conv2d { kernel, .. } => (
             Flops::weighted(
@@ -194,6 +215,13 @@ mod tests {
         let (f, _) = fold(&[block], &[8], 8, true)?;
         let one = 2 * 8 * 8;
         assert_eq!((f.forward, f.backward), (3 * one, 6 * one));
+        Ok(())
+    }
+
+    #[test]
+    fn a_linear_over_a_sequence_counts_every_row() -> Result<()> {
+        let (f, _) = fold(&[linear(4)], &[10, 8], 4, true)?;
+        assert_eq!((f.forward, f.backward), (2 * 10 * 8 * 4, 4 * 10 * 8 * 4));
         Ok(())
     }
 

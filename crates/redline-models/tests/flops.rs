@@ -88,3 +88,17 @@ fn a_built_model_reports_its_configs_count() -> R {
     }
     Ok(())
 }
+
+#[test]
+fn attention_counts_as_pytorch_counts_sdpa() -> R {
+    // nanoGPT's CausalSelfAttention between two linear layers, on (32, 48).
+    let text = r#"[model]
+layers = [
+  { type = "linear", out = 48 },
+  { type = "attention", heads = 4 },
+  { type = "flatten" },
+  { type = "linear" },
+]"#;
+    let cfg = redline_models::SequentialConfig::from_toml(text, "attn", &[32, 48], 10)?;
+    check("attention", cfg.flops()?)
+}

@@ -113,7 +113,11 @@ fn cpu(precision: Precision, threads: usize) -> Peak {
         .map_or_else(|| "cpu".to_string(), |d| d.name.clone());
     // A debug build's GEMM runs with debug assertions (a third of the
     // release build's rate here): its peak is its own, never a release's.
-    let build = if cfg!(debug_assertions) { " debug build" } else { "" };
+    let build = if cfg!(debug_assertions) {
+        " debug build"
+    } else {
+        ""
+    };
     let key = format!(
         "{cpu} | {threads} threads | {gemm_name} GEMM | redline {}{build}",
         env!("CARGO_PKG_VERSION")

@@ -8,12 +8,12 @@ use rand::distr::{Distribution, Uniform};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use redline_kernels::grad::Param;
-use redline_kernels::{conv2d_in, linear_in, max_pool2d_window};
+use redline_kernels::{conv2d_in, max_pool2d_window};
 
 use super::Layer;
 use crate::error::{Error, Result};
 
-/// `nn.Linear` on `(B, in)`, with the following ReLU fused in when `relu`.
+/// `nn.Linear` on `(B, ..., in)`, with the following ReLU fused in when `relu`.
 pub(super) struct Linear {
     pub(super) w: Param,
     pub(super) b: Param,
@@ -24,8 +24,9 @@ pub(super) struct Linear {
 
 impl Layer for Linear {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
-        // (B, in) -> (B, out): bias and ReLU in the GEMM's output pass
-        Ok(linear_in(x, &self.w, &self.b, self.relu, self.dtype)?)
+        // (B, ..., in) -> (B, ..., out): bias and ReLU in the GEMM's output
+        // pass, the leading dimensions taken as rows (as `nn.Linear`).
+        super::attention::linear_rows(x, (&self.w, &self.b), self.relu, self.dtype)
     }
 }
 

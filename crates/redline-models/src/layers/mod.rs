@@ -27,6 +27,7 @@
 //! Linear then ReLU is one op, Conv2d then ReLU and MaxPool2d (either order)
 //! is one op, as in the zoo's models.
 
+mod attention;
 mod basic;
 mod norm;
 
@@ -100,7 +101,8 @@ impl ConvInit {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 pub enum LayerSpec {
-    /// `nn.Linear(in, out)` on `(B, in)`; without `out`, the data's outputs.
+    /// `nn.Linear(in, out)` on `(B, ..., in)` (the last dimension); without
+    /// `out`, the data's outputs.
     Linear {
         /// Output features [default: the data's outputs].
         #[serde(default)]
@@ -189,6 +191,17 @@ pub enum LayerSpec {
         /// Vector width.
         dim: usize,
     },
+    /// Causal multi-head self-attention on `(T, C)` per sample, as nanoGPT's
+    /// `CausalSelfAttention`: `c_attn` (C -> 3C), the heads attending to
+    /// the positions up to their own, `c_proj` (C -> C).
+    Attention {
+        /// Heads (C must divide by them).
+        heads: usize,
+        /// The parameters' name in the state dict [default: the layer's
+        /// position]: `NAME.c_attn.weight`, `NAME.c_proj.bias`, ...
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+    },
     /// `shortcut(x) + body(x)`: the shortcut is the identity unless given
     /// (a projection when the body changes the shape).
     Residual {
@@ -212,6 +225,7 @@ impl LayerSpec {
             Self::Linear { name, .. }
             | Self::Conv2d { name, .. }
             | Self::Batchnorm2d { name, .. }
+            | Self::Attention { name, .. }
             | Self::Residual { name, .. } => name.as_deref(),
             _ => None,
         }
@@ -232,6 +246,7 @@ impl LayerSpec {
             Self::Dropout { .. } => "dropout",
             Self::Layernorm { .. } => "layernorm",
             Self::Embedding { .. } => "embedding",
+            Self::Attention { .. } => "attention",
             Self::Residual { .. } => "residual",
         }
     }
@@ -400,6 +415,7 @@ fn sizes(spec: &LayerSpec) -> Vec<(&'static str, usize)> {
         ],
         LayerSpec::Avgpool2d { kernel } => vec![("kernel", *kernel)],
         LayerSpec::Embedding { num, dim } => vec![("num", *num), ("dim", *dim)],
+        LayerSpec::Attention { heads, .. } => vec![("heads", *heads)],
         _ => Vec::new(),
     }
 }
@@ -438,11 +454,29 @@ pub(crate) fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Re
         LayerSpec::Linear { out: Some(0), .. } => {
             return bad("out = 0: a linear layer needs at least one output".into())
         }
+        // Vectors, or sequences (T, C) over their last dimension; on an
+        // image it is a forgotten flatten far more often than intended.
         LayerSpec::Linear { out, .. } => match input {
             [_] => vec![out.unwrap_or(outputs)],
+            [t, _] => vec![*t, out.unwrap_or(outputs)],
             _ => {
                 return bad(format!(
-                    "linear takes vectors; its input is {input:?}\nHINT: put {{ type = \"flatten\" }} before it"
+                    "linear takes vectors (features) or sequences (T, C); its input is \
+                     {input:?}\nHINT: put {{ type = \"flatten\" }} before it"
+                ))
+            }
+        },
+        LayerSpec::Attention { heads, .. } => match input {
+            [_, c] if *heads > 0 && c % heads == 0 => input.to_vec(),
+            [_, c] => {
+                return bad(format!(
+                    "heads {heads} must be at least 1 and divide the width {c}"
+                ))
+            }
+            _ => {
+                return bad(format!(
+                    "attention takes sequences (T, C); its input is {input:?}\nHINT: an \
+                     embedding of token ids gives (T, C)"
                 ))
             }
         },
@@ -454,7 +488,12 @@ pub(crate) fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Re
             ..
         } => {
             let (_, h, w) = image("conv2d")?;
-            if *out == 0 || *kernel == 0 || *stride == 0 || kernel > &(h + 2 * padding) || kernel > &(w + 2 * padding) {
+            if *out == 0
+                || *kernel == 0
+                || *stride == 0
+                || kernel > &(h + 2 * padding)
+                || kernel > &(w + 2 * padding)
+            {
                 return bad(format!(
                     "out {out}, kernel {kernel}, padding {padding}, stride {stride} do not fit a {h}x{w} input"
                 ));
@@ -465,7 +504,9 @@ pub(crate) fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Re
         LayerSpec::Batchnorm2d { eps, momentum, .. } => {
             image("batchnorm2d")?;
             if !(eps.is_finite() && *eps > 0.0 && (0.0..=1.0).contains(momentum)) {
-                return bad(format!("eps {eps}, momentum {momentum}: need eps > 0 and momentum in [0, 1]"));
+                return bad(format!(
+                    "eps {eps}, momentum {momentum}: need eps > 0 and momentum in [0, 1]"
+                ));
             }
             input.to_vec()
         }
@@ -503,7 +544,11 @@ pub(crate) fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Re
         }
         LayerSpec::Flatten => match input.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) {
             Some(n) => vec![n],
-            None => return bad(format!("its input {input:?} has more values than memory can hold")),
+            None => {
+                return bad(format!(
+                    "its input {input:?} has more values than memory can hold"
+                ))
+            }
         },
         LayerSpec::Relu | LayerSpec::Gelu => input.to_vec(),
         LayerSpec::Dropout { p } => {
@@ -514,7 +559,9 @@ pub(crate) fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Re
         }
         LayerSpec::Layernorm { eps } => {
             if input.is_empty() || !(eps.is_finite() && *eps > 0.0) {
-                return bad(format!("input {input:?}, eps {eps}: needs a last dimension and eps > 0"));
+                return bad(format!(
+                    "input {input:?}, eps {eps}: needs a last dimension and eps > 0"
+                ));
             }
             input.to_vec()
         }
@@ -571,7 +618,7 @@ fn build_layers(
         let mut used = 1;
         let layer: Box<dyn Layer> = match spec {
             LayerSpec::Linear { out: o, .. } => {
-                let (fan_in, fan_out) = (shape[0], o.unwrap_or(outputs));
+                let (fan_in, fan_out) = (shape.last().copied().unwrap_or(0), o.unwrap_or(outputs));
                 let (w, b) = init.layer(&[fan_out, fan_in], fan_out, fan_in)?;
                 let relu = matches!(next(1), Some(LayerSpec::Relu));
                 used += usize::from(relu);
@@ -694,6 +741,22 @@ fn build_layers(
                 let w = init.normal(&[*num, *dim])?;
                 Box::new(norm::Embedding {
                     w: params.push(format!("{name}.weight"), w)?,
+                })
+            }
+            LayerSpec::Attention { heads, .. } => {
+                let c = shape.last().copied().unwrap_or(0);
+                let mut linear = |part: &str, fan_out: usize| -> Result<(_, _)> {
+                    let (w, b) = init.layer(&[fan_out, c], fan_out, c)?;
+                    Ok((
+                        params.push(format!("{name}.{part}.weight"), w)?,
+                        params.push(format!("{name}.{part}.bias"), b)?,
+                    ))
+                };
+                Box::new(attention::Attention {
+                    c_attn: linear("c_attn", 3 * c)?,
+                    c_proj: linear("c_proj", c)?,
+                    heads: *heads,
+                    dtype: init.compute_dtype(),
                 })
             }
             LayerSpec::Residual {

@@ -11,6 +11,7 @@ for the MFU issue's check of Redline's own count (`redline_models::flops`):
 | `resnet18` | `torchvision.models.resnet18(num_classes=1000)` | (3, 224, 224) | 1000 |
 | `resnet18_cifar` | `torchvision.models.resnet18(num_classes=10)` | (3, 32, 32) | 10 |
 | `resnet50` | `torchvision.models.resnet50(num_classes=1000)` | (3, 224, 224) | 1000 |
+| `gpt_char` | nanoGPT's structure (`make_golden_gpt.py`'s GPT) at shakespeare-char's 6/6/384, block 256, 65 tokens; next-token loss over every position | (256,) ids | 65 per token |
 | `attention` | Linear 48->48, nanoGPT's `CausalSelfAttention` (4 heads, SDPA), Flatten, Linear | (32, 48) | 10 |
 
 Each model runs in train mode on a batch of 4 random inputs: the forward alone under
@@ -78,6 +79,22 @@ class CausalSelfAttention(nn.Module):
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
+def count_gpt():
+    import make_golden_gpt as g
+
+    g.N_LAYER, g.N_HEAD, g.N_EMBD, g.BLOCK, g.VOCAB = 6, 6, 384, 256, 65
+    model = g.GPT().train()
+    idx = torch.randint(0, g.VOCAB, (BATCH, g.BLOCK))
+    y = torch.randint(0, g.VOCAB, (BATCH, g.BLOCK))
+    with FlopCounterMode(display=False) as fwd:
+        model(idx)
+    with FlopCounterMode(display=False) as full:
+        F.cross_entropy(model(idx).view(-1, g.VOCAB), y.view(-1)).backward()
+    forward, total = fwd.get_total_flops(), full.get_total_flops()
+    return {"input": [g.BLOCK], "outputs": g.VOCAB, "forward": forward // BATCH,
+            "backward": (total - forward) // BATCH}
+
+
 def count(model, shape, classes):
     model.train()
     x = torch.randn(BATCH, *shape)
@@ -110,6 +127,7 @@ def main():
         "resnet18": count(torchvision.models.resnet18(num_classes=1000), (3, 224, 224), 1000),
         "resnet18_cifar": count(torchvision.models.resnet18(num_classes=10), (3, 32, 32), 10),
         "resnet50": count(torchvision.models.resnet50(num_classes=1000), (3, 224, 224), 1000),
+        "gpt_char": count_gpt(),
         "attention": count(
             nn.Sequential(nn.Linear(48, 48), CausalSelfAttention(48, 4), nn.Flatten(), nn.Linear(32 * 48, 10)),
             (32, 48),

@@ -24,9 +24,7 @@ fn reset_and_read_peak(reset: bool) -> Option<u64> {
 fn memory_grows_with_t_not_t_squared() {
     let (t, d) = (16384usize, 8usize);
     let x = |salt: f32| {
-        let v: Vec<f32> = (0..t * d)
-            .map(|i| (i as f32 * 0.37 + salt).sin())
-            .collect();
+        let v: Vec<f32> = (0..t * d).map(|i| (i as f32 * 0.37 + salt).sin()).collect();
         Var::from_tensor(&Tensor::from_vec(v, (1, 1, t, d), &Device::Cpu).unwrap()).unwrap()
     };
     let (q, k, v) = (x(0.1), x(0.2), x(0.3));

@@ -10,6 +10,7 @@
 pub mod cnn;
 mod error;
 pub mod flops;
+pub mod gpt;
 pub mod init;
 pub mod layers;
 pub mod mlp;
@@ -22,6 +23,7 @@ use serde::{Deserialize, Serialize};
 pub use cnn::{Cnn, CnnConfig};
 pub use error::{Error, Result};
 pub use flops::Flops;
+pub use gpt::{Gpt, GptConfig};
 pub use layers::{ConvInit, Layer, LayerSpec, Sequential, SequentialConfig};
 pub use mlp::{Mlp, MlpConfig};
 pub use params::Params;
@@ -105,6 +107,8 @@ pub enum ModelConfig {
     Cnn(CnnConfig),
     /// A list of layers (a model file).
     Sequential(SequentialConfig),
+    /// A GPT (nanoGPT's structure and names).
+    Gpt(GptConfig),
 }
 
 impl ModelConfig {
@@ -202,6 +206,22 @@ impl ModelConfig {
                     }
                 }
             }
+            Self::Gpt(c) => {
+                if hidden.is_some() {
+                    return Err(Error::Config(format!(
+                        "--hidden shapes the mlp and cnn; --model {name} sets n_embd instead"
+                    )));
+                }
+                if input_dims != [c.block_size] {
+                    return Err(Error::Config(format!(
+                        "--model {name} takes windows of {} token ids; the data's inputs are \
+                         {input_dims:?}",
+                        c.block_size
+                    )));
+                }
+                c.vocab_size = outputs;
+                c.check()?;
+            }
             Self::Sequential(c) => {
                 if hidden.is_some() {
                     return Err(Error::Config(format!(
@@ -224,6 +244,7 @@ impl ModelConfig {
                 Ok(flops::fold(&c.layers(), &input, c.classes, false)?.0)
             }
             Self::Sequential(c) => c.flops(),
+            Self::Gpt(c) => c.flops(),
         }
     }
 
@@ -233,6 +254,7 @@ impl ModelConfig {
             Self::Mlp(_) => "mlp",
             Self::Cnn(_) => "cnn",
             Self::Sequential(c) => &c.name,
+            Self::Gpt(_) => "gpt",
         }
     }
 
@@ -248,6 +270,7 @@ impl ModelConfig {
             Self::Mlp(c) => Box::new(Mlp::new(c, &mut init)?),
             Self::Cnn(c) => Box::new(Cnn::new(c, &mut init)?),
             Self::Sequential(c) => Box::new(c.build(&mut init)?),
+            Self::Gpt(c) => Box::new(Gpt::new(c, &mut init)?),
         })
     }
 }

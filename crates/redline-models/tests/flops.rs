@@ -102,3 +102,10 @@ layers = [
     let cfg = redline_models::SequentialConfig::from_toml(text, "attn", &[32, 48], 10)?;
     check("attention", cfg.flops()?)
 }
+
+#[test]
+fn the_gpt_counts_as_pytorch_on_nanogpts_structure() -> R {
+    // shakespeare-char's 6/6/384 at block 256, 65 tokens: embeddings count
+    // nothing, the tied head counts as the linear layer it is in PyTorch.
+    check("gpt_char", redline_models::GptConfig::char_level().flops()?)
+}

@@ -12,16 +12,16 @@ use super::Layer;
 use crate::error::Result;
 
 /// The layer: `c_attn` and `c_proj`'s weights and biases, and the heads.
-pub(super) struct Attention {
-    pub(super) c_attn: (Param, Param),
-    pub(super) c_proj: (Param, Param),
-    pub(super) heads: usize,
+pub(crate) struct Attention {
+    pub(crate) c_attn: (Param, Param),
+    pub(crate) c_proj: (Param, Param),
+    pub(crate) heads: usize,
     /// The products' dtype (fp32, or 16-bit under `--precision`).
-    pub(super) dtype: candle_core::DType,
+    pub(crate) dtype: candle_core::DType,
 }
 
 /// `linear_in` over the last dimension of `x (B, T, in)`: `(B, T, out)`.
-pub(super) fn linear_rows(
+pub(crate) fn linear_rows(
     x: &Tensor,
     (w, b): (&Param, &Param),
     relu: bool,

@@ -27,9 +27,9 @@
 //! Linear then ReLU is one op, Conv2d then ReLU and MaxPool2d (either order)
 //! is one op, as in the zoo's models.
 
-mod attention;
+pub(crate) mod attention;
 mod basic;
-mod norm;
+pub(crate) mod norm;
 
 use std::path::Path;
 

@@ -10,10 +10,10 @@ use crate::error::Result;
 
 /// `nn.LayerNorm(last_dim)`: normalises over the last dimension with the
 /// biased variance, then scales and shifts.
-pub(super) struct LayerNorm {
-    pub(super) w: Param,
-    pub(super) b: Param,
-    pub(super) eps: f64,
+pub(crate) struct LayerNorm {
+    pub(crate) w: Param,
+    pub(crate) b: Param,
+    pub(crate) eps: f64,
 }
 
 impl Layer for LayerNorm {

@@ -1,0 +1,300 @@
+//! A GPT as nanoGPT writes it (`model.py`), with its `GPTConfig` names and
+//! its parameter names: token and learned position embeddings, `n_layer`
+//! pre-norm blocks (`x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`, the MLP
+//! C -> 4C -> C with GPT-2's tanh GELU), a final LayerNorm and the language
+//! model head tied to the token embedding. Initialised as nanoGPT does:
+//! N(0, 0.02) for weights and embeddings, the residual projections'
+//! (`c_proj`) N(0, 0.02 / sqrt(2 n_layer)), zero biases, LayerNorm ones
+//! and zeros. Ids `(B, T)` in, logits `(B, T, vocab)` out.
+
+use candle_core::Tensor;
+use redline_kernels::grad::Param;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::flops::Flops;
+use crate::init::Initializer;
+use crate::layers::attention::{linear_rows, Attention};
+use crate::layers::norm::LayerNorm;
+use crate::layers::{Layer, LayerSpec};
+use crate::params::Params;
+use crate::Model;
+
+/// nanoGPT's `GPTConfig`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GptConfig {
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Attention heads per block.
+    pub n_head: usize,
+    /// Width of the residual stream.
+    pub n_embd: usize,
+    /// The longest sequence (the position table's length).
+    pub block_size: usize,
+    /// Token ids are `0..vocab_size`.
+    pub vocab_size: usize,
+    /// Dropout probability (0 for now: see [`GptConfig::check`]).
+    #[serde(default)]
+    pub dropout: f64,
+    /// Biases in the linear layers and LayerNorms (nanoGPT's `bias`).
+    #[serde(default = "yes")]
+    pub bias: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl GptConfig {
+    /// nanoGPT's shakespeare-char model: 6 layers, 6 heads, 384 wide,
+    /// block 256, 65 characters (`dropout` 0.2 in nanoGPT's config).
+    pub fn char_level() -> Self {
+        Self {
+            n_layer: 6,
+            n_head: 6,
+            n_embd: 384,
+            block_size: 256,
+            vocab_size: 65,
+            dropout: 0.0,
+            bias: true,
+        }
+    }
+
+    /// Refuses what does not build, with the numbers.
+    pub fn check(&self) -> Result<()> {
+        let Self {
+            n_layer,
+            n_head,
+            n_embd,
+            block_size,
+            vocab_size,
+            ..
+        } = *self;
+        if [n_layer, n_head, n_embd, block_size, vocab_size].contains(&0) || n_embd % n_head != 0 {
+            return Err(Error::Config(format!(
+                "gpt: n_layer {n_layer}, n_head {n_head}, n_embd {n_embd}, block_size \
+                 {block_size}, vocab_size {vocab_size}: each must be at least 1 and n_embd \
+                 must divide by n_head"
+            )));
+        }
+        if [n_layer, n_head, n_embd, block_size, vocab_size]
+            .iter()
+            .any(|&v| v > 1 << 20)
+        {
+            return Err(Error::Config(
+                "gpt: sizes are at most 1048576 (n_layer, n_head, n_embd, block_size, vocab_size)"
+                    .into(),
+            ));
+        }
+        if self.dropout != 0.0 || !self.bias {
+            return Err(Error::Config(format!(
+                "gpt: dropout {} and bias {}: this build trains GPTs with dropout 0 and biases \
+                 (nanoGPT's defaults for fine-tuning)\nHINT: set dropout = 0.0 and bias = true",
+                self.dropout, self.bias
+            )));
+        }
+        Ok(())
+    }
+
+    /// The model as the layer set's layers, for counting its FLOPs: the
+    /// token embedding (the positions' addition counts nothing), the
+    /// blocks as residuals, the final norm and the head (a linear layer,
+    /// the tied weight's product).
+    pub fn layers(&self) -> Vec<LayerSpec> {
+        let c = self.n_embd;
+        let block = [
+            LayerSpec::Residual {
+                layers: vec![
+                    LayerSpec::Layernorm { eps: 1e-5 },
+                    LayerSpec::Attention {
+                        heads: self.n_head,
+                        name: None,
+                    },
+                ],
+                shortcut: vec![],
+                name: None,
+            },
+            LayerSpec::Residual {
+                layers: vec![
+                    LayerSpec::Layernorm { eps: 1e-5 },
+                    LayerSpec::Linear {
+                        out: Some(4 * c),
+                        name: None,
+                    },
+                    LayerSpec::Gelu,
+                    LayerSpec::Linear {
+                        out: Some(c),
+                        name: None,
+                    },
+                ],
+                shortcut: vec![],
+                name: None,
+            },
+        ];
+        let mut out = vec![LayerSpec::Embedding {
+            num: self.vocab_size,
+            dim: c,
+        }];
+        for _ in 0..self.n_layer {
+            out.extend(block.iter().cloned());
+        }
+        out.push(LayerSpec::Layernorm { eps: 1e-5 });
+        out.push(LayerSpec::Linear {
+            out: Some(self.vocab_size),
+            name: None,
+        });
+        out
+    }
+
+    /// FLOPs per sample of `block_size` tokens ([`crate::flops`]).
+    pub fn flops(&self) -> Result<Flops> {
+        self.check()?;
+        let input = [self.block_size];
+        Ok(crate::flops::fold(&self.layers(), &input, self.vocab_size, false)?.0)
+    }
+}
+
+/// One block's parameters.
+struct Block {
+    ln_1: LayerNorm,
+    attn: Attention,
+    ln_2: LayerNorm,
+    c_fc: (Param, Param),
+    c_proj: (Param, Param),
+}
+
+/// The GPT.
+pub struct Gpt {
+    cfg: GptConfig,
+    wte: Param,
+    wpe: Param,
+    blocks: Vec<Block>,
+    ln_f: LayerNorm,
+    params: Params,
+    flops: Flops,
+    dtype: candle_core::DType,
+}
+
+impl Gpt {
+    /// Builds the model with nanoGPT's initialisation drawn from `init`.
+    pub fn new(cfg: &GptConfig, init: &mut Initializer) -> Result<Self> {
+        cfg.check()?;
+        let c = cfg.n_embd;
+        let proj_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();
+        // In nanoGPT's state_dict order: embeddings, blocks, final norm.
+        let mut p = Params::new();
+        let wte = p.push(
+            "transformer.wte.weight",
+            init.normal_std(&[cfg.vocab_size, c], 0.02)?,
+        )?;
+        let wpe = p.push(
+            "transformer.wpe.weight",
+            init.normal_std(&[cfg.block_size, c], 0.02)?,
+        )?;
+        let norm = |p: &mut Params, name: String, init: &mut Initializer| {
+            Ok::<_, Error>(LayerNorm {
+                w: p.push(format!("{name}.weight"), init.constant(&[c], 1.0)?)?,
+                b: p.push(format!("{name}.bias"), init.constant(&[c], 0.0)?)?,
+                eps: 1e-5,
+            })
+        };
+        let linear =
+            |p: &mut Params, init: &mut Initializer, name: String, shape: [usize; 2], std| {
+                let w = init.normal_std(&shape, std)?;
+                let b = init.constant(&[shape[0]], 0.0)?;
+                Ok::<_, Error>((
+                    p.push(format!("{name}.weight"), w)?,
+                    p.push(format!("{name}.bias"), b)?,
+                ))
+            };
+        let mut blocks = Vec::new();
+        for i in 0..cfg.n_layer {
+            let h = format!("transformer.h.{i}");
+            let ln_1 = norm(&mut p, format!("{h}.ln_1"), init)?;
+            let attn = Attention {
+                c_attn: linear(&mut p, init, format!("{h}.attn.c_attn"), [3 * c, c], 0.02)?,
+                c_proj: linear(&mut p, init, format!("{h}.attn.c_proj"), [c, c], proj_std)?,
+                heads: cfg.n_head,
+                dtype: init.compute_dtype(),
+            };
+            let ln_2 = norm(&mut p, format!("{h}.ln_2"), init)?;
+            let c_fc = linear(&mut p, init, format!("{h}.mlp.c_fc"), [4 * c, c], 0.02)?;
+            let c_proj = linear(
+                &mut p,
+                init,
+                format!("{h}.mlp.c_proj"),
+                [c, 4 * c],
+                proj_std,
+            )?;
+            blocks.push(Block {
+                ln_1,
+                attn,
+                ln_2,
+                c_fc,
+                c_proj,
+            });
+        }
+        let ln_f = norm(&mut p, "transformer.ln_f".into(), init)?;
+        Ok(Self {
+            flops: cfg.flops()?,
+            cfg: cfg.clone(),
+            wte,
+            wpe,
+            blocks,
+            ln_f,
+            params: p,
+            dtype: init.compute_dtype(),
+        })
+    }
+}
+
+impl Model for Gpt {
+    fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        let (b, t) = x.dims2()?;
+        if t > self.cfg.block_size {
+            return Err(Error::Config(format!(
+                "gpt: a sequence of {t} tokens is longer than block_size {}",
+                self.cfg.block_size
+            )));
+        }
+        let c = self.cfg.n_embd;
+        // (B, T) ids -> (B, T, C) token rows, plus the first T positions' rows
+        let ids = x.to_dtype(candle_core::DType::U32)?.flatten_all()?;
+        let tok = self
+            .wte
+            .as_tensor()
+            .index_select(&ids, 0)?
+            .reshape((b, t, c))?;
+        let pos = self.wpe.as_tensor().narrow(0, 0, t)?;
+        let mut h = tok.broadcast_add(&pos)?;
+        for blk in &self.blocks {
+            h = (&h + blk.attn.forward_t(&blk.ln_1.forward_t(&h, train)?, train)?)?;
+            let m = linear_rows(
+                &blk.ln_2.forward_t(&h, train)?,
+                (&blk.c_fc.0, &blk.c_fc.1),
+                false,
+                self.dtype,
+            )?
+            .gelu()?;
+            h = (&h + linear_rows(&m, (&blk.c_proj.0, &blk.c_proj.1), false, self.dtype)?)?;
+        }
+        let h = self.ln_f.forward_t(&h, train)?;
+        // The head is the token embedding, tied: (B*T, C) x (C, V)
+        let w = self.wte.as_tensor().to_dtype(self.dtype)?;
+        let logits = h
+            .reshape((b * t, c))?
+            .to_dtype(self.dtype)?
+            .matmul(&w.t()?)?
+            .to_dtype(candle_core::DType::F32)?;
+        Ok(logits.reshape((b, t, self.cfg.vocab_size))?)
+    }
+
+    fn params(&self) -> &Params {
+        &self.params
+    }
+
+    fn flops(&self) -> Option<Flops> {
+        Some(self.flops)
+    }
+}

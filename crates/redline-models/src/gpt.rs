@@ -61,6 +61,20 @@ impl GptConfig {
         }
     }
 
+    /// GPT-2's smallest (124M): 12 layers, 12 heads, 768 wide, block 1024,
+    /// 50257 tokens (Hugging Face's `gpt2`).
+    pub fn gpt2() -> Self {
+        Self {
+            n_layer: 12,
+            n_head: 12,
+            n_embd: 768,
+            block_size: 1024,
+            vocab_size: 50257,
+            dropout: 0.0,
+            bias: true,
+        }
+    }
+
     /// Refuses what does not build, with the numbers.
     pub fn check(&self) -> Result<()> {
         let Self {

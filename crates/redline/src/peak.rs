@@ -21,8 +21,10 @@ const PROBE_BUDGET: Duration = Duration::from_millis(250);
 /// How long the load is sampled before the probe, to tell a quiet machine.
 const LOAD_WINDOW: Duration = Duration::from_millis(100);
 
-/// The cache file's name in the cache folder.
-const CACHE_FILE: &str = "cpu-peak-flops.json";
+/// The cache file's name in the cache folder (v2: entries say which build
+/// measured them; v1's did not, and a debug build's low peak was read by
+/// release builds).
+const CACHE_FILE: &str = "cpu-peak-flops-v2.json";
 
 /// The largest cache file read (it holds a line per machine setting).
 const MAX_CACHE: u64 = 1 << 20;
@@ -91,6 +93,15 @@ fn cpu_gemm(precision: Precision) -> DType {
     redline_kernels::gemm_bf16::route(dtype)
 }
 
+/// The GEMM's name in the cache's keys and the peak's source.
+fn gemm_name(gemm: DType) -> &'static str {
+    if gemm == DType::BF16 {
+        "bf16"
+    } else {
+        "fp32"
+    }
+}
+
 /// One cached measurement.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Measured {
@@ -107,21 +118,8 @@ struct Measured {
 /// be read or written costs only the measurement.
 fn cpu(precision: Precision, threads: usize) -> Peak {
     let gemm = cpu_gemm(precision);
-    let gemm_name = if gemm == DType::BF16 { "bf16" } else { "fp32" };
-    let cpu = redline_core::system::devices()
-        .first()
-        .map_or_else(|| "cpu".to_string(), |d| d.name.clone());
-    // A debug build's GEMM runs with debug assertions (a third of the
-    // release build's rate here): its peak is its own, never a release's.
-    let build = if cfg!(debug_assertions) {
-        " debug build"
-    } else {
-        ""
-    };
-    let key = format!(
-        "{cpu} | {threads} threads | {gemm_name} GEMM | redline {}{build}",
-        env!("CARGO_PKG_VERSION")
-    );
+    let gemm_name = gemm_name(gemm);
+    let key = cache_key(gemm_name, threads);
     let path = cache_dir().map(|d| d.join(CACHE_FILE));
     let mut cache = path.as_deref().map(read_cache).unwrap_or_default();
     let what = format!("measured: the {gemm_name} GEMM on {threads} threads");
@@ -164,6 +162,52 @@ fn cpu(precision: Precision, threads: usize) -> Peak {
         per_s,
         source: what,
     }
+}
+
+/// The cache's key for this CPU, build, thread count and GEMM.
+fn cache_key(gemm_name: &str, threads: usize) -> String {
+    let cpu = redline_core::system::devices()
+        .first()
+        .map_or_else(|| "cpu".to_string(), |d| d.name.clone());
+    // A debug build's GEMM runs with debug assertions (a third of the
+    // release build's rate here): its peak is its own, never a release's.
+    let build = if cfg!(debug_assertions) {
+        " debug build"
+    } else {
+        ""
+    };
+    format!(
+        "{cpu} | {threads} threads | {gemm_name} GEMM | redline {}{build}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// After a fit whose math ran faster than the cached CPU peak it was read
+/// against (MFU above 1: the peak was measured while other work held the
+/// cores), forgets that peak so that the next run measures it again, and
+/// says so; `None` when there is nothing to say.
+pub fn check_cached(
+    fit: &redline_train::FitSummary,
+    precision: Precision,
+    threads: usize,
+) -> Option<String> {
+    let Some(Ok(f)) = &fit.flops else {
+        return None;
+    };
+    let mfu = f.mfu?;
+    if mfu <= 1.0 || !f.peak_source.ends_with("(cached)") {
+        return None;
+    }
+    let path = cache_dir()?.join(CACHE_FILE);
+    let mut cache = read_cache(&path);
+    cache.remove(&cache_key(gemm_name(cpu_gemm(precision)), threads));
+    let _ = write_cache(&path, &cache);
+    Some(format!(
+        "MFU {:.0}% is above 100%: the cached CPU peak ({}) was measured low, with other work \
+         on the cores; it is forgotten and the next run measures it again",
+        100.0 * mfu,
+        redline_train::mfu::rate(f.peak_per_s.unwrap_or(0.0))
+    ))
 }
 
 /// Where the measured peaks are kept: `$REDLINE_CACHE_DIR`, else

@@ -179,8 +179,13 @@ pub(super) fn open_images(
             test.map(|t| Samples::Streamed(Box::new(t))),
         ));
     }
-    let train = train.materialise(stop)?;
-    let test = test.map(|t| t.materialise(stop)).transpose()?;
+    // Decoded once before training: on every core, whatever --workers says
+    // (the decode threads of a streamed run share the cores with the step).
+    let cores = redline_core::threads::usable_cores();
+    let train = train.with_workers(cores)?.materialise(stop)?;
+    let test = test
+        .map(|t| t.with_workers(cores)?.materialise(stop))
+        .transpose()?;
     if train.is_empty() {
         return Err(Error::Invalid {
             path: train.source.clone(),

@@ -31,6 +31,11 @@ pub use crop::{ChannelNorm, Transform};
 use decode::Pixels;
 pub use stats::PipelineStats;
 
+/// The largest image file or shard member read (1 GiB): far beyond any
+/// photograph, and a 10 GB file named `.jpg` (or a FIFO, or a device) is
+/// refused by name instead of read whole.
+pub const MAX_IMAGE_BYTES: u64 = 1 << 30;
+
 /// Words of the random stream one sample's draws may use: ten crop tries of
 /// two doubles and two offsets, and a coin, with room to spare.
 const WORDS_PER_SAMPLE: u128 = 128;
@@ -86,7 +91,9 @@ impl Listing {
         }
     }
 
-    /// Reads sample `i`'s bytes.
+    /// Reads sample `i`'s bytes: a regular file or member of at most
+    /// [`MAX_IMAGE_BYTES`]; another file (too large, a FIFO, a device) is
+    /// a bad sample named by its path (skipped with `--bad-samples skip`).
     pub fn read(&self, i: usize) -> Result<Vec<u8>> {
         let io = |path: PathBuf, source: std::io::Error| Error::Io {
             path,
@@ -94,7 +101,21 @@ impl Listing {
             hint: "the data changed on disk while training? check that it is readable".into(),
         };
         match &self.items[i] {
-            Item::File(p) => std::fs::read(p).map_err(|e| io(p.clone(), e)),
+            Item::File(p) => {
+                redline_core::files::read_input(p, MAX_IMAGE_BYTES).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput => {
+                        Error::Invalid {
+                            path: p.clone(),
+                            msg: format!("{e} (images are read whole)"),
+                        }
+                    }
+                    _ => io(p.clone(), e),
+                })
+            }
+            Item::Member { len, .. } if *len > MAX_IMAGE_BYTES => Err(Error::Invalid {
+                path: self.name(i),
+                msg: format!("is {len} bytes; an image member is at most {MAX_IMAGE_BYTES} bytes"),
+            }),
             Item::Member {
                 shard, offset, len, ..
             } => {

@@ -269,3 +269,48 @@ fn shards_pair_members_by_key_and_bad_shards_are_named() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn a_fifo_or_an_oversized_member_is_a_bad_sample_named_not_read() -> Result<()> {
+    let tmp = tempfile::tempdir().map_err(io)?;
+    let fifo = tmp.path().join("pipe.jpg");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .map_err(io)?;
+    assert!(made.success());
+    let list = Listing {
+        items: vec![
+            Item::File(fifo.clone()),
+            Item::Member {
+                shard: 0,
+                offset: 0,
+                len: MAX_IMAGE_BYTES + 1,
+                name: "big.jpg".into(),
+            },
+        ],
+        labels: vec![0, 0],
+        shards: vec![tmp.path().join("s.tar")],
+        classes: 1,
+        source: tmp.path().to_path_buf(),
+    };
+    // A FIFO would block a plain read until a writer came: refused at once.
+    match list.read(0) {
+        Err(Error::Invalid { path, msg }) => {
+            assert_eq!(path, fifo);
+            assert!(msg.contains("not a regular file"), "{msg}");
+        }
+        other => panic!("{other:?}"),
+    }
+    match list.read(1) {
+        Err(Error::Invalid { path, msg }) => {
+            assert!(
+                path.to_string_lossy().ends_with("s.tar:big.jpg"),
+                "{path:?}"
+            );
+            assert!(msg.contains("at most 1073741824 bytes"), "{msg}");
+        }
+        other => panic!("{other:?}"),
+    }
+    Ok(())
+}

@@ -192,6 +192,11 @@ pub(super) fn run(
         }
         _ => None,
     };
+    if let (Ok((fit, _)), true) = (&outcome, plan.device.is_cpu()) {
+        if let Some(line) = crate::peak::check_cached(fit, plan.precision, plan.threads) {
+            println!("{line}");
+        }
+    }
     if let Some((record, line)) = bound {
         println!("{line}");
         run.set("data_pipeline", record)?;

@@ -2,10 +2,11 @@
 //! `F.scaled_dot_product_attention(q, k, v, is_causal=True)`), forward and
 //! backward, on `(B, H, T, D)` queries, keys and values.
 //!
-//! The CPU kernel never holds a `T x T` score matrix: it works a query row
-//! at a time (FlashAttention's idea, as its second version orders the
-//! backward), keeping one row of `T` scores per thread and, for the
-//! backward, each row's log-sum-exp (`T` values per head). Its memory grows
+//! The CPU kernel never holds a `T x T` score matrix: it works in blocks of
+//! 64 queries against 64 keys (FlashAttention's online softmax, and its
+//! second version's order for the backward), each block's products on the
+//! fp32 GEMM, keeping a block of scores per thread and each row's
+//! log-sum-exp (`T` values per head) for the backward. Its memory grows
 //! with `T`, not `T^2`. Heads run in parallel on the compute threads.
 //!
 //! The softmax is always computed in fp32: 16-bit inputs (`bf16-mixed`) are
@@ -18,6 +19,7 @@ use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Shape, Storage, Te
 use rayon::prelude::*;
 
 use crate::error::Result;
+use crate::gemm::Mat;
 use crate::slices::{f32s, keep, saved};
 use redline_core::trace;
 
@@ -84,86 +86,174 @@ struct Attention {
     lse: std::sync::Mutex<Option<Vec<f32>>>,
 }
 
-/// `q . k` over `d` values.
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+/// Query and key rows per block: a block's scores (64 x 64 fp32, 16 KiB)
+/// and its products stay in cache, and each product is a GEMM.
+const BLOCK: usize = 64;
+
+/// `dst (m x n) [+]= a (m x k) b (k x n)` on the fp32 GEMM; the shapes are
+/// this file's own, so a refusal is a bug, said as one.
+fn gemm(dst: &mut [f32], a: Mat<'_>, b: Mat<'_>, accumulate: bool) -> candle_core::Result<()> {
+    if crate::gemm::matmul(dst, a, b, accumulate) {
+        Ok(())
+    } else {
+        bail!("attention: a block product's shapes do not fit (a bug)")
+    }
 }
 
-/// One head's forward: `o` and each row's log-sum-exp `lse`, with one row
-/// of scores `row` (length T) as the only scratch.
+/// Scratch of one thread: a block of scores and one of their gradients.
+struct Scratch {
+    s: Vec<f32>,
+    dp: Vec<f32>,
+    m: Vec<f32>,
+    l: Vec<f32>,
+}
+
+impl Scratch {
+    fn new() -> Self {
+        Self {
+            s: vec![0.0; BLOCK * BLOCK],
+            dp: vec![0.0; BLOCK * BLOCK],
+            m: vec![0.0; BLOCK],
+            l: vec![0.0; BLOCK],
+        }
+    }
+}
+
+/// One head's forward, a block of queries at a time against the key
+/// blocks up to its diagonal (FlashAttention's online softmax): `o` and
+/// each row's log-sum-exp `lse`; only a block of scores as scratch.
 fn head_forward(
     (q, k, v): (&[f32], &[f32], &[f32]),
     (o, lse): (&mut [f32], &mut [f32]),
     (t, d): (usize, usize),
-    row: &mut [f32],
-) {
+    sc: &mut Scratch,
+) -> candle_core::Result<()> {
     let scale = 1.0 / (d as f32).sqrt();
-    for i in 0..t {
-        let qi = &q[i * d..(i + 1) * d];
-        let mut max = f32::NEG_INFINITY;
-        for (j, s) in row[..=i].iter_mut().enumerate() {
-            *s = scale * dot(qi, &k[j * d..(j + 1) * d]);
-            max = max.max(*s);
-        }
-        let mut sum = 0f32;
-        for s in &mut row[..=i] {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
-        let oi = &mut o[i * d..(i + 1) * d];
-        oi.fill(0.0);
-        for (j, p) in row[..=i].iter().enumerate() {
-            for (o, v) in oi.iter_mut().zip(&v[j * d..(j + 1) * d]) {
-                *o += p * v;
+    for q0 in (0..t).step_by(BLOCK) {
+        let rows = BLOCK.min(t - q0);
+        let (m, l) = (&mut sc.m[..rows], &mut sc.l[..rows]);
+        m.fill(f32::NEG_INFINITY);
+        l.fill(0.0);
+        let acc = &mut o[q0 * d..(q0 + rows) * d];
+        acc.fill(0.0);
+        let qb = Mat::new(&q[q0 * d..(q0 + rows) * d], rows, d);
+        // Keys up to the block's last query.
+        for k0 in (0..q0 + rows).step_by(BLOCK) {
+            let cols = BLOCK.min(q0 + rows - k0);
+            let s = &mut sc.s[..rows * cols];
+            gemm(
+                s,
+                qb,
+                Mat::new(&k[k0 * d..(k0 + cols) * d], cols, d).t(),
+                false,
+            )?;
+            for r in 0..rows {
+                let row = &mut s[r * cols..(r + 1) * cols];
+                let mut max = m[r];
+                for (c, x) in row.iter_mut().enumerate() {
+                    // Key k0 + c after query q0 + r is masked out.
+                    *x = if k0 + c > q0 + r {
+                        f32::NEG_INFINITY
+                    } else {
+                        *x * scale
+                    };
+                    max = max.max(*x);
+                }
+                let alpha = (m[r] - max).exp();
+                let mut sum = 0f32;
+                for x in row.iter_mut() {
+                    *x = (*x - max).exp();
+                    sum += *x;
+                }
+                l[r] = l[r] * alpha + sum;
+                m[r] = max;
+                acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= alpha);
             }
+            // acc += P V_block
+            gemm(
+                acc,
+                Mat::new(s, rows, cols),
+                Mat::new(&v[k0 * d..(k0 + cols) * d], cols, d),
+                true,
+            )?;
         }
-        let inv = 1.0 / sum;
-        oi.iter_mut().for_each(|x| *x *= inv);
-        lse[i] = max + sum.ln();
+        for r in 0..rows {
+            let inv = 1.0 / l[r];
+            acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= inv);
+            lse[q0 + r] = m[r] + l[r].ln();
+        }
     }
+    Ok(())
 }
 
-/// One head's backward (FlashAttention-2's order, a query row at a time):
-/// `dq`, and `dk`, `dv` summed over the rows, from the forward's `o` and
-/// `lse`; one row of `T` values as scratch.
-#[allow(clippy::too_many_arguments)]
+/// One head's backward in FlashAttention-2's order: for each block of
+/// keys, the blocks of queries at or after it; the probabilities
+/// recomputed from `lse`, `dq` summed across key blocks, `dk` and `dv`
+/// across query blocks. Scratch: a block of probabilities and one of
+/// their gradients.
 fn head_backward(
     (q, k, v): (&[f32], &[f32], &[f32]),
     (o, lse, go): (&[f32], &[f32], &[f32]),
     (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]),
     (t, d): (usize, usize),
-    row: &mut [f32],
-) {
+    sc: &mut Scratch,
+) -> candle_core::Result<()> {
     let scale = 1.0 / (d as f32).sqrt();
+    dq.fill(0.0);
     dk.fill(0.0);
     dv.fill(0.0);
-    for i in 0..t {
-        let (qi, gi) = (&q[i * d..(i + 1) * d], &go[i * d..(i + 1) * d]);
-        // D_i = dO_i . O_i: the softmax's own term of its gradient.
-        let di = dot(gi, &o[i * d..(i + 1) * d]);
-        let dqi = &mut dq[i * d..(i + 1) * d];
-        dqi.fill(0.0);
-        for (j, ds) in row[..=i].iter_mut().enumerate() {
-            let (kj, vj) = (&k[j * d..(j + 1) * d], &v[j * d..(j + 1) * d]);
-            let p = (scale * dot(qi, kj) - lse[i]).exp();
-            // dV_j += p dO_i
-            for (a, g) in dv[j * d..(j + 1) * d].iter_mut().zip(gi) {
-                *a += p * g;
+    // D_i = dO_i . O_i: the softmax's own term of its gradient.
+    let di: Vec<f32> = (0..t)
+        .map(|i| {
+            let (g, oi) = (&go[i * d..(i + 1) * d], &o[i * d..(i + 1) * d]);
+            g.iter().zip(oi).map(|(a, b)| a * b).sum()
+        })
+        .collect();
+    for k0 in (0..t).step_by(BLOCK) {
+        let cols = BLOCK.min(t - k0);
+        let kb = Mat::new(&k[k0 * d..(k0 + cols) * d], cols, d);
+        let vb = Mat::new(&v[k0 * d..(k0 + cols) * d], cols, d);
+        // Query blocks from the one holding key k0 on.
+        for q0 in ((k0 / BLOCK) * BLOCK..t).step_by(BLOCK) {
+            let rows = BLOCK.min(t - q0);
+            let qb = Mat::new(&q[q0 * d..(q0 + rows) * d], rows, d);
+            let gb = Mat::new(&go[q0 * d..(q0 + rows) * d], rows, d);
+            let p = &mut sc.s[..rows * cols];
+            gemm(p, qb, kb.t(), false)?;
+            for r in 0..rows {
+                for (c, x) in p[r * cols..(r + 1) * cols].iter_mut().enumerate() {
+                    *x = if k0 + c > q0 + r {
+                        0.0
+                    } else {
+                        (*x * scale - lse[q0 + r]).exp()
+                    };
+                }
             }
-            *ds = p * (dot(gi, vj) - di);
-        }
-        for (j, ds) in row[..=i].iter().enumerate() {
-            let kj = &k[j * d..(j + 1) * d];
-            let c = scale * ds;
-            for (a, x) in dqi.iter_mut().zip(kj) {
-                *a += c * x;
+            // dV_block += P^T dO_block
+            gemm(
+                &mut dv[k0 * d..(k0 + cols) * d],
+                Mat::new(p, rows, cols).t(),
+                gb,
+                true,
+            )?;
+            // dP = dO_block V_block^T; dS = P (dP - D), scaled for dQ and dK
+            let ds = &mut sc.dp[..rows * cols];
+            gemm(ds, gb, vb.t(), false)?;
+            for r in 0..rows {
+                let base = di[q0 + r];
+                for (x, pv) in ds[r * cols..(r + 1) * cols]
+                    .iter_mut()
+                    .zip(&p[r * cols..(r + 1) * cols])
+                {
+                    *x = scale * pv * (*x - base);
+                }
             }
-            for (a, x) in dk[j * d..(j + 1) * d].iter_mut().zip(qi) {
-                *a += c * x;
-            }
+            let ds = Mat::new(ds, rows, cols);
+            gemm(&mut dq[q0 * d..(q0 + rows) * d], ds, kb, true)?;
+            gemm(&mut dk[k0 * d..(k0 + cols) * d], ds.t(), qb, true)?;
         }
     }
+    Ok(())
 }
 
 impl CustomOp3 for Attention {
@@ -193,13 +283,10 @@ impl CustomOp3 for Attention {
         o.par_chunks_mut(n.max(1))
             .zip(lse.par_chunks_mut(t.max(1)))
             .enumerate()
-            .for_each_init(
-                || vec![0f32; t],
-                |row, (hd, (o, lse))| {
-                    let s = hd * n..(hd + 1) * n;
-                    head_forward((&q[s.clone()], &k[s.clone()], &v[s]), (o, lse), (t, d), row);
-                },
-            );
+            .try_for_each_init(Scratch::new, |sc, (hd, (o, lse))| {
+                let s = hd * n..(hd + 1) * n;
+                head_forward((&q[s.clone()], &k[s.clone()], &v[s]), (o, lse), (t, d), sc)
+            })?;
         keep(&self.lse, lse);
         Ok((CpuStorage::F32(o), l1.shape().clone()))
     }
@@ -280,19 +367,16 @@ impl CustomOp3 for AttentionBwd {
             .zip(dk.par_chunks_mut(n.max(1)))
             .zip(dv.par_chunks_mut(n.max(1)))
             .enumerate()
-            .for_each_init(
-                || vec![0f32; t],
-                |row, (hd, ((dq, dk), dv))| {
-                    let s = hd * n..(hd + 1) * n;
-                    head_backward(
-                        (&q[s.clone()], &k[s.clone()], &v[s.clone()]),
-                        (&o[s.clone()], &self.lse[hd * t..(hd + 1) * t], &go[s]),
-                        (dq, dk, dv),
-                        (t, d),
-                        row,
-                    );
-                },
-            );
+            .try_for_each_init(Scratch::new, |sc, (hd, ((dq, dk), dv))| {
+                let s = hd * n..(hd + 1) * n;
+                head_backward(
+                    (&q[s.clone()], &k[s.clone()], &v[s.clone()]),
+                    (&o[s.clone()], &self.lse[hd * t..(hd + 1) * t], &go[s]),
+                    (dq, dk, dv),
+                    (t, d),
+                    sc,
+                )
+            })?;
         Ok((CpuStorage::F32(out), Shape::from(3 * total)))
     }
 }

@@ -444,3 +444,67 @@ fn a_stopped_ddp_run_resumes_bit_for_bit_and_only_with_its_ranks() {
         "the resumed run's weights differ from the uninterrupted run's"
     );
 }
+
+#[test]
+fn streamed_images_under_ddp_each_rank_decodes_its_own_shard() {
+    // 3 classes x 8 training images streamed from disk: two ranks at batch
+    // 4 take the same steps as one process at batch 8, and each rank
+    // decodes only its own samples (rank 0's workers made about half of
+    // what the one process's did).
+    let t = tempfile::tempdir().unwrap();
+    common::image_folder(t.path(), 8);
+    let data = t.path().display().to_string();
+    let flags = |batch: &str, run: &Path| -> Vec<String> {
+        let mut a = ddp_args(&[
+            "--data",
+            &data,
+            "--stream",
+            "on",
+            "--workers",
+            "1",
+            "--image-size",
+            "16",
+            "--model",
+            "cnn",
+            "--hidden",
+            "8",
+            "--epochs",
+            "2",
+            "--log-every",
+            "1",
+            "--no-checkpoint",
+            "--batch-size",
+            batch,
+        ]);
+        a.extend(["--run-dir".into(), run.display().to_string()]);
+        a
+    };
+    let (one, two) = (t.path().join("one"), t.path().join("two"));
+    let mut single = flags("8", &one);
+    // One process: the same flags without the strategy.
+    single.drain(1..3);
+    let out = Command::new(bin())
+        .args(&single)
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let ddp = mpirun(2)
+        .arg(bin())
+        .args(flags("4", &two))
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(ddp.status.success(), "{}", text(&ddp));
+    same_losses(&step_losses(&two), &step_losses(&one), 1e-5);
+    let images = |run: &Path| {
+        json(&run.join("summary.json"))["data_pipeline"]["images"]
+            .as_u64()
+            .unwrap()
+    };
+    let (all, rank0) = (images(&one), images(&two));
+    assert!(
+        rank0 * 10 <= all * 6 && rank0 * 10 >= all * 4,
+        "rank 0 decoded {rank0} images, one process {all}"
+    );
+}

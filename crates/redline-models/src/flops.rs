@@ -128,7 +128,8 @@ fn layer(
         ),
         LayerSpec::Batchnorm2d { .. }
         | LayerSpec::Layernorm { .. }
-        | LayerSpec::Embedding { .. } => (Flops::default(), true),
+        | LayerSpec::Embedding { .. }
+        | LayerSpec::Positions { .. } => (Flops::default(), true),
         LayerSpec::Residual {
             layers, shortcut, ..
         } => {
@@ -141,7 +142,7 @@ fn layer(
         | LayerSpec::Adaptiveavgpool2d
         | LayerSpec::Flatten
         | LayerSpec::Relu
-        | LayerSpec::Gelu
+        | LayerSpec::Gelu { .. }
         | LayerSpec::Dropout { .. } => (Flops::default(), false),
     })
 }

@@ -136,7 +136,9 @@ impl GptConfig {
                         out: Some(4 * c),
                         name: None,
                     },
-                    LayerSpec::Gelu,
+                    LayerSpec::Gelu {
+                        approximate: crate::layers::GeluForm::Tanh,
+                    },
                     LayerSpec::Linear {
                         out: Some(c),
                         name: None,

@@ -24,7 +24,7 @@ pub use cnn::{Cnn, CnnConfig};
 pub use error::{Error, Result};
 pub use flops::Flops;
 pub use gpt::{Gpt, GptConfig};
-pub use layers::{ConvInit, Layer, LayerSpec, Sequential, SequentialConfig};
+pub use layers::{ConvInit, GeluForm, Layer, LayerSpec, Sequential, SequentialConfig};
 pub use mlp::{Mlp, MlpConfig};
 pub use params::Params;
 

@@ -154,11 +154,15 @@ impl Layer for Relu {
 }
 
 /// `nn.GELU()` (the exact, erf form: PyTorch's default).
-pub(super) struct Gelu;
+pub(super) struct Gelu(pub(super) super::GeluForm);
 
 impl Layer for Gelu {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
-        Ok(x.gelu_erf()?)
+        Ok(match self.0 {
+            super::GeluForm::None => x.gelu_erf()?,
+            // candle's `gelu` is the tanh form.
+            super::GeluForm::Tanh => x.gelu()?,
+        })
     }
 }
 

@@ -79,6 +79,23 @@ fn yes() -> bool {
     true
 }
 
+/// Which GELU: PyTorch's `approximate` argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GeluForm {
+    /// `x Φ(x)` with the error function (PyTorch's default).
+    #[default]
+    None,
+    /// GPT-2's `0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³)))`.
+    Tanh,
+}
+
+impl GeluForm {
+    fn is_erf(&self) -> bool {
+        *self == Self::None
+    }
+}
+
 /// How a convolution's weight is drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -171,8 +188,23 @@ pub enum LayerSpec {
     Flatten,
     /// `nn.ReLU()`.
     Relu,
-    /// `nn.GELU()` (erf form).
-    Gelu,
+    /// `nn.GELU(approximate)`: the erf form, or GPT-2's tanh form
+    /// (`approximate = "tanh"`, Hugging Face's `gelu_new`).
+    Gelu {
+        /// `none` (erf, the default) or `tanh`.
+        #[serde(default, skip_serializing_if = "GeluForm::is_erf")]
+        approximate: GeluForm,
+    },
+    /// A learned position table added to a sequence `(T, C)`: row `t` of a
+    /// `(max, C)` parameter to position `t`, as GPT's `wpe` (parameter
+    /// `NAME.weight`, N(0, 0.02) as nanoGPT draws it).
+    Positions {
+        /// The longest sequence (the table's rows).
+        max: usize,
+        /// The parameter's name in the state dict [default: the layer's position].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+    },
     /// `nn.Dropout(p)`.
     Dropout {
         /// Probability of zeroing an element in training.
@@ -226,6 +258,7 @@ impl LayerSpec {
             | Self::Conv2d { name, .. }
             | Self::Batchnorm2d { name, .. }
             | Self::Attention { name, .. }
+            | Self::Positions { name, .. }
             | Self::Residual { name, .. } => name.as_deref(),
             _ => None,
         }
@@ -242,7 +275,8 @@ impl LayerSpec {
             Self::Adaptiveavgpool2d => "adaptiveavgpool2d",
             Self::Flatten => "flatten",
             Self::Relu => "relu",
-            Self::Gelu => "gelu",
+            Self::Gelu { .. } => "gelu",
+            Self::Positions { .. } => "positions",
             Self::Dropout { .. } => "dropout",
             Self::Layernorm { .. } => "layernorm",
             Self::Embedding { .. } => "embedding",
@@ -416,6 +450,7 @@ fn sizes(spec: &LayerSpec) -> Vec<(&'static str, usize)> {
         LayerSpec::Avgpool2d { kernel } => vec![("kernel", *kernel)],
         LayerSpec::Embedding { num, dim } => vec![("num", *num), ("dim", *dim)],
         LayerSpec::Attention { heads, .. } => vec![("heads", *heads)],
+        LayerSpec::Positions { max, .. } => vec![("max", *max)],
         _ => Vec::new(),
     }
 }
@@ -550,7 +585,20 @@ pub(crate) fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Re
                 ))
             }
         },
-        LayerSpec::Relu | LayerSpec::Gelu => input.to_vec(),
+        LayerSpec::Relu | LayerSpec::Gelu { .. } => input.to_vec(),
+        LayerSpec::Positions { max, .. } => match input {
+            [t, _] if t <= max => input.to_vec(),
+            [t, _] => {
+                return bad(format!(
+                    "sequences of {t} positions, but the table holds max = {max}"
+                ))
+            }
+            _ => {
+                return bad(format!(
+                    "positions take sequences (T, C); its input is {input:?}"
+                ))
+            }
+        },
         LayerSpec::Dropout { p } => {
             if !(0.0..1.0).contains(p) {
                 return bad(format!("p = {p}: must be in [0, 1)"));
@@ -725,7 +773,14 @@ fn build_layers(
             LayerSpec::Adaptiveavgpool2d => Box::new(basic::GlobalAvgPool),
             LayerSpec::Flatten => Box::new(basic::Flatten),
             LayerSpec::Relu => Box::new(basic::Relu),
-            LayerSpec::Gelu => Box::new(basic::Gelu),
+            LayerSpec::Gelu { approximate } => Box::new(basic::Gelu(*approximate)),
+            LayerSpec::Positions { max, .. } => {
+                let c = shape.last().copied().unwrap_or(0);
+                let w = init.normal_std(&[*max, c], 0.02)?;
+                Box::new(norm::Positions {
+                    w: params.push(format!("{name}.weight"), w)?,
+                })
+            }
             LayerSpec::Dropout { p } => Box::new(basic::Dropout::new(*p, init.fork_seed())?),
             LayerSpec::Layernorm { eps } => {
                 let d = shape.last().copied().unwrap_or(0);

@@ -119,6 +119,19 @@ impl Layer for Embedding {
     }
 }
 
+/// A learned position table added to `(B, T, C)`: its first T rows.
+pub(super) struct Positions {
+    pub(super) w: Param,
+}
+
+impl Layer for Positions {
+    fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
+        let t = x.dim(x.rank().saturating_sub(2))?;
+        let rows = self.w.as_tensor().narrow(0, 0, t)?;
+        Ok(x.broadcast_add(&rows.to_dtype(x.dtype())?)?)
+    }
+}
+
 /// Named layers applied in order.
 pub(super) type Chain = Vec<(String, Box<dyn Layer>)>;
 

@@ -295,3 +295,81 @@ layers = [{ type = "flatten" }, { type = "relu" }, { type = "linear" }]"#;
     assert_eq!(dx.transpose()?, Some(vec![vec![0.0, 0.0, 1.0]]));
     Ok(())
 }
+
+#[test]
+fn gelu_takes_pytorchs_erf_or_gpt2s_tanh_form() -> Result<()> {
+    let text = |form: &str| {
+        format!("[model]\nlayers = [{{ type = \"gelu\"{form} }}, {{ type = \"linear\" }}]")
+    };
+    let erf = parse(&text(""), &[3], 2)?;
+    assert_eq!(
+        erf.layers[0],
+        LayerSpec::Gelu {
+            approximate: GeluForm::None
+        }
+    );
+    // The default is not written back: old files and new read alike.
+    let written = toml::to_string(&erf.layers[0]).map_err(|e| Error::Config(e.to_string()))?;
+    assert!(!written.contains("approximate"), "{written}");
+    let tanh = parse(&text(", approximate = \"tanh\""), &[3], 2)?;
+    let x = Tensor::new(&[[-1.5f32, 0.3, 2.0]], &Device::Cpu)?;
+    let want = |v: f32| {
+        let inner = (2.0f32 / std::f32::consts::PI).sqrt() * (v + 0.044715 * v * v * v);
+        0.5 * v * (1.0 + inner.tanh())
+    };
+    let got = tanh.build(&mut init())?.body[0].1.forward_t(&x, false)?;
+    for (g, v) in got
+        .flatten_all()?
+        .to_vec1::<f32>()?
+        .iter()
+        .zip([-1.5f32, 0.3, 2.0])
+    {
+        assert!((g - want(v)).abs() < 1e-6, "{g} vs {}", want(v));
+    }
+    let e = parse(&text(", approximate = \"sigmoid\""), &[3], 2).err();
+    assert!(e.is_some(), "an unknown form is refused");
+    Ok(())
+}
+
+#[test]
+fn positions_add_the_first_t_rows_of_a_learned_table() -> Result<()> {
+    let text = r#"[model]
+layers = [
+  { type = "embedding", num = 5, dim = 3 },
+  { type = "positions", max = 4, name = "wpe" },
+  { type = "flatten" },
+  { type = "linear" },
+]"#;
+    let model = parse(text, &[2], 2)?.build(&mut init())?;
+    let (wte, wpe) = (
+        model
+            .params()
+            .get("0.weight")
+            .map(|v| v.as_tensor().clone()),
+        model
+            .params()
+            .get("wpe.weight")
+            .map(|v| v.as_tensor().clone()),
+    );
+    let (Some(wte), Some(wpe)) = (wte, wpe) else {
+        panic!("parameters 0.weight and wpe.weight");
+    };
+    assert_eq!(wpe.dims(), &[4, 3]);
+    let ids = Tensor::new(&[[4f32, 1.0]], &Device::Cpu)?;
+    let h = model.body[0].1.forward_t(&ids, false)?;
+    let h = model.body[1].1.forward_t(&h, false)?;
+    let want = (wte.get(4)? + wpe.get(0)?)?.to_vec1::<f32>()?;
+    assert_eq!(h.get(0)?.get(0)?.to_vec1::<f32>()?, want);
+    let want = (wte.get(1)? + wpe.get(1)?)?.to_vec1::<f32>()?;
+    assert_eq!(h.get(0)?.get(1)?.to_vec1::<f32>()?, want);
+    // A sequence longer than the table is refused by shape, naming both.
+    let e = parse(text, &[5], 2)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains("layer 1 (positions)") && e.contains("max = 4"),
+        "{e}"
+    );
+    Ok(())
+}

@@ -13,6 +13,8 @@ use redline_kernels::optim::{
     adam_tensors, sgd_tensors, AdamStep, DeviceHyper, SgdStep, TensorState,
 };
 
+#[path = "cuda_kernels/attention.rs"]
+mod attention;
 #[path = "cuda_kernels/conv.rs"]
 mod conv;
 #[path = "cuda_kernels/tally.rs"]

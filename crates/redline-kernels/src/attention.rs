@@ -67,12 +67,12 @@ pub fn generic(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         })
         .collect();
     let mask = Tensor::from_vec(mask, (t, t), q.device())?;
-    let p = candle_nn_softmax(&scores.broadcast_add(&mask)?)?;
+    let p = softmax_last(&scores.broadcast_add(&mask)?)?;
     Ok(p.matmul(&f(v)?)?.to_dtype(dtype)?)
 }
 
 /// Softmax over the last dimension, with the row's max taken out first.
-fn candle_nn_softmax(x: &Tensor) -> Result<Tensor> {
+fn softmax_last(x: &Tensor) -> Result<Tensor> {
     let last = x.rank() - 1;
     let max = x.max_keepdim(last)?;
     let e = x.broadcast_sub(&max)?.exp()?;

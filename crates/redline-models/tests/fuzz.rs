@@ -40,8 +40,9 @@ fn fuzz_safetensors_weights() {
 }
 
 /// Model files (`--model FILE.toml`): any text is a model whose every size
-/// was checked, or an error; never a panic. Shaped for images and for a table
-/// (the corpus has named layers, strided padded pools and inits).
+/// was checked, with its FLOPs counted, or an error; never a panic. Shaped
+/// for images, a table and token ids (the corpus has named layers, strided
+/// padded pools, inits, attention and position tables).
 #[test]
 fn fuzz_model_files() {
     use redline_models::SequentialConfig;
@@ -49,9 +50,10 @@ fn fuzz_model_files() {
         let Ok(text) = std::str::from_utf8(bytes) else {
             return;
         };
-        for (dims, outputs) in [(&[3usize, 32, 32][..], 10), (&[13][..], 3)] {
+        for (dims, outputs) in [(&[3usize, 32, 32][..], 10), (&[13][..], 3), (&[8][..], 10)] {
             if let Ok(cfg) = SequentialConfig::from_toml(text, "m", dims, outputs) {
                 let _ = cfg.check_head();
+                let _ = cfg.flops();
             }
         }
     });

@@ -37,6 +37,21 @@ pub fn flag(args: &TrainArgs) -> anyhow::Result<Option<f64>> {
         .transpose()
 }
 
+/// The peak of `redline train`'s run: rank 0's (the one that reports
+/// MFU); `None` on the other ranks, which need none.
+pub fn for_run(args: &TrainArgs, plan: &crate::plan::Plan) -> anyhow::Result<Option<PeakResult>> {
+    if !plan.ranks.is_global_zero() {
+        return Ok(None);
+    }
+    let flag = flag(args)?;
+    Ok(Some(resolve(
+        flag,
+        &plan.device,
+        plan.precision,
+        plan.threads,
+    )))
+}
+
 /// The run's peak on `device` at `precision` with `threads` compute
 /// threads, or why there is none (then no MFU is shown).
 pub fn resolve(
@@ -195,6 +210,7 @@ pub fn check_cached(
         return None;
     };
     let mfu = f.mfu?;
+    // Only the CPU's measured peaks are cached (and say so).
     if mfu <= 1.0 || !f.peak_source.ends_with("(cached)") {
         return None;
     }

@@ -38,14 +38,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     // `auto` flags are settled by measurement on this very job.
     let tuned = crate::tune::resolve(args, &mut plan)?;
     // Measured (on the CPU) before the data's workers start.
-    if plan.ranks.is_global_zero() {
-        plan.peak = Some(crate::peak::resolve(
-            crate::peak::flag(args)?,
-            &plan.device,
-            plan.precision,
-            plan.threads,
-        ));
-    }
+    plan.peak = crate::peak::for_run(args, &plan)?;
     let data = loaders::build(args, &mut plan)?;
     let built = model::build(args, &plan)?;
     startup::print(args, &plan, &data, &built);

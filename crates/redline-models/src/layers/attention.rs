@@ -5,8 +5,10 @@
 //! (`c_proj`, C -> C). On `(B, T, C)`.
 
 use candle_core::Tensor;
+use redline_kernels::causal_attention;
 use redline_kernels::grad::Param;
-use redline_kernels::{causal_attention, linear_in};
+
+use super::basic::linear_rows;
 
 use super::Layer;
 use crate::error::Result;
@@ -18,27 +20,6 @@ pub(crate) struct Attention {
     pub(crate) heads: usize,
     /// The products' dtype (fp32, or 16-bit under `--precision`).
     pub(crate) dtype: candle_core::DType,
-}
-
-/// `linear_in` over the last dimension of `x (B, T, in)`: `(B, T, out)`.
-pub(crate) fn linear_rows(
-    x: &Tensor,
-    (w, b): (&Param, &Param),
-    relu: bool,
-    dtype: candle_core::DType,
-) -> Result<Tensor> {
-    let dims = x.dims().to_vec();
-    let Some((&fan_in, lead)) = dims.split_last() else {
-        return Ok(linear_in(x, w, b, relu, dtype)?);
-    };
-    if lead.len() <= 1 {
-        return Ok(linear_in(x, w, b, relu, dtype)?);
-    }
-    let rows: usize = lead.iter().product();
-    let y = linear_in(&x.reshape((rows, fan_in))?, w, b, relu, dtype)?;
-    let mut shape = lead.to_vec();
-    shape.push(y.dim(1)?);
-    Ok(y.reshape(shape)?)
 }
 
 impl Layer for Attention {

@@ -8,7 +8,7 @@ use rand::distr::{Distribution, Uniform};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use redline_kernels::grad::Param;
-use redline_kernels::{conv2d_in, max_pool2d_window};
+use redline_kernels::{conv2d_in, linear_in, max_pool2d_window};
 
 use super::Layer;
 use crate::error::{Error, Result};
@@ -26,8 +26,29 @@ impl Layer for Linear {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
         // (B, ..., in) -> (B, ..., out): bias and ReLU in the GEMM's output
         // pass, the leading dimensions taken as rows (as `nn.Linear`).
-        super::attention::linear_rows(x, (&self.w, &self.b), self.relu, self.dtype)
+        linear_rows(x, (&self.w, &self.b), self.relu, self.dtype)
     }
+}
+
+/// `linear_in` over the last dimension of `x (B, T, in)`: `(B, T, out)`.
+pub(crate) fn linear_rows(
+    x: &Tensor,
+    (w, b): (&Param, &Param),
+    relu: bool,
+    dtype: candle_core::DType,
+) -> Result<Tensor> {
+    let dims = x.dims().to_vec();
+    let Some((&fan_in, lead)) = dims.split_last() else {
+        return Ok(linear_in(x, w, b, relu, dtype)?);
+    };
+    if lead.len() <= 1 {
+        return Ok(linear_in(x, w, b, relu, dtype)?);
+    }
+    let rows: usize = lead.iter().product();
+    let y = linear_in(&x.reshape((rows, fan_in))?, w, b, relu, dtype)?;
+    let mut shape = lead.to_vec();
+    shape.push(y.dim(1)?);
+    Ok(y.reshape(shape)?)
 }
 
 /// `nn.Conv2d`: stride 1 with a bias takes the fused kernel (with a following

@@ -28,7 +28,7 @@
 //! is one op, as in the zoo's models.
 
 pub(crate) mod attention;
-mod basic;
+pub(crate) mod basic;
 pub(crate) mod norm;
 
 use std::path::Path;

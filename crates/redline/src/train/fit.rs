@@ -192,10 +192,12 @@ pub(super) fn run(
         }
         _ => None,
     };
-    if let (Ok((fit, _)), true) = (&outcome, plan.device.is_cpu()) {
-        if let Some(line) = crate::peak::check_cached(fit, plan.precision, plan.threads) {
-            println!("{line}");
-        }
+    if let Some(line) = outcome
+        .as_ref()
+        .ok()
+        .and_then(|(fit, _)| crate::peak::check_cached(fit, plan.precision, plan.threads))
+    {
+        println!("{line}");
     }
     if let Some((record, line)) = bound {
         println!("{line}");

@@ -5,9 +5,10 @@
     ~/.venvs/redline-ref/bin/python bench/resnet_cpu.py --bin target/release/redline \\
         --threads 2 --rows resnet18:8:64,resnet18:32:224
 
-Each row MODEL:BATCH:SIZE: Redline's `train --model MODEL` on an .npz of BATCH x STEPS
-images (`--max-steps STEPS`, its summary's ms/step: the fit's training time over its steps,
-first steps included), then torchvision's model in a plain PyTorch loop (the median of
+Each row MODEL:BATCH:SIZE: Redline's `train --model MODEL` on an .npz of BATCH x (STEPS + 2)
+images, run for 2 + STEPS and for 2 steps (the fit's training times from their summaries; the
+difference over STEPS is the steady-state step, as PyTorch's median leaves out 2 warm-up
+steps), then torchvision's model in a plain PyTorch loop (the median of
 STEPS steps after two warm-up steps). Prints a table of ms/step, images/s and the ratio.
 """
 
@@ -26,23 +27,33 @@ import torch.nn.functional as F
 import torchvision
 
 
-def redline_ms(binary, model, batch, size, steps, threads, tmp):
-    n = batch * steps
-    rng = np.random.default_rng(0)
-    path = os.path.join(tmp, f"x{batch}_{size}.npz")
-    x = rng.standard_normal((n, 3, size, size), dtype=np.float32)
-    y = rng.integers(0, 10, n).astype(np.int64)
-    np.savez(path, x=x, y=y)
+def redline_train_s(binary, model, path, batch, steps, threads, run_dir):
+    """The fit's training time (its summary's ms/step times its steps) of a
+    `--max-steps STEPS` run."""
     cmd = [binary, "train", "--model", model, "--data", path, "--batch-size", str(batch),
            "--max-steps", str(steps), "--threads", str(threads), "--val-split", "0",
            "--no-validate", "--monitor-interval", "0", "--task", "classification",
-           "--device", "cpu", "--run-dir", os.path.join(tmp, f"run{batch}_{size}")]
+           "--device", "cpu", "--no-checkpoint", "--run-dir", run_dir]
     p = subprocess.run(cmd, capture_output=True, text=True)
     out = p.stdout + p.stderr
     m = re.search(r"([0-9.]+) ms/step", out)
     if p.returncode != 0 or not m:
         sys.exit(f"failed: {' '.join(cmd)}\n{out[-3000:]}")
-    return float(m.group(1))
+    return float(m.group(1)) * steps / 1000
+
+
+def redline_ms(binary, model, batch, size, steps, threads, tmp):
+    """Steady-state ms/step: a run of 2 + STEPS steps less a run of 2 (the
+    warm-up steps PyTorch's median leaves out), over STEPS."""
+    n = batch * (steps + 2)
+    rng = np.random.default_rng(0)
+    path = os.path.join(tmp, f"x{batch}_{size}.npz")
+    x = rng.standard_normal((n, 3, size, size), dtype=np.float32)
+    y = rng.integers(0, 10, n).astype(np.int64)
+    np.savez(path, x=x, y=y)
+    run = lambda k: redline_train_s(binary, model, path, batch, k, threads,
+                                    os.path.join(tmp, f"run{batch}_{size}_{k}"))
+    return 1000 * (run(steps + 2) - run(2)) / steps
 
 
 def torch_ms(model, batch, size, steps, threads):

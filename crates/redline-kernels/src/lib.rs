@@ -8,6 +8,7 @@
 
 pub mod attention;
 pub mod autocast;
+pub mod batch_norm;
 pub mod conv;
 mod conv_backward;
 mod conv_block;

@@ -2,6 +2,7 @@
 
 use candle_core::{DType, Tensor, Var, D};
 use redline_core::trace;
+use redline_kernels::batch_norm::batch_norm2d_train;
 use redline_kernels::grad::Param;
 
 use super::basic::as_ids;
@@ -44,41 +45,33 @@ pub(super) struct BatchNorm2d {
     pub(super) momentum: f64,
 }
 
-impl BatchNorm2d {
-    /// Per-channel statistics of `x (B, C, H, W)` as `(1, C, 1, 1)`.
-    fn channel_mean(x: &Tensor) -> Result<Tensor> {
-        Ok(x.mean_keepdim(3)?.mean_keepdim(2)?.mean_keepdim(0)?)
-    }
-}
-
 impl Layer for BatchNorm2d {
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         // Norms run in their parameters' dtype: fp32 under autocast.
         let x = &x.to_dtype(self.w.as_tensor().dtype())?;
         let (b, c, h, w) = x.dims4()?;
-        let shape = (1, c, 1, 1);
-        let (mean, var) = if train {
-            let mean = Self::channel_mean(x)?;
-            let var = Self::channel_mean(&x.broadcast_sub(&mean)?.sqr()?)?;
+        if train {
+            // The fused CPU kernel (or candle's ops elsewhere), then the
+            // running statistics from the batch's, detached.
+            let out = batch_norm2d_train(x, &self.w, &self.b, self.eps)?;
             let n = (b * h * w) as f64;
             let m = self.momentum;
-            let unbiased = var.detach().affine(n / (n - 1.0).max(1.0), 0.0)?;
-            let rm = self.running_mean.as_tensor().reshape(shape)?;
-            let rv = self.running_var.as_tensor().reshape(shape)?;
-            let new_rm = (rm.affine(1.0 - m, 0.0)? + mean.detach().affine(m, 0.0)?)?;
-            let new_rv = (rv.affine(1.0 - m, 0.0)? + unbiased.affine(m, 0.0)?)?;
-            self.running_mean.set(&new_rm.flatten_all()?)?;
-            self.running_var.set(&new_rv.flatten_all()?)?;
+            let unbiased = out.var.affine(n / (n - 1.0).max(1.0), 0.0)?;
+            let rm = self.running_mean.as_tensor();
+            let rv = self.running_var.as_tensor();
+            let dtype = rm.dtype();
+            let new_rm = (rm.affine(1.0 - m, 0.0)? + out.mean.to_dtype(dtype)?.affine(m, 0.0)?)?;
+            let new_rv = (rv.affine(1.0 - m, 0.0)? + unbiased.to_dtype(dtype)?.affine(m, 0.0)?)?;
+            self.running_mean.set(&new_rm)?;
+            self.running_var.set(&new_rv)?;
             let one = Tensor::new(1i64, x.device())?;
             self.tracked
                 .set(&self.tracked.as_tensor().broadcast_add(&one)?)?;
-            (mean, var)
-        } else {
-            (
-                self.running_mean.as_tensor().reshape(shape)?,
-                self.running_var.as_tensor().reshape(shape)?,
-            )
-        };
+            return Ok(out.y);
+        }
+        let shape = (1, c, 1, 1);
+        let mean = self.running_mean.as_tensor().reshape(shape)?;
+        let var = self.running_var.as_tensor().reshape(shape)?;
         let normed = x
             .broadcast_sub(&mean)?
             .broadcast_div(&(var + self.eps)?.sqrt()?)?;

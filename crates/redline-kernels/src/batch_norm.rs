@@ -1,0 +1,369 @@
+//! BatchNorm2d in training mode, `y = (x - mean) / sqrt(var + eps) * w + b`
+//! with the batch's per-channel mean and biased variance, as one fused CPU
+//! kernel forward and one backward (f32).
+//!
+//! Built from candle's ops it is about ten broadcast ops forward, each a
+//! pass over the activation and a tensor, and their autograd backward; on
+//! ResNet-18 that was more than the convolutions' backward (bench/results,
+//! issue 52). Fused: the forward reads `x` three times (mean, variance,
+//! normalise) and writes `y` once; the backward reads `x` and `dy` twice
+//! (the channel sums, then `dx`) and writes `dx`, with dW and db into the
+//! parameters' gradient buffers. The arithmetic is PyTorch's CPU kernel's:
+//! two-pass statistics, and
+//! `dx = w * invstd * (dy - mean(dy) - (x - mean) * invstd^2 * mean(dy * (x - mean)))`.
+//! Other devices and dtypes take the same formula from candle's ops.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
+use rayon::prelude::*;
+use redline_core::trace;
+
+use crate::grad::{layer_buffers, Param, ParamBuffers};
+use crate::slices::{f32s, fused_cpu, keep, unpack_grads};
+use crate::Result;
+
+/// The output of a training-mode batch norm and the batch's statistics.
+#[derive(Debug, Clone)]
+pub struct BatchNormOut {
+    /// The normalised, scaled and shifted input, shaped as the input.
+    pub y: Tensor,
+    /// Per-channel mean of the batch, `(C)`, detached.
+    pub mean: Tensor,
+    /// Per-channel biased variance of the batch, `(C)`, detached (the
+    /// running statistics want the unbiased one: scale by `n / (n - 1)`).
+    pub var: Tensor,
+}
+
+/// `F.batch_norm(x, None, None, w, b, training=True, eps=eps)` on `x (B, C,
+/// H, W)` with `w`, `b` of shape `(C)`: CPU f32 tensors take the fused
+/// kernel (dW and db into the parameters' gradient buffers, dx only when
+/// `x` is tracked), anything else [`batch_norm2d_train_generic`].
+pub fn batch_norm2d_train(x: &Tensor, w: &Param, b: &Param, eps: f64) -> Result<BatchNormOut> {
+    let (wt, bt) = (w.as_tensor(), b.as_tensor());
+    let buffers = layer_buffers(w, b);
+    if !(fused_cpu(x) && fused_cpu(wt) && fused_cpu(bt)) || buffers.is_none() {
+        return batch_norm2d_train_generic(x, wt, bt, eps);
+    }
+    let (_, c, _, _) = x.dims4()?;
+    if wt.dims() != [c] || bt.dims() != [c] {
+        return Err(crate::Error::Shape(format!(
+            "batch_norm2d: input {:?} has {c} channels but the weight is {:?} and the bias {:?}",
+            x.dims(),
+            wt.dims(),
+            bt.dims()
+        )));
+    }
+    let stats = Arc::new(Mutex::new(None));
+    let op = BatchNormOp {
+        eps,
+        input_grad: x.track_op(),
+        layer: trace::current_layer(),
+        buffers,
+        stats: Arc::clone(&stats),
+    };
+    let y = x
+        .contiguous()?
+        .apply_op3(&wt.contiguous()?, &bt.contiguous()?, op)?;
+    let kept = stats
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+        .ok_or_else(|| crate::Error::Shape("batch_norm2d: the kernel kept no statistics".into()))?;
+    let dev = x.device();
+    Ok(BatchNormOut {
+        y,
+        mean: Tensor::from_slice(&kept.mean, c, dev)?,
+        var: Tensor::from_slice(&kept.var, c, dev)?,
+    })
+}
+
+/// [`batch_norm2d_train`] from candle's ops: any device and dtype.
+pub fn batch_norm2d_train_generic(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    eps: f64,
+) -> Result<BatchNormOut> {
+    let (_, c, _, _) = x.dims4()?;
+    let shape = (1, c, 1, 1);
+    let channel_mean =
+        |t: &Tensor| -> Result<Tensor> { Ok(t.mean_keepdim(3)?.mean_keepdim(2)?.mean_keepdim(0)?) };
+    let mean = channel_mean(x)?;
+    let var = channel_mean(&x.broadcast_sub(&mean)?.sqr()?)?;
+    let normed = x
+        .broadcast_sub(&mean)?
+        .broadcast_div(&(&var + eps)?.sqrt()?)?;
+    let y = normed
+        .broadcast_mul(&w.reshape(shape)?)?
+        .broadcast_add(&b.reshape(shape)?)?;
+    Ok(BatchNormOut {
+        y,
+        mean: mean.detach().flatten_all()?,
+        var: var.detach().flatten_all()?,
+    })
+}
+
+/// What the forward leaves for the backward and the running statistics.
+#[derive(Debug, Clone)]
+struct Stats {
+    mean: Vec<f32>,
+    var: Vec<f32>,
+    invstd: Vec<f32>,
+}
+
+/// Sizes of one batch norm: `b` samples of `c` planes of `hw` values.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    b: usize,
+    c: usize,
+    hw: usize,
+}
+
+impl Dims {
+    fn of(l: &Layout) -> candle_core::Result<Self> {
+        let (b, c, h, w) = l.shape().dims4()?;
+        Ok(Self { b, c, hw: h * w })
+    }
+
+    /// Values per channel.
+    fn n(&self) -> usize {
+        self.b * self.hw
+    }
+
+    /// The `b` planes of channel `ch` in `v`.
+    fn planes<'a>(&self, v: &'a [f32], ch: usize) -> impl Iterator<Item = &'a [f32]> + 'a {
+        let (c, hw) = (self.c, self.hw);
+        (0..self.b).map(move |s| &v[(s * c + ch) * hw..][..hw])
+    }
+}
+
+/// `sum(f(i))` over a plane with eight running sums, so that it vectorises.
+#[inline(always)]
+fn lane_sum(len: usize, f: impl Fn(usize) -> f32) -> f64 {
+    let mut lanes = [0f32; 8];
+    let whole = len - len % 8;
+    for i in (0..whole).step_by(8) {
+        for (j, l) in lanes.iter_mut().enumerate() {
+            *l += f(i + j);
+        }
+    }
+    let tail: f32 = (whole..len).map(&f).sum();
+    lanes.iter().map(|&v| f64::from(v)).sum::<f64>() + f64::from(tail)
+}
+
+/// Per-channel mean and biased variance (two passes, f64 across planes).
+fn channel_stats(d: Dims, x: &[f32], eps: f64) -> Stats {
+    let n = d.n().max(1) as f64;
+    let per: Vec<(f32, f32, f32)> = (0..d.c)
+        .into_par_iter()
+        .map(|ch| {
+            let sum: f64 = d.planes(x, ch).map(|p| lane_sum(p.len(), |i| p[i])).sum();
+            let mean = (sum / n) as f32;
+            let sq: f64 = d
+                .planes(x, ch)
+                .map(|p| {
+                    lane_sum(p.len(), |i| {
+                        let v = p[i] - mean;
+                        v * v
+                    })
+                })
+                .sum();
+            let var = (sq / n) as f32;
+            let invstd = (1.0 / (f64::from(var) + eps).sqrt()) as f32;
+            (mean, var, invstd)
+        })
+        .collect();
+    Stats {
+        mean: per.iter().map(|p| p.0).collect(),
+        var: per.iter().map(|p| p.1).collect(),
+        invstd: per.iter().map(|p| p.2).collect(),
+    }
+}
+
+/// The forward op: `(x, w, b) -> y`, contiguous f32 on the CPU.
+struct BatchNormOp {
+    eps: f64,
+    /// Whether `x` was tracked at forward time; if not, no dx is computed.
+    input_grad: bool,
+    /// The layer that built it, for the backward span (only while tracing).
+    layer: Option<Arc<str>>,
+    /// Where dW and db go.
+    buffers: Option<ParamBuffers>,
+    /// The batch's statistics, left by the forward.
+    stats: Arc<Mutex<Option<Stats>>>,
+}
+
+impl CustomOp3 for BatchNormOp {
+    fn name(&self) -> &'static str {
+        "redline-batch-norm2d"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        trace::count("batch_norm2d.forward");
+        let name = self.name();
+        let d = Dims::of(l1)?;
+        let (x, w, b) = (
+            f32s(s1, l1, name)?,
+            f32s(s2, l2, name)?,
+            f32s(s3, l3, name)?,
+        );
+        if w.len() != d.c || b.len() != d.c {
+            candle_core::bail!(
+                "{name}: {} channels, weight {} and bias {}",
+                d.c,
+                w.len(),
+                b.len()
+            );
+        }
+        let st = channel_stats(d, x, self.eps);
+        let mut y = vec![0f32; x.len()];
+        if d.hw > 0 {
+            y.par_chunks_mut(d.hw)
+                .zip(x.par_chunks(d.hw))
+                .enumerate()
+                .for_each(|(i, (y, x))| {
+                    let ch = i % d.c;
+                    let scale = st.invstd[ch] * w[ch];
+                    let shift = b[ch] - st.mean[ch] * scale;
+                    y.iter_mut()
+                        .zip(x)
+                        .for_each(|(y, &x)| *y = x * scale + shift);
+                });
+        }
+        keep(&self.stats, st);
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let _span = trace::backward(self.layer.as_ref(), "batch_norm2d");
+        trace::count("batch_norm2d.backward");
+        let stats = self
+            .stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let Some(stats) = stats else {
+            candle_core::bail!("batch_norm2d backward: the forward kept no statistics");
+        };
+        let op = BatchNormBackward {
+            stats,
+            input_grad: self.input_grad,
+            buffers: self.buffers.clone(),
+        };
+        let flat = x.apply_op3_no_bwd(w, &grad.contiguous()?, &op)?;
+        unpack_grads(
+            &flat,
+            w.shape(),
+            x.shape(),
+            self.input_grad,
+            op.buffers.is_some(),
+        )
+    }
+}
+
+/// The backward kernel: `(x, w, dy) -> [dW | db | dx]` (or dx alone when
+/// the parameters' buffers took dW and db).
+struct BatchNormBackward {
+    stats: Stats,
+    input_grad: bool,
+    buffers: Option<ParamBuffers>,
+}
+
+impl CustomOp3 for BatchNormBackward {
+    fn name(&self) -> &'static str {
+        "redline-batch-norm2d-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let name = self.name();
+        let d = Dims::of(l1)?;
+        let (x, w, dy) = (
+            f32s(s1, l1, name)?,
+            f32s(s2, l2, name)?,
+            f32s(s3, l3, name)?,
+        );
+        if dy.len() != x.len() || w.len() != d.c || self.stats.mean.len() != d.c {
+            candle_core::bail!(
+                "{name}: output grad has {} elements for an input of {}, weight {} for {} channels",
+                dy.len(),
+                x.len(),
+                w.len(),
+                d.c
+            );
+        }
+        let st = &self.stats;
+        // Per channel: db = sum(dy), and sum(dy * (x - mean)) (dW = that * invstd).
+        let sums: Vec<(f32, f32)> = (0..d.c)
+            .into_par_iter()
+            .map(|ch| {
+                let m = st.mean[ch];
+                let (mut sdy, mut sdyx) = (0f64, 0f64);
+                for (xp, gp) in d.planes(x, ch).zip(d.planes(dy, ch)) {
+                    sdy += lane_sum(gp.len(), |i| gp[i]);
+                    sdyx += lane_sum(gp.len(), |i| gp[i] * (xp[i] - m));
+                }
+                (sdy as f32, sdyx as f32)
+            })
+            .collect();
+        let db: Vec<f32> = sums.iter().map(|s| s.0).collect();
+        let dw: Vec<f32> = sums.iter().zip(&st.invstd).map(|(s, i)| s.1 * i).collect();
+        let mut dx = if self.input_grad {
+            vec![0f32; x.len()]
+        } else {
+            Vec::new()
+        };
+        if self.input_grad && d.hw > 0 {
+            let n = d.n() as f32;
+            dx.par_chunks_mut(d.hw)
+                .zip(x.par_chunks(d.hw).zip(dy.par_chunks(d.hw)))
+                .enumerate()
+                .for_each(|(i, (dx, (x, dy)))| {
+                    let ch = i % d.c;
+                    let (m, is) = (st.mean[ch], st.invstd[ch]);
+                    let mean_dy = sums[ch].0 / n;
+                    let k = sums[ch].1 / n * is * is;
+                    let scale = w[ch] * is;
+                    for ((o, &x), &g) in dx.iter_mut().zip(x).zip(dy) {
+                        *o = (g - mean_dy - (x - m) * k) * scale;
+                    }
+                });
+        }
+        let out = match &self.buffers {
+            Some((wb, bb)) => {
+                wb.add(&dw);
+                bb.add(&db);
+                dx
+            }
+            None => [dw, db, dx].concat(),
+        };
+        let len = out.len();
+        Ok((CpuStorage::F32(out), Shape::from(len)))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,141 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use super::*;
+use crate::grad::outputs_and_grads;
+use candle_core::{DType, Device, Var};
+
+/// Deterministic values: a per-channel offset and scale (so that the
+/// statistics differ by channel) times a sine.
+fn data(dims: (usize, usize, usize, usize), seed: f32) -> Tensor {
+    let (b, c, h, w) = dims;
+    let v: Vec<f32> = (0..b * c * h * w)
+        .map(|i| {
+            let ch = (i / (h * w)) % c;
+            (i as f32 * 0.731 + seed).sin() * (1.0 + ch as f32) + ch as f32 * 3.0 - 2.0
+        })
+        .collect();
+    Tensor::from_vec(v, (b, c, h, w), &Device::Cpu).unwrap()
+}
+
+fn channel_data(c: usize, seed: f32) -> Tensor {
+    let v: Vec<f32> = (0..c).map(|i| 0.5 + (i as f32 + seed).cos()).collect();
+    Tensor::from_vec(v, c, &Device::Cpu).unwrap()
+}
+
+fn flat(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// The generic formula in f64 (candle's autograd): `[y, dx, dW, db, mean, var]`.
+fn reference(x: &Tensor, w: &Tensor, b: &Tensor, up: &Tensor, eps: f64) -> [Vec<f32>; 6] {
+    let f64v = |t: &Tensor| Var::from_tensor(&t.to_dtype(DType::F64).unwrap()).unwrap();
+    let (xv, wv, bv) = (f64v(x), f64v(w), f64v(b));
+    let out =
+        batch_norm2d_train_generic(xv.as_tensor(), wv.as_tensor(), bv.as_tensor(), eps).unwrap();
+    let up = up.to_dtype(DType::F64).unwrap();
+    let g = (&out.y * &up)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let get = |v: &Var| flat(g.get(v.as_tensor()).unwrap());
+    [
+        flat(&out.y),
+        get(&xv),
+        get(&wv),
+        get(&bv),
+        flat(&out.mean),
+        flat(&out.var),
+    ]
+}
+
+fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * scale,
+            "{what}[{i}]: fused {g}, f64 reference {w} (scale {scale})"
+        );
+    }
+}
+
+#[test]
+fn fused_forward_backward_and_statistics_match_the_f64_formula() {
+    // Planes of 1 (ResNet's last stage at small inputs), 7x7 (tails of the
+    // eight-lane sums), 16x16 (whole lanes), one sample and several.
+    for (i, dims) in [(4, 3, 1, 1), (2, 5, 7, 7), (3, 2, 16, 16), (1, 4, 3, 5)]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = i as f32;
+        let x = data(dims, seed);
+        let (w, b) = (channel_data(dims.1, seed), channel_data(dims.1, seed + 9.0));
+        let up = data(dims, seed + 4.0);
+        let eps = 1e-5;
+        let xv = Var::from_tensor(&x).unwrap();
+        let wp = Param::new(Var::from_tensor(&w).unwrap());
+        let bp = Param::new(Var::from_tensor(&b).unwrap());
+        let out = batch_norm2d_train(xv.as_tensor(), &wp, &bp, eps).unwrap();
+        let [y, dx, dw, db] = outputs_and_grads(&out.y, &up, &xv, &wp, &bp).unwrap();
+        let want = reference(&x, &w, &b, &up, eps);
+        let what = format!("{dims:?}");
+        close(&format!("{what} y"), &y, &want[0], 1e-5);
+        close(&format!("{what} dx"), &dx, &want[1], 1e-4);
+        close(&format!("{what} dW"), &dw, &want[2], 1e-5);
+        close(&format!("{what} db"), &db, &want[3], 1e-5);
+        close(&format!("{what} mean"), &flat(&out.mean), &want[4], 1e-6);
+        close(&format!("{what} var"), &flat(&out.var), &want[5], 1e-6);
+    }
+}
+
+#[test]
+fn an_untracked_input_gets_no_gradient_but_the_parameters_do() {
+    let dims = (2, 3, 4, 4);
+    let x = data(dims, 1.0);
+    let wp = Param::new(Var::from_tensor(&channel_data(3, 0.0)).unwrap());
+    let bp = Param::new(Var::from_tensor(&channel_data(3, 1.0)).unwrap());
+    let out = batch_norm2d_train(&x, &wp, &bp, 1e-5).unwrap();
+    let g = (&out.y * data(dims, 2.0))
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert!(g.get(&x).is_none());
+    let dw = wp.grad().to_tensor(wp.as_tensor()).unwrap().unwrap();
+    assert_eq!(dw.dims(), [3]);
+    assert!(flat(&dw).iter().any(|v| *v != 0.0));
+}
+
+#[test]
+fn a_nan_input_spreads_to_its_channel_only() {
+    let dims = (2, 3, 2, 2);
+    let mut v = flat(&data(dims, 0.0));
+    v[4] = f32::NAN; // sample 0, channel 1
+    let x = Tensor::from_vec(v, dims, &Device::Cpu).unwrap();
+    let wp = Param::new(Var::from_tensor(&channel_data(3, 0.0)).unwrap());
+    let bp = Param::new(Var::from_tensor(&channel_data(3, 1.0)).unwrap());
+    let out = batch_norm2d_train(&x, &wp, &bp, 1e-5).unwrap();
+    let y = flat(&out.y);
+    for (i, v) in y.iter().enumerate() {
+        assert_eq!(v.is_nan(), (i / 4) % 3 == 1, "y[{i}] = {v}");
+    }
+}
+
+#[test]
+fn mismatched_parameters_are_refused_with_their_shapes() {
+    let x = data((2, 3, 2, 2), 0.0);
+    let wp = Param::new(Var::from_tensor(&channel_data(4, 0.0)).unwrap());
+    let bp = Param::new(Var::from_tensor(&channel_data(4, 1.0)).unwrap());
+    let err = batch_norm2d_train(&x, &wp, &bp, 1e-5)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("3 channels") && err.contains("[4]"), "{err}");
+}

@@ -409,6 +409,32 @@ impl Geom {
         Ok(())
     }
 
+    /// The outputs of all samples of `x` into `out`, with the weights `w`
+    /// in im2col row order: the samples split across the compute threads,
+    /// each chunk one GEMM ([`Geom::batched`]) or one per sample.
+    pub(super) fn forward_all(
+        &self,
+        name: &str,
+        w: &[f32],
+        b: &[f32],
+        x: &[f32],
+        out: &mut [f32],
+    ) -> candle_core::Result<()> {
+        let per = self.per_chunk();
+        out.par_chunks_mut(per * self.out_len())
+            .zip(x.par_chunks(per * self.in_len()))
+            .try_for_each(|(out, x)| {
+                if self.batched() {
+                    return self.forward_batched(name, w, b, x, out);
+                }
+                let mut cols = vec![0f32; self.k() * self.ohw()];
+                for (y, x) in out.chunks_mut(self.out_len()).zip(x.chunks(self.in_len())) {
+                    self.forward_sample(name, w, b, x, &mut cols, y)?;
+                }
+                Ok(())
+            })
+    }
+
     /// The three f32 operands of a conv kernel, `(input, weight, third)`,
     /// each checked against the length the geometry gives it; `third` names
     /// the last one (bias, output gradient...) and its expected length.
@@ -506,21 +532,7 @@ impl CustomOp3 for Conv2dOp {
         if g.b == 0 {
             return Ok((CpuStorage::F32(out), shape));
         }
-        let w = g.permute_taps(w, false);
-        let w = w.as_slice();
-        let per = g.per_chunk();
-        out.par_chunks_mut(per * g.out_len())
-            .zip(x.par_chunks(per * g.in_len()))
-            .try_for_each(|(out, x)| {
-                if g.batched() {
-                    return g.forward_batched(name, w, b, x, out);
-                }
-                let mut cols = vec![0f32; g.k() * g.ohw()];
-                for (y, x) in out.chunks_mut(g.out_len()).zip(x.chunks(g.in_len())) {
-                    g.forward_sample(name, w, b, x, &mut cols, y)?;
-                }
-                Ok::<(), candle_core::Error>(())
-            })?;
+        g.forward_all(name, &g.permute_taps(w, false), b, x, &mut out)?;
         Ok((CpuStorage::F32(out), shape))
     }
 

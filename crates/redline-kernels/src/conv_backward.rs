@@ -310,9 +310,14 @@ impl Conv2dBackward {
         dx: &mut [f32],
     ) -> candle_core::Result<()> {
         let g = self.geom;
+        // Stride 1: dx as a forward convolution of dy, after dW and db.
+        let as_conv = g
+            .transposed()
+            .filter(|_| self.input_grad && self.unpool.is_none());
+        let stored_w = w;
         let w = g.permute_taps(w, false);
         let per = g.per_chunk();
-        let dx_chunks: Vec<Option<&mut [f32]>> = if self.input_grad {
+        let dx_chunks: Vec<Option<&mut [f32]>> = if self.input_grad && as_conv.is_none() {
             dx.chunks_mut(per * g.in_len()).map(Some).collect()
         } else {
             (0..g.b.div_ceil(per)).map(|_| None).collect()
@@ -341,6 +346,9 @@ impl Conv2dBackward {
             for (d, s) in dwb.iter_mut().zip(p) {
                 *d += s;
             }
+        }
+        if let Some(t) = as_conv {
+            g.input_grad_as_conv(&t, self.name(), stored_w, dy, dx)?;
         }
         // dW back from the im2col row order to (Cout, Cin, kh, kw).
         let (dw, _) = dwb.split_at_mut(g.cout * g.k());

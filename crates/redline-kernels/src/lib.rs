@@ -12,6 +12,7 @@ pub mod batch_norm;
 pub mod conv;
 mod conv_backward;
 mod conv_block;
+mod conv_dx;
 pub mod conv_igemm;
 mod conv_wide;
 #[cfg(feature = "cuda")]

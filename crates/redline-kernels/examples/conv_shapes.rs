@@ -1,0 +1,103 @@
+//! Times the fused CPU convolution on ResNet's shapes, forward and backward
+//! (dW, db, dx), and prints ms and GFLOP/s per shape; `bench/conv_shapes.py`
+//! runs PyTorch's on the same shapes beside it.
+//!
+//! `cargo run --release -p redline-kernels --example conv_shapes -- [--threads N] [--batch B] [--size S] [--reps R]`
+
+use std::time::Instant;
+
+use candle_core::{Device, Tensor, Var};
+use redline_kernels::conv2d_strided_param;
+use redline_kernels::grad::Param;
+
+/// ResNet-18's convolutions at input side `s`: (name, cin, cout, k, stride, pad, input side).
+fn shapes(s: usize) -> Vec<(&'static str, usize, usize, usize, usize, usize, usize)> {
+    let (s1, s2, s3, s4) = (s / 4, s / 8, s / 16, s / 32);
+    vec![
+        ("conv1 7x7/2", 3, 64, 7, 2, 3, s),
+        ("layer1 3x3", 64, 64, 3, 1, 1, s1),
+        ("layer2.0.conv1 3x3/2", 64, 128, 3, 2, 1, s1),
+        ("layer2 3x3", 128, 128, 3, 1, 1, s2),
+        ("layer2 down 1x1/2", 64, 128, 1, 2, 0, s1),
+        ("layer3.0.conv1 3x3/2", 128, 256, 3, 2, 1, s2),
+        ("layer3 3x3", 256, 256, 3, 1, 1, s3),
+        ("layer3 down 1x1/2", 128, 256, 1, 2, 0, s2),
+        ("layer4.0.conv1 3x3/2", 256, 512, 3, 2, 1, s3),
+        ("layer4 3x3", 512, 512, 3, 1, 1, s4),
+        ("layer4 down 1x1/2", 256, 512, 1, 2, 0, s3),
+    ]
+}
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (threads, batch, size, reps) = (
+        arg("--threads", 2),
+        arg("--batch", 32),
+        arg("--size", 224),
+        arg("--reps", 5),
+    );
+    redline_kernels::gemm::set_threads(threads);
+    println!("threads {threads}, batch {batch}, input {size} px, median of {reps}");
+    println!(
+        "| conv | cin | cout | k/s | in | fwd ms | bwd ms | fwd GFLOP/s | bwd GFLOP/s |\n| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"
+    );
+    let dev = Device::Cpu;
+    for (name, cin, cout, k, stride, pad, side) in shapes(size) {
+        let xt = Tensor::randn(0f32, 1.0, (batch, cin, side, side), &dev)?;
+        let xv = Var::from_tensor(&xt)?;
+        // --no-dx: the input untracked (a first layer), dW and db only.
+        let x = if std::env::args().any(|a| a == "--no-dx") {
+            xt
+        } else {
+            xv.as_tensor().clone()
+        };
+        let w = Param::new(Var::from_tensor(&Tensor::randn(
+            0f32,
+            0.05,
+            (cout, cin, k, k),
+            &dev,
+        )?)?);
+        let b = Param::new(Var::from_tensor(&Tensor::zeros(
+            cout,
+            candle_core::DType::F32,
+            &dev,
+        )?)?);
+        let (mut fwd, mut bwd) = (Vec::new(), Vec::new());
+        for _ in 0..reps + 1 {
+            let t = Instant::now();
+            let y = conv2d_strided_param(&x, &w, &b, pad, stride)?;
+            let f = t.elapsed().as_secs_f64();
+            // candle seeds the backward with ones shaped as `y`: dy = 1.
+            let t = Instant::now();
+            let _g = y.backward()?;
+            bwd.push(t.elapsed().as_secs_f64());
+            fwd.push(f);
+            w.grad().clear();
+            b.grad().clear();
+        }
+        let (fwd, bwd) = (median(fwd[1..].to_vec()), median(bwd[1..].to_vec()));
+        let o = (side + 2 * pad - k) / stride + 1;
+        let flops = 2.0 * (batch * cout * o * o * cin * k * k) as f64;
+        println!(
+            "| {name} | {cin} | {cout} | {k}/{stride} | {side} | {:.1} | {:.1} | {:.0} | {:.0} |",
+            fwd * 1e3,
+            bwd * 1e3,
+            flops / fwd / 1e9,
+            2.0 * flops / bwd / 1e9
+        );
+    }
+    Ok(())
+}

@@ -20,6 +20,7 @@ mod dtype;
 mod error;
 pub mod files;
 pub mod host;
+pub mod host_alloc;
 mod matmul;
 pub mod memory;
 pub mod peak;

@@ -132,6 +132,7 @@ pub fn max_pool2d_window(x: &Tensor, k: usize, stride: usize, padding: usize) ->
                 pad: padding,
             },
             layer: trace::current_layer(),
+            saved: std::sync::Mutex::new(None),
         };
         return Ok(x.contiguous()?.apply_op1(op)?);
     }
@@ -306,7 +307,7 @@ fn backward_row(
 }
 
 /// Planes (`H x W` images) per thread chunk.
-fn planes_per_chunk(planes: usize) -> usize {
+pub(crate) fn planes_per_chunk(planes: usize) -> usize {
     planes.div_ceil(gemm::threads()).max(1)
 }
 

@@ -52,6 +52,8 @@ fn dispatch(command: cli::Command) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    // Freed activations stay in the process for the next step (glibc).
+    redline_core::host_alloc::reuse_freed_memory();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("REDLINE_LOG")

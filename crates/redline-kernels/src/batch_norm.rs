@@ -19,6 +19,7 @@ use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
 use redline_core::trace;
 
+use crate::add_relu::passes;
 use crate::grad::{layer_buffers, Param, ParamBuffers};
 use crate::slices::{f32s, fused_cpu, keep, unpack_grads};
 use crate::Result;
@@ -36,14 +37,30 @@ pub struct BatchNormOut {
 }
 
 /// `F.batch_norm(x, None, None, w, b, training=True, eps=eps)` on `x (B, C,
-/// H, W)` with `w`, `b` of shape `(C)`: CPU f32 tensors take the fused
-/// kernel (dW and db into the parameters' gradient buffers, dx only when
-/// `x` is tracked), anything else [`batch_norm2d_train_generic`].
-pub fn batch_norm2d_train(x: &Tensor, w: &Param, b: &Param, eps: f64) -> Result<BatchNormOut> {
+/// H, W)` with `w`, `b` of shape `(C)`, followed by a ReLU when `relu`
+/// (ResNet's `bn1` + `relu`; PyTorch's rule: NaN passes, and so does its
+/// gradient): CPU f32 tensors take the fused kernel (dW and db into the
+/// parameters' gradient buffers, dx only when `x` is tracked), anything
+/// else [`batch_norm2d_train_generic`].
+pub fn batch_norm2d_train(
+    x: &Tensor,
+    w: &Param,
+    b: &Param,
+    eps: f64,
+    relu: bool,
+) -> Result<BatchNormOut> {
     let (wt, bt) = (w.as_tensor(), b.as_tensor());
     let buffers = layer_buffers(w, b);
     if !(fused_cpu(x) && fused_cpu(wt) && fused_cpu(bt)) || buffers.is_none() {
-        return batch_norm2d_train_generic(x, wt, bt, eps);
+        let out = batch_norm2d_train_generic(x, wt, bt, eps)?;
+        return Ok(if relu {
+            BatchNormOut {
+                y: out.y.relu()?,
+                ..out
+            }
+        } else {
+            out
+        });
     }
     let (_, c, _, _) = x.dims4()?;
     if wt.dims() != [c] || bt.dims() != [c] {
@@ -57,6 +74,7 @@ pub fn batch_norm2d_train(x: &Tensor, w: &Param, b: &Param, eps: f64) -> Result<
     let stats = Arc::new(Mutex::new(None));
     let op = BatchNormOp {
         eps,
+        relu,
         input_grad: x.track_op(),
         layer: trace::current_layer(),
         buffers,
@@ -110,6 +128,10 @@ struct Stats {
     mean: Vec<f32>,
     var: Vec<f32>,
     invstd: Vec<f32>,
+    /// Per channel, `y = x * scale + shift` before the ReLU: the backward
+    /// recomputes that value bit for bit to know where the ReLU passed.
+    scale: Vec<f32>,
+    shift: Vec<f32>,
 }
 
 /// Sizes of one batch norm: `b` samples of `c` planes of `hw` values.
@@ -178,12 +200,77 @@ fn channel_stats(d: Dims, x: &[f32], eps: f64) -> Stats {
         mean: per.iter().map(|p| p.0).collect(),
         var: per.iter().map(|p| p.1).collect(),
         invstd: per.iter().map(|p| p.2).collect(),
+        scale: Vec::new(),
+        shift: Vec::new(),
+    }
+}
+
+/// One channel's fused ReLU for the backward: the pre-activation
+/// `x * scale + shift` recomputed as the forward computed it.
+#[derive(Clone, Copy)]
+struct Gate {
+    relu: bool,
+    scale: f32,
+    shift: f32,
+}
+
+impl Gate {
+    /// The gradient reaching the norm's output: `dy`, or 0 where the ReLU
+    /// (when `RELU`) stopped it. Branch-free, so the loops vectorise.
+    #[inline(always)]
+    fn at<const RELU: bool>(self, x: f32, dy: f32) -> f32 {
+        if RELU && !passes(x * self.scale + self.shift) {
+            0.0
+        } else {
+            dy
+        }
+    }
+}
+
+/// One plane's `(sum(g), sum(g * (x - m)))` with `g` the gated gradient,
+/// eight running sums each.
+#[inline(always)]
+fn gate_sums<const RELU: bool>(gate: Gate, m: f32, x: &[f32], dy: &[f32]) -> (f64, f64) {
+    let (mut a, mut b) = ([0f32; 8], [0f32; 8]);
+    let (xs, dys) = (x.chunks_exact(8), dy.chunks_exact(8));
+    let (xt, dyt) = (xs.remainder(), dys.remainder());
+    for (x, dy) in xs.zip(dys) {
+        for j in 0..8 {
+            let g = gate.at::<RELU>(x[j], dy[j]);
+            a[j] += g;
+            b[j] += g * (x[j] - m);
+        }
+    }
+    let (mut ta, mut tb) = (0f32, 0f32);
+    for (&x, &dy) in xt.iter().zip(dyt) {
+        let g = gate.at::<RELU>(x, dy);
+        ta += g;
+        tb += g * (x - m);
+    }
+    let total = |l: [f32; 8], t: f32| l.iter().map(|&v| f64::from(v)).sum::<f64>() + f64::from(t);
+    (total(a, ta), total(b, tb))
+}
+
+/// One plane's dx: `(g - mean_g - (x - m) * k) * scale` with `terms = (m,
+/// mean_g, k, scale)`.
+#[inline(always)]
+fn gate_dx<const RELU: bool>(
+    gate: Gate,
+    (m, mean_g, k, scale): (f32, f32, f32, f32),
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+) {
+    for ((o, &x), &dy) in dx.iter_mut().zip(x).zip(dy) {
+        *o = (gate.at::<RELU>(x, dy) - mean_g - (x - m) * k) * scale;
     }
 }
 
 /// The forward op: `(x, w, b) -> y`, contiguous f32 on the CPU.
 struct BatchNormOp {
     eps: f64,
+    /// A ReLU follows, fused.
+    relu: bool,
     /// Whether `x` was tracked at forward time; if not, no dx is computed.
     input_grad: bool,
     /// The layer that built it, for the backward span (only while tracing).
@@ -224,19 +311,29 @@ impl CustomOp3 for BatchNormOp {
                 b.len()
             );
         }
-        let st = channel_stats(d, x, self.eps);
+        let mut st = channel_stats(d, x, self.eps);
+        st.scale = st.invstd.iter().zip(w).map(|(i, w)| i * w).collect();
+        st.shift = (0..d.c)
+            .map(|ch| b[ch] - st.mean[ch] * st.scale[ch])
+            .collect();
         let mut y = vec![0f32; x.len()];
         if d.hw > 0 {
+            let relu = self.relu;
             y.par_chunks_mut(d.hw)
                 .zip(x.par_chunks(d.hw))
                 .enumerate()
                 .for_each(|(i, (y, x))| {
-                    let ch = i % d.c;
-                    let scale = st.invstd[ch] * w[ch];
-                    let shift = b[ch] - st.mean[ch] * scale;
-                    y.iter_mut()
-                        .zip(x)
-                        .for_each(|(y, &x)| *y = x * scale + shift);
+                    let (scale, shift) = (st.scale[i % d.c], st.shift[i % d.c]);
+                    if relu {
+                        y.iter_mut().zip(x).for_each(|(y, &x)| {
+                            let z = x * scale + shift;
+                            *y = if passes(z) { z } else { 0.0 };
+                        });
+                    } else {
+                        y.iter_mut()
+                            .zip(x)
+                            .for_each(|(y, &x)| *y = x * scale + shift);
+                    }
                 });
         }
         keep(&self.stats, st);
@@ -263,6 +360,7 @@ impl CustomOp3 for BatchNormOp {
         };
         let op = BatchNormBackward {
             stats,
+            relu: self.relu,
             input_grad: self.input_grad,
             buffers: self.buffers.clone(),
         };
@@ -281,6 +379,8 @@ impl CustomOp3 for BatchNormOp {
 /// the parameters' buffers took dW and db).
 struct BatchNormBackward {
     stats: Stats,
+    /// The forward's fused ReLU: dy is zeroed where it did not pass.
+    relu: bool,
     input_grad: bool,
     buffers: Option<ParamBuffers>,
 }
@@ -316,15 +416,24 @@ impl CustomOp3 for BatchNormBackward {
             );
         }
         let st = &self.stats;
+        let gated = |ch: usize| Gate {
+            relu: self.relu,
+            scale: st.scale[ch],
+            shift: st.shift[ch],
+        };
         // Per channel: db = sum(dy), and sum(dy * (x - mean)) (dW = that * invstd).
         let sums: Vec<(f32, f32)> = (0..d.c)
             .into_par_iter()
             .map(|ch| {
-                let m = st.mean[ch];
+                let (gate, m) = (gated(ch), st.mean[ch]);
                 let (mut sdy, mut sdyx) = (0f64, 0f64);
                 for (xp, gp) in d.planes(x, ch).zip(d.planes(dy, ch)) {
-                    sdy += lane_sum(gp.len(), |i| gp[i]);
-                    sdyx += lane_sum(gp.len(), |i| gp[i] * (xp[i] - m));
+                    let (a, b) = if gate.relu {
+                        gate_sums::<true>(gate, m, xp, gp)
+                    } else {
+                        gate_sums::<false>(gate, m, xp, gp)
+                    };
+                    (sdy, sdyx) = (sdy + a, sdyx + b);
                 }
                 (sdy as f32, sdyx as f32)
             })
@@ -344,11 +453,12 @@ impl CustomOp3 for BatchNormBackward {
                 .for_each(|(i, (dx, (x, dy)))| {
                     let ch = i % d.c;
                     let (m, is) = (st.mean[ch], st.invstd[ch]);
-                    let mean_dy = sums[ch].0 / n;
                     let k = sums[ch].1 / n * is * is;
-                    let scale = w[ch] * is;
-                    for ((o, &x), &g) in dx.iter_mut().zip(x).zip(dy) {
-                        *o = (g - mean_dy - (x - m) * k) * scale;
+                    let terms = (m, sums[ch].0 / n, k, w[ch] * is);
+                    if self.relu {
+                        gate_dx::<true>(gated(ch), terms, x, dy, dx);
+                    } else {
+                        gate_dx::<false>(gated(ch), terms, x, dy, dx);
                     }
                 });
         }

@@ -6,6 +6,7 @@
 //! ops for every other device; tests hold the two against each other and the
 //! model-level golden tests hold both against PyTorch.
 
+pub mod add_relu;
 pub mod attention;
 pub mod autocast;
 pub mod batch_norm;

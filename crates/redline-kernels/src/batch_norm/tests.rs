@@ -31,12 +31,22 @@ fn flat(t: &Tensor) -> Vec<f32> {
         .unwrap()
 }
 
-/// The generic formula in f64 (candle's autograd): `[y, dx, dW, db, mean, var]`.
-fn reference(x: &Tensor, w: &Tensor, b: &Tensor, up: &Tensor, eps: f64) -> [Vec<f32>; 6] {
+/// The generic formula in f64 (candle's autograd), then a ReLU when `relu`:
+/// `[y, dx, dW, db, mean, var]`.
+fn reference(
+    x: &Tensor,
+    (w, b): (&Tensor, &Tensor),
+    up: &Tensor,
+    eps: f64,
+    relu: bool,
+) -> [Vec<f32>; 6] {
     let f64v = |t: &Tensor| Var::from_tensor(&t.to_dtype(DType::F64).unwrap()).unwrap();
     let (xv, wv, bv) = (f64v(x), f64v(w), f64v(b));
-    let out =
+    let mut out =
         batch_norm2d_train_generic(xv.as_tensor(), wv.as_tensor(), bv.as_tensor(), eps).unwrap();
+    if relu {
+        out.y = out.y.relu().unwrap();
+    }
     let up = up.to_dtype(DType::F64).unwrap();
     let g = (&out.y * &up)
         .unwrap()
@@ -69,29 +79,38 @@ fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 #[test]
 fn fused_forward_backward_and_statistics_match_the_f64_formula() {
     // Planes of 1 (ResNet's last stage at small inputs), 7x7 (tails of the
-    // eight-lane sums), 16x16 (whole lanes), one sample and several.
-    for (i, dims) in [(4, 3, 1, 1), (2, 5, 7, 7), (3, 2, 16, 16), (1, 4, 3, 5)]
-        .into_iter()
-        .enumerate()
-    {
-        let seed = i as f32;
-        let x = data(dims, seed);
-        let (w, b) = (channel_data(dims.1, seed), channel_data(dims.1, seed + 9.0));
-        let up = data(dims, seed + 4.0);
-        let eps = 1e-5;
-        let xv = Var::from_tensor(&x).unwrap();
-        let wp = Param::new(Var::from_tensor(&w).unwrap());
-        let bp = Param::new(Var::from_tensor(&b).unwrap());
-        let out = batch_norm2d_train(xv.as_tensor(), &wp, &bp, eps).unwrap();
-        let [y, dx, dw, db] = outputs_and_grads(&out.y, &up, &xv, &wp, &bp).unwrap();
-        let want = reference(&x, &w, &b, &up, eps);
-        let what = format!("{dims:?}");
-        close(&format!("{what} y"), &y, &want[0], 1e-5);
-        close(&format!("{what} dx"), &dx, &want[1], 1e-4);
-        close(&format!("{what} dW"), &dw, &want[2], 1e-5);
-        close(&format!("{what} db"), &db, &want[3], 1e-5);
-        close(&format!("{what} mean"), &flat(&out.mean), &want[4], 1e-6);
-        close(&format!("{what} var"), &flat(&out.var), &want[5], 1e-6);
+    // eight-lane sums), 16x16 (whole lanes), one sample and several; alone
+    // and with the fused ReLU (a good share of the outputs stopped).
+    let shapes = [(4, 3, 1, 1), (2, 5, 7, 7), (3, 2, 16, 16), (1, 4, 3, 5)];
+    for relu in [false, true] {
+        for (i, dims) in shapes.into_iter().enumerate() {
+            let seed = i as f32;
+            let x = data(dims, seed);
+            let w = channel_data(dims.1, seed);
+            let b = channel_data(dims.1, seed + 9.0).affine(1.0, -0.5).unwrap();
+            let up = data(dims, seed + 4.0);
+            let eps = 1e-5;
+            let xv = Var::from_tensor(&x).unwrap();
+            let wp = Param::new(Var::from_tensor(&w).unwrap());
+            let bp = Param::new(Var::from_tensor(&b).unwrap());
+            let out = batch_norm2d_train(xv.as_tensor(), &wp, &bp, eps, relu).unwrap();
+            let [y, dx, dw, db] = outputs_and_grads(&out.y, &up, &xv, &wp, &bp).unwrap();
+            let want = reference(&x, (&w, &b), &up, eps, relu);
+            let what = format!("{dims:?} relu {relu}");
+            if relu && y.len() > 8 {
+                let zeros = y.iter().filter(|v| **v == 0.0).count();
+                assert!(
+                    zeros > y.len() / 8 && zeros < y.len() * 7 / 8,
+                    "{what}: {zeros} zeros"
+                );
+            }
+            close(&format!("{what} y"), &y, &want[0], 1e-5);
+            close(&format!("{what} dx"), &dx, &want[1], 1e-4);
+            close(&format!("{what} dW"), &dw, &want[2], 1e-5);
+            close(&format!("{what} db"), &db, &want[3], 1e-5);
+            close(&format!("{what} mean"), &flat(&out.mean), &want[4], 1e-6);
+            close(&format!("{what} var"), &flat(&out.var), &want[5], 1e-6);
+        }
     }
 }
 
@@ -101,7 +120,7 @@ fn an_untracked_input_gets_no_gradient_but_the_parameters_do() {
     let x = data(dims, 1.0);
     let wp = Param::new(Var::from_tensor(&channel_data(3, 0.0)).unwrap());
     let bp = Param::new(Var::from_tensor(&channel_data(3, 1.0)).unwrap());
-    let out = batch_norm2d_train(&x, &wp, &bp, 1e-5).unwrap();
+    let out = batch_norm2d_train(&x, &wp, &bp, 1e-5, false).unwrap();
     let g = (&out.y * data(dims, 2.0))
         .unwrap()
         .sum_all()
@@ -115,17 +134,19 @@ fn an_untracked_input_gets_no_gradient_but_the_parameters_do() {
 }
 
 #[test]
-fn a_nan_input_spreads_to_its_channel_only() {
+fn a_nan_input_spreads_to_its_channel_only_and_passes_the_relu() {
     let dims = (2, 3, 2, 2);
     let mut v = flat(&data(dims, 0.0));
     v[4] = f32::NAN; // sample 0, channel 1
     let x = Tensor::from_vec(v, dims, &Device::Cpu).unwrap();
     let wp = Param::new(Var::from_tensor(&channel_data(3, 0.0)).unwrap());
     let bp = Param::new(Var::from_tensor(&channel_data(3, 1.0)).unwrap());
-    let out = batch_norm2d_train(&x, &wp, &bp, 1e-5).unwrap();
-    let y = flat(&out.y);
-    for (i, v) in y.iter().enumerate() {
-        assert_eq!(v.is_nan(), (i / 4) % 3 == 1, "y[{i}] = {v}");
+    for relu in [false, true] {
+        let out = batch_norm2d_train(&x, &wp, &bp, 1e-5, relu).unwrap();
+        let y = flat(&out.y);
+        for (i, v) in y.iter().enumerate() {
+            assert_eq!(v.is_nan(), (i / 4) % 3 == 1, "relu {relu}: y[{i}] = {v}");
+        }
     }
 }
 
@@ -134,7 +155,7 @@ fn mismatched_parameters_are_refused_with_their_shapes() {
     let x = data((2, 3, 2, 2), 0.0);
     let wp = Param::new(Var::from_tensor(&channel_data(4, 0.0)).unwrap());
     let bp = Param::new(Var::from_tensor(&channel_data(4, 1.0)).unwrap());
-    let err = batch_norm2d_train(&x, &wp, &bp, 1e-5)
+    let err = batch_norm2d_train(&x, &wp, &bp, 1e-5, false)
         .unwrap_err()
         .to_string();
     assert!(err.contains("3 channels") && err.contains("[4]"), "{err}");

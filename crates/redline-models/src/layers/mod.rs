@@ -51,6 +51,16 @@ pub trait Layer: Send + Sync {
     fn capture_safe(&self) -> std::result::Result<(), String> {
         Ok(())
     }
+    /// `relu(self.forward_t(x, train))` as one kernel, where this layer has
+    /// one for `train` (the chain fuses a ReLU that follows it); `None`
+    /// otherwise.
+    fn forward_relu_t(&self, _x: &Tensor, _train: bool) -> Option<Result<Tensor>> {
+        None
+    }
+    /// Whether this layer is a plain ReLU, which the layer before it may fuse.
+    fn is_relu(&self) -> bool {
+        false
+    }
     /// Appends the positions of this layer's random streams (dropout's) to `out`.
     fn rng_state(&self, _out: &mut Vec<u128>) {}
     /// Takes back, in order, the positions [`Layer::rng_state`] gave.

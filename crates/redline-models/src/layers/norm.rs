@@ -45,30 +45,44 @@ pub(super) struct BatchNorm2d {
     pub(super) momentum: f64,
 }
 
-impl Layer for BatchNorm2d {
-    fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+impl BatchNorm2d {
+    /// The training forward, with a ReLU after it when `relu`: the fused
+    /// CPU kernel (or candle's ops elsewhere), then the running statistics
+    /// from the batch's, detached.
+    fn train_forward(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
         // Norms run in their parameters' dtype: fp32 under autocast.
         let x = &x.to_dtype(self.w.as_tensor().dtype())?;
-        let (b, c, h, w) = x.dims4()?;
+        let (b, _, h, w) = x.dims4()?;
+        let out = batch_norm2d_train(x, &self.w, &self.b, self.eps, relu)?;
+        let n = (b * h * w) as f64;
+        let m = self.momentum;
+        let unbiased = out.var.affine(n / (n - 1.0).max(1.0), 0.0)?;
+        let rm = self.running_mean.as_tensor();
+        let rv = self.running_var.as_tensor();
+        let dtype = rm.dtype();
+        let new_rm = (rm.affine(1.0 - m, 0.0)? + out.mean.to_dtype(dtype)?.affine(m, 0.0)?)?;
+        let new_rv = (rv.affine(1.0 - m, 0.0)? + unbiased.to_dtype(dtype)?.affine(m, 0.0)?)?;
+        self.running_mean.set(&new_rm)?;
+        self.running_var.set(&new_rv)?;
+        let one = Tensor::new(1i64, x.device())?;
+        self.tracked
+            .set(&self.tracked.as_tensor().broadcast_add(&one)?)?;
+        Ok(out.y)
+    }
+}
+
+impl Layer for BatchNorm2d {
+    fn forward_relu_t(&self, x: &Tensor, train: bool) -> Option<Result<Tensor>> {
+        train.then(|| self.train_forward(x, true))
+    }
+
+    fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         if train {
-            // The fused CPU kernel (or candle's ops elsewhere), then the
-            // running statistics from the batch's, detached.
-            let out = batch_norm2d_train(x, &self.w, &self.b, self.eps)?;
-            let n = (b * h * w) as f64;
-            let m = self.momentum;
-            let unbiased = out.var.affine(n / (n - 1.0).max(1.0), 0.0)?;
-            let rm = self.running_mean.as_tensor();
-            let rv = self.running_var.as_tensor();
-            let dtype = rm.dtype();
-            let new_rm = (rm.affine(1.0 - m, 0.0)? + out.mean.to_dtype(dtype)?.affine(m, 0.0)?)?;
-            let new_rv = (rv.affine(1.0 - m, 0.0)? + unbiased.to_dtype(dtype)?.affine(m, 0.0)?)?;
-            self.running_mean.set(&new_rm)?;
-            self.running_var.set(&new_rv)?;
-            let one = Tensor::new(1i64, x.device())?;
-            self.tracked
-                .set(&self.tracked.as_tensor().broadcast_add(&one)?)?;
-            return Ok(out.y);
+            return self.train_forward(x, false);
         }
+        // Norms run in their parameters' dtype: fp32 under autocast.
+        let x = &x.to_dtype(self.w.as_tensor().dtype())?;
+        let c = x.dim(1)?;
         let shape = (1, c, 1, 1);
         let mean = self.running_mean.as_tensor().reshape(shape)?;
         let var = self.running_var.as_tensor().reshape(shape)?;
@@ -156,12 +170,24 @@ pub(super) fn chain_capture_safe(chain: &Chain) -> std::result::Result<(), Strin
     Ok(())
 }
 
-/// The chain's output for `x`.
+/// The chain's output for `x`: a layer followed by a ReLU runs both as one
+/// kernel where it has one ([`Layer::forward_relu_t`], under its own name).
 pub(super) fn run_chain(chain: &Chain, x: &Tensor, train: bool) -> Result<Tensor> {
     let mut h = x.clone();
-    for (name, layer) in chain {
+    let mut i = 0;
+    while let Some((name, layer)) = chain.get(i) {
         let _span = trace::layer(name);
-        h = layer.forward_t(&h, train)?;
+        let relu_next = chain.get(i + 1).is_some_and(|(_, next)| next.is_relu());
+        match relu_next.then(|| layer.forward_relu_t(&h, train)).flatten() {
+            Some(y) => {
+                h = y?;
+                i += 2;
+            }
+            None => {
+                h = layer.forward_t(&h, train)?;
+                i += 1;
+            }
+        }
     }
     Ok(h)
 }
@@ -172,6 +198,20 @@ pub(super) fn run_chain(chain: &Chain, x: &Tensor, train: bool) -> Result<Tensor
 pub(super) struct Residual {
     pub(super) body: Chain,
     pub(super) shortcut: Chain,
+}
+
+impl Residual {
+    /// The shortcut's and the body's outputs for `x`, in one dtype: a
+    /// 16-bit body over an fp32 shortcut is added in fp32 (as autocast
+    /// promotes).
+    fn branches(&self, x: &Tensor, train: bool) -> Result<(Tensor, Tensor)> {
+        let h = run_chain(&self.body, x, train)?;
+        let s = run_chain(&self.shortcut, x, train)?;
+        if h.dtype() != s.dtype() {
+            return Ok((s.to_dtype(DType::F32)?, h.to_dtype(DType::F32)?));
+        }
+        Ok((s, h))
+    }
 }
 
 impl Layer for Residual {
@@ -191,12 +231,14 @@ impl Layer for Residual {
     }
 
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let h = run_chain(&self.body, x, train)?;
-        let s = run_chain(&self.shortcut, x, train)?;
-        // A 16-bit body over an fp32 shortcut adds in fp32 (as autocast promotes).
-        if h.dtype() != s.dtype() {
-            return Ok((s.to_dtype(DType::F32)? + h.to_dtype(DType::F32)?)?);
-        }
+        let (s, h) = self.branches(x, train)?;
         Ok((s + h)?)
+    }
+
+    fn forward_relu_t(&self, x: &Tensor, train: bool) -> Option<Result<Tensor>> {
+        Some(
+            self.branches(x, train)
+                .and_then(|(s, h)| Ok(redline_kernels::add_relu::add_relu(&s, &h)?)),
+        )
     }
 }

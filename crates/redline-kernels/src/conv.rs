@@ -211,7 +211,7 @@ impl Geom {
     /// Output columns `lo..hi` whose input column `ox * stride + kx - pad`
     /// lies inside the image, and the input column of `lo`; `None` when
     /// there are none.
-    fn col_span(&self, kx: usize) -> Option<(usize, usize, usize)> {
+    pub(super) fn col_span(&self, kx: usize) -> Option<(usize, usize, usize)> {
         let s = self.stride;
         let lo = self.pad.saturating_sub(kx).div_ceil(s);
         let hi = (self.w + self.pad)
@@ -222,7 +222,7 @@ impl Geom {
     }
 
     /// Input row of output row `oy` under kernel row `ky`, if inside the image.
-    fn in_row(&self, oy: usize, ky: usize) -> Option<usize> {
+    pub(super) fn in_row(&self, oy: usize, ky: usize) -> Option<usize> {
         (oy * self.stride + ky)
             .checked_sub(self.pad)
             .filter(|&iy| iy < self.h)
@@ -263,6 +263,9 @@ impl Geom {
     /// whose column is the receptive field of one output pixel (zero where
     /// the window hangs over the padding); rows in [`Geom::tap`] order.
     pub(super) fn im2col(&self, x: &[f32], cols: &mut [f32]) {
+        if self.stride > 1 {
+            return self.im2col_strided(x, cols);
+        }
         let hw = self.h * self.w;
         for (r, row) in cols.chunks_mut(self.ohw()).enumerate() {
             let (ci, ky, kx) = self.tap(r);
@@ -292,6 +295,9 @@ impl Geom {
     /// The adjoint of [`Geom::im2col`]: adds each column entry back onto the
     /// input pixel it was read from (`dx` must start zeroed).
     pub(super) fn col2im(&self, cols: &[f32], dx: &mut [f32]) {
+        if self.stride > 1 {
+            return self.col2im_strided(cols, dx);
+        }
         let hw = self.h * self.w;
         for (r, row) in cols.chunks(self.ohw()).enumerate() {
             let (ci, ky, kx) = self.tap(r);

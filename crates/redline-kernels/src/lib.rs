@@ -15,6 +15,7 @@ mod conv_backward;
 mod conv_block;
 mod conv_dx;
 pub mod conv_igemm;
+mod conv_strided;
 mod conv_wide;
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -240,6 +240,14 @@ impl Geom {
         )
     }
 
+    /// dW at the front of `dwb` back from the im2col row order to
+    /// `(Cout, Cin, kh, kw)`.
+    pub(super) fn unpermute_weight_grad(&self, dwb: &mut [f32]) {
+        let (dw, _) = dwb.split_at_mut(self.cout * self.k());
+        let dw_std = self.permute_taps(dw, true);
+        dw.copy_from_slice(&dw_std);
+    }
+
     /// Weights `(Cout, Cin, kh, kw)` -> `(Cout, kh, kw, Cin)`, the im2col row
     /// order; with `back`, the inverse.
     pub(super) fn permute_taps(&self, w: &[f32], back: bool) -> Vec<f32> {
@@ -338,20 +346,6 @@ impl Geom {
             }
         }
         cols
-    }
-
-    /// Per-sample `(rows, oh*ow)` blocks of `v` (samples one after another)
-    /// side by side as one `(rows, n * oh*ow)` matrix.
-    pub(super) fn side_by_side(&self, v: &[f32], rows: usize) -> Vec<f32> {
-        let p = self.ohw();
-        let n = v.len() / (rows * p).max(1);
-        let mut out = vec![0f32; v.len()];
-        for (s, block) in v.chunks(rows * p).enumerate() {
-            for (r, row) in block.chunks(p).enumerate() {
-                out[(r * n + s) * p..][..p].copy_from_slice(row);
-            }
-        }
-        out
     }
 
     /// Sample `s`'s `(rows, oh*ow)` block out of a side-by-side matrix.

@@ -84,7 +84,7 @@ impl Unpool {
 /// sums per row so that the loop vectorises (a single running sum is one
 /// dependent add per element; on the CNN's bias gradients that was 10% of
 /// the conv backward).
-pub(super) fn add_row_sums(acc: &mut [f32], rows: &[f32], len: usize) {
+pub(crate) fn add_row_sums(acc: &mut [f32], rows: &[f32], len: usize) {
     for (d, row) in acc.iter_mut().zip(rows.chunks(len)) {
         let mut lanes = [0f32; 8];
         let mut it = row.chunks_exact(8);
@@ -188,9 +188,6 @@ impl Conv2dBackward {
             Dy::Full(dys) => dys,
             Dy::Pooled(u, gp, at) => return self.chunk_wide(u, x, w, gp, at, dx),
         };
-        if self.geom.batched() {
-            return self.chunk_batched(x, w, dys, dx);
-        }
         let (g, name) = (self.geom, self.name());
         let wlen = g.cout * g.k();
         let mut acc = vec![0f32; wlen + g.cout];
@@ -214,41 +211,6 @@ impl Conv2dBackward {
             if let Some(dx) = dx.as_mut().and_then(Iterator::next) {
                 input_cols(g, name, w, dym, &mut dcols)?;
                 g.col2im(&dcols, dx);
-            }
-        }
-        Ok(acc)
-    }
-
-    /// [`Conv2dBackward::chunk`] for small output maps ([`Geom::batched`]):
-    /// the chunk's samples side by side in one `(K, n*oh*ow)` matrix, so dW
-    /// is one GEMM over all their pixels and dx's columns one more, rather
-    /// than a rank-(oh*ow) update of all of dW per sample (ResNet's last
-    /// stage at 64 px: 2 x 2 maps under 512 x 4608 weights, memory-bound).
-    fn chunk_batched(
-        &self,
-        x: &[f32],
-        w: &[f32],
-        dys: &[f32],
-        dx: Option<&mut [f32]>,
-    ) -> candle_core::Result<Vec<f32>> {
-        let (g, name) = (self.geom, self.name());
-        let (k, wlen) = (g.k(), g.cout * g.k());
-        let cols = g.batch_cols(x);
-        let dy = g.side_by_side(dys, g.cout);
-        let np = cols.len() / k.max(1);
-        let mut acc = vec![0f32; wlen + g.cout];
-        let (dw, db) = acc.split_at_mut(wlen);
-        let dym = Mat::new(&dy, g.cout, np);
-        // dW (Cout, K) = dy (Cout, n*oh*ow) * cols^T (n*oh*ow, K)
-        gemm_or_err(g.gemm, name, dw, dym, Mat::new(&cols, k, np).t(), false)?;
-        add_row_sums(db, &dy, np);
-        if let Some(dx) = dx {
-            let mut dcols = vec![0f32; k * np];
-            input_cols(g, name, w, dym, &mut dcols)?;
-            let mut one = vec![0f32; k * g.ohw()];
-            for (s, dx) in dx.chunks_mut(g.in_len()).enumerate() {
-                g.take_sample(&dcols, s, &mut one);
-                g.col2im(&one, dx);
             }
         }
         Ok(acc)
@@ -310,12 +272,22 @@ impl Conv2dBackward {
         dx: &mut [f32],
     ) -> candle_core::Result<()> {
         let g = self.geom;
-        // Stride 1: dx as a forward convolution of dy, after dW and db.
+        // Stride 1 on maps that take per-sample GEMMs: dx as a forward
+        // convolution of dy, after dW and db. Small maps (batched) keep
+        // w^T * dy: their Cout is large, so that GEMM is not thin, and
+        // flipping their large weights costs more than it saves (ResNet-18's
+        // last stage at 64 px: 2x2 maps under 512 x 4608 weights).
         let as_conv = g
             .transposed()
-            .filter(|_| self.input_grad && self.unpool.is_none());
+            .filter(|_| self.input_grad && self.unpool.is_none() && !g.batched());
         let stored_w = w;
         let w = g.permute_taps(w, false);
+        if g.batched() && self.unpool.is_none() {
+            let dx = self.input_grad.then_some(dx);
+            g.backward_whole(self.name(), (x, &w, dy), dwb, dx)?;
+            g.unpermute_weight_grad(dwb);
+            return Ok(());
+        }
         let per = g.per_chunk();
         let dx_chunks: Vec<Option<&mut [f32]>> = if self.input_grad && as_conv.is_none() {
             dx.chunks_mut(per * g.in_len()).map(Some).collect()
@@ -350,10 +322,7 @@ impl Conv2dBackward {
         if let Some(t) = as_conv {
             g.input_grad_as_conv(&t, self.name(), stored_w, dy, dx)?;
         }
-        // dW back from the im2col row order to (Cout, Cin, kh, kw).
-        let (dw, _) = dwb.split_at_mut(g.cout * g.k());
-        let dw_std = g.permute_taps(dw, true);
-        dw.copy_from_slice(&dw_std);
+        g.unpermute_weight_grad(dwb);
         Ok(())
     }
 }

@@ -16,6 +16,7 @@ mod conv_block;
 mod conv_dx;
 pub mod conv_igemm;
 mod conv_strided;
+mod conv_whole;
 mod conv_wide;
 #[cfg(feature = "cuda")]
 pub mod cuda;

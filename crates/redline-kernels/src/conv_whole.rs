@@ -1,0 +1,87 @@
+//! The backward of a convolution on small output maps ([`Geom::batched`])
+//! as whole-batch GEMMs.
+//!
+//! Split by samples across the threads, each thread's dW partial is a full
+//! `Cout x K` matrix (ResNet-18's last stage: 512 x 4608, 9.4 MB) written
+//! by a GEMM of only `n * oh * ow` terms, then summed with the others: on
+//! 7x7 and 2x2 maps that traffic, not the arithmetic, set the time. Here
+//! the batch's im2col columns and output gradients are laid side by side
+//! once (in parallel), and dW, dx's columns and db come from one GEMM each,
+//! which the GEMM splits across the threads itself.
+
+use rayon::prelude::*;
+
+use crate::conv::{gemm_or_err, Geom};
+use crate::conv_backward::add_row_sums;
+use crate::gemm::Mat;
+
+impl Geom {
+    /// `(rows, n * oh*ow)`: the per-sample `(rows, oh*ow)` blocks of `v`
+    /// (samples one after another) side by side, rows filled in parallel.
+    fn side_by_side_par(&self, v: &[f32], rows: usize) -> Vec<f32> {
+        let p = self.ohw();
+        let n = v.len() / (rows * p).max(1);
+        let mut out = vec![0f32; v.len()];
+        if p > 0 {
+            out.par_chunks_mut(n * p).enumerate().for_each(|(r, row)| {
+                for (s, seg) in row.chunks_mut(p).enumerate() {
+                    seg.copy_from_slice(&v[(s * rows + r) * p..][..p]);
+                }
+            });
+        }
+        out
+    }
+
+    /// dW (im2col row order) and db of the whole batch into `dwb`
+    /// (overwritten), and dx into `dx` when given, with the weights `w` in
+    /// im2col row order.
+    pub(super) fn backward_whole(
+        &self,
+        name: &str,
+        (x, w, dy): (&[f32], &[f32], &[f32]),
+        dwb: &mut [f32],
+        dx: Option<&mut [f32]>,
+    ) -> candle_core::Result<()> {
+        let (k, p) = (self.k(), self.ohw());
+        let np = self.b * p;
+        let mut each = vec![0f32; self.b * k * p];
+        if k * p > 0 {
+            each.par_chunks_mut(k * p)
+                .zip(x.par_chunks(self.in_len()))
+                .for_each(|(c, x)| self.im2col(x, c));
+        }
+        let cols = self.side_by_side_par(&each, k);
+        drop(each);
+        let dy_all = self.side_by_side_par(dy, self.cout);
+        let (dw, db) = dwb.split_at_mut(self.cout * k);
+        let dym = Mat::new(&dy_all, self.cout, np);
+        // dW (Cout, K) = dy (Cout, n*oh*ow) * cols^T (n*oh*ow, K)
+        gemm_or_err(self.gemm, name, dw, dym, Mat::new(&cols, k, np).t(), false)?;
+        db.fill(0.0);
+        add_row_sums(db, &dy_all, np);
+        let Some(dx) = dx else {
+            return Ok(());
+        };
+        drop(cols);
+        // dcols (K, n*oh*ow) = w^T (K, Cout) * dy, then col2im per sample.
+        let mut dcols = vec![0f32; k * np];
+        gemm_or_err(
+            self.gemm,
+            name,
+            &mut dcols,
+            Mat::new(w, self.cout, k).t(),
+            dym,
+            false,
+        )?;
+        if self.in_len() > 0 {
+            dx.par_chunks_mut(self.in_len())
+                .enumerate()
+                .for_each(|(s, dx)| {
+                    let mut one = vec![0f32; k * p];
+                    self.take_sample(&dcols, s, &mut one);
+                    self.col2im(&one, dx);
+                });
+        }
+        Ok(())
+    }
+}

@@ -30,7 +30,7 @@ import torchvision
 def redline_train_s(binary, model, path, batch, steps, threads, run_dir):
     """The fit's training time (its summary's ms/step times its steps) of a
     `--max-steps STEPS` run."""
-    cmd = [binary, "train", "--model", model, "--data", path, "--batch-size", str(batch),
+    cmd = [binary, "train", "--model", model_arg(model), "--data", path, "--batch-size", str(batch),
            "--max-steps", str(steps), "--threads", str(threads), "--val-split", "0",
            "--no-validate", "--monitor-interval", "0", "--task", "classification",
            "--device", "cpu", "--no-checkpoint", "--run-dir", run_dir]
@@ -56,10 +56,28 @@ def redline_ms(binary, model, batch, size, steps, threads, tmp):
     return 1000 * (run(steps + 2) - run(2)) / steps
 
 
+# Models of bench/models/NAME.toml and their PyTorch twins (other names are torchvision's).
+FILE_MODELS = {
+    "patch8": lambda: torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 8, stride=8), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(), torch.nn.Linear(8, 10)),
+}
+
+
+def model_arg(model):
+    """Redline's --model for a row's MODEL: a file of bench/models, or a zoo name."""
+    if model in FILE_MODELS:
+        return os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", model + ".toml")
+    return model
+
+
 def torch_ms(model, batch, size, steps, threads):
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    net = getattr(torchvision.models, model)(num_classes=10)
+    if model in FILE_MODELS:
+        net = FILE_MODELS[model]()
+    else:
+        net = getattr(torchvision.models, model)(num_classes=10)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     x = torch.randn(batch, 3, size, size)
     y = torch.randint(0, 10, (batch,))
@@ -91,7 +109,7 @@ def main():
             batch, size = int(batch), int(size)
             ours = redline_ms(a.bin, model, batch, size, a.steps, a.threads, tmp)
             theirs = torch_ms(model, batch, size, a.steps, a.threads)
-            print(f"| {model} | {batch} | {size} | {ours:.0f} | {theirs:.0f} | "
+            print(f"| {model} | {batch} | {size} | {ours:.1f} | {theirs:.1f} | "
                   f"{1000 * batch / ours:.1f} | {1000 * batch / theirs:.1f} | {ours / theirs:.2f}x |",
                   flush=True)
 

@@ -26,10 +26,13 @@ impl Geom {
         for (ci, src) in x.chunks(hw).enumerate().take(self.cin) {
             let dst = &mut out[ci * s * plane..][..s * plane];
             for (iy, row) in src.chunks(self.w).enumerate() {
+                // Phase by phase: the row is in L1, each phase's writes
+                // are one contiguous run.
                 for (p, ph) in dst.chunks_mut(plane).enumerate() {
                     let to = &mut ph[iy * wq..][..wq];
-                    for (t, &v) in to.iter_mut().zip(row.iter().skip(p).step_by(s)) {
-                        *t = v;
+                    let from = row.get(p..).unwrap_or_default();
+                    for (j, t) in to.iter_mut().enumerate().take(from.len().div_ceil(s)) {
+                        *t = from[j * s];
                     }
                 }
             }

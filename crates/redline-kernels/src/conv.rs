@@ -300,6 +300,22 @@ impl Geom {
         }
     }
 
+    /// Whether the im2col matrix is the input itself: a 1x1 kernel, stride
+    /// 1, no padding (ResNet-50's bottleneck convolutions).
+    pub(super) fn pointwise(&self) -> bool {
+        self.kh == 1 && self.kw == 1 && self.stride == 1 && self.pad == 0
+    }
+
+    /// One sample's im2col matrix: `x` itself when [`Geom::pointwise`], else
+    /// built in `scratch`.
+    pub(super) fn cols_of<'a>(&self, x: &'a [f32], scratch: &'a mut [f32]) -> &'a [f32] {
+        if self.pointwise() {
+            return x;
+        }
+        self.im2col(x, scratch);
+        scratch
+    }
+
     /// The adjoint of [`Geom::im2col`]: adds each column entry back onto the
     /// input pixel it was read from (`dx` must start zeroed).
     pub(super) fn col2im(&self, cols: &[f32], dx: &mut [f32]) {
@@ -395,7 +411,7 @@ impl Geom {
         cols: &mut [f32],
         y: &mut [f32],
     ) -> candle_core::Result<()> {
-        self.im2col(x, cols);
+        let cols = self.cols_of(x, cols);
         // y (Cout, oh*ow) = w (Cout, K) * cols (K, oh*ow) + bias, the bias
         // added last as candle's conv + broadcast_add do.
         let (wm, cm) = (
@@ -427,7 +443,12 @@ impl Geom {
                 if self.batched() {
                     return self.forward_batched(name, w, b, x, out);
                 }
-                let mut cols = vec![0f32; self.k() * self.ohw()];
+                let scratch = if self.pointwise() {
+                    0
+                } else {
+                    self.k() * self.ohw()
+                };
+                let mut cols = vec![0f32; scratch];
                 for (y, x) in out.chunks_mut(self.out_len()).zip(x.chunks(self.in_len())) {
                     self.forward_sample(name, w, b, x, &mut cols, y)?;
                 }
@@ -579,7 +600,11 @@ mod tests {
     /// (batch, Cin, H, W, Cout, kernel, padding)
     /// The last two have maps of 64 pixels or more (one GEMM a sample), the
     /// others smaller ones (the chunk's samples side by side).
-    const SHAPES: [(usize, usize, usize, usize, usize, usize, usize); 8] = [
+    const SHAPES: [(usize, usize, usize, usize, usize, usize, usize); 10] = [
+        // 1x1 kernels without padding: the input is the im2col matrix
+        // (per-sample GEMMs at 9x8, whole-batch ones at 3x3).
+        (2, 3, 9, 8, 4, 1, 0),
+        (3, 5, 3, 3, 2, 1, 0),
         (2, 1, 6, 5, 3, 3, 1),
         (3, 3, 7, 9, 4, 3, 0),
         (2, 3, 8, 6, 2, 5, 1),

@@ -191,22 +191,15 @@ impl Conv2dBackward {
         let (g, name) = (self.geom, self.name());
         let wlen = g.cout * g.k();
         let mut acc = vec![0f32; wlen + g.cout];
-        let mut cols = vec![0f32; g.k() * g.ohw()];
+        let mut cols = vec![0f32; if g.pointwise() { 0 } else { g.k() * g.ohw() }];
         let mut dcols = vec![0f32; if dx.is_some() { g.k() * g.ohw() } else { 0 }];
         let mut dx = dx.map(|d| d.chunks_mut(g.in_len()));
         for (x, dy) in x.chunks(g.in_len()).zip(dys.chunks(g.out_len())) {
-            g.im2col(x, &mut cols);
+            let c = g.cols_of(x, &mut cols);
             let (dw, db) = acc.split_at_mut(wlen);
             let dym = Mat::new(dy, g.cout, g.ohw());
             // dW (Cout, K) += dy (Cout, oh*ow) * cols^T (oh*ow, K)
-            gemm_or_err(
-                g.gemm,
-                name,
-                dw,
-                dym,
-                Mat::new(&cols, g.k(), g.ohw()).t(),
-                true,
-            )?;
+            gemm_or_err(g.gemm, name, dw, dym, Mat::new(c, g.k(), g.ohw()).t(), true)?;
             add_row_sums(db, dy, g.ohw());
             if let Some(dx) = dx.as_mut().and_then(Iterator::next) {
                 input_cols(g, name, w, dym, &mut dcols)?;

@@ -52,7 +52,7 @@ def redline_ms(binary, model, batch, size, steps, threads, tmp):
     y = rng.integers(0, 10, n).astype(np.int64)
     np.savez(path, x=x, y=y)
     run = lambda k: redline_train_s(binary, model, path, batch, k, threads,
-                                    os.path.join(tmp, f"run{batch}_{size}_{k}"))
+                                    os.path.join(tmp, f"run_{model}_{batch}_{size}_{k}"))
     return 1000 * (run(steps + 2) - run(2)) / steps
 
 

@@ -172,10 +172,6 @@ impl Layer for Relu {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
         Ok(x.relu()?)
     }
-
-    fn is_relu(&self) -> bool {
-        true
-    }
 }
 
 /// `nn.GELU()` (the exact, erf form: PyTorch's default).

@@ -25,7 +25,8 @@
 //!
 //! Where a layer has a fused CPU kernel it is used, and neighbours are fused:
 //! Linear then ReLU is one op, Conv2d then ReLU and MaxPool2d (either order)
-//! is one op, as in the zoo's models.
+//! is one op, as in the zoo's models, and so are BatchNorm2d then ReLU and a
+//! residual block then ReLU (ResNet's `bn1` + `relu`, and each block's end).
 
 pub(crate) mod attention;
 pub(crate) mod basic;
@@ -50,16 +51,6 @@ pub trait Layer: Send + Sync {
     /// [`Model::capture_safe`]); `Err` says why not.
     fn capture_safe(&self) -> std::result::Result<(), String> {
         Ok(())
-    }
-    /// `relu(self.forward_t(x, train))` as one kernel, where this layer has
-    /// one for `train` (the chain fuses a ReLU that follows it); `None`
-    /// otherwise.
-    fn forward_relu_t(&self, _x: &Tensor, _train: bool) -> Option<Result<Tensor>> {
-        None
-    }
-    /// Whether this layer is a plain ReLU, which the layer before it may fuse.
-    fn is_relu(&self) -> bool {
-        false
     }
     /// Appends the positions of this layer's random streams (dropout's) to `out`.
     fn rng_state(&self, _out: &mut Vec<u128>) {}
@@ -745,6 +736,8 @@ fn build_layers(
                 })
             }
             LayerSpec::Batchnorm2d { eps, momentum, .. } => {
+                let relu = matches!(next(1), Some(LayerSpec::Relu));
+                used += usize::from(relu);
                 let c = shape[0];
                 let dev = init.device().clone();
                 let (w, b) = (init.constant(&[c], 1.0)?, init.constant(&[c], 0.0)?);
@@ -768,6 +761,7 @@ fn build_layers(
                     )?,
                     eps: *eps,
                     momentum: *momentum,
+                    relu,
                 })
             }
             LayerSpec::Maxpool2d {
@@ -837,7 +831,13 @@ fn build_layers(
                 let body = build_layers(layers, &shape, outputs, &body_prefix, init, params)?;
                 let shortcut =
                     build_layers(shortcut, &shape, outputs, &short_prefix, init, params)?;
-                Box::new(norm::Residual { body, shortcut })
+                let relu = matches!(next(1), Some(LayerSpec::Relu));
+                used += usize::from(relu);
+                Box::new(norm::Residual {
+                    body,
+                    shortcut,
+                    relu,
+                })
             }
         };
         for s in &specs[i..i + used] {

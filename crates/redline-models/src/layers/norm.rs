@@ -43,6 +43,8 @@ pub(super) struct BatchNorm2d {
     pub(super) tracked: Var,
     pub(super) eps: f64,
     pub(super) momentum: f64,
+    /// A ReLU follows, fused into the kernel.
+    pub(super) relu: bool,
 }
 
 impl BatchNorm2d {
@@ -72,13 +74,9 @@ impl BatchNorm2d {
 }
 
 impl Layer for BatchNorm2d {
-    fn forward_relu_t(&self, x: &Tensor, train: bool) -> Option<Result<Tensor>> {
-        train.then(|| self.train_forward(x, true))
-    }
-
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         if train {
-            return self.train_forward(x, false);
+            return self.train_forward(x, self.relu);
         }
         // Norms run in their parameters' dtype: fp32 under autocast.
         let x = &x.to_dtype(self.w.as_tensor().dtype())?;
@@ -89,9 +87,10 @@ impl Layer for BatchNorm2d {
         let normed = x
             .broadcast_sub(&mean)?
             .broadcast_div(&(var + self.eps)?.sqrt()?)?;
-        Ok(normed
+        let y = normed
             .broadcast_mul(&self.w.as_tensor().reshape(shape)?)?
-            .broadcast_add(&self.b.as_tensor().reshape(shape)?)?)
+            .broadcast_add(&self.b.as_tensor().reshape(shape)?)?;
+        Ok(if self.relu { y.relu()? } else { y })
     }
 }
 
@@ -170,24 +169,12 @@ pub(super) fn chain_capture_safe(chain: &Chain) -> std::result::Result<(), Strin
     Ok(())
 }
 
-/// The chain's output for `x`: a layer followed by a ReLU runs both as one
-/// kernel where it has one ([`Layer::forward_relu_t`], under its own name).
+/// The chain's output for `x`.
 pub(super) fn run_chain(chain: &Chain, x: &Tensor, train: bool) -> Result<Tensor> {
     let mut h = x.clone();
-    let mut i = 0;
-    while let Some((name, layer)) = chain.get(i) {
+    for (name, layer) in chain {
         let _span = trace::layer(name);
-        let relu_next = chain.get(i + 1).is_some_and(|(_, next)| next.is_relu());
-        match relu_next.then(|| layer.forward_relu_t(&h, train)).flatten() {
-            Some(y) => {
-                h = y?;
-                i += 2;
-            }
-            None => {
-                h = layer.forward_t(&h, train)?;
-                i += 1;
-            }
-        }
+        h = layer.forward_t(&h, train)?;
     }
     Ok(h)
 }
@@ -198,6 +185,8 @@ pub(super) fn run_chain(chain: &Chain, x: &Tensor, train: bool) -> Result<Tensor
 pub(super) struct Residual {
     pub(super) body: Chain,
     pub(super) shortcut: Chain,
+    /// A ReLU follows, fused with the sum.
+    pub(super) relu: bool,
 }
 
 impl Residual {
@@ -232,13 +221,9 @@ impl Layer for Residual {
 
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         let (s, h) = self.branches(x, train)?;
+        if self.relu {
+            return Ok(redline_kernels::add_relu::add_relu(&s, &h)?);
+        }
         Ok((s + h)?)
-    }
-
-    fn forward_relu_t(&self, x: &Tensor, train: bool) -> Option<Result<Tensor>> {
-        Some(
-            self.branches(x, train)
-                .and_then(|(s, h)| Ok(redline_kernels::add_relu::add_relu(&s, &h)?)),
-        )
     }
 }

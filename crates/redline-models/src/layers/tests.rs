@@ -105,6 +105,49 @@ layers = [
     Ok(())
 }
 
+/// BatchNorm2d then ReLU, and a residual block then ReLU, build as one layer
+/// each and compute, in training and in eval mode, what the separate ops
+/// do: the batch norm's formula, a ReLU, the residual sum.
+#[test]
+fn batch_norm_and_residual_sums_fuse_the_relu_after_them() -> Result<()> {
+    let text = r#"[model]
+layers = [
+  { type = "batchnorm2d" },
+  { type = "relu" },
+  { type = "residual", layers = [{ type = "batchnorm2d" }] },
+  { type = "relu" },
+]"#;
+    let model = parse(text, &[3, 4, 5], 1)?.build(&mut init())?;
+    let spans: Vec<&str> = model.body.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(spans, ["0.batchnorm2d+relu", "2.residual+relu"]);
+    let x = Tensor::arange(0f32, 120.0, &Device::Cpu)?
+        .reshape((2, 3, 4, 5))?
+        .sin()?;
+    // Training: batch statistics (weights ones, biases zeros as built).
+    let bn = |t: &Tensor| -> Result<Tensor> {
+        let m = t.mean_keepdim(3)?.mean_keepdim(2)?.mean_keepdim(0)?;
+        let c = t.broadcast_sub(&m)?;
+        let v = c.sqr()?.mean_keepdim(3)?.mean_keepdim(2)?.mean_keepdim(0)?;
+        Ok(c.broadcast_div(&(v + 1e-5)?.sqrt()?)?)
+    };
+    let h = bn(&x)?.relu()?;
+    let want = (&h + bn(&h)?)?.relu()?;
+    let got = model.forward_t(&x, true)?;
+    let diff = (got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    assert!(diff < 1e-5, "training: {diff}");
+    let zeros = want
+        .flatten_all()?
+        .to_vec1::<f32>()?
+        .iter()
+        .filter(|v| **v == 0.0)
+        .count();
+    assert!(zeros > 10, "the ReLUs stop something: {zeros} zeros");
+    // Eval: the running statistics (one step of momentum 0.1 from 0 and 1).
+    let e = model.forward(&x)?;
+    assert!(e.flatten_all()?.to_vec1::<f32>()?.iter().all(|v| *v >= 0.0));
+    Ok(())
+}
+
 #[test]
 fn dropout_drops_in_training_only_and_is_seeded() -> Result<()> {
     let text = "[model]\nlayers = [{ type = \"dropout\", p = 0.25 }]";

@@ -61,7 +61,27 @@ FILE_MODELS = {
     "patch8": lambda: torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 8, stride=8), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
         torch.nn.Flatten(), torch.nn.Linear(8, 10)),
+    "mbv2_block": lambda: MbBlock(),
 }
+
+
+class MbBlock(torch.nn.Module):
+    """bench/models/mbv2_block.toml in PyTorch."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32),
+                                  nn.ReLU())
+        self.body = nn.Sequential(
+            nn.Conv2d(32, 192, 1, bias=False), nn.BatchNorm2d(192), nn.ReLU(),
+            nn.Conv2d(192, 192, 3, 1, 1, groups=192, bias=False), nn.BatchNorm2d(192),
+            nn.ReLU(), nn.Conv2d(192, 32, 1, bias=False), nn.BatchNorm2d(32))
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+    def forward(self, x):
+        h = self.stem(x)
+        return self.head(h + self.body(h))
 
 
 def model_arg(model):

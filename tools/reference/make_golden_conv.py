@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Golden file for Redline's fused CPU convolution, batch norm and max pooling kernels
-(issue 52's shape classes): PyTorch's `F.conv2d`, `F.batch_norm(training=True)` (alone and
+(issue 52's shape classes): PyTorch's `F.conv2d` (also grouped and depthwise), `F.batch_norm(training=True)` (alone and
 followed by `F.relu`) and `F.max_pool2d(3, 2, 1)`, forward and backward, CPU, computed in
 float64 from float32 inputs, stored as float32.
 
@@ -38,6 +38,12 @@ CONVS = {
     "k7s2p3": (2, 3, 23, 22, 4, 7, 2, 3),  # ResNet's stem
     "k8s8": (2, 3, 32, 32, 4, 8, 8, 0),  # patches
 }
+# Grouped: name: (batch, cin, h, w, cout, kernel, stride, padding, groups).
+GROUPED = {
+    "g2": (2, 4, 9, 8, 6, 3, 1, 1, 2),  # ResNeXt-like
+    "dw": (2, 6, 10, 9, 6, 3, 1, 1, 6),  # depthwise (MobileNet)
+    "dw2_s2": (2, 4, 11, 11, 8, 3, 2, 1, 4),  # depthwise, 2 outputs a channel, strided
+}
 NORM = (3, 4, 5, 6)
 POOL = (2, 3, 11, 10)
 
@@ -58,11 +64,12 @@ def cases(dtype):
     def leaf(t):
         return t.detach().to(dtype).requires_grad_()
 
-    for name, (b, cin, h, w, cout, k, s, p) in CONVS.items():
+    convs = {n: v + (1,) for n, v in CONVS.items()} | GROUPED
+    for name, (b, cin, h, w, cout, k, s, p, groups) in convs.items():
         x = leaf(formula((b, cin, h, w), 0.37, 0.1))
-        wt = leaf(formula((cout, cin, k, k), 0.53, 0.2, scale=0.3))
+        wt = leaf(formula((cout, cin // groups, k, k), 0.53, 0.2, scale=0.3))
         bias = leaf(formula((cout,), 0.29, 0.3, torch.cos, scale=0.1))
-        y = F.conv2d(x, wt, bias, stride=s, padding=p)
+        y = F.conv2d(x, wt, bias, stride=s, padding=p, groups=groups)
         go = formula(tuple(y.shape), 0.61, 0.4).detach().to(dtype)
         (y * go).sum().backward()
         out.update({f"{name}.y": y, f"{name}.dx": x.grad, f"{name}.dw": wt.grad,

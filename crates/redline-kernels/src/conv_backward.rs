@@ -367,3 +367,28 @@ impl CustomOp3 for Conv2dBackward {
         Ok((CpuStorage::F32(out), shape))
     }
 }
+
+/// `[dW | db]` (dW as `(Cout, Cin, kh, kw)`) and, with `input_grad`, dx of
+/// a plain convolution of geometry `geom` over contiguous `x`, `w`, `dy`:
+/// the fused backward's arithmetic without its op (the grouped convolution
+/// runs it per group).
+pub(super) fn plain_grads(
+    geom: Geom,
+    input_grad: bool,
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+) -> candle_core::Result<(Vec<f32>, Vec<f32>)> {
+    let op = Conv2dBackward {
+        geom,
+        input_grad,
+        buffers: None,
+        unpool: None,
+    };
+    let mut dwb = vec![0f32; geom.cout * geom.k() + geom.cout];
+    let mut dx = vec![0f32; if input_grad { x.len() } else { 0 }];
+    if geom.b > 0 {
+        op.accumulate(x, w, dy, &mut dwb, &mut dx)?;
+    }
+    Ok((dwb, dx))
+}

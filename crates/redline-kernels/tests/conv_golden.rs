@@ -1,6 +1,6 @@
 //! The fused CPU convolution (each of its paths: per-sample and whole-batch
 //! GEMMs, 1x1 without im2col, strided through column phases, the stem,
-//! patches), the fused training batch norm (alone and with its ReLU) and
+//! patches, grouped and depthwise), the fused training batch norm (alone and with its ReLU) and
 //! the windowed max pool against PyTorch, forward and backward, computed in
 //! float64 (`tools/reference/make_golden_conv.py`, which documents the
 //! inputs' formula, repeated here), to 1e-5 or three times torch's own
@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use candle_core::{Device, Tensor, Var};
 use redline_kernels::batch_norm::batch_norm2d_train;
 use redline_kernels::grad::Param;
-use redline_kernels::{conv2d_strided_param, max_pool2d_window};
+use redline_kernels::{conv2d_grouped_param, max_pool2d_window};
 
 fn golden() -> HashMap<String, Tensor> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -67,25 +67,29 @@ fn check(g: &HashMap<String, Tensor>, key: &str, got: &Tensor) {
     );
 }
 
-const CONVS: [(&str, [usize; 8]); 7] = [
-    ("k3s1p1", [2, 3, 10, 9, 4, 3, 1, 1]),
-    ("k3s1p1_small", [3, 4, 5, 5, 6, 3, 1, 1]),
-    ("k1s1", [2, 5, 9, 8, 3, 1, 1, 0]),
-    ("k1s2", [2, 4, 9, 9, 6, 1, 2, 0]),
-    ("k3s2p1", [2, 3, 17, 16, 5, 3, 2, 1]),
-    ("k7s2p3", [2, 3, 23, 22, 4, 7, 2, 3]),
-    ("k8s8", [2, 3, 32, 32, 4, 8, 8, 0]),
+/// (name, [batch, cin, h, w, cout, kernel, stride, padding, groups]).
+const CONVS: [(&str, [usize; 9]); 10] = [
+    ("k3s1p1", [2, 3, 10, 9, 4, 3, 1, 1, 1]),
+    ("k3s1p1_small", [3, 4, 5, 5, 6, 3, 1, 1, 1]),
+    ("k1s1", [2, 5, 9, 8, 3, 1, 1, 0, 1]),
+    ("k1s2", [2, 4, 9, 9, 6, 1, 2, 0, 1]),
+    ("k3s2p1", [2, 3, 17, 16, 5, 3, 2, 1, 1]),
+    ("k7s2p3", [2, 3, 23, 22, 4, 7, 2, 3, 1]),
+    ("k8s8", [2, 3, 32, 32, 4, 8, 8, 0, 1]),
+    ("g2", [2, 4, 9, 8, 6, 3, 1, 1, 2]),
+    ("dw", [2, 6, 10, 9, 6, 3, 1, 1, 6]),
+    ("dw2_s2", [2, 4, 11, 11, 8, 3, 2, 1, 4]),
 ];
 
 #[test]
 fn convolutions_of_every_shape_class_match_pytorch() {
     let g = golden();
-    for (name, [b, cin, h, w, cout, k, s, p]) in CONVS {
+    for (name, [b, cin, h, w, cout, k, s, p, groups]) in CONVS {
         let x =
             Var::from_tensor(&formula(&[b, cin, h, w], (0.37, 0.1), f64::sin, (1.0, 0.0))).unwrap();
         let wt = Param::new(
             Var::from_tensor(&formula(
-                &[cout, cin, k, k],
+                &[cout, cin / groups, k, k],
                 (0.53, 0.2),
                 f64::sin,
                 (0.3, 0.0),
@@ -95,7 +99,7 @@ fn convolutions_of_every_shape_class_match_pytorch() {
         let bias = Param::new(
             Var::from_tensor(&formula(&[cout], (0.29, 0.3), f64::cos, (0.1, 0.0))).unwrap(),
         );
-        let y = conv2d_strided_param(x.as_tensor(), &wt, &bias, p, s).unwrap();
+        let y = conv2d_grouped_param(x.as_tensor(), &wt, &bias, p, s, groups).unwrap();
         check(&g, &format!("{name}.y"), &y);
         let go = formula(y.dims(), (0.61, 0.4), f64::sin, (1.0, 0.0));
         let mut grads = (y * go).unwrap().sum_all().unwrap().backward().unwrap();

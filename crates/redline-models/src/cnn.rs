@@ -54,6 +54,7 @@ impl CnnConfig {
                 kernel: 3,
                 padding: 1,
                 stride: 1,
+                groups: 1,
                 bias: true,
                 init: Default::default(),
                 name: None,

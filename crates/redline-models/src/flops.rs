@@ -118,10 +118,11 @@ fn layer(
             };
             (c_attn.add(c_proj).add(heads), true)
         }
-        // Each output value is a dot product over Cin·k·k inputs.
-        LayerSpec::Conv2d { kernel, .. } => (
+        // Each output value is a dot product over (Cin/groups)·k·k inputs.
+        LayerSpec::Conv2d { kernel, groups, .. } => (
             Flops::weighted(
-                product(&[2, input[0], *kernel, *kernel]).saturating_mul(product(out)),
+                product(&[2, input[0] / groups.max(&1), *kernel, *kernel])
+                    .saturating_mul(product(out)),
                 grad_in,
             ),
             true,
@@ -174,19 +175,23 @@ mod tests {
 
     #[test]
     fn a_convolution_counts_every_output_value() -> Result<()> {
-        // 3x32x32 -> 16x16x16 with a 3x3 kernel, stride 2, padding 1.
-        let conv = LayerSpec::Conv2d {
+        // 4x32x32 -> 16x16x16 with a 3x3 kernel, stride 2, padding 1.
+        let conv = |groups: usize| LayerSpec::Conv2d {
             out: 16,
             kernel: 3,
             padding: 1,
             stride: 2,
+            groups,
             bias: true,
             init: Default::default(),
             name: None,
         };
-        let (f, _) = fold(&[conv], &[3, 32, 32], 10, true)?;
-        let one = 2 * 3 * 9 * 16 * 16 * 16;
+        let (f, _) = fold(&[conv(1)], &[4, 32, 32], 10, true)?;
+        let one = 2 * 4 * 9 * 16 * 16 * 16;
         assert_eq!((f.forward, f.backward), (one, 2 * one));
+        // Grouped (FlopCounterMode's count): each output sums Cin/groups inputs.
+        let (f, _) = fold(&[conv(4)], &[4, 32, 32], 10, true)?;
+        assert_eq!((f.forward, f.backward), (one / 4, one / 2));
         Ok(())
     }
 

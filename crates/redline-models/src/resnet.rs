@@ -31,6 +31,7 @@ fn conv(name: &str, out: usize, kernel: usize, stride: usize) -> LayerSpec {
         kernel,
         padding: kernel / 2,
         stride,
+        groups: 1,
         bias: false,
         init: ConvInit::KaimingNormalFanOut,
         name: Some(name.into()),

@@ -62,6 +62,8 @@ pub(super) struct Conv2d {
     pub(super) has_bias: bool,
     pub(super) padding: usize,
     pub(super) stride: usize,
+    /// Channel groups (1: a plain convolution).
+    pub(super) groups: usize,
     pub(super) pool_relu: Option<usize>,
     /// The product's dtype (fp32, or 16-bit under `--precision`).
     pub(super) dtype: candle_core::DType,
@@ -73,18 +75,20 @@ impl Layer for Conv2d {
             // Nothing reads this buffer: keep it from growing across steps.
             self.b.grad().clear();
         }
-        if self.stride != 1 && self.dtype == DType::F32 {
-            // im2col + GEMM with the fused backward on the CPU (fp32);
-            // candle's convolution elsewhere.
-            return Ok(redline_kernels::conv2d_strided_param(
+        let plain = self.stride == 1 && self.groups == 1;
+        if !plain && self.dtype == DType::F32 {
+            // im2col + GEMM with the fused backward on the CPU (fp32), per
+            // group when grouped; candle's convolution elsewhere.
+            return Ok(redline_kernels::conv2d_grouped_param(
                 x,
                 &self.w,
                 &self.b,
                 self.padding,
                 self.stride,
+                self.groups,
             )?);
         }
-        if self.stride != 1 {
+        if !plain {
             // candle's CPU convolution has no bf16 (its im2col matmul): on
             // the CPU a 16-bit one is the fp32 convolution of the rounded
             // operands, bias added, rounded once (a 16-bit product with fp32
@@ -93,7 +97,8 @@ impl Layer for Conv2d {
             let work = if on16 { DType::F32 } else { self.dtype };
             let cast =
                 |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(self.dtype)?.to_dtype(work)?) };
-            let y = cast(x)?.conv2d(&cast(self.w.as_tensor())?, self.padding, self.stride, 1, 1)?;
+            let w = cast(self.w.as_tensor())?;
+            let y = cast(x)?.conv2d(&w, self.padding, self.stride, 1, self.groups)?;
             let y = if self.has_bias {
                 let c = self.b.as_tensor().dim(0)?;
                 y.broadcast_add(&cast(self.b.as_tensor())?.reshape((1, c, 1, 1))?)?

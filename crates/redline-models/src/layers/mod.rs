@@ -76,6 +76,10 @@ fn is_zero(n: &usize) -> bool {
     *n == 0
 }
 
+fn is_one(n: &usize) -> bool {
+    *n == 1
+}
+
 fn yes() -> bool {
     true
 }
@@ -142,6 +146,11 @@ pub enum LayerSpec {
         /// Step between windows (1 takes the fused kernel).
         #[serde(default = "one")]
         stride: usize,
+        /// Channel groups (PyTorch's `groups`): the input's and the output's
+        /// channels split into this many groups convolved apart; the input's
+        /// channel count is depthwise (MobileNet).
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        groups: usize,
         /// Whether the layer has a bias (ResNets drop it before batch norm).
         #[serde(default = "yes")]
         bias: bool,
@@ -432,12 +441,14 @@ fn sizes(spec: &LayerSpec) -> Vec<(&'static str, usize)> {
             kernel,
             padding,
             stride,
+            groups,
             ..
         } => vec![
             ("out", *out),
             ("kernel", *kernel),
             ("padding", *padding),
             ("stride", *stride),
+            ("groups", *groups),
         ],
         LayerSpec::Maxpool2d {
             kernel,
@@ -521,9 +532,16 @@ pub(crate) fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Re
             kernel,
             padding,
             stride,
+            groups,
             ..
         } => {
-            let (_, h, w) = image("conv2d")?;
+            let (c, h, w) = image("conv2d")?;
+            if *groups == 0 || c % groups != 0 || out % groups != 0 {
+                return bad(format!(
+                    "groups {groups} must divide the input's {c} channels and out {out}\nHINT: \
+                     depthwise is groups = {c} (the input's channels) with out a multiple of it"
+                ));
+            }
             if *out == 0
                 || *kernel == 0
                 || *stride == 0
@@ -683,11 +701,12 @@ fn build_layers(
                 kernel,
                 padding,
                 stride,
+                groups,
                 bias,
                 init: how,
                 ..
             } => {
-                let cin = shape[0];
+                let cin = shape[0] / groups.max(&1);
                 let dims = [*o, cin, *kernel, *kernel];
                 let (w, b) = init.layer(&dims, *o, cin * kernel * kernel)?;
                 let w = match how {
@@ -717,6 +736,7 @@ fn build_layers(
                     }
                     _ => None,
                 };
+                let pool_relu = pool_relu.filter(|_| *groups == 1);
                 used += if pool_relu.is_some() { 2 } else { 0 };
                 let w = params.push(format!("{name}.weight"), w)?;
                 let b = if *bias {
@@ -731,6 +751,7 @@ fn build_layers(
                     has_bias: *bias,
                     padding: *padding,
                     stride: *stride,
+                    groups: *groups,
                     pool_relu,
                     dtype: init.compute_dtype(),
                 })

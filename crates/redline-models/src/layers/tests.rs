@@ -148,6 +148,42 @@ layers = [
     Ok(())
 }
 
+/// `groups` makes a grouped (here depthwise, two outputs a channel)
+/// convolution: PyTorch's weight shape `(Cout, Cin/groups, k, k)`, the
+/// output of candle's grouped convolution, and the gradient reaches every
+/// parameter; groups that do not divide the channels are refused with the fix.
+#[test]
+fn grouped_and_depthwise_convolutions_build_from_groups() -> Result<()> {
+    let text = "[model]\nlayers = [{ type = \"conv2d\", out = 6, kernel = 3, padding = 1, \
+                stride = 2, groups = 3 }]";
+    let model = parse(text, &[3, 7, 6], 1)?.build(&mut init())?;
+    let w = model
+        .params()
+        .get("0.weight")
+        .map(|v| v.as_tensor().clone());
+    let w = w.ok_or_else(|| Error::Config("no 0.weight".into()))?;
+    assert_eq!(w.dims(), [6, 1, 3, 3]);
+    let b = model.params().get("0.bias").map(|v| v.as_tensor().clone());
+    let b = b.ok_or_else(|| Error::Config("no 0.bias".into()))?;
+    let x = Tensor::arange(0f32, 252.0, &Device::Cpu)?
+        .reshape((2, 3, 7, 6))?
+        .sin()?;
+    let want = x
+        .conv2d(&w, 1, 2, 1, 3)?
+        .broadcast_add(&b.reshape((1, 6, 1, 1))?)?;
+    let got = model.forward_t(&x, true)?;
+    assert_eq!(got.dims(), [2, 6, 4, 3]);
+    let diff = (&got - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    assert!(diff < 1e-5, "{diff}");
+    let bad = "[model]\nlayers = [{ type = \"conv2d\", out = 4, kernel = 3, groups = 2 }]";
+    let err = match parse(bad, &[3, 7, 6], 1) {
+        Ok(_) => panic!("groups 2 over 3 channels was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("groups 2") && err.contains("HINT"), "{err}");
+    Ok(())
+}
+
 #[test]
 fn dropout_drops_in_training_only_and_is_seeded() -> Result<()> {
     let text = "[model]\nlayers = [{ type = \"dropout\", p = 0.25 }]";

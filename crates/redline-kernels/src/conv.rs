@@ -251,19 +251,29 @@ impl Geom {
     /// Weights `(Cout, Cin, kh, kw)` -> `(Cout, kh, kw, Cin)`, the im2col row
     /// order; with `back`, the inverse.
     pub(super) fn permute_taps(&self, w: &[f32], back: bool) -> Vec<f32> {
-        let (k, kk) = (self.k(), self.kh * self.kw);
+        let (k, kk, cin) = (self.k(), self.kh * self.kw, self.cin);
         let mut out = vec![0f32; w.len()];
-        for (o, i) in out.chunks_mut(k).zip(w.chunks(k)) {
-            for (r, &v) in i.iter().enumerate() {
-                // r indexes (ci, ky, kx); j the same tap in (ky, kx, ci).
-                let j = (r % kk) * self.cin + r / kk;
-                if back {
-                    o[r] = i[j];
-                } else {
-                    o[j] = v;
-                }
-            }
+        if k == 0 {
+            return out;
         }
+        // Rows (one per output channel) in parallel; no division per element
+        // (a runtime `%` and `/` per weight cost more than the copy: 2.4
+        // million of each on ResNet's 512 x 4608 layers, every call).
+        out.par_chunks_mut(k)
+            .zip(w.par_chunks(k))
+            .for_each(|(o, i)| {
+                for ci in 0..cin {
+                    for t in 0..kk {
+                        // r indexes (ci, ky, kx); j the same tap in (ky, kx, ci).
+                        let (r, j) = (ci * kk + t, t * cin + ci);
+                        if back {
+                            o[r] = i[j];
+                        } else {
+                            o[j] = i[r];
+                        }
+                    }
+                }
+            });
         out
     }
 

@@ -13,6 +13,7 @@ for the MFU issue's check of Redline's own count (`redline_models::flops`):
 | `resnet50` | `torchvision.models.resnet50(num_classes=1000)` | (3, 224, 224) | 1000 |
 | `gpt_char` | nanoGPT's structure (`make_golden_gpt.py`'s GPT) at shakespeare-char's 6/6/384, block 256, 65 tokens; next-token loss over every position | (256,) ids | 65 per token |
 | `attention` | Linear 48->48, nanoGPT's `CausalSelfAttention` (4 heads, SDPA), Flatten, Linear | (32, 48) | 10 |
+| `mbv2_block` | `bench/models/mbv2_block.toml`: a stride-2 stem, one MobileNetV2 inverted residual block (1x1 x6, 3x3 depthwise `groups=192`, 1x1, batch norms), pooling, Linear (forward only: FlopCounterMode's convolution backward ignores `groups`) | (3, 32, 32) | 10 |
 
 Each model runs in train mode on a batch of 4 random inputs: the forward alone under
 one counter, then forward, cross-entropy and backward under another; both totals are
@@ -60,6 +61,24 @@ def small_cnn(channels=3, side=32, classes=10):
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(flat, 64), nn.ReLU(), nn.Dropout(0.25), nn.Linear(64, classes),
     )
+
+
+class MbBlock(nn.Module):
+    """bench/models/mbv2_block.toml (its grouped, depthwise convolution)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32),
+                                  nn.ReLU())
+        self.body = nn.Sequential(
+            nn.Conv2d(32, 192, 1, bias=False), nn.BatchNorm2d(192), nn.ReLU(),
+            nn.Conv2d(192, 192, 3, 1, 1, groups=192, bias=False), nn.BatchNorm2d(192),
+            nn.ReLU(), nn.Conv2d(192, 32, 1, bias=False), nn.BatchNorm2d(32))
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+    def forward(self, x):
+        h = self.stem(x)
+        return self.head(h + self.body(h))
 
 
 class CausalSelfAttention(nn.Module):
@@ -128,6 +147,7 @@ def main():
         "resnet18_cifar": count(torchvision.models.resnet18(num_classes=10), (3, 32, 32), 10),
         "resnet50": count(torchvision.models.resnet50(num_classes=1000), (3, 224, 224), 1000),
         "gpt_char": count_gpt(),
+        "mbv2_block": count(MbBlock(), (3, 32, 32), 10),
         "attention": count(
             nn.Sequential(nn.Linear(48, 48), CausalSelfAttention(48, 4), nn.Flatten(), nn.Linear(32 * 48, 10)),
             (32, 48),

@@ -56,9 +56,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     redline_kernels::gemm::set_threads(threads);
     // As the redline binary runs: freed buffers reused, not unmapped.
     redline_core::host_alloc::reuse_freed_memory();
-    if let Some(n) = std::env::var("PAR_MIN").ok().and_then(|v| v.parse().ok()) {
-        redline_kernels::gemm::set_parallel_min_flops(n);
-    }
     println!("threads {threads}, batch {batch}, input {size} px, median of {reps}");
     println!(
         "| conv | cin | cout | k/s | in | fwd ms | bwd ms | fwd GFLOP/s | bwd GFLOP/s |\n| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"

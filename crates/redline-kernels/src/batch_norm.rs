@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use redline_core::trace;
 
 use crate::add_relu::passes;
-use crate::grad::{layer_buffers, Param, ParamBuffers};
+use crate::grad::{grads_out, layer_buffers, Param, ParamBuffers};
 use crate::slices::{f32s, fused_cpu, keep, unpack_grads};
 use crate::Result;
 
@@ -462,16 +462,7 @@ impl CustomOp3 for BatchNormBackward {
                     }
                 });
         }
-        let out = match &self.buffers {
-            Some((wb, bb)) => {
-                wb.add(&dw);
-                bb.add(&db);
-                dx
-            }
-            None => [dw, db, dx].concat(),
-        };
-        let len = out.len();
-        Ok((CpuStorage::F32(out), Shape::from(len)))
+        Ok(grads_out(self.buffers.as_ref(), dw, db, dx))
     }
 }
 

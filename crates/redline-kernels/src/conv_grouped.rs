@@ -16,7 +16,7 @@ use redline_core::trace;
 use crate::conv::Geom;
 use crate::conv_backward::plain_grads;
 use crate::error::{Error, Result};
-use crate::grad::{layer_buffers, Param, ParamBuffers};
+use crate::grad::{grads_out, layer_buffers, Param, ParamBuffers};
 use crate::slices::{f32s, fused_cpu, unpack_grads};
 
 /// `F.conv2d(x, w, b, stride, padding, groups=groups)`: `x (B, Cin, H, W)`,
@@ -214,15 +214,6 @@ impl CustomOp3 for GroupedConvBackward {
                 scatter(&dxg, &mut dx, (n * g.cin, hw), (grp, g.cin));
             }
         }
-        let out = match &self.buffers {
-            Some((wb, bb)) => {
-                wb.add(&dw);
-                bb.add(&db);
-                dx
-            }
-            None => [dw, db, dx].concat(),
-        };
-        let len = out.len();
-        Ok((CpuStorage::F32(out), Shape::from(len)))
+        Ok(grads_out(self.buffers.as_ref(), dw, db, dx))
     }
 }

@@ -390,6 +390,30 @@ impl Param {
 /// cover both.
 pub(crate) type ParamBuffers = (Arc<GradBuffer>, Arc<GradBuffer>);
 
+/// A fused backward's output for [`crate::slices::unpack_grads`]: with
+/// `buffers`, dW and db go into the parameters' gradient buffers and only dx
+/// comes back; otherwise the flat `[dW | db | dx]`.
+pub(crate) fn grads_out(
+    buffers: Option<&ParamBuffers>,
+    dw: Vec<f32>,
+    db: Vec<f32>,
+    dx: Vec<f32>,
+) -> (candle_core::CpuStorage, candle_core::Shape) {
+    let out = match buffers {
+        Some((wb, bb)) => {
+            wb.add(&dw);
+            bb.add(&db);
+            dx
+        }
+        None => [dw, db, dx].concat(),
+    };
+    let len = out.len();
+    (
+        candle_core::CpuStorage::F32(out),
+        candle_core::Shape::from(len),
+    )
+}
+
 /// The buffers of `w` and `b` for the fused kernels.
 pub(crate) fn layer_buffers(w: &Param, b: &Param) -> Option<ParamBuffers> {
     w.fused_buffer().zip(b.fused_buffer())

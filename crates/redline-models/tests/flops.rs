@@ -71,6 +71,28 @@ fn the_small_cnn_file_counts_as_pytorch_on_cifar_shapes() -> R {
     check("small_cnn_cifar", cfg.flops()?)
 }
 
+/// Grouped (depthwise) convolutions count (Cin/groups)·k·k terms per output:
+/// the forward as PyTorch counts it. Its backward is not compared:
+/// FlopCounterMode's `convolution_backward` formula ignores `groups` and
+/// counts a depthwise weight gradient as a dense one (192x here, 184 MFLOP
+/// against a 7.6 MFLOP forward); Redline's is twice the forward, as for
+/// every convolution.
+#[test]
+fn a_mobilenet_block_with_a_depthwise_conv_counts_as_pytorch() -> R {
+    let file = root().join("bench/models/mbv2_block.toml");
+    let file = file.to_str().ok_or("path is not UTF-8")?;
+    let cfg = ModelConfig::for_data(file, &[3, 32, 32], 10, None)?;
+    let ours = cfg.flops()?;
+    let (fwd, _) = reference("mbv2_block")?;
+    let off = (ours.forward as f64 - fwd as f64).abs() / fwd as f64;
+    assert!(
+        off <= 0.01,
+        "forward: Redline {}, PyTorch {fwd}",
+        ours.forward
+    );
+    Ok(())
+}
+
 #[test]
 fn torchvision_resnets_count_as_pytorch() -> R {
     zoo("resnet18", &[3, 224, 224], 1000, None)?;

@@ -2,7 +2,7 @@
 //! (dW, db, dx), and prints ms and GFLOP/s per shape; `bench/conv_shapes.py`
 //! runs PyTorch's on the same shapes beside it.
 //!
-//! `cargo run --release -p redline-kernels --example conv_shapes -- [--threads N] [--batch B] [--size S] [--reps R] [--no-dx] [--patch8]`
+//! `cargo run --release -p redline-kernels --example conv_shapes -- [--threads N] [--batch B] [--size S] [--reps R] [--no-dx] [--patch8 [--patch-cout N]]`
 
 use std::time::Instant;
 
@@ -13,8 +13,9 @@ use redline_kernels::grad::Param;
 /// ResNet-18's convolutions at input side `s`: (name, cin, cout, k, stride, pad, input side).
 fn shapes(s: usize) -> Vec<(&'static str, usize, usize, usize, usize, usize, usize)> {
     if std::env::args().any(|a| a == "--patch8") {
-        // Issue 52's first row: bench/models/patch8.toml's convolution.
-        return vec![("patch 8x8/8", 3, 8, 8, 8, 0, s)];
+        // Issue 52's first row: bench/models/patch8.toml's convolution,
+        // with `--patch-cout N` output channels [default 8].
+        return vec![("patch 8x8/8", 3, arg("--patch-cout", 8), 8, 8, 0, s)];
     }
     let (s1, s2, s3, s4) = (s / 4, s / 8, s / 16, s / 32);
     vec![

@@ -563,7 +563,11 @@ impl CustomOp3 for Conv2dOp {
         if g.b == 0 {
             return Ok((CpuStorage::F32(out), shape));
         }
-        g.forward_all(name, &g.permute_taps(w, false), b, x, &mut out)?;
+        if g.patch_forward() {
+            g.forward_patch(w, b, x, &mut out);
+        } else {
+            g.forward_all(name, &g.permute_taps(w, false), b, x, &mut out)?;
+        }
         Ok((CpuStorage::F32(out), shape))
     }
 
@@ -725,6 +729,18 @@ mod tests {
             (2, 5, 8, 7, 3, 1, 0, 2),
             (1, 2, 10, 10, 2, 3, 0, 3),
             (3, 3, 20, 19, 4, 3, 1, 2),
+            // Patches (stride = kernel, no padding: the direct kernels):
+            // whole tiles; a remainder row and column with 13 channels (two
+            // lane blocks); 16-wide windows (two tap blocks); 3-wide windows
+            // and a 2-pixel row (the one-tap and one-pixel tails).
+            (2, 3, 16, 16, 8, 8, 0, 8),
+            (2, 3, 19, 17, 13, 4, 0, 4),
+            (1, 2, 33, 32, 4, 16, 0, 16),
+            (3, 2, 7, 8, 3, 3, 0, 3),
+            // 28 channels: the GEMM forward, the direct backward; 40: the
+            // GEMM both ways.
+            (1, 2, 12, 12, 28, 4, 0, 4),
+            (1, 2, 8, 8, 40, 2, 0, 2),
         ];
         for (b, cin, h, w, cout, k, p, s) in shapes {
             let what = (b, cin, h, w, cout, k, p, s);

@@ -265,6 +265,11 @@ impl Conv2dBackward {
         dx: &mut [f32],
     ) -> candle_core::Result<()> {
         let g = self.geom;
+        if g.patch_backward() && self.unpool.is_none() {
+            let dx = self.input_grad.then_some(dx);
+            g.backward_patch((x, w, dy), dwb, dx);
+            return Ok(());
+        }
         // Stride 1 on maps that take per-sample GEMMs: dx as a forward
         // convolution of dy, after dW and db. Small maps (batched) keep
         // w^T * dy: their Cout is large, so that GEMM is not thin, and

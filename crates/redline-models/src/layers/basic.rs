@@ -151,12 +151,15 @@ impl Layer for AvgPool {
     }
 }
 
-/// `nn.AdaptiveAvgPool2d(1)`: `(B, C, H, W) -> (B, C, 1, 1)`.
-pub(super) struct GlobalAvgPool;
+/// `nn.AdaptiveAvgPool2d(1)`: `(B, C, H, W) -> (B, C, 1, 1)`, of the
+/// ReLU'd input when `relu` (a ReLU before it fused in).
+pub(super) struct GlobalAvgPool {
+    pub(super) relu: bool,
+}
 
 impl Layer for GlobalAvgPool {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
-        Ok(x.mean_keepdim(3)?.mean_keepdim(2)?)
+        Ok(redline_kernels::global_avg_pool2d(x, self.relu)?)
     }
 }
 

@@ -795,8 +795,14 @@ fn build_layers(
                 padding: *padding,
             }),
             LayerSpec::Avgpool2d { kernel } => Box::new(basic::AvgPool(*kernel)),
-            LayerSpec::Adaptiveavgpool2d => Box::new(basic::GlobalAvgPool),
+            LayerSpec::Adaptiveavgpool2d => Box::new(basic::GlobalAvgPool { relu: false }),
             LayerSpec::Flatten => Box::new(basic::Flatten),
+            // A ReLU into global average pooling: one fused op, the ReLU's
+            // output never materialised.
+            LayerSpec::Relu if matches!(next(1), Some(LayerSpec::Adaptiveavgpool2d)) => {
+                used += 1;
+                Box::new(basic::GlobalAvgPool { relu: true })
+            }
             LayerSpec::Relu => Box::new(basic::Relu),
             LayerSpec::Gelu { approximate } => Box::new(basic::Gelu(*approximate)),
             LayerSpec::Positions { max, .. } => {

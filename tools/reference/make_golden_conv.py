@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Golden file for Redline's fused CPU convolution, batch norm and max pooling kernels
 (issue 52's shape classes): PyTorch's `F.conv2d` (also grouped and depthwise), `F.batch_norm(training=True)` (alone and
-followed by `F.relu`) and `F.max_pool2d(3, 2, 1)`, forward and backward, CPU, computed in
+followed by `F.relu`), `F.max_pool2d(3, 2, 1)` and `F.avg_pool2d` (strided, padded, with and
+without `count_include_pad`), forward and backward, CPU, computed in
 float64 from float32 inputs, stored as float32.
 
 Inputs by formula (the Rust test repeats it; `i` is the flat index, float64 then rounded to
@@ -46,6 +47,14 @@ GROUPED = {
 }
 NORM = (3, 4, 5, 6)
 POOL = (2, 3, 11, 10)
+# Average pools on POOL: name: (kernel, stride, padding, count_include_pad).
+AVG = {
+    "avg3s2p1": (3, 2, 1, True),
+    "avg3s2p1_ex": (3, 2, 1, False),
+    "avg3s1p1_ex": (3, 1, 1, False),
+    "avg2s2": (2, 2, 0, True),
+    "avg5s3p2_ex": (5, 3, 2, False),
+}
 
 
 def formula(shape, a, b, f=torch.sin, scale=1.0, shift=0.0):
@@ -90,6 +99,12 @@ def cases(dtype):
     go = formula(tuple(y.shape), 0.61, 0.4).detach().to(dtype)
     (y * go).sum().backward()
     out.update({"pool.y": y, "pool.dx": x.grad})
+    for name, (k, s, p, inc) in AVG.items():
+        x = leaf(formula(POOL, 0.37, 0.1))
+        y = F.avg_pool2d(x, k, s, p, count_include_pad=inc)
+        go = formula(tuple(y.shape), 0.61, 0.4).detach().to(dtype)
+        (y * go).sum().backward()
+        out.update({f"{name}.y": y, f"{name}.dx": x.grad})
     return {k: v.detach() for k, v in out.items()}
 
 

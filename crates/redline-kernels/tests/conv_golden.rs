@@ -11,10 +11,10 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use candle_core::{Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
 use redline_kernels::batch_norm::batch_norm2d_train;
 use redline_kernels::grad::Param;
-use redline_kernels::{conv2d_grouped_param, max_pool2d_window};
+use redline_kernels::{avg_pool2d, conv2d_grouped_param, max_pool2d_window, AvgWindow};
 
 fn golden() -> HashMap<String, Tensor> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -150,4 +150,42 @@ fn resnets_stem_pool_matches_pytorch() {
     let go = formula(y.dims(), (0.61, 0.4), f64::sin, (1.0, 0.0));
     let grads = (y * go).unwrap().sum_all().unwrap().backward().unwrap();
     check(&g, "pool.dx", grads.get(x.as_tensor()).unwrap());
+}
+
+/// `F.avg_pool2d` with stride, padding and both divisor rules, through the
+/// fused CPU kernel and through candle's ops (a bf16 round trip of an f32
+/// input would change its values, so the generic path is reached by
+/// running the same pool in f64, which the fused kernel does not take).
+#[test]
+fn average_pools_match_pytorch() {
+    let g = golden();
+    for (name, k, s, p, inc) in [
+        ("avg3s2p1", 3, 2, 1, true),
+        ("avg3s2p1_ex", 3, 2, 1, false),
+        ("avg3s1p1_ex", 3, 1, 1, false),
+        ("avg2s2", 2, 2, 0, true),
+        ("avg5s3p2_ex", 5, 3, 2, false),
+    ] {
+        let win = AvgWindow {
+            kernel: k,
+            stride: s,
+            padding: p,
+            count_include_pad: inc,
+        };
+        for dtype in [DType::F32, DType::F64] {
+            let x32 = formula(&[2, 3, 11, 10], (0.37, 0.1), f64::sin, (1.0, 0.0));
+            let x = Var::from_tensor(&x32.to_dtype(dtype).unwrap()).unwrap();
+            let y = avg_pool2d(x.as_tensor(), win).unwrap();
+            check(&g, &format!("{name}.y"), &y.to_dtype(DType::F32).unwrap());
+            let go = formula(y.dims(), (0.61, 0.4), f64::sin, (1.0, 0.0));
+            let go = go.to_dtype(dtype).unwrap();
+            let grads = (y * go).unwrap().sum_all().unwrap().backward().unwrap();
+            let dx = grads
+                .get(x.as_tensor())
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap();
+            check(&g, &format!("{name}.dx"), &dx);
+        }
+    }
 }

@@ -142,12 +142,12 @@ impl Layer for MaxPool {
     }
 }
 
-/// `nn.AvgPool2d(k)` (stride k, floor mode).
-pub(super) struct AvgPool(pub(super) usize);
+/// `nn.AvgPool2d(kernel, stride, padding, count_include_pad)` (floor mode).
+pub(super) struct AvgPool(pub(super) redline_kernels::AvgWindow);
 
 impl Layer for AvgPool {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
-        Ok(x.avg_pool2d(self.0)?)
+        Ok(redline_kernels::avg_pool2d(x, self.0)?)
     }
 }
 

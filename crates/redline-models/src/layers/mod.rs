@@ -84,6 +84,10 @@ fn yes() -> bool {
     true
 }
 
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
 /// Which GELU: PyTorch's `approximate` argument.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -187,10 +191,20 @@ pub enum LayerSpec {
         #[serde(default, skip_serializing_if = "is_zero")]
         padding: usize,
     },
-    /// `nn.AvgPool2d(kernel)` (stride = kernel).
+    /// `nn.AvgPool2d(kernel, stride, padding, count_include_pad)` (floor mode).
     Avgpool2d {
         /// Window side.
         kernel: usize,
+        /// Step between windows [default: the window side].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stride: Option<usize>,
+        /// Zero padding on each side (at most half the window, as PyTorch).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        padding: usize,
+        /// Whether the padding's zeros count in each window's divisor
+        /// [default: true, PyTorch's].
+        #[serde(default = "yes", skip_serializing_if = "is_true")]
+        count_include_pad: bool,
     },
     /// `nn.AdaptiveAvgPool2d(1)`: the mean of each channel, `(C, 1, 1)`.
     Adaptiveavgpool2d,
@@ -459,11 +473,38 @@ fn sizes(spec: &LayerSpec) -> Vec<(&'static str, usize)> {
             ("stride", stride.unwrap_or(*kernel)),
             ("padding", *padding),
         ],
-        LayerSpec::Avgpool2d { kernel } => vec![("kernel", *kernel)],
+        LayerSpec::Avgpool2d {
+            kernel,
+            stride,
+            padding,
+            ..
+        } => vec![
+            ("kernel", *kernel),
+            ("stride", stride.unwrap_or(*kernel)),
+            ("padding", *padding),
+        ],
         LayerSpec::Embedding { num, dim } => vec![("num", *num), ("dim", *dim)],
         LayerSpec::Attention { heads, .. } => vec![("heads", *heads)],
         LayerSpec::Positions { max, .. } => vec![("max", *max)],
         _ => Vec::new(),
+    }
+}
+
+/// An `avgpool2d` spec's window (`None` for other layers).
+fn avg_window(spec: &LayerSpec) -> Option<redline_kernels::AvgWindow> {
+    match spec {
+        LayerSpec::Avgpool2d {
+            kernel,
+            stride,
+            padding,
+            count_include_pad,
+        } => Some(redline_kernels::AvgWindow {
+            kernel: *kernel,
+            stride: stride.unwrap_or(*kernel),
+            padding: *padding,
+            count_include_pad: *count_include_pad,
+        }),
+        _ => None,
     }
 }
 
@@ -585,12 +626,34 @@ pub(crate) fn out_shape(spec: &LayerSpec, input: &[usize], outputs: usize) -> Re
             let side = |n: usize| (n + 2 * padding - kernel) / s + 1;
             vec![c, side(h), side(w)]
         }
-        LayerSpec::Avgpool2d { kernel } => {
+        LayerSpec::Avgpool2d {
+            kernel: k,
+            stride,
+            padding: p,
+            count_include_pad,
+        } => {
             let (c, h, w) = image(spec.kind())?;
-            if *kernel == 0 || *kernel > h || *kernel > w {
-                return bad(format!("kernel {kernel} does not fit a {h}x{w} input"));
+            let win = redline_kernels::AvgWindow {
+                kernel: *k,
+                stride: stride.unwrap_or(*k),
+                padding: *p,
+                count_include_pad: *count_include_pad,
+            };
+            if *p > k / 2 {
+                return bad(format!(
+                    "padding {p} is more than half the window {k} (PyTorch refuses it too: a \
+                     window could hold only padding)"
+                ));
             }
-            vec![c, h / kernel, w / kernel]
+            match (win.out(h), win.out(w)) {
+                (Some(oh), Some(ow)) => vec![c, oh, ow],
+                _ => {
+                    return bad(format!(
+                        "kernel {k}, stride {}, padding {p} do not fit a {h}x{w} input",
+                        win.stride
+                    ))
+                }
+            }
         }
         LayerSpec::Adaptiveavgpool2d => {
             let (c, _, _) = image("adaptiveavgpool2d")?;
@@ -794,7 +857,10 @@ fn build_layers(
                 stride: stride.unwrap_or(*kernel),
                 padding: *padding,
             }),
-            LayerSpec::Avgpool2d { kernel } => Box::new(basic::AvgPool(*kernel)),
+            LayerSpec::Avgpool2d { .. } => match avg_window(spec) {
+                Some(win) => Box::new(basic::AvgPool(win)),
+                None => return Err(Error::Config("avgpool2d: no window".into())),
+            },
             LayerSpec::Adaptiveavgpool2d => Box::new(basic::GlobalAvgPool { relu: false }),
             LayerSpec::Flatten => Box::new(basic::Flatten),
             // A ReLU into global average pooling: one fused op, the ReLU's

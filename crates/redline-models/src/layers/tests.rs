@@ -275,6 +275,47 @@ fn bad_files_name_the_layer_and_the_fix() {
         &[1, 8, 8],
     );
     assert!(m.contains("more than half the window"), "{m}");
+    let m = err(
+        "[model]\nlayers = [{ type = \"avgpool2d\", kernel = 3, padding = 2 }]",
+        &[1, 8, 8],
+    );
+    assert!(m.contains("more than half the window"), "{m}");
+    let m = err(
+        "[model]\nlayers = [{ type = \"avgpool2d\", kernel = 5, stride = 0 }]",
+        &[1, 8, 8],
+    );
+    assert!(m.contains("do not fit a 8x8 input"), "{m}");
+    let m = err(
+        "[model]\nlayers = [{ type = \"avgpool2d\", kernel = 2, ceil_mode = true }]",
+        &[1, 8, 8],
+    );
+    assert!(m.contains("ceil_mode"), "{m}");
+}
+
+/// `avgpool2d` takes PyTorch's stride, padding and `count_include_pad`
+/// (shapes by PyTorch's floor formula; values: a corner window of 3/2/1
+/// over ones averages 4/9 with the padding counted, 1 without), and a ReLU
+/// into global average pooling is one fused layer.
+#[test]
+fn average_pools_take_stride_padding_and_the_divisor_rule() -> Result<()> {
+    for (inc, corner) in [("true", 4.0 / 9.0), ("false", 1.0)] {
+        let text = format!(
+            "[model]\nlayers = [{{ type = \"avgpool2d\", kernel = 3, stride = 2, padding = 1, \
+             count_include_pad = {inc} }}, {{ type = \"relu\" }}, \
+             {{ type = \"adaptiveavgpool2d\" }}]"
+        );
+        let cfg = parse(&text, &[2, 7, 6], 1)?;
+        assert_eq!(cfg.shapes()?[0], vec![2, 4, 3]);
+        let model = cfg.build(&mut init())?;
+        let spans: Vec<&str> = model.body.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(spans, ["0.avgpool2d", "1.relu+adaptiveavgpool2d"]);
+        let x = Tensor::ones((1, 2, 7, 6), DType::F32, &Device::Cpu)?;
+        let pooled = model.body[0].1.forward_t(&x, true)?;
+        let v: Vec<f32> = pooled.flatten_all()?.to_vec1()?;
+        assert!((v[0] - corner).abs() < 1e-6, "{inc}: corner {}", v[0]);
+        assert_eq!(model.forward(&x)?.dims(), [1, 2, 1, 1]);
+    }
+    Ok(())
 }
 
 /// Two layers given one name are refused when built, by the name.

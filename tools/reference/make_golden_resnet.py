@@ -24,6 +24,10 @@ Written per depth to `testdata/golden/resnet{18,50}.safetensors`, computed in fl
 - after one `torch.optim.SGD(lr=0.1)` step on that loss: `conv1.weight`, `fc.weight`,
   `fc.bias`, the last block's last batch norm weight, and `bn1.running_mean` /
   `bn1.running_var` (updated by the train-mode forward, momentum 0.1);
+- for ResNet-18, `five.train_losses`: the train-mode losses of the first five
+  `SGD(lr=0.01)` steps on 8 images of noise (`uniform(7, n)` below, labels 0..7), and
+  `five.conv1.weight`, `five.fc.weight`, `five.fc.bias` after them (issue 52's "first 5
+  SGD steps"; why not ResNet-50, and why not the one-step input: `add_five_steps`);
 - `err32.<each of those>`: how far torch's own float32 runs land from the float64 one
   (relative L2; for the step, of the change), the worst of a plain run and four on inputs
   moved by about one rounding (a ReLU input within rounding of zero takes either sign in
@@ -124,6 +128,8 @@ def main():
                 worst[k] = max(worst.get(k, 0.0), e)
         for k, e in worst.items():
             out["err32." + k] = torch.tensor([e], dtype=torch.float32)
+        if depth == 18:
+            add_five_steps(out)
         path = os.path.join(args.out, f"resnet{depth}.safetensors")
         write_safetensors(out, path)
         errs = {k[6:]: f"{v.item():.1e}" for k, v in out.items() if k.startswith("err32.")}
@@ -131,6 +137,67 @@ def main():
 
 
 BEFORE = {}
+# The five-step run (ResNet-18 only): noise input, batch 8, SGD lr 0.01.
+FIVE = {"batch": 8, "steps": 5, "lr": 0.01, "seed": 7}
+FIVE_KEYS = ("conv1.weight", "fc.weight", "fc.bias")
+
+
+def five_steps(dtype, x, y):
+    """The train-mode losses of 5 SGD steps on one batch, and the weights after them."""
+    model = torchvision.models.resnet18(num_classes=10)
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            v = value(name, tuple(t.shape))
+            if v is None:
+                t.zero_()
+            else:
+                t.copy_(v)
+    model = model.to(dtype).train()
+    x = x.to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=FIVE["lr"])
+    losses = []
+    for _ in range(FIVE["steps"]):
+        loss = F.cross_entropy(model(x), y)
+        losses.append(loss.detach().double().reshape(1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    state = model.state_dict()
+    out = {"five.train_losses": torch.cat(losses)}
+    for k in FIVE_KEYS:
+        out["five." + k] = state[k].detach().double().clone()
+    return out
+
+
+def add_five_steps(out):
+    """ResNet-18's first five SGD steps (issue 52) into `out`, with torch's own float32
+    error as for the one-step keys. On the one-step input (4 images, lr 0.1) torch's float32
+    run ends 30% or more off its float64 one in some weights after five steps, and ResNet-50's
+    85-105% on every input tried (batch 8 noise, lr 0.01 or 0.003): train-mode batch norm
+    over a few values a channel amplifies rounding each step, so no fixed bound could tell a
+    bug from rounding there. On 8 noise images at lr 0.01 ResNet-18's losses stay within
+    about 1% and its fc update within about 3%; those are checked (conv1's update, 8% off
+    in torch, too)."""
+    n = FIVE["batch"] * 3 * 64 * 64
+    x = torch.from_numpy(uniform(FIVE["seed"], n).astype(np.float32))
+    x = x.reshape(FIVE["batch"], 3, 64, 64)
+    y = torch.arange(FIVE["batch"]) % 10
+    ref = five_steps(torch.float64, x, y)
+    out.update({k: v.float() for k, v in ref.items()})
+    g = torch.Generator().manual_seed(5)
+    nudges = [torch.zeros_like(x)] + [
+        torch.empty_like(x).uniform_(-1e-7, 1e-7, generator=g) for _ in range(PERTURBED)]
+    worst = {}
+    for nudge in nudges:
+        f32 = five_steps(torch.float32, x * (1 + nudge), y)
+        for k in ref:
+            a, b = f32[k].double(), ref[k]
+            start = BEFORE.get(k.removeprefix("five."))
+            if start is not None:
+                a, b = a - start, b - start
+            worst[k] = max(worst.get(k, 0.0), ((a - b).norm() / b.norm()).item())
+    for k, e in worst.items():
+        out["err32." + k] = torch.tensor([e], dtype=torch.float32)
 
 
 def run(depth, dtype, x, y):

@@ -78,11 +78,16 @@ fn main() {
         }
     }
     println!("one thread, median of {reps}");
-    println!("| image | KB | image (zune-jpeg) ms | jpeg-decoder 1/1 ms | 1/2 ms | 1/4 ms | 1/8 ms |");
+    println!(
+        "| image | KB | image (zune-jpeg) ms | jpeg-decoder 1/1 ms | 1/2 ms | 1/4 ms | 1/8 ms |"
+    );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for (name, bytes) in &inputs {
         let (zune, _) = time(reps, || {
-            image::load_from_memory(bytes).expect("decode").into_rgb8().len()
+            image::load_from_memory(bytes)
+                .expect("decode")
+                .into_rgb8()
+                .len()
         });
         let mut row = vec![format!("{zune:.2}")];
         let (w, h) = {

@@ -91,8 +91,8 @@ impl PinnedStage {
             let x = unsafe { ctx.alloc_pinned::<f32>(batch * row(data)) }
                 .map_err(|e| cuda("pinned allocation", e))?;
             let y = match data.target() {
-                TargetKind::Classes(_) => PinnedTargets::Classes(
-                    unsafe { ctx.alloc_pinned::<u32>(batch) }
+                TargetKind::Classes(_) | TargetKind::Tokens { .. } => PinnedTargets::Classes(
+                    unsafe { ctx.alloc_pinned::<u32>(batch * data.target().width()) }
                         .map_err(|e| cuda("pinned allocation", e))?,
                 ),
                 TargetKind::Values(w) => PinnedTargets::Values(

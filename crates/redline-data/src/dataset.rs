@@ -17,6 +17,14 @@ pub enum TargetKind {
     Classes(usize),
     /// Float targets, `width` per sample: `(B,)` f32 when `width` is 1, else `(B, width)`.
     Values(usize),
+    /// The next token at each of `len` positions, ids `< vocab` (a language
+    /// model's targets): a batch's are `(B, len)` u32.
+    Tokens {
+        /// Ids in the vocabulary.
+        vocab: usize,
+        /// Positions per sample (the model's block size).
+        len: usize,
+    },
 }
 
 impl TargetKind {
@@ -25,21 +33,30 @@ impl TargetKind {
         match self {
             Self::Classes(_) => 1,
             Self::Values(w) => w,
+            Self::Tokens { len, .. } => len,
         }
     }
 
-    /// The classes of a classification target.
+    /// The classes of a classification target (a language model's: its
+    /// vocabulary).
     pub fn classes(self) -> Option<usize> {
         match self {
-            Self::Classes(c) => Some(c),
+            Self::Classes(c) | Self::Tokens { vocab: c, .. } => Some(c),
             Self::Values(_) => None,
         }
+    }
+
+    /// Whether the targets are class ids (one or many per sample), stored
+    /// as u32.
+    pub fn is_ids(self) -> bool {
+        !matches!(self, Self::Values(_))
     }
 
     /// The targets' shape for a batch of `b` samples.
     pub fn batch_shape(self, b: usize) -> Vec<usize> {
         match self {
             Self::Values(w) if w != 1 => vec![b, w],
+            Self::Tokens { len, .. } => vec![b, len],
             _ => vec![b],
         }
     }
@@ -51,6 +68,9 @@ impl std::fmt::Display for TargetKind {
             Self::Classes(c) => write!(f, "{c} classes"),
             Self::Values(1) => f.write_str("1 value"),
             Self::Values(w) => write!(f, "{w} values"),
+            Self::Tokens { vocab, len } => {
+                write!(f, "next tokens at {len} positions, vocabulary {vocab}")
+            }
         }
     }
 }
@@ -69,6 +89,7 @@ impl Targets {
     pub fn zeros(kind: TargetKind, n: usize) -> Self {
         match kind {
             TargetKind::Classes(_) => Self::Classes(vec![0; n]),
+            TargetKind::Tokens { len, .. } => Self::Classes(vec![0; n * len]),
             TargetKind::Values(w) => Self::Values(vec![0.0; n * w]),
         }
     }

@@ -7,6 +7,7 @@
 //! * [`readers`]: the formats `--data` reads, one [`Reader`] each, in one list.
 //! * [`source`]: `--data PATH`: format detection, task, hold-out; [`cifar`], [`table`] (CSV), [`arrays`] (npz, safetensors, npy), [`image_folder`]; [`augment`]: random crop and flip on the loader thread.
 //! * [`stream`]: image folders and tar shards read from disk batch by batch, decoded and augmented on worker threads; [`samples`]: a split resident or streamed.
+//! * [`tokens`]: token ids of a text file (bytes) or nanoGPT `.bin`, memory-mapped, as windows of `block + 1` ids for language models.
 //! * [`pack`]: `redline pack`, an image folder into tar shards.
 //! * [`loader`]: seeded per-epoch shuffling, device-resident or streamed batches, background prefetch.
 //! * [`place`]: the `--data-on-device` policy (resident when the split fits a memory budget).
@@ -33,6 +34,7 @@ pub mod split;
 pub mod stage;
 pub mod stream;
 pub mod table;
+pub mod tokens;
 
 pub use augment::{Augment, Augmented};
 pub use cursor::DeviceCursor;

@@ -444,7 +444,7 @@ pub(crate) fn finish(
     first: &str,
 ) -> Result<HostData> {
     let y = match kind {
-        TargetKind::Classes(_) => {
+        TargetKind::Classes(_) | TargetKind::Tokens { .. } => {
             if let Some(why) = not_class_ids(&raw.y) {
                 return Err(Error::Invalid {
                     path: path.to_path_buf(),

@@ -74,7 +74,9 @@ impl Split {
     pub fn to_host(&self) -> Result<HostData> {
         let x = self.x.flatten_all()?.to_vec1::<f32>()?;
         let y = match self.target {
-            TargetKind::Classes(_) => Targets::Classes(self.y.flatten_all()?.to_vec1::<u32>()?),
+            TargetKind::Classes(_) | TargetKind::Tokens { .. } => {
+                Targets::Classes(self.y.flatten_all()?.to_vec1::<u32>()?)
+            }
             TargetKind::Values(_) => Targets::Values(self.y.flatten_all()?.to_vec1::<f32>()?),
         };
         let dims = self.x.dims().get(1..).unwrap_or_default().to_vec();

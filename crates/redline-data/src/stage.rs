@@ -103,7 +103,7 @@ impl Stage for PlainStage {
             let kind = data.target();
             let ys = match y {
                 Targets::Classes(v) => {
-                    Tensor::from_slice(&v[..b], kind.batch_shape(b), &self.device)?
+                    Tensor::from_slice(&v[..b * kind.width()], kind.batch_shape(b), &self.device)?
                 }
                 Targets::Values(v) => {
                     Tensor::from_slice(&v[..b * kind.width()], kind.batch_shape(b), &self.device)?
@@ -115,7 +115,9 @@ impl Stage for PlainStage {
         let xs = Tensor::from_slice(&x[..b * row(data)], batch_shape(data, b), &self.device)?;
         let kind = data.target();
         let ys = match y {
-            Targets::Classes(v) => Tensor::from_slice(&v[..b], kind.batch_shape(b), &self.device)?,
+            Targets::Classes(v) => {
+                Tensor::from_slice(&v[..b * kind.width()], kind.batch_shape(b), &self.device)?
+            }
             Targets::Values(v) => {
                 Tensor::from_slice(&v[..b * kind.width()], kind.batch_shape(b), &self.device)?
             }

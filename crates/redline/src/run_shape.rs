@@ -25,6 +25,7 @@ impl RunShape {
         let target = match self.target {
             TargetKind::Classes(c) => json!({ "classes": c }),
             TargetKind::Values(w) => json!({ "values": w }),
+            TargetKind::Tokens { vocab, len } => json!({ "tokens": vocab, "positions": len }),
         };
         [("inputs", json!(self.inputs)), ("target", target)]
     }
@@ -40,9 +41,13 @@ impl RunShape {
             .collect::<Option<Vec<usize>>>()?;
         let target = summary.get("target")?;
         let count = |k: &str| -> Option<usize> { usize::try_from(target.get(k)?.as_u64()?).ok() };
-        let target = match (count("classes"), count("values")) {
-            (Some(c), None) => TargetKind::Classes(c),
-            (None, Some(w)) => TargetKind::Values(w),
+        let target = match (count("classes"), count("values"), count("tokens")) {
+            (Some(c), None, None) => TargetKind::Classes(c),
+            (None, Some(w), None) => TargetKind::Values(w),
+            (None, None, Some(vocab)) => TargetKind::Tokens {
+                vocab,
+                len: count("positions")?,
+            },
             _ => return None,
         };
         Some(Self { inputs, target })
@@ -77,6 +82,18 @@ impl RunShape {
                 "--data {at}: it has {d} target values a sample, but the run's model predicts \
                  {r}"
             ),
+            (TargetKind::Tokens { vocab: d, .. }, TargetKind::Tokens { vocab: r, .. }) if d > r => {
+                bail!(
+                    "--data {at}: its token ids need a vocabulary of {d}, but the run's model \
+                     has {r}\nHINT: give data tokenised as the run's was"
+                )
+            }
+            (TargetKind::Tokens { .. }, TargetKind::Tokens { .. }) => Ok(()),
+            (TargetKind::Tokens { .. }, _) | (_, TargetKind::Tokens { .. }) => bail!(
+                "--data {at}: its targets are {}, but the run's model was trained on {}",
+                data.target,
+                self.target
+            ),
             (TargetKind::Classes(_), TargetKind::Values(_))
             | (TargetKind::Values(_), TargetKind::Classes(_)) => bail!(
                 "--data {at}: its targets are {}, but the run's model was trained on {}\nHINT: \
@@ -105,6 +122,13 @@ mod tests {
         for s in [
             shape(&[1, 28, 28], TargetKind::Classes(10)),
             shape(&[13], TargetKind::Values(2)),
+            shape(
+                &[64],
+                TargetKind::Tokens {
+                    vocab: 50257,
+                    len: 64,
+                },
+            ),
         ] {
             let summary: serde_json::Map<String, Value> = s
                 .to_json()
@@ -158,5 +182,28 @@ mod tests {
             kind.contains("1 value, but the run's model was trained on 3 classes"),
             "{kind}"
         );
+        // Token data: a larger vocabulary than the run's is refused.
+        let lm = shape(&[8], TargetKind::Tokens { vocab: 256, len: 8 });
+        let fewer = shape(&[8], TargetKind::Tokens { vocab: 65, len: 8 });
+        assert!(lm.check(p, &fewer).is_ok());
+        let more = lm
+            .check(
+                p,
+                &shape(
+                    &[8],
+                    TargetKind::Tokens {
+                        vocab: 50257,
+                        len: 8,
+                    },
+                ),
+            )
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            more.contains("vocabulary of 50257, but the run's model has 256"),
+            "{more}"
+        );
+        assert!(lm.check(p, &shape(&[8], TargetKind::Classes(3))).is_err());
     }
 }

@@ -3,7 +3,7 @@
 use anyhow::bail;
 use redline_data::TargetKind;
 use redline_models::Model;
-use redline_train::{Classifier, RegressionLoss, Regressor, TrainStep};
+use redline_train::{Classifier, LanguageModel, RegressionLoss, Regressor, TrainStep};
 
 /// The ready step `redline train` uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,6 +12,8 @@ pub enum StepKind {
     Classify,
     /// A regression loss and the mean absolute error over values.
     Regress(RegressionLoss),
+    /// Next-token cross-entropy and token accuracy over every position.
+    LanguageModel,
 }
 
 impl StepKind {
@@ -21,6 +23,11 @@ impl StepKind {
         let loss = loss.trim().to_ascii_lowercase();
         Ok(match (loss.as_str(), target) {
             ("auto" | "ce" | "cross-entropy", TargetKind::Classes(_)) => Self::Classify,
+            ("auto" | "ce" | "cross-entropy", TargetKind::Tokens { .. }) => Self::LanguageModel,
+            (other, TargetKind::Tokens { .. }) => bail!(
+                "--loss {other}: the targets are next-token ids; a language model trains with \
+                 cross-entropy\nHINT: leave out --loss, or --loss ce"
+            ),
             ("auto", TargetKind::Values(_)) => Self::Regress(RegressionLoss::Mse),
             ("ce" | "cross-entropy", TargetKind::Values(_)) => bail!(
                 "--loss ce needs class targets; the data's targets are values\n\
@@ -42,6 +49,7 @@ impl StepKind {
         match self {
             Self::Classify => Box::new(Classifier::new(model)),
             Self::Regress(loss) => Box::new(Regressor::new(model, loss)),
+            Self::LanguageModel => Box::new(LanguageModel::new(model)),
         }
     }
 }
@@ -50,6 +58,7 @@ impl std::fmt::Display for StepKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::Classify => "cross-entropy",
+            Self::LanguageModel => "next-token cross-entropy",
             Self::Regress(RegressionLoss::Mse) => "mse",
             Self::Regress(RegressionLoss::L1) => "l1",
         })
@@ -82,6 +91,10 @@ mod tests {
         assert!(err("ce", values).contains("needs class targets"));
         assert!(err("mse", classes).contains("the targets are class ids"));
         assert!(err("hinge", values).contains("not a regression loss"));
+        let tokens = TargetKind::Tokens { vocab: 256, len: 8 };
+        assert_eq!(StepKind::resolve("auto", tokens)?, StepKind::LanguageModel);
+        assert_eq!(StepKind::resolve("ce", tokens)?, StepKind::LanguageModel);
+        assert!(err("mse", tokens).contains("next-token ids"));
         Ok(())
     }
 }

@@ -200,7 +200,9 @@ impl Loader {
             (Samples::Host(d), Placement::Streaming) => {
                 Self::from_dataset(Arc::new(d), device, cfg)
             }
-            (s @ Samples::Streamed(_), _) => Self::from_dataset(Arc::new(s), device, cfg),
+            (s @ (Samples::Streamed(_) | Samples::Tokens(_)), _) => {
+                Self::from_dataset(Arc::new(s), device, cfg)
+            }
         }
     }
 

@@ -7,6 +7,8 @@ use std::path::Path;
 use crate::dataset::{Dataset, HostData, TargetKind, Targets, TargetsMut};
 use crate::error::Result;
 use crate::stream::Streamed;
+use crate::tokens::TokenWindows;
+use std::sync::Arc;
 
 /// A split's samples, resident on the host or streamed from disk.
 #[derive(Debug, Clone)]
@@ -15,6 +17,9 @@ pub enum Samples {
     Host(HostData),
     /// Read and decoded from disk each time a batch gathers them.
     Streamed(Box<Streamed>),
+    /// Windows of a memory-mapped token file (a language model's data):
+    /// always streamed, each training window drawn afresh every epoch.
+    Tokens(Arc<TokenWindows>),
 }
 
 impl From<HostData> for Samples {
@@ -28,14 +33,14 @@ impl Samples {
     pub fn host(&self) -> Option<&HostData> {
         match self {
             Self::Host(d) => Some(d),
-            Self::Streamed(_) => None,
+            Self::Streamed(_) | Self::Tokens(_) => None,
         }
     }
 
     /// The streamed source, when streamed.
     pub fn streamed(&self) -> Option<&Streamed> {
         match self {
-            Self::Host(_) => None,
+            Self::Host(_) | Self::Tokens(_) => None,
             Self::Streamed(s) => Some(s),
         }
     }
@@ -46,6 +51,8 @@ impl Samples {
         match self {
             Self::Host(d) => d.bytes(),
             Self::Streamed(s) => s.decoded_bytes(),
+            // The windows' inputs as f32, were they gathered at once.
+            Self::Tokens(t) => (t.len() * t.input_dims()[0] * 4) as u64,
         }
     }
 
@@ -57,6 +64,7 @@ impl Samples {
                 Targets::Values(_) => None,
             },
             Self::Streamed(s) => Some(s.labels()),
+            Self::Tokens(_) => None,
         }
     }
 
@@ -66,6 +74,8 @@ impl Samples {
         Ok(match self {
             Self::Host(d) => Self::Host(d.subset(idx)?),
             Self::Streamed(s) => Self::Streamed(Box::new(s.subset(idx, s.view()))),
+            // Those windows, gathered (a token split is cut by ranges).
+            Self::Tokens(t) => Self::Host(gathered(t.as_ref(), idx)?),
         })
     }
 
@@ -78,6 +88,10 @@ impl Samples {
                 let (kept, held) = d.split_rows(taken)?;
                 Ok((Self::Host(kept), Self::Host(held)))
             }
+            Self::Tokens(t) => Err(crate::Error::Config(format!(
+                "{}: token windows are held out by a range of the ids, not by samples",
+                t.source().display()
+            ))),
             Self::Streamed(s) => {
                 let (mut keep, mut t) = (Vec::new(), taken.iter().peekable());
                 for i in 0..s.len() as u32 {
@@ -108,6 +122,7 @@ impl Samples {
             Self::Streamed(s) => s
                 .subset(&idx, s.view())
                 .materialise(&std::sync::atomic::AtomicBool::new(false)),
+            Self::Tokens(t) => gathered(t.as_ref(), &idx),
         }
     }
 
@@ -116,6 +131,10 @@ impl Samples {
         match self {
             Self::Host(d) => Ok(d),
             Self::Streamed(s) => s.materialise(&std::sync::atomic::AtomicBool::new(false)),
+            Self::Tokens(t) => {
+                let all: Vec<u32> = (0..t.len() as u32).collect();
+                gathered(t.as_ref(), &all)
+            }
         }
     }
 
@@ -127,6 +146,9 @@ impl Samples {
                 let empty = Self::Streamed(Box::new(s.subset(&[], s.view())));
                 std::mem::replace(self, empty)
             }
+            // The windows are a view of a mapped file: sharing them holds
+            // no second copy.
+            Self::Tokens(t) => Self::Tokens(t.clone()),
         }
     }
 }
@@ -136,6 +158,7 @@ impl Dataset for Samples {
         match self {
             Self::Host(d) => d.len(),
             Self::Streamed(s) => s.len(),
+            Self::Tokens(t) => t.len(),
         }
     }
 
@@ -143,6 +166,7 @@ impl Dataset for Samples {
         match self {
             Self::Host(d) => d.input_dims(),
             Self::Streamed(s) => s.input_dims(),
+            Self::Tokens(t) => t.input_dims(),
         }
     }
 
@@ -150,6 +174,7 @@ impl Dataset for Samples {
         match self {
             Self::Host(d) => d.target(),
             Self::Streamed(s) => s.target(),
+            Self::Tokens(t) => t.target(),
         }
     }
 
@@ -157,6 +182,7 @@ impl Dataset for Samples {
         match self {
             Self::Host(d) => d.gather(idx, x, y),
             Self::Streamed(s) => s.gather(idx, x, y),
+            Self::Tokens(t) => t.gather(idx, x, y),
         }
     }
 
@@ -164,6 +190,7 @@ impl Dataset for Samples {
         match self {
             Self::Host(d) => d.source(),
             Self::Streamed(s) => s.source(),
+            Self::Tokens(t) => t.source(),
         }
     }
 
@@ -171,6 +198,16 @@ impl Dataset for Samples {
         match self {
             Self::Host(d) => d.set_epoch(epoch),
             Self::Streamed(s) => s.set_epoch(epoch),
+            Self::Tokens(t) => t.set_epoch(epoch),
         }
     }
+}
+
+/// Windows `idx` of `t` gathered into host memory.
+fn gathered(t: &TokenWindows, idx: &[u32]) -> Result<HostData> {
+    let len = t.input_dims()[0];
+    let mut x = vec![0f32; idx.len() * len];
+    let mut y = Targets::zeros(t.target(), idx.len());
+    t.gather(idx, &mut x, y.as_mut())?;
+    HostData::new(x, vec![len], y, t.target(), t.source().to_path_buf())
 }

@@ -96,6 +96,8 @@ pub struct DataOptions {
     pub image_size: Option<u32>,
     /// How image folders and tar shards are read: streamed or resident.
     pub stream: StreamOptions,
+    /// Token data's window length (a language model's `block_size`).
+    pub block: Option<usize>,
 }
 
 /// `--stream`: whether an image split is decoded into memory once or read
@@ -176,6 +178,7 @@ impl Default for DataOptions {
             seed: 0,
             image_size: None,
             stream: StreamOptions::default(),
+            block: None,
         }
     }
 }
@@ -241,6 +244,13 @@ pub fn prepare_until(path: &Path, opts: &DataOptions, stop: &AtomicBool) -> Resu
     let frac = opts.val_split.unwrap_or(DEFAULT_VAL_SPLIT);
     let (train, val) = holdout(train, frac, opts.seed)?;
     notes.push(match &val {
+        Some(Samples::Tokens(v)) => format!(
+            "validation: the last {} token ids ({}%; --val-split sets the fraction), {} \
+             consecutive windows",
+            v.tokens(),
+            frac * 100.0,
+            v.len()
+        ),
         Some(v) => format!(
             "validation: {} samples held out of the training split ({}%, {}seed {}; \
              --val-split sets the fraction)",
@@ -484,6 +494,17 @@ pub fn holdout(data: Samples, frac: f64, seed: u64) -> Result<(Samples, Option<S
         return Err(Error::Config(format!(
             "--val-split {frac}: give a fraction in [0, 1) (0 turns validation off)"
         )));
+    }
+    if let Samples::Tokens(t) = &data {
+        // A text's tail, as nanoGPT holds out its last 10%.
+        if frac == 0.0 {
+            return Ok((data, None));
+        }
+        let (train, val) = t.split_tail(frac)?;
+        return Ok((
+            Samples::Tokens(std::sync::Arc::new(train)),
+            Some(Samples::Tokens(std::sync::Arc::new(val))),
+        ));
     }
     let n = data.len();
     let k = (n as f64 * frac).round() as usize;

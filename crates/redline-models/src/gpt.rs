@@ -76,6 +76,35 @@ impl GptConfig {
         }
     }
 
+    /// The GPT a model file describes: `[model]` with `kind = "gpt"` and
+    /// nanoGPT's `GPTConfig` names (`n_layer`, `n_head`, `n_embd`,
+    /// `block_size`, optional `vocab_size` [default: the data's], `dropout`,
+    /// `bias`); `None` for a model file of layers.
+    pub fn from_file_text(text: &str) -> Result<Option<Self>> {
+        let bad = |e: String| Error::Config(format!("not a model file: {e}"));
+        let value: toml::Value = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let Some(model) = value.get("model").and_then(toml::Value::as_table) else {
+            return Ok(None);
+        };
+        if model.get("kind").and_then(toml::Value::as_str) != Some("gpt") {
+            return Ok(None);
+        }
+        let mut table = model.clone();
+        table.remove("kind");
+        table.remove("name");
+        // Set from the data when the file leaves it out.
+        table.entry("vocab_size").or_insert(toml::Value::Integer(1));
+        let cfg: Self = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| {
+                Error::Config(format!(
+                    "a gpt model file: {e}HINT: [model] kind = \"gpt\" takes n_layer, n_head, \
+                     n_embd, block_size, and optionally vocab_size, dropout, bias"
+                ))
+            })?;
+        Ok(Some(cfg))
+    }
+
     /// Refuses what does not build, with the numbers.
     pub fn check(&self) -> Result<()> {
         let Self {

@@ -129,12 +129,48 @@ impl ModelConfig {
             )?)),
             "mlp" => Ok(Self::Mlp(MlpConfig::default())),
             "cnn" => Ok(Self::Cnn(CnnConfig::default())),
+            "gpt-char" => Ok(Self::Gpt(GptConfig::char_level())),
+            "gpt2" => Ok(Self::Gpt(GptConfig::gpt2())),
             other => Err(Error::Config(format!(
                 "--model {other:?}: unknown model; available: mlp, cnn, resnet (a ResNet-8 for \
-                 CIFAR), resnet18, resnet34, resnet50, resnet101, resnet152 (torchvision's), or \
-                 a model file (FILE.toml, docs/models.md)"
+                 CIFAR), resnet18, resnet34, resnet50, resnet101, resnet152 (torchvision's), \
+                 gpt-char (nanoGPT's shakespeare-char GPT), gpt2 (124M), or a model file \
+                 (FILE.toml, docs/models.md)"
             ))),
         }
+    }
+
+    /// The GPT of a `kind = "gpt"` model file `name` (`None` for other
+    /// names and files of layers).
+    fn gpt_file(name: &str) -> Result<Option<GptConfig>> {
+        if !name.ends_with(".toml") {
+            return Ok(None);
+        }
+        let path = std::path::Path::new(name);
+        let text = redline_core::files::read_input_text(path, layers::MAX_MODEL_FILE).map_err(
+            |source| Error::Io {
+                path: path.to_path_buf(),
+                source,
+            },
+        )?;
+        GptConfig::from_file_text(&text)
+            .map_err(|e| Error::Config(format!("--model {}: {e}", path.display())))
+    }
+
+    /// The window length a language model `name` takes (its `block_size`):
+    /// token data is cut into windows of it. `None` for models that are not
+    /// GPTs.
+    pub fn token_block(name: &str) -> Result<Option<usize>> {
+        if let Some(c) = Self::gpt_file(name)? {
+            return Ok(Some(c.block_size));
+        }
+        if name.ends_with(".toml") {
+            return Ok(None);
+        }
+        Ok(match Self::by_name(name) {
+            Ok(Self::Gpt(c)) => Some(c.block_size),
+            _ => None,
+        })
     }
 
     /// The zoo's model `name` shaped for the data: inputs of `input_dims` per
@@ -169,12 +205,17 @@ impl ModelConfig {
                     "--hidden {h:?} shapes the zoo's models; a model file ({name}) sets its own widths"
                 )));
             }
-            let path = std::path::Path::new(name);
-            return Ok(Self::Sequential(SequentialConfig::from_file(
-                path, input_dims, outputs,
-            )?));
+            if Self::gpt_file(name)?.is_none() {
+                let path = std::path::Path::new(name);
+                return Ok(Self::Sequential(SequentialConfig::from_file(
+                    path, input_dims, outputs,
+                )?));
+            }
         }
-        let mut cfg = Self::by_name(name)?;
+        let mut cfg = match Self::gpt_file(name)? {
+            Some(c) => Self::Gpt(c),
+            None => Self::by_name(name)?,
+        };
         match &mut cfg {
             Self::Mlp(c) => {
                 c.in_features = input_dims.iter().product();

@@ -50,6 +50,8 @@ pub fn data_options(args: &TrainArgs, workers: usize) -> anyhow::Result<DataOpti
         seed: args.seed,
         image_size: args.image_size,
         stream,
+        // Token data is cut into the language model's windows.
+        block: redline_models::ModelConfig::token_block(&args.model)?,
     })
 }
 

@@ -130,3 +130,31 @@ pub fn print(s: &FitSummary, test: Option<&EvalResult>, batch_size: usize) -> st
         s.wall_s
     )
 }
+
+/// A language model's line: the held-out (or test) perplexity and bits per
+/// token (per byte on byte-level data) from its mean loss, and the training
+/// tokens per second; `None` for other targets.
+pub fn language_model(
+    s: &FitSummary,
+    test: Option<&EvalResult>,
+    target: redline_data::TargetKind,
+) -> Option<String> {
+    let redline_data::TargetKind::Tokens { vocab, len } = target else {
+        return None;
+    };
+    let tokens_s = s.samples_per_s * len as f64;
+    let last = test
+        .map(|t| ("test", t.loss))
+        .or(s.val.as_ref().map(|v| ("val", v.loss)));
+    let unit = if vocab == 256 { "byte" } else { "token" };
+    Some(match last {
+        Some((split, loss)) => format!(
+            "language model: {split} perplexity {:.3} | {:.4} bits per {unit} | {:.0} tokens/s \
+             (training)",
+            redline_train::lm_step::perplexity(loss),
+            redline_train::lm_step::bits_per_token(loss),
+            tokens_s
+        ),
+        None => format!("language model: {tokens_s:.0} tokens/s (training)"),
+    })
+}

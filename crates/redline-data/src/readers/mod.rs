@@ -17,6 +17,7 @@ mod images;
 pub use images::pixel_norm;
 mod shards;
 mod table;
+mod tokens;
 
 /// One data format.
 pub trait Reader: Send + Sync {
@@ -57,9 +58,10 @@ pub trait Reader: Send + Sync {
 
 /// Every format, in the order they are asked (the first that recognises a
 /// path reads it).
-pub static READERS: [&dyn Reader; 6] = [
+pub static READERS: [&dyn Reader; 7] = [
     &idx::Idx,
     &cifar::Cifar,
+    &tokens::Tokens,
     &arrays::Arrays,
     &images::Images,
     &shards::Shards,

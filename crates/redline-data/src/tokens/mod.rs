@@ -233,6 +233,18 @@ pub struct TokenWindows {
     epoch: AtomicUsize,
 }
 
+impl std::fmt::Debug for TokenWindows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenWindows")
+            .field("tokens", &self.tokens)
+            .field("range", &(self.start..self.end))
+            .field("block", &self.block)
+            .field("vocab", &self.vocab)
+            .field("how", &self.how)
+            .finish()
+    }
+}
+
 impl TokenWindows {
     /// The windows of `tokens[range]`, `block` inputs each, for a model of
     /// `vocab` ids (every id of the file checked against it). Refused when
@@ -279,6 +291,29 @@ impl TokenWindows {
             dims: [block],
             epoch: AtomicUsize::new(0),
         })
+    }
+
+    /// The range's last `frac` of ids as an evaluation split (consecutive
+    /// windows), and the rest for training (windows drawn as before):
+    /// nanoGPT's 90/10 cut of a text. Each part must hold a window.
+    pub fn split_tail(&self, frac: f64) -> Result<(Self, Self)> {
+        let held = ((self.tokens() as f64) * frac).round() as usize;
+        let cut = self.end - held.min(self.tokens());
+        let train = Self::new(
+            self.tokens.clone(),
+            self.start..cut,
+            self.block,
+            self.vocab,
+            self.how,
+        )?;
+        let val = Self::new(
+            self.tokens.clone(),
+            cut..self.end,
+            self.block,
+            self.vocab,
+            Windows::Consecutive,
+        )?;
+        Ok((train, val))
     }
 
     /// Ids in the range.

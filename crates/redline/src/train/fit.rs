@@ -167,6 +167,9 @@ pub(super) fn run(
     };
     if let Ok((fit, test)) = &outcome {
         results::print(args, (fit, test.as_ref()), &trainer, data.batch_size)?;
+        if let Some(line) = crate::summary::language_model(fit, test.as_ref(), data.target) {
+            println!("{line}");
+        }
         results::print_save(args, plan.short.fast_dev_run, untrained.as_deref());
     }
     let message = outcome.as_ref().err().map(|e| format!("{e:#}"));

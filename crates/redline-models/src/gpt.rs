@@ -321,8 +321,8 @@ impl Model for Gpt {
                 (&blk.c_fc.0, &blk.c_fc.1),
                 false,
                 self.dtype,
-            )?
-            .gelu()?;
+            )?;
+            let m = redline_kernels::gelu_tanh(&m)?;
             h = (&h + linear_rows(&m, (&blk.c_proj.0, &blk.c_proj.1), false, self.dtype)?)?;
         }
         let h = self.ln_f.forward_t(&h, train)?;

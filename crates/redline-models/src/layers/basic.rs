@@ -189,8 +189,9 @@ impl Layer for Gelu {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
         Ok(match self.0 {
             super::GeluForm::None => x.gelu_erf()?,
-            // candle's `gelu` is the tanh form.
-            super::GeluForm::Tanh => x.gelu()?,
+            // The fused kernel on the CPU (f32); candle's `gelu` (the tanh
+            // form) elsewhere.
+            super::GeluForm::Tanh => redline_kernels::gelu_tanh(x)?,
         })
     }
 }

@@ -1,6 +1,6 @@
 //! LayerNorm, BatchNorm2d, Embedding and residual blocks.
 
-use candle_core::{DType, Tensor, Var, D};
+use candle_core::{DType, Tensor, Var};
 use redline_core::trace;
 use redline_kernels::batch_norm::batch_norm2d_train;
 use redline_kernels::grad::Param;
@@ -21,13 +21,13 @@ impl Layer for LayerNorm {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
         // Norms run in their parameters' dtype: fp32 under autocast.
         let x = &x.to_dtype(self.w.as_tensor().dtype())?;
-        let mean = x.mean_keepdim(D::Minus1)?;
-        let centred = x.broadcast_sub(&mean)?;
-        let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
-        let normed = centred.broadcast_div(&(var + self.eps)?.sqrt()?)?;
-        Ok(normed
-            .broadcast_mul(self.w.as_tensor())?
-            .broadcast_add(self.b.as_tensor())?)
+        // One fused kernel each way on the CPU (f32), candle's ops elsewhere.
+        Ok(redline_kernels::layer_norm(
+            x,
+            self.w.as_tensor(),
+            self.b.as_tensor(),
+            self.eps,
+        )?)
     }
 }
 

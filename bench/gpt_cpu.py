@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""GPT training tokens/s on the CPU, Redline against PyTorch on the same threads, in one run
+(issue 50's CPU rows): nanoGPT's model structure (pre-norm blocks, causal SDPA, a 4x tanh-GELU
+MLP, the head tied to wte, no dropout) in PyTorch eager and under `torch.compile`, and
+Redline's `redline train --model <gpt>` on the same text's bytes (vocabulary 256), Adam 1e-3.
+
+    ~/.venvs/redline-ref/bin/python bench/gpt_cpu.py --bin target/release/redline --threads 2 \\
+        --rows gpt-char:8,small:16 [--no-compile]
+
+Each row CONFIG:BATCH: `gpt-char` is nanoGPT's shakespeare-char model (6 layers, 6 heads, 384
+wide, block 256), `small` a 4-layer, 4-head, 128-wide GPT at block 256 (a model file written
+here). The text is synthetic (words drawn from a fixed list, 1 MB), the same file for both.
+Redline: the median wall time of STEPS steps after 2, from metrics.csv (`--log-every 1`);
+PyTorch: the median of STEPS steps after 2 (compile's warm-up steps excluded the same way),
+each step on a batch of random windows drawn as nanoGPT's `get_batch` does. Prints ms/step and
+tokens/s (BATCH x 256 tokens a step).
+"""
+
+import argparse
+import csv
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+CONFIGS = {
+    "gpt-char": dict(n_layer=6, n_head=6, n_embd=384, block=256),
+    "small": dict(n_layer=4, n_head=4, n_embd=128, block=256),
+}
+VOCAB = 256
+
+
+class Attn(nn.Module):
+    def __init__(self, c, heads):
+        super().__init__()
+        self.c_attn, self.c_proj, self.heads = nn.Linear(c, 3 * c), nn.Linear(c, c), heads
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class Block(nn.Module):
+    def __init__(self, c, heads):
+        super().__init__()
+        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(c), Attn(c, heads), nn.LayerNorm(c)
+        self.c_fc, self.c_proj = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, n_layer, n_head, n_embd, block):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(VOCAB, n_embd), nn.Embedding(block, n_embd)
+        self.h = nn.ModuleList([Block(n_embd, n_head) for _ in range(n_layer)])
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.lm_head = nn.Linear(n_embd, VOCAB, bias=False)
+        self.wte.weight = self.lm_head.weight
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1)))
+        for b in self.h:
+            x = b(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
+
+
+def text(path, n_bytes=1 << 20):
+    rng = np.random.default_rng(0)
+    words = ("the cat sat on a mat while the dog lay by the log and a bird sang to the "
+             "king of the land in spring").split()
+    out, size = [], 0
+    while size < n_bytes:
+        w = words[rng.integers(len(words))]
+        out.append(w)
+        size += len(w) + 1
+    with open(path, "w") as f:
+        f.write(" ".join(out))
+
+
+def torch_ms(cfg, batch, steps, threads, data, compiled):
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = GPT(**cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    step_fn = torch.compile(model) if compiled else model
+    ids = torch.from_numpy(data.astype(np.int64))
+    T = cfg["block"]
+    times = []
+    for i in range(steps + 2):
+        t = time.perf_counter()
+        ix = torch.randint(len(ids) - T, (batch,))
+        x = torch.stack([ids[j:j + T] for j in ix])
+        y = torch.stack([ids[j + 1:j + 1 + T] for j in ix])
+        opt.zero_grad(set_to_none=True)
+        step_fn(x, y).backward()
+        opt.step()
+        if i >= 2:
+            times.append(time.perf_counter() - t)
+    return 1000 * statistics.median(times)
+
+
+def redline_ms(binary, row, cfg, batch, steps, threads, tmp, path):
+    if row == "gpt-char":
+        model = "gpt-char"
+    else:
+        model = os.path.join(tmp, f"{row}.toml")
+        with open(model, "w") as f:
+            f.write('[model]\nkind = "gpt"\n' + "".join(
+                f"{k} = {v}\n" for k, v in [("n_layer", cfg["n_layer"]), ("n_head", cfg["n_head"]),
+                                            ("n_embd", cfg["n_embd"]), ("block_size", cfg["block"])]))
+    run = os.path.join(tmp, f"run_{row}_{batch}")
+    cmd = [binary, "train", "--data", path, "--model", model, "--batch-size", str(batch),
+           "--max-steps", str(steps + 2), "--threads", str(threads), "--log-every", "1",
+           "--no-validate", "--monitor-interval", "0", "--device", "cpu", "--no-checkpoint",
+           "--lr", "1e-3", "--run-dir", run]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{(p.stdout + p.stderr)[-3000:]}")
+    with open(os.path.join(run, "metrics.csv")) as f:
+        el = [float(r["elapsed_s"]) for r in csv.DictReader(f) if r["kind"] == "step"]
+    dt = [b - a for a, b in zip([0.0] + el, el)]
+    return 1000 * statistics.median(dt[2:])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="target/release/redline")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--rows", default="small:16,gpt-char:8")
+    ap.add_argument("--no-compile", action="store_true")
+    a = ap.parse_args()
+    print(f"torch {torch.__version__}, {a.threads} threads, {os.cpu_count()} logical cores")
+    print("| model | batch | tokens/step | Redline ms/step | PyTorch eager ms/step | "
+          "torch.compile ms/step | Redline tokens/s | eager tokens/s | compile tokens/s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "input.txt")
+        text(path)
+        data = np.frombuffer(open(path, "rb").read(), dtype=np.uint8)
+        for row in a.rows.split(","):
+            name, batch = row.split(":")
+            batch, cfg = int(batch), CONFIGS[name]
+            tokens = batch * cfg["block"]
+            ours = redline_ms(a.bin, name, cfg, batch, a.steps, a.threads, tmp, path)
+            eager = torch_ms(cfg, batch, a.steps, a.threads, data, False)
+            comp = math.nan if a.no_compile else torch_ms(cfg, batch, a.steps, a.threads, data, True)
+            tps = lambda ms: 1000 * tokens / ms
+            print(f"| {name} | {batch} | {tokens} | {ours:.0f} | {eager:.0f} | {comp:.0f} | "
+                  f"{tps(ours):.0f} | {tps(eager):.0f} | {tps(comp):.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

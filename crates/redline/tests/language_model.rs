@@ -79,6 +79,17 @@ fn a_gpt_learns_a_text_files_bytes() {
     );
     let losses = common::step_losses(&run);
     assert!(losses.last().unwrap() < &(0.5 * losses[0]), "{losses:?}");
+    // `redline test` reads the text with the run's model: its windows.
+    let out = common::ok(&[
+        "test",
+        run.to_str().unwrap(),
+        "--data",
+        text.to_str().unwrap(),
+    ]);
+    assert!(
+        out.contains("test loss") && out.contains("test token_accuracy"),
+        "{out}"
+    );
 }
 
 fn write_bin(path: &Path, ids: &[u16]) {
@@ -162,6 +173,28 @@ fn bad_token_data_is_refused_with_the_fix() {
         t.path().join("run2").to_str().unwrap(),
     ]);
     assert!(e.contains("block_size") && e.contains("gpt-char"), "{e}");
+    // Ids beyond a vocabulary given with --classes: the first, by offset.
+    let dir = t.path().join("big");
+    std::fs::create_dir(&dir).unwrap();
+    let ids: Vec<u16> = (0..400).map(|i| (i % 120) as u16).collect();
+    write_bin(&dir.join("train.bin"), &ids);
+    let e = common::fails(&[
+        "train",
+        "--device",
+        "cpu",
+        "--data",
+        dir.to_str().unwrap(),
+        "--model",
+        &m,
+        "--classes",
+        "100",
+        "--run-dir",
+        t.path().join("run4").to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("train.bin") && e.contains("token id 100 at id offset 100 (byte 200)"),
+        "{e}"
+    );
     // A .bin of odd length.
     let dir = t.path().join("odd");
     std::fs::create_dir(&dir).unwrap();

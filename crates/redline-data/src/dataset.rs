@@ -218,7 +218,8 @@ impl HostData {
         }
         let n = x.len() / row;
         match (&y, target) {
-            (Targets::Classes(v), TargetKind::Classes(classes)) => {
+            (Targets::Classes(v), TargetKind::Classes(classes))
+            | (Targets::Classes(v), TargetKind::Tokens { vocab: classes, .. }) => {
                 if let Some((i, l)) = v.iter().enumerate().find(|(_, &l)| l as usize >= classes) {
                     return Err(bad(format!(
                         "label {l} at index {i} is >= the {classes} classes\n\
@@ -322,7 +323,7 @@ impl Dataset for HostData {
     fn gather(&self, idx: &[u32], x: &mut [f32], y: TargetsMut<'_>) -> Result<()> {
         let (row, w, n) = (row(self), self.target.width(), self.len());
         let room = match &y {
-            TargetsMut::Classes(v) => v.len(),
+            TargetsMut::Classes(v) => v.len() / w,
             TargetsMut::Values(v) => v.len() / w,
         };
         if x.len() < idx.len() * row || room < idx.len() {
@@ -343,9 +344,16 @@ impl Dataset for HostData {
             x[k * row..(k + 1) * row].copy_from_slice(src);
         }
         match (&self.y, y) {
-            (Targets::Classes(src), TargetsMut::Classes(dst)) => {
+            (Targets::Classes(src), TargetsMut::Classes(dst)) if w == 1 => {
                 for (k, &i) in idx.iter().enumerate() {
                     dst[k] = src[i as usize];
+                }
+            }
+            // Several ids a sample (a language model's next tokens).
+            (Targets::Classes(src), TargetsMut::Classes(dst)) => {
+                for (k, &i) in idx.iter().enumerate() {
+                    let i = i as usize;
+                    dst[k * w..(k + 1) * w].copy_from_slice(&src[i * w..(i + 1) * w]);
                 }
             }
             (Targets::Values(src), TargetsMut::Values(dst)) => {
@@ -395,6 +403,36 @@ mod tests {
             (sub.x, sub.y),
             (vec![4.0, 5.0], Targets::Values(vec![-4.0, -5.0]))
         );
+        Ok(())
+    }
+
+    /// Token windows gathered into memory (a probe's head of a token
+    /// split): several ids a sample, gathered and checked as class ids.
+    #[test]
+    fn token_targets_hold_several_ids_a_sample() -> Result<()> {
+        let kind = TargetKind::Tokens { vocab: 9, len: 3 };
+        let d = HostData::new(
+            (0..6).map(|v| v as f32).collect(),
+            vec![3],
+            Targets::Classes(vec![1, 2, 3, 4, 5, 6]),
+            kind,
+            PathBuf::from("tokens"),
+        )?;
+        let (mut x, mut y) = (vec![0.0; 6], Targets::zeros(kind, 2));
+        d.gather(&[1, 0], &mut x, y.as_mut())?;
+        assert_eq!(x, vec![3.0, 4.0, 5.0, 0.0, 1.0, 2.0]);
+        assert_eq!(y, Targets::Classes(vec![4, 5, 6, 1, 2, 3]));
+        let m = HostData::new(
+            vec![0.0; 3],
+            vec![3],
+            Targets::Classes(vec![1, 9, 2]),
+            kind,
+            PathBuf::from("tokens"),
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(m.contains("label 9 at index 1"), "{m}");
         Ok(())
     }
 

@@ -314,8 +314,13 @@ impl Model for Gpt {
             .reshape((b, t, c))?;
         let pos = self.wpe.as_tensor().narrow(0, 0, t)?;
         let mut h = tok.broadcast_add(&pos)?;
+        // The residual stream stays in the parameters' dtype (fp32 under
+        // bf16-mixed, as autocast keeps it): each sublayer's 16-bit output is
+        // cast back before it is added.
+        let stream = h.dtype();
         for blk in &self.blocks {
-            h = (&h + blk.attn.forward_t(&blk.ln_1.forward_t(&h, train)?, train)?)?;
+            let a = blk.attn.forward_t(&blk.ln_1.forward_t(&h, train)?, train)?;
+            h = (&h + a.to_dtype(stream)?)?;
             let m = linear_rows(
                 &blk.ln_2.forward_t(&h, train)?,
                 (&blk.c_fc.0, &blk.c_fc.1),
@@ -323,7 +328,8 @@ impl Model for Gpt {
                 self.dtype,
             )?;
             let m = redline_kernels::gelu_tanh(&m)?;
-            h = (&h + linear_rows(&m, (&blk.c_proj.0, &blk.c_proj.1), false, self.dtype)?)?;
+            let m = linear_rows(&m, (&blk.c_proj.0, &blk.c_proj.1), false, self.dtype)?;
+            h = (&h + m.to_dtype(stream)?)?;
         }
         let h = self.ln_f.forward_t(&h, train)?;
         // The head is the token embedding, tied: (B*T, C) x (C, V)

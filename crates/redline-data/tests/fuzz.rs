@@ -48,6 +48,35 @@ fn fuzz_csv_through_prepare() {
     });
 }
 
+/// Token data (issue 50): any bytes as a nanoGPT `train.bin` and as a
+/// text file read through `prepare` with a block size, and the first
+/// windows gathered, either train or are refused; never a panic.
+#[test]
+fn fuzz_token_files_through_prepare() {
+    use redline_data::Targets;
+    let dir = tempfile::tempdir().unwrap();
+    let (bin_dir, text) = (dir.path().join("bin"), dir.path().join("t.txt"));
+    std::fs::create_dir(&bin_dir).unwrap();
+    let opts = DataOptions {
+        block: Some(4),
+        ..DataOptions::default()
+    };
+    fuzz("tokens", |bytes| {
+        std::fs::write(bin_dir.join("train.bin"), bytes).unwrap();
+        std::fs::write(&text, bytes).unwrap();
+        for path in [&bin_dir, &text] {
+            if let Ok(p) = prepare(path, &opts) {
+                let n = p.train.len().min(3);
+                let idx: Vec<u32> = (0..n as u32).collect();
+                let mut x = vec![0f32; n * 4];
+                let mut y = Targets::zeros(p.train.target(), n);
+                p.train.gather(&idx, &mut x, y.as_mut()).unwrap();
+                assert_eq!(y.values(), n * 4);
+            }
+        }
+    });
+}
+
 #[test]
 fn fuzz_npz_archive() {
     let dir = tempfile::tempdir().unwrap();
@@ -66,7 +95,7 @@ fn special_files_are_refused_by_every_data_reader() {
     use std::time::Duration;
     let dir = tempfile::tempdir().unwrap();
     let limit = Duration::from_secs(30);
-    for name in ["t.csv", "a.npz", "a.safetensors"] {
+    for name in ["t.csv", "a.npz", "a.safetensors", "input.txt"] {
         for p in special_files(&dir.path().join(name), name) {
             let what = format!("--data {}", p.display());
             let r = within(limit, &what, move || {

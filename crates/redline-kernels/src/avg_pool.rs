@@ -76,10 +76,11 @@ impl AvgWindow {
         plane: &[f32],
         (h, w): (usize, usize),
         ow: usize,
-        div: &[f32],
+        (div, rows): (&[f32], &mut Vec<f32>),
         out: &mut [f32],
     ) {
-        let mut rows = vec![0f32; h * ow];
+        // Every entry is written below: a task's scratch, resized only.
+        rows.resize(h * ow, 0.0);
         for (row, sums) in plane.chunks(w).zip(rows.chunks_mut(ow)) {
             for (ox, s) in sums.iter_mut().enumerate() {
                 let (x0, x1) = self.span(ox, w);
@@ -106,12 +107,14 @@ impl AvgWindow {
     fn unpool_plane(
         &self,
         dy: &[f32],
-        div: &[f32],
+        (div, cols): (&[f32], &mut Vec<f32>),
         (h, w): (usize, usize),
         ow: usize,
         dx: &mut [f32],
     ) {
-        let mut cols = vec![0f32; h * ow];
+        // Sums from zero: a task's scratch, cleared for each plane.
+        cols.clear();
+        cols.resize(h * ow, 0.0);
         for (oy, (g, d)) in dy.chunks(ow).zip(div.chunks(ow)).enumerate() {
             let (y0, y1) = self.span(oy, h);
             for c in cols[y0 * ow..y1 * ow].chunks_mut(ow) {
@@ -224,8 +227,10 @@ impl CustomOp1 for AvgPool {
             y.par_chunks_mut(per * oh * ow)
                 .zip(x.par_chunks(per * h * w))
                 .for_each(|(y, x)| {
+                    // One scratch of row sums a task, not one a plane.
+                    let mut rows = Vec::new();
                     for (o, plane) in y.chunks_mut(oh * ow).zip(x.chunks(h * w)) {
-                        self.win.pool_plane(plane, (h, w), ow, &div, o);
+                        self.win.pool_plane(plane, (h, w), ow, (&div, &mut rows), o);
                     }
                 });
         }
@@ -281,8 +286,9 @@ impl CustomOp2 for AvgUnpool {
             dx.par_chunks_mut(per * h * w)
                 .zip(dy.par_chunks(per * oh * ow))
                 .for_each(|(dx, dy)| {
+                    let mut cols = Vec::new();
                     for (d, g) in dx.chunks_mut(h * w).zip(dy.chunks(oh * ow)) {
-                        self.win.unpool_plane(g, &div, (h, w), ow, d);
+                        self.win.unpool_plane(g, (&div, &mut cols), (h, w), ow, d);
                     }
                 });
         }

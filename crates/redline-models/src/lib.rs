@@ -205,15 +205,17 @@ impl ModelConfig {
                     "--hidden {h:?} shapes the zoo's models; a model file ({name}) sets its own widths"
                 )));
             }
-            if Self::gpt_file(name)?.is_none() {
+        }
+        // A model file is a GPT (`kind = "gpt"`) or a list of layers; a
+        // name is the zoo's.
+        let mut cfg = match Self::gpt_file(name)? {
+            Some(c) => Self::Gpt(c),
+            None if name.ends_with(".toml") => {
                 let path = std::path::Path::new(name);
                 return Ok(Self::Sequential(SequentialConfig::from_file(
                     path, input_dims, outputs,
                 )?));
             }
-        }
-        let mut cfg = match Self::gpt_file(name)? {
-            Some(c) => Self::Gpt(c),
             None => Self::by_name(name)?,
         };
         match &mut cfg {

@@ -50,6 +50,13 @@ fn fuzz_model_files() {
         let Ok(text) = std::str::from_utf8(bytes) else {
             return;
         };
+        // A `kind = "gpt"` file (issue 50): parsed, checked, counted.
+        if let Ok(Some(mut gpt)) = redline_models::GptConfig::from_file_text(text) {
+            gpt.vocab_size = 256;
+            if gpt.check().is_ok() {
+                let _ = gpt.flops();
+            }
+        }
         for (dims, outputs) in [(&[3usize, 32, 32][..], 10), (&[13][..], 3), (&[8][..], 10)] {
             if let Ok(cfg) = SequentialConfig::from_toml(text, "m", dims, outputs) {
                 let _ = cfg.check_head();

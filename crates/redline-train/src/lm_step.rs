@@ -11,10 +11,10 @@
 
 use candle_core::{DType, Tensor};
 use redline_data::Batch;
-use redline_models::{Model, Params};
+use redline_models::Model;
 
 use crate::error::{Error, Result};
-use crate::step::{output, Metric, StepOutput, TrainStep};
+use crate::step::{cross_entropy_and_hits, from_model, output, Metric, StepOutput, TrainStep};
 
 /// Next-token prediction over a model's `(B, T, vocab)` logits.
 pub struct LanguageModel<M> {
@@ -56,16 +56,7 @@ impl<M: Model> LanguageModel<M> {
         };
         let flat = logits.reshape((b * t, vocab))?;
         let ids = y.reshape(b * t)?;
-        let (loss, counted) = redline_kernels::cross_entropy_counted(&flat, &ids)?;
-        let correct = match counted {
-            Some(c) => c,
-            None => flat
-                .detach()
-                .argmax(1)?
-                .eq(&ids)?
-                .to_dtype(DType::F32)?
-                .sum_all()?,
-        };
+        let (loss, correct) = cross_entropy_and_hits(&flat, &ids)?;
         Ok(StepOutput {
             loss,
             samples: b,
@@ -86,28 +77,10 @@ pub fn bits_per_token(loss: f64) -> f64 {
 }
 
 impl<M: Model> TrainStep for LanguageModel<M> {
-    fn params(&self) -> &Params {
-        self.model.params()
-    }
+    from_model!();
 
     fn metric_names(&self) -> Option<Vec<String>> {
         Some(vec!["token_accuracy".into()])
-    }
-
-    fn capture_safe(&self) -> std::result::Result<(), String> {
-        self.model.capture_safe()
-    }
-
-    fn flops(&self) -> Option<redline_models::Flops> {
-        self.model.flops()
-    }
-
-    fn rng_state(&self) -> Vec<u128> {
-        self.model.rng_state()
-    }
-
-    fn load_rng_state(&self, state: &[u128]) -> Result<()> {
-        Ok(self.model.load_rng_state(state)?)
     }
 
     fn training_step(&self, batch: &Batch) -> Result<StepOutput> {

@@ -154,6 +154,50 @@ pub fn output<M: Model + ?Sized>(model: &M, batch: &Batch, train: bool) -> Resul
     Ok(if train { y } else { y.detach() })
 }
 
+/// Mean cross-entropy of `logits (N, classes)` against ids `(N,)` and the
+/// count of top-1 hits (a detached scalar): the fused kernels count the
+/// hits in the loss's pass, other devices take an argmax.
+pub(crate) fn cross_entropy_and_hits(logits: &Tensor, ids: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (loss, counted) = redline_kernels::cross_entropy_counted(logits, ids)?;
+    let correct = match counted {
+        Some(c) => c,
+        None => logits
+            .detach()
+            .argmax(1)?
+            .eq(ids)?
+            .to_dtype(DType::F32)?
+            .sum_all()?,
+    };
+    Ok((loss, correct))
+}
+
+/// The [`TrainStep`] methods a ready step takes from its wrapped model
+/// (`self.model`): parameters, capture safety, FLOPs and random streams.
+macro_rules! from_model {
+    () => {
+        fn params(&self) -> &redline_models::Params {
+            self.model.params()
+        }
+
+        fn capture_safe(&self) -> std::result::Result<(), String> {
+            self.model.capture_safe()
+        }
+
+        fn flops(&self) -> Option<redline_models::Flops> {
+            self.model.flops()
+        }
+
+        fn rng_state(&self) -> Vec<u128> {
+            self.model.rng_state()
+        }
+
+        fn load_rng_state(&self, state: &[u128]) -> crate::error::Result<()> {
+            Ok(self.model.load_rng_state(state)?)
+        }
+    };
+}
+pub(crate) use from_model;
+
 /// Classification: `model(x)` gives logits `(B, classes)`, targets are class
 /// ids `(B,)` u32; loss is mean cross-entropy (PyTorch's `F.cross_entropy`),
 /// the metric is top-1 `accuracy`.
@@ -183,17 +227,7 @@ impl<M: Model> Classifier<M> {
                 y.dtype()
             )));
         }
-        // The fused kernels count the right predictions in the loss's pass.
-        let (loss, counted) = redline_kernels::cross_entropy_counted(logits, y)?;
-        let correct = match counted {
-            Some(c) => c,
-            None => logits
-                .detach()
-                .argmax(1)?
-                .eq(y)?
-                .to_dtype(DType::F32)?
-                .sum_all()?,
-        };
+        let (loss, correct) = cross_entropy_and_hits(logits, y)?;
         Ok(StepOutput {
             loss,
             samples,
@@ -203,28 +237,10 @@ impl<M: Model> Classifier<M> {
 }
 
 impl<M: Model> TrainStep for Classifier<M> {
-    fn params(&self) -> &Params {
-        self.model.params()
-    }
+    from_model!();
 
     fn metric_names(&self) -> Option<Vec<String>> {
         Some(vec!["accuracy".into()])
-    }
-
-    fn capture_safe(&self) -> std::result::Result<(), String> {
-        self.model.capture_safe()
-    }
-
-    fn flops(&self) -> Option<redline_models::Flops> {
-        self.model.flops()
-    }
-
-    fn rng_state(&self) -> Vec<u128> {
-        self.model.rng_state()
-    }
-
-    fn load_rng_state(&self, state: &[u128]) -> Result<()> {
-        Ok(self.model.load_rng_state(state)?)
     }
 
     fn training_step(&self, batch: &Batch) -> Result<StepOutput> {
@@ -311,28 +327,10 @@ impl<M: Model> Regressor<M> {
 }
 
 impl<M: Model> TrainStep for Regressor<M> {
-    fn params(&self) -> &Params {
-        self.model.params()
-    }
+    from_model!();
 
     fn metric_names(&self) -> Option<Vec<String>> {
         Some(vec!["mae".into()])
-    }
-
-    fn capture_safe(&self) -> std::result::Result<(), String> {
-        self.model.capture_safe()
-    }
-
-    fn flops(&self) -> Option<redline_models::Flops> {
-        self.model.flops()
-    }
-
-    fn rng_state(&self) -> Vec<u128> {
-        self.model.rng_state()
-    }
-
-    fn load_rng_state(&self, state: &[u128]) -> Result<()> {
-        Ok(self.model.load_rng_state(state)?)
     }
 
     fn training_step(&self, batch: &Batch) -> Result<StepOutput> {

@@ -27,6 +27,38 @@ fn words(n: usize) -> String {
         .join(" ")
 }
 
+/// `redline train` of the tiny GPT file on `data` into `run` (CPU), with
+/// `extra` flags; returns stdout.
+fn train_gpt(run: &Path, data: &Path, extra: &[&str]) -> String {
+    let m = model();
+    let mut args = vec!["--data", data.to_str().unwrap(), "--model", &m];
+    args.extend_from_slice(extra);
+    common::train_in(run, &args)
+}
+
+/// `redline train` of the tiny GPT file on `data` that must fail; returns
+/// stderr.
+fn gpt_fails(t: &Path, data: &Path, extra: &[&str]) -> String {
+    let m = model();
+    let run = t.join(format!(
+        "run-{}",
+        data.file_name().unwrap().to_string_lossy()
+    ));
+    let mut args = vec![
+        "train",
+        "--device",
+        "cpu",
+        "--data",
+        data.to_str().unwrap(),
+        "--model",
+        &m,
+        "--run-dir",
+        run.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    common::fails(&args)
+}
+
 fn model() -> String {
     common::root()
         .join("examples/models/tiny-gpt.toml")
@@ -41,14 +73,10 @@ fn a_gpt_learns_a_text_files_bytes() {
     let text = t.path().join("input.txt");
     std::fs::write(&text, words(3000)).unwrap();
     let run = t.path().join("run");
-    let m = model();
-    let out = common::train_in(
+    let out = train_gpt(
         &run,
+        &text,
         &[
-            "--data",
-            text.to_str().unwrap(),
-            "--model",
-            &m,
             "--max-steps",
             "120",
             "--batch-size",
@@ -101,14 +129,10 @@ fn a_gpt_trains_under_bf16_mixed() {
     let text = t.path().join("input.txt");
     std::fs::write(&text, words(3000)).unwrap();
     let run = t.path().join("run");
-    let m = model();
-    let out = common::train_in(
+    let out = train_gpt(
         &run,
+        &text,
         &[
-            "--data",
-            text.to_str().unwrap(),
-            "--model",
-            &m,
             "--max-steps",
             "100",
             "--batch-size",
@@ -139,21 +163,10 @@ fn nanogpt_bin_files_train_and_val_bin_is_the_test_split() {
     write_bin(&dir.join("train.bin"), &ids[..5400]);
     write_bin(&dir.join("val.bin"), &ids[5400..]);
     let run = t.path().join("run");
-    let m = model();
-    let out = common::train_in(
+    let out = train_gpt(
         &run,
-        &[
-            "--data",
-            dir.to_str().unwrap(),
-            "--model",
-            &m,
-            "--max-steps",
-            "60",
-            "--batch-size",
-            "16",
-            "--lr",
-            "3e-3",
-        ],
+        &dir,
+        &["--max-steps", "60", "--batch-size", "16", "--lr", "3e-3"],
     );
     assert!(
         out.contains("nanoGPT token files") && out.contains("vocabulary 300"),
@@ -171,21 +184,9 @@ fn nanogpt_bin_files_train_and_val_bin_is_the_test_split() {
 #[test]
 fn bad_token_data_is_refused_with_the_fix() {
     let t = tempfile::tempdir().unwrap();
-    let m = model();
     let short = t.path().join("short.txt");
     std::fs::write(&short, "too short").unwrap();
-    let run = t.path().join("run");
-    let e = common::fails(&[
-        "train",
-        "--device",
-        "cpu",
-        "--data",
-        short.to_str().unwrap(),
-        "--model",
-        &m,
-        "--run-dir",
-        run.to_str().unwrap(),
-    ]);
+    let e = gpt_fails(t.path(), &short, &[]);
     assert!(
         e.contains("short.txt") && e.contains("block_size + 1 = 33"),
         "{e}"
@@ -210,19 +211,7 @@ fn bad_token_data_is_refused_with_the_fix() {
     std::fs::create_dir(&dir).unwrap();
     let ids: Vec<u16> = (0..400).map(|i| (i % 120) as u16).collect();
     write_bin(&dir.join("train.bin"), &ids);
-    let e = common::fails(&[
-        "train",
-        "--device",
-        "cpu",
-        "--data",
-        dir.to_str().unwrap(),
-        "--model",
-        &m,
-        "--classes",
-        "100",
-        "--run-dir",
-        t.path().join("run4").to_str().unwrap(),
-    ]);
+    let e = gpt_fails(t.path(), &dir, &["--classes", "100"]);
     assert!(
         e.contains("train.bin") && e.contains("token id 100 at id offset 100 (byte 200)"),
         "{e}"
@@ -231,16 +220,6 @@ fn bad_token_data_is_refused_with_the_fix() {
     let dir = t.path().join("odd");
     std::fs::create_dir(&dir).unwrap();
     std::fs::write(dir.join("train.bin"), [1u8, 0, 2]).unwrap();
-    let e = common::fails(&[
-        "train",
-        "--device",
-        "cpu",
-        "--data",
-        dir.to_str().unwrap(),
-        "--model",
-        &m,
-        "--run-dir",
-        t.path().join("run3").to_str().unwrap(),
-    ]);
+    let e = gpt_fails(t.path(), &dir, &[]);
     assert!(e.contains("train.bin") && e.contains("odd length"), "{e}");
 }

@@ -166,10 +166,7 @@ pub(super) fn run(
         (Ok(f), _) => Ok(f),
     };
     if let Ok((fit, test)) = &outcome {
-        results::print(args, (fit, test.as_ref()), &trainer, data.batch_size)?;
-        if let Some(line) = crate::summary::language_model(fit, test.as_ref(), data.target) {
-            println!("{line}");
-        }
+        results::print(args, (fit, test.as_ref()), &trainer, data)?;
         results::print_save(args, plan.short.fast_dev_run, untrained.as_deref());
     }
     let message = outcome.as_ref().err().map(|e| format!("{e:#}"));

@@ -14,9 +14,13 @@ pub(super) fn print(
     args: &TrainArgs,
     (fit, test): (&FitSummary, Option<&EvalResult>),
     trainer: &Trainer,
-    batch_size: usize,
+    data: &super::loaders::Loaders,
 ) -> anyhow::Result<()> {
-    summary::print(fit, test, batch_size)?;
+    summary::print(fit, test, data.batch_size)?;
+    // Perplexity and tokens/s where the targets are next tokens.
+    if let Some(line) = summary::language_model(fit, test, data.target) {
+        println!("{line}");
+    }
     if !trainer.device().is_cpu() {
         println!("cuda graph: {}", fit.cuda_graph);
     }

@@ -21,6 +21,11 @@ use crate::layers::{Layer, LayerSpec};
 use crate::params::Params;
 use crate::Model;
 
+mod generate;
+pub mod hf;
+
+pub use generate::{pick, KvCache, Sampling};
+
 /// nanoGPT's `GPTConfig`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

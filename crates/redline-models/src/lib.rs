@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 pub use cnn::{Cnn, CnnConfig};
 pub use error::{Error, Result};
 pub use flops::Flops;
-pub use gpt::{Gpt, GptConfig};
+pub use gpt::{Gpt, GptConfig, Sampling};
 pub use layers::{ConvInit, GeluForm, Layer, LayerSpec, Sequential, SequentialConfig};
 pub use mlp::{Mlp, MlpConfig};
 pub use params::Params;

@@ -22,11 +22,12 @@ pub(crate) struct Attention {
     pub(crate) dtype: candle_core::DType,
 }
 
-impl Layer for Attention {
-    fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
+impl Attention {
+    /// `c_attn` on `x (B, T, C)`: the queries, keys and values, each
+    /// `(B, H, T, C / H)`.
+    fn heads(&self, x: &Tensor) -> Result<[Tensor; 3]> {
         let (b, t, c) = x.dims3()?;
         let (h, d) = (self.heads, c / self.heads);
-        // (B, T, C) -> (B, T, 3C) -> three of (B, H, T, d)
         let qkv = linear_rows(x, (&self.c_attn.0, &self.c_attn.1), false, self.dtype)?;
         let head = |i: usize| -> Result<Tensor> {
             Ok(qkv
@@ -35,9 +36,77 @@ impl Layer for Attention {
                 .transpose(1, 2)?
                 .contiguous()?)
         };
-        let y = causal_attention(&head(0)?, &head(1)?, &head(2)?)?;
-        // (B, H, T, d) -> (B, T, C) -> c_proj
+        Ok([head(0)?, head(1)?, head(2)?])
+    }
+
+    /// The heads' outputs `y (B, H, T, d)` joined and projected by `c_proj`.
+    fn project(&self, y: &Tensor) -> Result<Tensor> {
+        let (b, _, t, _) = y.dims4()?;
+        let c = self.c_proj.0.as_tensor().dim(0)?;
         let y = y.transpose(1, 2)?.contiguous()?.reshape((b, t, c))?;
         linear_rows(&y, (&self.c_proj.0, &self.c_proj.1), false, self.dtype)
+    }
+
+    /// The forward for generation: `x (B, T, C)` holds the tokens after the
+    /// `kv` cache's (their keys and values `(B, H, T0, d)`, `None` at the
+    /// start), which gains theirs. Token `i` of `x` attends to the cached
+    /// keys and to `x`'s keys `0..=i`.
+    pub(crate) fn forward_cached(
+        &self,
+        x: &Tensor,
+        kv: &mut Option<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        let [q, k, v] = self.heads(x)?;
+        let y = match kv.take() {
+            None => {
+                let y = causal_attention(&q, &k, &v)?;
+                *kv = Some((k, v));
+                y
+            }
+            Some((k0, v0)) => {
+                let k = Tensor::cat(&[&k0, &k], 2)?;
+                let v = Tensor::cat(&[&v0, &v], 2)?;
+                let y = attend_after(&q, &k, &v)?;
+                *kv = Some((k, v));
+                y
+            }
+        };
+        self.project(&y)
+    }
+}
+
+/// Attention of the last `Tq` positions (`q (B, H, Tq, d)`) over all `Tk`
+/// keys `k, v (B, H, Tk, d)`: query `i` sees keys `0..=Tk - Tq + i`. The
+/// scores and softmax are fp32.
+fn attend_after(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    use candle_core::DType;
+    let (tq, d) = (q.dim(2)?, q.dim(3)?);
+    let tk = k.dim(2)?;
+    let f = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(DType::F32)?.contiguous()?) };
+    let scores = (f(q)?.matmul(&f(k)?.t()?.contiguous()?)? * (1.0 / (d as f64).sqrt()))?;
+    let scores = match tq {
+        1 => scores,
+        _ => {
+            let seen = tk - tq;
+            let mask: Vec<f32> = (0..tq * tk)
+                .map(|n| match n % tk > seen + n / tk {
+                    true => f32::NEG_INFINITY,
+                    false => 0.0,
+                })
+                .collect();
+            let mask = Tensor::from_vec(mask, (tq, tk), q.device())?;
+            scores.broadcast_add(&mask)?
+        }
+    };
+    let max = scores.max_keepdim(3)?;
+    let e = scores.broadcast_sub(&max)?.exp()?;
+    let p = e.broadcast_div(&e.sum_keepdim(3)?)?;
+    Ok(p.matmul(&f(v)?)?.to_dtype(q.dtype())?)
+}
+
+impl Layer for Attention {
+    fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
+        let [q, k, v] = self.heads(x)?;
+        self.project(&causal_attention(&q, &k, &v)?)
     }
 }

@@ -300,6 +300,13 @@ impl Gpt {
     }
 }
 
+impl Gpt {
+    /// Its configuration.
+    pub fn config(&self) -> &GptConfig {
+        &self.cfg
+    }
+}
+
 impl Model for Gpt {
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         let (b, t) = x.dims2()?;

@@ -73,9 +73,7 @@ fn logits_and_greedy_ids_match_transformers() {
         top_k: None,
         seed: 0,
     };
-    let got = m
-        .generate(&prompt, 16, &greedy, |_| Ok(()))
-        .unwrap();
+    let got = m.generate(&prompt, 16, &greedy, |_| Ok(())).unwrap();
     assert_eq!(got, ids(&e["greedy_ids"]));
 }
 
@@ -93,7 +91,10 @@ fn a_shorter_block_crops_the_position_table_and_a_longer_one_is_refused() {
     assert_eq!(a.to_vec1::<f32>().unwrap(), b.to_vec1::<f32>().unwrap());
     cfg.block_size = 64;
     let err = build(&cfg).load_hf(&dir).unwrap_err().to_string();
-    assert!(err.contains("block_size 64") && err.contains("32 positions"), "{err}");
+    assert!(
+        err.contains("block_size 64") && err.contains("32 positions"),
+        "{err}"
+    );
     cfg.block_size = 16;
     cfg.n_embd = 16;
     let err = build(&cfg).load_hf(&dir).unwrap_err().to_string();

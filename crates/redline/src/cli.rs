@@ -44,6 +44,11 @@ pub enum Command {
     /// Turn an image folder into WebDataset tar shards that `redline train --data DEST`
     /// streams: images shrunk to a largest side and re-encoded, in shuffled order.
     Pack(PackArgs),
+    /// Generate text from a trained GPT or a Hugging Face GPT-2 folder (nanoGPT's sample.py),
+    /// token by token with a key/value cache.
+    Sample(crate::sample::SampleArgs),
+    /// Write a run's GPT as a Hugging Face GPT-2 folder that transformers loads.
+    Export(crate::export::ExportArgs),
 }
 
 /// Flags of `redline pack`.
@@ -495,7 +500,8 @@ pub struct TrainArgs {
     /// Skip validation after each epoch and the test pass after training.
     #[arg(long)]
     pub no_validate: bool,
-    /// Start from these weights (safetensors with PyTorch names).
+    /// Start from these weights (safetensors with PyTorch names), or for a GPT a Hugging Face
+    /// GPT-2 folder (config.json + model.safetensors).
     #[arg(long, value_name = "FILE")]
     pub init: Option<PathBuf>,
     /// Save the trained weights here (safetensors with PyTorch names).

@@ -192,6 +192,28 @@ pub fn quiet_stdout() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs `f` with this process's standard output sent to standard error:
+/// `redline sample` reads its run's plan, whose progress lines would mix
+/// into the generated text that a pipe takes from standard output.
+pub fn stdout_to_stderr<T>(f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    // SAFETY: dup and dup2 on the process's open standard descriptors.
+    let saved = unsafe { libc::dup(1) };
+    if saved < 0 || unsafe { libc::dup2(2, 1) } < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    let out = f();
+    std::io::stdout().flush()?;
+    // SAFETY: as above; `saved` is ours to close.
+    let rc = unsafe { libc::dup2(saved, 1) };
+    unsafe { libc::close(saved) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -64,8 +64,13 @@ fn locate(arg: &Path, command: &str) -> anyhow::Result<(PathBuf, Option<PathBuf>
 }
 
 /// The run's flags from its `config.toml`, with `--data`/`--device`
-/// overrides, and nothing it would write (no `--save`, `--metrics`).
-fn run_flags(dir: &Path, data: Option<&Path>, device: Option<&str>) -> anyhow::Result<TrainArgs> {
+/// overrides, and nothing it would write (no `--save`, `--metrics`) nor
+/// load (`--init`, returned beside them).
+fn run_flags(
+    dir: &Path,
+    data: Option<&Path>,
+    device: Option<&str>,
+) -> anyhow::Result<(TrainArgs, Option<PathBuf>)> {
     let config = dir.join("config.toml");
     let mut argv: Vec<OsString> = ["redline", "train", "--config"]
         .map(OsString::from)
@@ -88,8 +93,8 @@ fn run_flags(dir: &Path, data: Option<&Path>, device: Option<&str>) -> anyhow::R
     };
     args.save = None;
     args.metrics = None;
-    args.init = None;
-    Ok(*args)
+    let init = args.init.take();
+    Ok((*args, init))
 }
 
 /// The weights `--checkpoint` names in the run folder `dir`: the newest
@@ -172,18 +177,37 @@ pub struct RunModel {
     pub shape: RunShape,
 }
 
-/// The model of the run folder `run_dir` (its `config.toml`'s job on
-/// `data` if given, else its own), with the weights `checkpoint` names
-/// loaded; `command` names the command in errors.
-pub fn run_model(
+/// A finished run's job without its model: the plan, the flags, the
+/// weights file `--checkpoint` names, the run folder and the data shape the
+/// model was built for. `redline sample` and `export` build their GPT from
+/// it; `test` and `predict` take [`run_model`].
+pub struct RunJob {
+    /// The run's job, on `--data` if given.
+    pub plan: crate::plan::Plan,
+    /// The run's flags (`config.toml`, with the overrides).
+    pub args: TrainArgs,
+    /// The weights file.
+    pub file: PathBuf,
+    /// The run folder.
+    pub dir: PathBuf,
+    /// The data shape the model was built for (the run's).
+    pub shape: RunShape,
+    /// The weights the run started from (its `--init`).
+    pub init: Option<PathBuf>,
+}
+
+/// The job of the run folder `run_dir` (its `config.toml`'s, on `data` if
+/// given) and the weights `checkpoint` names; `command` names the command
+/// in errors.
+pub fn run_job(
     command: &str,
     run_dir: &Path,
     data: Option<&Path>,
     checkpoint: &str,
     device: Option<&str>,
-) -> anyhow::Result<RunModel> {
+) -> anyhow::Result<RunJob> {
     let (dir, given) = locate(run_dir, command)?;
-    let args = run_flags(&dir, data, device)?;
+    let (args, init) = run_flags(&dir, data, device)?;
     let file = match given {
         Some(_) if checkpoint != "last" => bail!(
             "{command}: {} is a weights file already; --checkpoint {checkpoint} names \
@@ -200,19 +224,56 @@ pub fn run_model(
         inputs: plan.prepared.train.input_dims().to_vec(),
         target: plan.prepared.train.target(),
     });
-    let model = plan
-        .model_cfg
-        .build(&plan.device, plan.precision, args.seed)?;
-    model.params().load_safetensors(&file).with_context(|| {
+    Ok(RunJob {
+        plan,
+        args,
+        file,
+        dir,
+        shape,
+        init,
+    })
+}
+
+impl RunJob {
+    /// The error for weights that do not fit the model the data makes.
+    pub fn misfit(&self) -> String {
         format!(
             "the weights {} do not fit the model this data makes ({}, inputs {:?}, {}): give \
              data of the run's input shape and classes",
-            file.display(),
-            plan.model_cfg.name(),
-            plan.prepared.train.input_dims(),
-            plan.prepared.train.target()
+            self.file.display(),
+            self.plan.model_cfg.name(),
+            self.plan.prepared.train.input_dims(),
+            self.plan.prepared.train.target()
         )
-    })?;
+    }
+}
+
+/// The model of the run folder `run_dir` ([`run_job`]) with its weights
+/// loaded.
+pub fn run_model(
+    command: &str,
+    run_dir: &Path,
+    data: Option<&Path>,
+    checkpoint: &str,
+    device: Option<&str>,
+) -> anyhow::Result<RunModel> {
+    let job = run_job(command, run_dir, data, checkpoint, device)?;
+    let model = job
+        .plan
+        .model_cfg
+        .build(&job.plan.device, job.plan.precision, job.args.seed)?;
+    model
+        .params()
+        .load_safetensors(&job.file)
+        .with_context(|| job.misfit())?;
+    let RunJob {
+        plan,
+        args,
+        file,
+        dir,
+        shape,
+        ..
+    } = job;
     Ok(RunModel {
         plan,
         args,

@@ -12,6 +12,7 @@ mod cli;
 mod data_flags;
 mod dist;
 mod evaluate;
+mod export;
 mod pack;
 mod peak;
 mod plan;
@@ -20,6 +21,7 @@ mod print_config;
 mod progress;
 mod resume;
 mod run_shape;
+mod sample;
 mod short_runs;
 mod signals;
 mod spawn;
@@ -48,6 +50,8 @@ fn dispatch(command: cli::Command) -> anyhow::Result<()> {
         cli::Command::Test(t) => evaluate::run(&t),
         cli::Command::Predict(p) => predict::run(&p),
         cli::Command::Pack(p) => pack::run(&p),
+        cli::Command::Sample(s) => sample::run(&s),
+        cli::Command::Export(e) => export::run(&e),
     }
 }
 

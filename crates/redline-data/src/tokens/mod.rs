@@ -25,6 +25,10 @@ use rayon::prelude::*;
 use crate::dataset::{Dataset, TargetKind, TargetsMut};
 use crate::error::{Error, Result};
 
+mod codec;
+
+pub use codec::{Codec, Streamer};
+
 /// Bytes per id in a token file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdWidth {

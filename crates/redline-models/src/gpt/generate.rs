@@ -102,7 +102,9 @@ impl Gpt {
         let mut h = tok.broadcast_add(&pos)?;
         let stream = h.dtype();
         for (blk, kv) in self.blocks.iter().zip(cache.kv.iter_mut()) {
-            let a = blk.attn.forward_cached(&blk.ln_1.forward_t(&h, false)?, kv)?;
+            let a = blk
+                .attn
+                .forward_cached(&blk.ln_1.forward_t(&h, false)?, kv)?;
             h = (&h + a.to_dtype(stream)?)?;
             let m = linear_rows(
                 &blk.ln_2.forward_t(&h, false)?,
@@ -143,7 +145,8 @@ impl Gpt {
         let mut rng = ChaCha8Rng::seed_from_u64(sampling.seed);
         let mut all = prompt.to_vec();
         let mut cache = self.cache();
-        let mut logits = self.forward_cached(&all[all.len().saturating_sub(block)..], &mut cache)?;
+        let mut logits =
+            self.forward_cached(&all[all.len().saturating_sub(block)..], &mut cache)?;
         let mut out = Vec::with_capacity(tokens);
         while out.len() < tokens {
             let next = pick(&logits.to_vec1::<f32>()?, sampling, &mut rng);
@@ -244,7 +247,12 @@ mod tests {
             .reshape((1, ids.len()))
             .unwrap();
         let y = m.forward(&x).unwrap();
-        y.get(0).unwrap().get(ids.len() - 1).unwrap().to_vec1().unwrap()
+        y.get(0)
+            .unwrap()
+            .get(ids.len() - 1)
+            .unwrap()
+            .to_vec1()
+            .unwrap()
     }
 
     fn close(a: &[f32], b: &[f32]) {

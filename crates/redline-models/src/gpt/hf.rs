@@ -64,8 +64,13 @@ impl GptConfig {
                 source,
             }
         })?;
-        let v: Value = serde_json::from_str(&text)
-            .map_err(|e| bad(&path, format!("not JSON: {e}"), "a transformers config.json"))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| {
+            bad(
+                &path,
+                format!("not JSON: {e}"),
+                "a transformers config.json",
+            )
+        })?;
         let kind = v.get("model_type").and_then(Value::as_str).unwrap_or("");
         if kind != "gpt2" {
             return Err(bad(
@@ -78,7 +83,13 @@ impl GptConfig {
             v.get(k)
                 .and_then(Value::as_u64)
                 .and_then(|n| usize::try_from(n).ok())
-                .ok_or_else(|| bad(&path, format!("{k} is missing or not a count"), "a GPT2Config"))
+                .ok_or_else(|| {
+                    bad(
+                        &path,
+                        format!("{k} is missing or not a count"),
+                        "a GPT2Config",
+                    )
+                })
         };
         let cfg = Self {
             n_layer: size("n_layer")?,
@@ -130,7 +141,14 @@ impl GptConfig {
     /// transformers' `config.json` for this GPT (dropout 0, GPT-2's
     /// activation and epsilon, tied embeddings).
     pub fn to_hf(&self) -> Value {
+        // GPT-2's <|endoftext|> where the vocabulary is GPT-2's.
+        let special = match self.vocab_size {
+            50257 => json!(50256),
+            _ => Value::Null,
+        };
         json!({
+            "bos_token_id": special,
+            "eos_token_id": special,
             "architectures": ["GPT2LMHeadModel"],
             "model_type": "gpt2",
             "activation_function": "gelu_new",
@@ -253,7 +271,11 @@ impl Gpt {
         redline_core::files::write_atomic(&file, &bytes).map_err(io(&file))?;
         let config = dir.join(CONFIG);
         let text = serde_json::to_string_pretty(&self.cfg.to_hf()).map_err(|e| {
-            bad(&config, e.to_string(), "report this: a config always serialises")
+            bad(
+                &config,
+                e.to_string(),
+                "report this: a config always serialises",
+            )
         })?;
         redline_core::files::write_atomic(&config, text.as_bytes()).map_err(io(&config))?;
         Ok(vec![config, file])
@@ -286,10 +308,11 @@ pub fn from_hf(tensors: HashMap<String, Tensor>, file: &Path) -> Result<HashMap<
     }
     if let (Some(head), Some(wte)) = (head, out.get("transformer.wte.weight")) {
         let same = head.dims() == wte.dims()
-            && (&head.to_dtype(candle_core::DType::F32)? - wte.to_dtype(candle_core::DType::F32)?)?
-                .abs()?
-                .max_all()?
-                .to_scalar::<f32>()?
+            && (&head.to_dtype(candle_core::DType::F32)?
+                - wte.to_dtype(candle_core::DType::F32)?)?
+            .abs()?
+            .max_all()?
+            .to_scalar::<f32>()?
                 == 0.0;
         if !same {
             return Err(bad(

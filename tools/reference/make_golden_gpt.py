@@ -15,6 +15,11 @@ weight `1 + 0.1 b`, every bias `0.05 b`. Ids `idx[i] = (3 i + 1) % 11` and targe
 Stored: `logits` (2, 8, 11), `loss` (the mean next-token cross-entropy) and the gradients
 `grad.<NAME>` of the loss for every parameter.
 
+gpt_adamw.safetensors: from the same weights, 20 steps of `torch.optim.AdamW` with nanoGPT's
+`configure_optimizers` groups (2-D tensors decay by 0.1, biases and LayerNorms by 0), lr
+1e-2, betas (0.9, 0.95), eps 1e-8, on batch s's ids `(3 i + 7 s + 1) % 11` and targets
+`(5 i + 2 s + 2) % 11`: the 20 `losses` and every parameter after (`final.<NAME>`).
+
     ~/.venvs/redline-ref/bin/python tools/reference/make_golden_gpt.py --out testdata/golden
 """
 
@@ -122,6 +127,47 @@ def main():
         out[f"grad.{name}"] = p.grad.float()
     write_safetensors(out, os.path.join(args.out, "gpt.safetensors"))
     print("loss", loss.item())
+    adamw_steps(args.out)
+
+
+def formula_model():
+    model = GPT().double()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            i = torch.arange(p.numel(), dtype=torch.float64)
+            b = torch.sin(0.7 * i + 0.001 * h(name)).reshape(p.shape)
+            if name.endswith(".bias"):
+                p.copy_(0.05 * b)
+            elif p.dim() == 1:
+                p.copy_(1 + 0.1 * b)
+            else:
+                p.copy_(0.1 * b)
+    return model
+
+
+def adamw_steps(out_dir):
+    model = formula_model()
+    params = dict(model.named_parameters())
+    groups = [
+        {"params": [p for p in params.values() if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in params.values() if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    i = torch.arange(2 * BLOCK)
+    losses = []
+    for s in range(20):
+        idx = ((3 * i + 7 * s + 1) % VOCAB).reshape(2, BLOCK)
+        targets = ((5 * i + 2 * s + 2) % VOCAB).reshape(2, BLOCK)
+        loss = F.cross_entropy(model(idx).view(-1, VOCAB), targets.view(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    out = {"losses": torch.tensor(losses, dtype=torch.float32)}
+    for name, p in model.named_parameters():
+        out[f"final.{name}"] = p.detach().float()
+    write_safetensors(out, os.path.join(out_dir, "gpt_adamw.safetensors"))
+    print("adamw losses", losses[0], "->", losses[-1])
 
 
 if __name__ == "__main__":

@@ -287,6 +287,9 @@ impl Gpt {
             });
         }
         let ln_f = norm(&mut p, "transformer.ln_f".into(), init)?;
+        // nanoGPT's groups: matrices and embeddings decay; biases and
+        // LayerNorms do not.
+        p.exclude_from_decay(|_, t| t.rank() < 2);
         Ok(Self {
             flops: cfg.flops()?,
             cfg: cfg.clone(),

@@ -19,6 +19,9 @@ pub struct Params {
     /// State that is saved and loaded but not trained (BatchNorm's running
     /// statistics): PyTorch's buffers.
     buffers: Vec<(String, Var)>,
+    /// Parameters weight decay leaves alone (a model's choice, as nanoGPT's
+    /// `configure_optimizers` makes its two groups).
+    no_decay: BTreeSet<String>,
 }
 
 impl Params {
@@ -108,6 +111,28 @@ impl Params {
     /// The parameters in order (what optimizers update: shared handles).
     pub fn to_vec(&self) -> Vec<Param> {
         self.entries.iter().map(|(_, p)| p.clone()).collect()
+    }
+
+    /// Keeps weight decay off every parameter for which `skip(name,
+    /// values)` holds: the model's choice of optimizer groups (nanoGPT
+    /// decays 2-D tensors only, not biases and norms). By default every
+    /// parameter decays, as a `torch.optim` optimizer over
+    /// `model.parameters()` does.
+    pub fn exclude_from_decay(&mut self, skip: impl Fn(&str, &Tensor) -> bool) {
+        for (n, p) in &self.entries {
+            if skip(n, p.as_tensor()) {
+                self.no_decay.insert(n.clone());
+            }
+        }
+    }
+
+    /// The parameters in order, each with whether weight decay applies to
+    /// it ([`Params::exclude_from_decay`]).
+    pub fn with_decay(&self) -> Vec<(Param, bool)> {
+        self.entries
+            .iter()
+            .map(|(n, p)| (p.clone(), !self.no_decay.contains(n)))
+            .collect()
     }
 
     /// Back-propagates `loss` and adds every parameter's gradient to its

@@ -98,13 +98,21 @@ impl OptimizerConfig {
     /// Checks ranges, then builds the optimizer over `params` (shared
     /// handles: it reads their gradients and updates their variables).
     pub fn build(&self, params: Vec<Param>) -> Result<Optimizer> {
+        self.build_groups(params.into_iter().map(|p| (p, true)).collect())
+    }
+
+    /// [`OptimizerConfig::build`] over two groups: parameters paired with
+    /// `false` take no weight decay (PyTorch's param group with
+    /// `weight_decay=0`, as nanoGPT makes for biases and norms).
+    pub fn build_groups(&self, params: Vec<(Param, bool)>) -> Result<Optimizer> {
         self.check()?;
         Ok(Optimizer {
             cfg: self.clone(),
             state: params
                 .into_iter()
-                .map(|param| Slot {
+                .map(|(param, decay)| Slot {
                     param,
+                    decay,
                     fused: SlotState::default(),
                     generic: TensorState::default(),
                 })
@@ -114,6 +122,15 @@ impl OptimizerConfig {
         })
     }
 
+    /// The weight decay (L2 for Adam and SGD, decoupled for AdamW).
+    pub fn weight_decay(&self) -> f64 {
+        match self {
+            Self::Adam { weight_decay, .. }
+            | Self::AdamW { weight_decay, .. }
+            | Self::Sgd { weight_decay, .. } => *weight_decay,
+        }
+    }
+
     /// Refuses settings that cannot work (negative or non-finite rates and
     /// decays, betas outside [0, 1), Nesterov without momentum).
     pub fn check(&self) -> Result<()> {
@@ -121,11 +138,7 @@ impl OptimizerConfig {
         if !(self.lr().is_finite() && self.lr() >= 0.0) {
             return bad(format!("--lr {}: must be a finite number >= 0", self.lr()));
         }
-        let wd = match self {
-            Self::Adam { weight_decay, .. }
-            | Self::AdamW { weight_decay, .. }
-            | Self::Sgd { weight_decay, .. } => *weight_decay,
-        };
+        let wd = self.weight_decay();
         if !(wd.is_finite() && wd >= 0.0) {
             return bad(format!("--weight-decay {wd}: must be a finite number >= 0"));
         }
@@ -164,6 +177,8 @@ impl OptimizerConfig {
 /// tensors (Adam: m, v; SGD: momentum buffer) for the generic path.
 pub(crate) struct Slot {
     pub(crate) param: Param,
+    /// Whether weight decay applies to it.
+    pub(crate) decay: bool,
     fused: SlotState,
     pub(crate) generic: TensorState,
 }
@@ -296,6 +311,7 @@ impl Optimizer {
         let mut pending: Vec<(usize, Tensor, Tensor)> = Vec::new();
         for (i, slot) in self.state.iter_mut().enumerate() {
             let p = slot.param.as_tensor().clone();
+            let hp = hp.decaying(slot.decay);
             let fused = &mut slot.fused;
             // `None`: the kernel updated `p` in place; else the gradient for
             // the generic path.
@@ -336,37 +352,61 @@ impl Optimizer {
         #[cfg(feature = "cuda")]
         // The same switch as the ops' fused kernels (`--fused-kernels`); the
         // kernel reads the scaler's flag on the device (a variant admitted
-        // with the reduced-precision ones).
+        // with the reduced-precision ones). One launch set per group.
         if redline_kernels::fused_gpu::enabled()
             && (found_inf.is_none() || redline_kernels::fused_gpu::reduced_precision())
-            && crate::optim_gpu::step(&mut self.state, &pending, hyper, hp, self.step, found_inf)?
         {
-            return Ok(());
+            let mut rest = Vec::new();
+            for decay in [true, false] {
+                let (group, others): (Vec<_>, Vec<_>) = pending
+                    .into_iter()
+                    .partition(|(i, _, _)| self.state.get(*i).is_some_and(|s| s.decay == decay));
+                pending = others;
+                if group.is_empty() {
+                    continue;
+                }
+                let hp = hp.decaying(decay);
+                if !crate::optim_gpu::step(
+                    &mut self.state,
+                    &group,
+                    hyper,
+                    hp,
+                    self.step,
+                    found_inf,
+                )? {
+                    rest.extend(group);
+                }
+            }
+            pending = rest;
+            if pending.is_empty() {
+                return Ok(());
+            }
         }
         // The generic path's mask of a flagged step (made only when it runs).
         let skip = found_inf
             .map(redline_kernels::optim::skip_mask)
             .transpose()?;
-        let mut consts: Vec<(DType, Generic)> = Vec::new();
+        let mut consts: Vec<((DType, bool), Generic)> = Vec::new();
         for (i, p, g) in pending {
+            let Some(slot) = self.state.get_mut(i) else {
+                continue;
+            };
             // bf16 parameters (bf16-true) round as PyTorch's bf16 ops do,
             // with f32 constants; others take the one-op-per-tensor path
             // in their own dtype.
             let true16 = p.dtype() == DType::BF16 && skip.is_none();
             let dtype = if true16 { DType::F32 } else { p.dtype() };
-            if !consts.iter().any(|(d, _)| *d == dtype) {
-                let c = match hp {
+            let key = (dtype, slot.decay);
+            if !consts.iter().any(|(k, _)| *k == key) {
+                let c = match hp.decaying(slot.decay) {
                     StepParams::Adam(hp) => Generic::Adam(hyper.adam(hp, dtype)?),
                     StepParams::Sgd(hp) => Generic::Sgd(hyper.sgd(hp, dtype)?),
                 };
-                consts.push((dtype, c));
+                consts.push((key, c));
             }
-            let Some(slot) = self.state.get_mut(i) else {
-                continue;
-            };
             let st = &mut slot.generic;
             let skip = skip.as_ref();
-            let new_p = match (consts.iter().find(|(d, _)| *d == dtype), true16) {
+            let new_p = match (consts.iter().find(|(k, _)| *k == key), true16) {
                 (Some((_, Generic::Adam(c))), true) => adam_tensors_bf16(&p, &g, st, c)?,
                 (Some((_, Generic::Sgd(c))), true) => sgd_tensors_bf16(&p, &g, st, c)?,
                 (Some((_, Generic::Adam(c))), false) => adam_tensors_unless(&p, &g, st, c, skip)?,
@@ -581,6 +621,23 @@ impl Optimizer {
 pub(crate) enum StepParams {
     Adam(AdamStep),
     Sgd(SgdStep),
+}
+
+impl StepParams {
+    /// These, with weight decay off unless `decay`.
+    fn decaying(self, decay: bool) -> Self {
+        match (self, decay) {
+            (s, true) => s,
+            (Self::Adam(a), false) => Self::Adam(AdamStep {
+                weight_decay: 0.0,
+                ..a
+            }),
+            (Self::Sgd(s), false) => Self::Sgd(SgdStep {
+                weight_decay: 0.0,
+                ..s
+            }),
+        }
+    }
 }
 
 #[cfg(test)]

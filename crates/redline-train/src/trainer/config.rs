@@ -350,7 +350,7 @@ impl TrainerBuilder {
         if let Some(n) = self.threads {
             redline_core::threads::check(n).map_err(Error::Config)?;
         }
-        let optimizer = self.optimizer.build(module.params().to_vec())?;
+        let optimizer = self.optimizer.build_groups(module.params().with_decay())?;
         let scaler = self
             .cfg
             .loss_scale

@@ -36,6 +36,9 @@ pub(super) fn print(args: &TrainArgs, plan: &Plan, data: &Loaders, built: &Built
             p => format!(", precision {p}"),
         }
     );
+    if let Some(line) = decay_groups(plan, built) {
+        println!("  {line}");
+    }
     if !plan.schedule.is_constant() {
         println!("  lr schedule: {} (base lr {})", plan.schedule, plan.lr);
     }
@@ -70,6 +73,25 @@ pub(super) fn print(args: &TrainArgs, plan: &Plan, data: &Loaders, built: &Built
         Some(Err(why)) => println!("  MFU: not shown: {why}"),
         None => {}
     }
+}
+
+/// The optimizer's two groups, where the model keeps weight decay off some
+/// parameters (nanoGPT's: 2-D tensors decay, biases and norms do not).
+fn decay_groups(plan: &Plan, built: &Built) -> Option<String> {
+    let wd = plan.opt_cfg.weight_decay();
+    let mut g = [(0usize, 0usize); 2];
+    for (p, decay) in built.model.params().with_decay() {
+        let e = &mut g[usize::from(!decay)];
+        e.0 += 1;
+        e.1 += p.as_tensor().elem_count();
+    }
+    (wd > 0.0 && g[1].0 > 0).then(|| {
+        format!(
+            "weight decay {wd} on {} tensors ({} values: matrices, embeddings), none on {} \
+             ({} values: biases, norms)",
+            g[0].0, g[0].1, g[1].0, g[1].1
+        )
+    })
 }
 
 /// The startup line of `--accumulate N` (N > 1): the effective batch.

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::flops::Flops;
 use crate::init::Initializer;
 use crate::layers::attention::Attention;
-use crate::layers::basic::linear_rows;
+use crate::layers::basic::{linear_rows, Dropout};
 use crate::layers::norm::LayerNorm;
 use crate::layers::{Layer, LayerSpec};
 use crate::params::Params;
@@ -23,6 +23,8 @@ use crate::Model;
 
 mod generate;
 pub mod hf;
+#[cfg(test)]
+mod tests;
 
 pub use generate::{pick, KvCache, Sampling};
 
@@ -40,7 +42,9 @@ pub struct GptConfig {
     pub block_size: usize,
     /// Token ids are `0..vocab_size`.
     pub vocab_size: usize,
-    /// Dropout probability (0 for now: see [`GptConfig::check`]).
+    /// Dropout probability in training: after the embeddings, of the
+    /// attention probabilities, and after each block's two projections
+    /// (nanoGPT's `drop`, `attn_dropout`, `resid_dropout`, MLP `dropout`).
     #[serde(default)]
     pub dropout: f64,
     /// Biases in the linear layers and LayerNorms (nanoGPT's `bias`).
@@ -54,7 +58,7 @@ fn yes() -> bool {
 
 impl GptConfig {
     /// nanoGPT's shakespeare-char model: 6 layers, 6 heads, 384 wide,
-    /// block 256, 65 characters (`dropout` 0.2 in nanoGPT's config).
+    /// block 256, 65 characters, dropout 0.2.
     pub fn char_level() -> Self {
         Self {
             n_layer: 6,
@@ -62,7 +66,7 @@ impl GptConfig {
             n_embd: 384,
             block_size: 256,
             vocab_size: 65,
-            dropout: 0.0,
+            dropout: 0.2,
             bias: true,
         }
     }
@@ -136,11 +140,10 @@ impl GptConfig {
                     .into(),
             ));
         }
-        if self.dropout != 0.0 || !self.bias {
+        if !(0.0..1.0).contains(&self.dropout) {
             return Err(Error::Config(format!(
-                "gpt: dropout {} and bias {}: this build trains GPTs with dropout 0 and biases \
-                 (nanoGPT's defaults for fine-tuning)\nHINT: set dropout = 0.0 and bias = true",
-                self.dropout, self.bias
+                "gpt: dropout {}: must be in [0, 1) (nanoGPT's shakespeare-char uses 0.2)",
+                self.dropout
             )));
         }
         Ok(())
@@ -213,6 +216,8 @@ struct Block {
     ln_2: LayerNorm,
     c_fc: (Param, Param),
     c_proj: (Param, Param),
+    /// After the attention's and the MLP's projections (`None` at p = 0).
+    drop: Option<[Dropout; 2]>,
 }
 
 /// The GPT.
@@ -222,6 +227,8 @@ pub struct Gpt {
     wpe: Param,
     blocks: Vec<Block>,
     ln_f: LayerNorm,
+    /// After the embeddings (`None` at p = 0).
+    drop: Option<Dropout>,
     params: Params,
     flops: Flops,
     dtype: candle_core::DType,
@@ -243,22 +250,31 @@ impl Gpt {
             "transformer.wpe.weight",
             init.normal_std(&[cfg.block_size, c], 0.02)?,
         )?;
+        // Without biases (`bias = false`) a zero that is not a parameter
+        // takes the bias's place: neither trained nor saved.
+        let bias = |p: &mut Params, init: &mut Initializer, name: String, n: usize| {
+            let b = init.constant(&[n], 0.0)?;
+            match cfg.bias {
+                true => p.push(name, b),
+                false => Ok(Param::new(b)),
+            }
+        };
         let norm = |p: &mut Params, name: String, init: &mut Initializer| {
             Ok::<_, Error>(LayerNorm {
                 w: p.push(format!("{name}.weight"), init.constant(&[c], 1.0)?)?,
-                b: p.push(format!("{name}.bias"), init.constant(&[c], 0.0)?)?,
+                b: bias(p, init, format!("{name}.bias"), c)?,
                 eps: 1e-5,
             })
         };
         let linear =
             |p: &mut Params, init: &mut Initializer, name: String, shape: [usize; 2], std| {
                 let w = init.normal_std(&shape, std)?;
-                let b = init.constant(&[shape[0]], 0.0)?;
                 Ok::<_, Error>((
                     p.push(format!("{name}.weight"), w)?,
-                    p.push(format!("{name}.bias"), b)?,
+                    bias(p, init, format!("{name}.bias"), shape[0])?,
                 ))
             };
+
         let mut blocks = Vec::new();
         for i in 0..cfg.n_layer {
             let h = format!("transformer.h.{i}");
@@ -268,6 +284,7 @@ impl Gpt {
                 c_proj: linear(&mut p, init, format!("{h}.attn.c_proj"), [c, c], proj_std)?,
                 heads: cfg.n_head,
                 dtype: init.compute_dtype(),
+                dropout: None,
             };
             let ln_2 = norm(&mut p, format!("{h}.ln_2"), init)?;
             let c_fc = linear(&mut p, init, format!("{h}.mlp.c_fc"), [4 * c, c], 0.02)?;
@@ -284,12 +301,29 @@ impl Gpt {
                 ln_2,
                 c_fc,
                 c_proj,
+                drop: None,
             });
         }
         let ln_f = norm(&mut p, "transformer.ln_f".into(), init)?;
         // nanoGPT's groups: matrices and embeddings decay; biases and
         // LayerNorms do not.
         p.exclude_from_decay(|_, t| t.rank() < 2);
+        // Dropout streams, seeded after every weight is drawn (so the
+        // weights do not depend on the dropout rate).
+        let mut drop = None;
+        if cfg.dropout > 0.0 {
+            let base = init.fork_seed();
+            let mut k = 0u64;
+            let mut next = || {
+                k += 1;
+                Dropout::new(cfg.dropout, base.wrapping_add(k))
+            };
+            drop = Some(next()?);
+            for b in &mut blocks {
+                b.attn.dropout = Some(next()?);
+                b.drop = Some([next()?, next()?]);
+            }
+        }
         Ok(Self {
             flops: cfg.flops()?,
             cfg: cfg.clone(),
@@ -297,6 +331,7 @@ impl Gpt {
             wpe,
             blocks,
             ln_f,
+            drop,
             params: p,
             dtype: init.compute_dtype(),
         })
@@ -328,14 +363,18 @@ impl Model for Gpt {
             .index_select(&ids, 0)?
             .reshape((b, t, c))?;
         let pos = self.wpe.as_tensor().narrow(0, 0, t)?;
-        let mut h = tok.broadcast_add(&pos)?;
+        let mut h = drop(self.drop.as_ref(), tok.broadcast_add(&pos)?, train)?;
         // The residual stream stays in the parameters' dtype (fp32 under
         // bf16-mixed, as autocast keeps it): each sublayer's 16-bit output is
         // cast back before it is added.
         let stream = h.dtype();
         for blk in &self.blocks {
+            let [d1, d2] = match &blk.drop {
+                Some([a, b]) => [Some(a), Some(b)],
+                None => [None, None],
+            };
             let a = blk.attn.forward_t(&blk.ln_1.forward_t(&h, train)?, train)?;
-            h = (&h + a.to_dtype(stream)?)?;
+            h = (&h + drop(d1, a.to_dtype(stream)?, train)?)?;
             let m = linear_rows(
                 &blk.ln_2.forward_t(&h, train)?,
                 (&blk.c_fc.0, &blk.c_fc.1),
@@ -344,7 +383,7 @@ impl Model for Gpt {
             )?;
             let m = redline_kernels::gelu_tanh(&m)?;
             let m = linear_rows(&m, (&blk.c_proj.0, &blk.c_proj.1), false, self.dtype)?;
-            h = (&h + m.to_dtype(stream)?)?;
+            h = (&h + drop(d2, m.to_dtype(stream)?, train)?)?;
         }
         let h = self.ln_f.forward_t(&h, train)?;
         // The head is the token embedding, tied: (B*T, C) x (C, V)
@@ -363,5 +402,64 @@ impl Model for Gpt {
 
     fn flops(&self) -> Option<Flops> {
         Some(self.flops)
+    }
+
+    fn capture_safe(&self) -> std::result::Result<(), String> {
+        match self.cfg.dropout {
+            0.0 => Ok(()),
+            p => Err(format!(
+                "gpt dropout (p = {p}) draws its masks on the host at every step"
+            )),
+        }
+    }
+
+    fn rng_state(&self) -> Vec<u128> {
+        let mut out = Vec::new();
+        for d in self.dropouts() {
+            d.rng_state(&mut out);
+        }
+        out
+    }
+
+    fn load_rng_state(&self, state: &[u128]) -> Result<()> {
+        let mut it = state.iter().copied();
+        for d in self.dropouts() {
+            d.load_rng_state(&mut it)?;
+        }
+        match it.next() {
+            None => Ok(()),
+            Some(_) => Err(Error::Config(format!(
+                "random stream positions: the state holds {}, this model has {}",
+                state.len(),
+                self.rng_state().len()
+            ))),
+        }
+    }
+}
+
+impl Gpt {
+    /// Its dropout layers in a fixed order: the embeddings', then each
+    /// block's attention probabilities' and two projections'.
+    fn dropouts(&self) -> Vec<&dyn Layer> {
+        let mut out: Vec<&dyn Layer> = Vec::new();
+        if let Some(d) = &self.drop {
+            out.push(d);
+        }
+        for b in &self.blocks {
+            out.push(&b.attn);
+            if let Some([x, y]) = &b.drop {
+                out.push(x);
+                out.push(y);
+            }
+        }
+        out
+    }
+}
+
+/// `x` through the dropout `d` in training; `x` otherwise.
+fn drop(d: Option<&Dropout>, x: Tensor, train: bool) -> Result<Tensor> {
+    match (d, train) {
+        (Some(d), true) => d.forward_t(&x, true),
+        _ => Ok(x),
     }
 }

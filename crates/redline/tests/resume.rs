@@ -320,8 +320,17 @@ fn a_gpt_on_a_texts_random_windows_resumes_bit_for_bit() {
         .map(|i| words[((i * 2_654_435_761) >> 7) as usize % words.len()])
         .collect();
     std::fs::write(&text, body).unwrap();
-    let model = root().join("examples/models/tiny-gpt.toml");
-    for seed in [4, 5] {
+    // The second with dropout (its mask streams are checkpointed) and no
+    // biases.
+    let dropped = t.path().join("dropout-gpt.toml");
+    std::fs::write(
+        &dropped,
+        "[model]\nkind = \"gpt\"\nn_layer = 2\nn_head = 2\nn_embd = 32\nblock_size = 32\n\
+         dropout = 0.2\nbias = false\n",
+    )
+    .unwrap();
+    let tiny = root().join("examples/models/tiny-gpt.toml");
+    for (seed, model) in [(4, tiny), (5, dropped)] {
         killed_and_resumed(
             &[
                 "--model",

@@ -242,6 +242,14 @@ impl Gpt {
     /// it must not hold a `config.json` or `model.safetensors` already):
     /// transformers' `GPT2LMHeadModel.from_pretrained(dir)` loads it.
     pub fn save_hf(&self, dir: &Path) -> Result<Vec<PathBuf>> {
+        if !self.cfg.bias {
+            return Err(bad(
+                dir,
+                "a GPT without biases (bias = false): transformers' GPT-2 always has them".into(),
+                "export a GPT trained with bias = true, or use its safetensors weights \
+                 (nanoGPT's names) directly",
+            ));
+        }
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| Error::Io { path, source }

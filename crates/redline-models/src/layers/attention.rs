@@ -8,7 +8,7 @@ use candle_core::Tensor;
 use redline_kernels::causal_attention;
 use redline_kernels::grad::Param;
 
-use super::basic::linear_rows;
+use super::basic::{linear_rows, Dropout};
 
 use super::Layer;
 use crate::error::Result;
@@ -20,6 +20,9 @@ pub(crate) struct Attention {
     pub(crate) heads: usize,
     /// The products' dtype (fp32, or 16-bit under `--precision`).
     pub(crate) dtype: candle_core::DType,
+    /// Dropout of the attention probabilities in training (nanoGPT's
+    /// `attn_dropout`); `None` at p = 0.
+    pub(crate) dropout: Option<Dropout>,
 }
 
 impl Attention {
@@ -66,7 +69,7 @@ impl Attention {
             Some((k0, v0)) => {
                 let k = Tensor::cat(&[&k0, &k], 2)?;
                 let v = Tensor::cat(&[&v0, &v], 2)?;
-                let y = attend_after(&q, &k, &v)?;
+                let y = attend_after(&q, &k, &v, None)?;
                 *kv = Some((k, v));
                 y
             }
@@ -76,9 +79,10 @@ impl Attention {
 }
 
 /// Attention of the last `Tq` positions (`q (B, H, Tq, d)`) over all `Tk`
-/// keys `k, v (B, H, Tk, d)`: query `i` sees keys `0..=Tk - Tq + i`. The
-/// scores and softmax are fp32.
-fn attend_after(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+/// keys `k, v (B, H, Tk, d)`: query `i` sees keys `0..=Tk - Tq + i` (with
+/// `Tq = Tk`, causal attention). The scores and softmax are fp32; `drop`
+/// drops probabilities (training).
+fn attend_after(q: &Tensor, k: &Tensor, v: &Tensor, drop: Option<&Dropout>) -> Result<Tensor> {
     use candle_core::DType;
     let (tq, d) = (q.dim(2)?, q.dim(3)?);
     let tk = k.dim(2)?;
@@ -100,13 +104,34 @@ fn attend_after(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     };
     let max = scores.max_keepdim(3)?;
     let e = scores.broadcast_sub(&max)?.exp()?;
-    let p = e.broadcast_div(&e.sum_keepdim(3)?)?;
+    let mut p = e.broadcast_div(&e.sum_keepdim(3)?)?;
+    if let Some(d) = drop {
+        p = d.forward_t(&p, true)?;
+    }
     Ok(p.matmul(&f(v)?)?.to_dtype(q.dtype())?)
 }
 
 impl Layer for Attention {
-    fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
+    fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         let [q, k, v] = self.heads(x)?;
-        self.project(&causal_attention(&q, &k, &v)?)
+        let y = match (&self.dropout, train) {
+            // Dropped probabilities need the probabilities: candle's ops.
+            (Some(d), true) => attend_after(&q, &k, &v, Some(d))?,
+            _ => causal_attention(&q, &k, &v)?,
+        };
+        self.project(&y)
+    }
+
+    fn rng_state(&self, out: &mut Vec<u128>) {
+        if let Some(d) = &self.dropout {
+            d.rng_state(out);
+        }
+    }
+
+    fn load_rng_state(&self, from: &mut dyn Iterator<Item = u128>) -> Result<()> {
+        match &self.dropout {
+            Some(d) => d.load_rng_state(from),
+            None => Ok(()),
+        }
     }
 }

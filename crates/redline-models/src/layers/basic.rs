@@ -199,13 +199,13 @@ impl Layer for Gelu {
 /// `nn.Dropout(p)`: in training, zeroes each element with probability `p`
 /// and scales the rest by `1 / (1 - p)`; the identity in eval mode. Masks come
 /// from a seeded stream, so a run with the same seed drops the same units.
-pub(super) struct Dropout {
+pub(crate) struct Dropout {
     p: f64,
     rng: Mutex<ChaCha8Rng>,
 }
 
 impl Dropout {
-    pub(super) fn new(p: f64, seed: u64) -> Result<Self> {
+    pub(crate) fn new(p: f64, seed: u64) -> Result<Self> {
         if !(0.0..1.0).contains(&p) {
             return Err(Error::Config(format!("dropout p = {p}: must be in [0, 1)")));
         }

@@ -909,6 +909,7 @@ fn build_layers(
                     c_proj: linear("c_proj", c)?,
                     heads: *heads,
                     dtype: init.compute_dtype(),
+                    dropout: None,
                 })
             }
             LayerSpec::Residual {

@@ -10,7 +10,7 @@
 //! | `*.npz`, `*.safetensors`, a folder with `x.npy` / `x_train.npy` | named arrays |
 //! | a folder of class sub-folders of PNG/JPEG (optionally under `train/`, `test/`) | image folder |
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rand::seq::SliceRandom;
@@ -98,6 +98,9 @@ pub struct DataOptions {
     pub stream: StreamOptions,
     /// Token data's window length (a language model's `block_size`).
     pub block: Option<usize>,
+    /// A Hugging Face `tokenizer.json` that text is tokenised with (into a
+    /// cached token file); `None`: text is its UTF-8 bytes.
+    pub tokenizer: Option<PathBuf>,
 }
 
 /// `--stream`: whether an image split is decoded into memory once or read
@@ -179,6 +182,7 @@ impl Default for DataOptions {
             image_size: None,
             stream: StreamOptions::default(),
             block: None,
+            tokenizer: None,
         }
     }
 }
@@ -226,7 +230,8 @@ pub fn prepare_until(path: &Path, opts: &DataOptions, stop: &AtomicBool) -> Resu
         true => Err(Error::Interrupted),
         false => Ok(()),
     };
-    let Found { format, at } = detect(path)?;
+    let Found { mut format, at } = detect(path)?;
+    format.name = format.reader.name_under(format.name, opts);
     if opts.stream.norm.is_some_and(|n| !n.is_uniform())
         && !matches!(format.id(), "images" | "shards")
     {

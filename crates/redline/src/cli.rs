@@ -500,6 +500,11 @@ pub struct TrainArgs {
     /// Skip validation after each epoch and the test pass after training.
     #[arg(long)]
     pub no_validate: bool,
+    /// Tokenise a text file with this Hugging Face tokenizer.json (streamed into a cached
+    /// token file) instead of reading its UTF-8 bytes; `redline sample` decodes with it.
+    #[arg(long, value_name = "FILE")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<PathBuf>,
     /// Start from these weights (safetensors with PyTorch names), or for a GPT a Hugging Face
     /// GPT-2 folder (config.json + model.safetensors).
     #[arg(long, value_name = "FILE")]

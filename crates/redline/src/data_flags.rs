@@ -36,6 +36,15 @@ pub fn data_options(args: &TrainArgs, workers: usize) -> anyhow::Result<DataOpti
         norm: given.then_some(channel),
         skip_bad: args.bad_samples == "skip",
     };
+    let block = redline_models::ModelConfig::token_block(&args.model)?;
+    if let (Some(t), None) = (&args.tokenizer, block) {
+        bail!(
+            "--tokenizer {}: tokenises text for a language model, and --model {} is not one\n\
+             HINT: --model gpt-char, gpt2, or a model file with kind = \"gpt\"",
+            t.display(),
+            args.model
+        );
+    }
     Ok(DataOptions {
         task: args.task.parse()?,
         classes: args.classes,
@@ -51,7 +60,8 @@ pub fn data_options(args: &TrainArgs, workers: usize) -> anyhow::Result<DataOpti
         image_size: args.image_size,
         stream,
         // Token data is cut into the language model's windows.
-        block: redline_models::ModelConfig::token_block(&args.model)?,
+        block,
+        tokenizer: args.tokenizer.clone(),
     })
 }
 

@@ -51,11 +51,12 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         .params()
         .load_safetensors(&job.file)
         .with_context(|| job.misfit())?;
-    let tokenizer = job
-        .init
-        .as_deref()
-        .map(|d| d.join(hf::TOKENIZER))
-        .filter(|t| t.is_file());
+    let tokenizer = job.args.tokenizer.clone().or_else(|| {
+        job.init
+            .as_deref()
+            .map(|d| d.join(hf::TOKENIZER))
+            .filter(|t| t.is_file())
+    });
     let target = args.hf.join(hf::TOKENIZER);
     if tokenizer.is_some() && target.exists() {
         bail!(

@@ -22,6 +22,9 @@ pub fn resolved(args: &TrainArgs) -> anyhow::Result<String> {
     if let Some(init) = &args.init {
         flags.init = Some(absolute(init)?);
     }
+    if let Some(t) = &args.tokenizer {
+        flags.tokenizer = Some(absolute(t)?);
+    }
     if args.model.ends_with(".toml") {
         flags.model = absolute(&args.model)?.display().to_string();
     }

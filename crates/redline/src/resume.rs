@@ -148,6 +148,7 @@ pub fn checkpoint_config(
 pub fn fingerprints(
     data: &Path,
     init: Option<&Path>,
+    tokenizer: Option<&Path>,
 ) -> anyhow::Result<Vec<redline_run::inputs::InputFingerprint>> {
     let data_print = match redline_data::stream::shards::is_pattern(data) {
         true => redline_run::inputs::fingerprint_files(
@@ -160,6 +161,9 @@ pub fn fingerprints(
     let mut out = vec![data_print];
     if let Some(init) = init {
         out.push(redline_run::inputs::fingerprint("--init", init)?);
+    }
+    if let Some(t) = tokenizer {
+        out.push(redline_run::inputs::fingerprint("--tokenizer", t)?);
     }
     Ok(out)
 }

@@ -203,11 +203,12 @@ fn from_run(args: &SampleArgs, device: &redline_core::Device) -> anyhow::Result<
         .load_safetensors(&job.file)
         .with_context(|| job.misfit())?;
     let data = &job.plan.data_dir;
-    let init_tok = job
-        .init
-        .as_deref()
-        .map(|d| d.join(hf::TOKENIZER))
-        .filter(|t| t.is_file());
+    let init_tok = job.args.tokenizer.clone().or_else(|| {
+        job.init
+            .as_deref()
+            .map(|d| d.join(hf::TOKENIZER))
+            .filter(|t| t.is_file())
+    });
     let codec = match init_tok {
         Some(t) => Some(Codec::tokenizer(&t)?),
         None if data.is_file() => Some(Codec::Bytes),

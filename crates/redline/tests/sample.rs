@@ -318,3 +318,68 @@ fn init_from_a_gpt2_folder_starts_from_its_weights() {
     let out = sample(&bare, &["--prompt-ids", "5 6", "--tokens", "3", "--ids"]);
     assert_eq!(out.split_whitespace().count(), 3, "{out}");
 }
+
+/// `--tokenizer`: a text is tokenised (cached) and trained on as its
+/// tokens; the run samples through the same tokenizer; bad uses are named.
+#[test]
+fn a_text_trains_through_a_tokenizer_and_samples_through_it() {
+    let t = tempfile::tempdir().unwrap();
+    let text = t.path().join("code.txt");
+    let code = "def forward(self, x):\n    return self.net(x)\n\n".repeat(300);
+    std::fs::write(&text, &code).unwrap();
+    let model = t.path().join("gpt.toml");
+    std::fs::write(
+        &model,
+        "[model]\nkind = \"gpt\"\nn_layer = 2\nn_head = 2\nn_embd = 32\nblock_size = 16\n",
+    )
+    .unwrap();
+    let tok = hf().join("tokenizer.json");
+    let run = t.path().join("run");
+    let flags = [
+        "--data",
+        text.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "--tokenizer",
+        tok.to_str().unwrap(),
+        "--max-steps",
+        "80",
+        "--batch-size",
+        "16",
+        "--lr",
+        "3e-3",
+    ];
+    let out = common::train_in(&run, &flags);
+    assert!(
+        out.contains("text, tokenised by") && out.contains("vocabulary 320"),
+        "{out}"
+    );
+    let s = common::json(&run.join("summary.json"));
+    assert!(s["val_loss"].as_f64().unwrap() < 1.0, "{out}");
+    let out = sample(
+        &run,
+        &["--prompt", "def", "--tokens", "30", "--temperature", "0"],
+    );
+    assert!(out.starts_with("def forward(self, x):"), "{out:?}");
+    // Not for a model that is not a language model.
+    let e = common::fails(&[
+        "train",
+        "--device",
+        "cpu",
+        "--data",
+        text.to_str().unwrap(),
+        "--tokenizer",
+        tok.to_str().unwrap(),
+    ]);
+    assert!(e.contains("--tokenizer") && e.contains("not one"), "{e}");
+    // Bytes that are not UTF-8, named where they are.
+    let bad = t.path().join("bad.txt");
+    let mut bytes = code.into_bytes();
+    bytes[500] = 0xC3;
+    bytes[501] = b'(';
+    std::fs::write(&bad, bytes).unwrap();
+    let mut f = vec!["train", "--device", "cpu", "--data", bad.to_str().unwrap()];
+    f.extend_from_slice(&flags[2..]);
+    let e = common::fails(&f);
+    assert!(e.contains("not UTF-8 at byte 500"), "{e}");
+}

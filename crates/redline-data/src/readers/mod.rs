@@ -54,6 +54,11 @@ pub trait Reader: Send + Sync {
     fn standardizes(&self) -> bool {
         false
     }
+    /// The startup line's name under `opts`, where the options change what
+    /// is read (a text's tokens under `--tokenizer`); `name` otherwise.
+    fn name_under(&self, name: String, _opts: &DataOptions) -> String {
+        name
+    }
 }
 
 /// Every format, in the order they are asked (the first that recognises a

@@ -11,7 +11,7 @@ use super::Reader;
 use crate::error::{Error, Result};
 use crate::samples::Samples;
 use crate::source::DataOptions;
-use crate::tokens::{IdWidth, TokenFile, TokenWindows, Windows};
+use crate::tokens::{cache_dir, tokenise_cached, IdWidth, TokenFile, TokenWindows, Windows};
 
 /// Text bytes and nanoGPT token files.
 pub struct Tokens;
@@ -41,6 +41,13 @@ impl Reader for Tokens {
             .then(|| ("nanoGPT token files (uint16)".into(), path.to_path_buf()))
     }
 
+    fn name_under(&self, name: String, opts: &DataOptions) -> String {
+        match (&opts.tokenizer, name.starts_with("text")) {
+            (Some(t), true) => format!("text, tokenised by {}", t.display()),
+            _ => name,
+        }
+    }
+
     fn is_set_folder(&self, dir: &Path) -> bool {
         dir.join("train.bin").is_file() && dir.join("val.bin").is_file()
     }
@@ -50,7 +57,7 @@ impl Reader for Tokens {
         at: &Path,
         opts: &DataOptions,
         notes: &mut Vec<String>,
-        _stop: &AtomicBool,
+        stop: &AtomicBool,
     ) -> Result<(Samples, Option<Samples>)> {
         let Some(block) = opts.block else {
             return Err(Error::Invalid {
@@ -60,7 +67,22 @@ impl Reader for Tokens {
                     .into(),
             });
         };
-        let (train, test, vocab) = if is_text(at) {
+        let (train, test, vocab) = if let (true, Some(tok)) = (is_text(at), &opts.tokenizer) {
+            let t = tokenise_cached(at, tok, &cache_dir(), stop)?;
+            let f = Arc::new(TokenFile::open(&t.path, t.width)?);
+            notes.push(format!(
+                "tokenised with {} ({} tokens): {} ids, {} {}",
+                tok.display(),
+                t.vocab,
+                f.len(),
+                match t.made {
+                    true => "cached now in",
+                    false => "read from the cache",
+                },
+                t.path.display()
+            ));
+            (f, None, opts.classes.unwrap_or(t.vocab).max(t.vocab))
+        } else if is_text(at) {
             let f = Arc::new(TokenFile::open(at, IdWidth::U8)?);
             (f, None, 256)
         } else {

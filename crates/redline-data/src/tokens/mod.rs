@@ -26,8 +26,10 @@ use crate::dataset::{Dataset, TargetKind, TargetsMut};
 use crate::error::{Error, Result};
 
 mod codec;
+mod tokenize;
 
 pub use codec::{Codec, Streamer};
+pub use tokenize::{cache_dir, tokenise_cached, Tokenised};
 
 /// Bytes per id in a token file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +38,8 @@ pub enum IdWidth {
     U8,
     /// nanoGPT's `.bin`: little-endian `uint16`.
     U16,
+    /// Little-endian `uint32`: tokenised text of a vocabulary above 65536.
+    U32,
 }
 
 impl IdWidth {
@@ -43,6 +47,7 @@ impl IdWidth {
         match self {
             Self::U8 => 1,
             Self::U16 => 2,
+            Self::U32 => 4,
         }
     }
 }
@@ -89,6 +94,12 @@ impl TokenFile {
                 hint: "check the path given to --data".into(),
             })?
             .len();
+        if width == IdWidth::U32 && len % 4 != 0 {
+            return Err(invalid(
+                path,
+                format!("is {len} bytes, not a whole number of uint32 token ids (4 bytes each)"),
+            ));
+        }
         if width == IdWidth::U16 && len % 2 == 1 {
             return Err(invalid(
                 path,
@@ -155,6 +166,9 @@ impl TokenFile {
         match self.width {
             IdWidth::U8 => u32::from(b[i]),
             IdWidth::U16 => u32::from(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])),
+            IdWidth::U32 => {
+                u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+            }
         }
     }
 
@@ -181,6 +195,17 @@ impl TokenFile {
                         .map(|p| u16::from_le_bytes([p[0], p[1]]))
                         .max()
                         .map_or(0, |m| u32::from(m) + 1)
+                })
+                .max()
+                .unwrap_or(0),
+            IdWidth::U32 => self
+                .bytes()
+                .par_chunks(4 * CHUNK)
+                .map(|c| {
+                    c.chunks_exact(4)
+                        .map(|p| u32::from_le_bytes([p[0], p[1], p[2], p[3]]))
+                        .max()
+                        .map_or(0, |m| m.saturating_add(1))
                 })
                 .max()
                 .unwrap_or(0),

@@ -75,7 +75,11 @@ pub(super) fn open(
     let world = plan.ranks.launch.world_size;
     let name = plan.model_cfg.name();
     // What the run reads, fingerprinted: a resume onto changed data is refused.
-    let inputs_now = crate::resume::fingerprints(&plan.data_dir, args.init.as_deref())?;
+    let inputs_now = crate::resume::fingerprints(
+        &plan.data_dir,
+        args.init.as_deref(),
+        args.tokenizer.as_deref(),
+    )?;
     let wanted = (plan.batch_size, plan.lr);
     let (run, resume_from) = match args.resume.as_deref() {
         None => (Run::create(args.run_dir.as_deref(), name)?, None),

@@ -20,6 +20,10 @@ pub fn redline(args: &[&str]) -> Output {
     let runs = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_redline"));
     cmd.args(args).current_dir(root());
+    // Tokenised text is cached in the command's own folder, not the home's.
+    if std::env::var_os("REDLINE_CACHE_DIR").is_none() {
+        cmd.env("REDLINE_CACHE_DIR", runs.path().join("cache"));
+    }
     if args.first() == Some(&"train") && !args.contains(&"--run-dir") && !args.contains(&"--resume")
     {
         cmd.arg("--run-dir").arg(runs.path().join("run"));

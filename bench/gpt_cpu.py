@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """GPT training tokens/s on the CPU, Redline against PyTorch on the same threads, in one run
 (issue 50's CPU rows): nanoGPT's model structure (pre-norm blocks, causal SDPA, a 4x tanh-GELU
-MLP, the head tied to wte, no dropout) in PyTorch eager and under `torch.compile`, and
+MLP, the head tied to wte, nanoGPT's four dropouts at the row's rate) in PyTorch eager and under `torch.compile`, and
 Redline's `redline train --model <gpt>` on the same text's bytes (vocabulary 256), Adam 1e-3.
 
     ~/.venvs/redline-ref/bin/python bench/gpt_cpu.py --bin target/release/redline --threads 2 \\
         --rows gpt-char:8,small:16 [--no-compile]
 
 Each row CONFIG:BATCH: `gpt-char` is nanoGPT's shakespeare-char model (6 layers, 6 heads, 384
-wide, block 256), `small` a 4-layer, 4-head, 128-wide GPT at block 256 (a model file written
-here). The text is synthetic (words drawn from a fixed list, 1 MB), the same file for both.
+wide, block 256, dropout 0.2), `small` a 4-layer, 4-head, 128-wide GPT at block 256 without
+dropout (a model file written here). The text is synthetic (words drawn from a fixed list, 1 MB), the same file for both.
 Redline: the median wall time of STEPS steps after 2, from metrics.csv (`--log-every 1`);
 PyTorch: the median of STEPS steps after 2 (compile's warm-up steps excluded the same way),
 each step on a batch of random windows drawn as nanoGPT's `get_batch` does. Prints ms/step and
@@ -32,47 +32,51 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 CONFIGS = {
-    "gpt-char": dict(n_layer=6, n_head=6, n_embd=384, block=256),
-    "small": dict(n_layer=4, n_head=4, n_embd=128, block=256),
+    "gpt-char": dict(n_layer=6, n_head=6, n_embd=384, block=256, dropout=0.2),
+    "small": dict(n_layer=4, n_head=4, n_embd=128, block=256, dropout=0.0),
 }
 VOCAB = 256
 
 
 class Attn(nn.Module):
-    def __init__(self, c, heads):
+    def __init__(self, c, heads, dropout):
         super().__init__()
         self.c_attn, self.c_proj, self.heads = nn.Linear(c, 3 * c), nn.Linear(c, c), heads
+        self.p, self.resid = dropout, nn.Dropout(dropout)
 
     def forward(self, x):
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        p = self.p if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        return self.resid(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
 class Block(nn.Module):
-    def __init__(self, c, heads):
+    def __init__(self, c, heads, dropout):
         super().__init__()
-        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(c), Attn(c, heads), nn.LayerNorm(c)
+        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(c), Attn(c, heads, dropout), nn.LayerNorm(c)
         self.c_fc, self.c_proj = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.drop = nn.Dropout(dropout)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
-        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+        return x + self.drop(self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh")))
 
 
 class GPT(nn.Module):
-    def __init__(self, n_layer, n_head, n_embd, block):
+    def __init__(self, n_layer, n_head, n_embd, block, dropout):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(VOCAB, n_embd), nn.Embedding(block, n_embd)
-        self.h = nn.ModuleList([Block(n_embd, n_head) for _ in range(n_layer)])
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.ModuleList([Block(n_embd, n_head, dropout) for _ in range(n_layer)])
         self.ln_f = nn.LayerNorm(n_embd)
         self.lm_head = nn.Linear(n_embd, VOCAB, bias=False)
         self.wte.weight = self.lm_head.weight
 
     def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1)))
+        x = self.drop(self.wte(idx) + self.wpe(torch.arange(idx.size(1))))
         for b in self.h:
             x = b(x)
         logits = self.lm_head(self.ln_f(x))
@@ -122,7 +126,8 @@ def redline_ms(binary, row, cfg, batch, steps, threads, tmp, path):
         with open(model, "w") as f:
             f.write('[model]\nkind = "gpt"\n' + "".join(
                 f"{k} = {v}\n" for k, v in [("n_layer", cfg["n_layer"]), ("n_head", cfg["n_head"]),
-                                            ("n_embd", cfg["n_embd"]), ("block_size", cfg["block"])]))
+                                            ("n_embd", cfg["n_embd"]), ("block_size", cfg["block"]),
+                                            ("dropout", cfg["dropout"])]))
     run = os.path.join(tmp, f"run_{row}_{batch}")
     cmd = [binary, "train", "--data", path, "--model", model, "--batch-size", str(batch),
            "--max-steps", str(steps + 2), "--threads", str(threads), "--log-every", "1",

@@ -26,6 +26,64 @@ use redline_core::trace;
 /// `softmax(q k^T / sqrt(D) + causal mask) v` for `q, k, v (B, H, T, D)`:
 /// `(B, H, T, D)`. Query `i` attends to keys `0..=i`.
 pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    causal_attention_dropout(q, k, v, None)
+}
+
+/// Dropout of attention probabilities (PyTorch's `dropout_p` of
+/// `scaled_dot_product_attention` in training): each probability is kept
+/// with chance `1 - p` and scaled by `1 / (1 - p)`, after the softmax. The
+/// mask is a function of `seed` and the (head, query, key) position
+/// ([`keeps`]), so the backward makes the same mask again and nothing of
+/// size `T x T` is stored.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnDropout {
+    /// The chance of dropping, in `[0, 1)`.
+    pub p: f32,
+    /// The mask's seed (a fresh one each step).
+    pub seed: u64,
+}
+
+/// Whether dropout `drop` keeps the probability of query `i` on key `j` in
+/// head `hd` (of the flattened `B * H`) of sequences of `t`.
+#[inline]
+pub fn keeps(drop: AttnDropout, hd: usize, t: usize, i: usize, j: usize) -> bool {
+    let at = ((hd as u64).wrapping_mul(t as u64) + i as u64)
+        .wrapping_mul(t as u64)
+        .wrapping_add(j as u64);
+    // splitmix64 of the seed and the position: 24 uniform bits.
+    let mut z = drop.seed ^ at.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    ((z >> 40) as f32) * (1.0 / (1u64 << 24) as f32) >= drop.p
+}
+
+/// The keep mask of `drop` for `heads` heads of `t` positions, scaled by
+/// `1 / (1 - p)`: `(heads, t, t)` fp32 (the reference path's, and tests').
+pub fn dropout_mask(
+    drop: AttnDropout,
+    heads: usize,
+    t: usize,
+    device: &candle_core::Device,
+) -> Result<Tensor> {
+    let scale = 1.0 / (1.0 - drop.p);
+    let v: Vec<f32> = (0..heads * t * t)
+        .map(|n| match keeps(drop, n / (t * t), t, (n / t) % t, n % t) {
+            true => scale,
+            false => 0.0,
+        })
+        .collect();
+    Ok(Tensor::from_vec(v, (heads, t, t), device)?)
+}
+
+/// [`causal_attention`] with dropout of the probabilities when `drop` is
+/// given (training).
+pub fn causal_attention_dropout(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    drop: Option<AttnDropout>,
+) -> Result<Tensor> {
     let (b, h, t, d) = q.dims4()?;
     if k.dims() != q.dims() || v.dims() != q.dims() {
         return Err(crate::Error::Shape(format!(
@@ -36,13 +94,23 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         )));
     }
     let dtype = q.dtype();
+    if let Some(dr) = drop {
+        if !(0.0..1.0).contains(&dr.p) {
+            return Err(crate::Error::Shape(format!(
+                "attention dropout {}: must be in [0, 1)",
+                dr.p
+            )));
+        }
+    }
+    let drop = drop.filter(|d| d.p > 0.0);
     if !q.device().is_cpu() || !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
-        return generic(q, k, v);
+        return generic_dropout(q, k, v, drop);
     }
     let wide = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(DType::F32)?.contiguous()?) };
     let op = Attention {
         dims: (b * h, t, d),
         lse: std::sync::Mutex::new(None),
+        drop,
     };
     let out = wide(q)?.apply_op3(&wide(k)?, &wide(v)?, op)?;
     Ok(out.to_dtype(dtype)?)
@@ -51,7 +119,17 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
 /// The op built from candle's ops: the reference the fused kernel is held
 /// to, and the path off the CPU. The scores are fp32 whatever the inputs.
 pub fn generic(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
-    let (_, _, t, d) = q.dims4()?;
+    generic_dropout(q, k, v, None)
+}
+
+/// [`generic`] with the probabilities dropped by [`dropout_mask`].
+pub fn generic_dropout(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    drop: Option<AttnDropout>,
+) -> Result<Tensor> {
+    let (b, h, t, d) = q.dims4()?;
     let dtype = q.dtype();
     let scale = 1.0 / (d as f64).sqrt();
     let f = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(DType::F32)?.contiguous()?) };
@@ -67,7 +145,10 @@ pub fn generic(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         })
         .collect();
     let mask = Tensor::from_vec(mask, (t, t), q.device())?;
-    let p = softmax_last(&scores.broadcast_add(&mask)?)?;
+    let mut p = softmax_last(&scores.broadcast_add(&mask)?)?;
+    if let Some(dr) = drop {
+        p = (p * dropout_mask(dr, b * h, t, q.device())?.reshape((b, h, t, t))?)?;
+    }
     Ok(p.matmul(&f(v)?)?.to_dtype(dtype)?)
 }
 
@@ -84,6 +165,25 @@ fn softmax_last(x: &Tensor) -> Result<Tensor> {
 struct Attention {
     dims: (usize, usize, usize),
     lse: std::sync::Mutex<Option<Vec<f32>>>,
+    drop: Option<AttnDropout>,
+}
+
+/// The dropout of one head: its mask's parameters and the head's index.
+#[derive(Clone, Copy)]
+struct HeadDrop {
+    drop: AttnDropout,
+    hd: usize,
+}
+
+impl HeadDrop {
+    /// The factor probability `(i, j)` is multiplied by: 0, or 1/(1-p).
+    #[inline]
+    fn factor(self, t: usize, i: usize, j: usize) -> f32 {
+        match keeps(self.drop, self.hd, t, i, j) {
+            true => 1.0 / (1.0 - self.drop.p),
+            false => 0.0,
+        }
+    }
 }
 
 /// Query and key rows per block: a block's scores (64 x 64 fp32, 16 KiB)
@@ -104,6 +204,8 @@ fn gemm(dst: &mut [f32], a: Mat<'_>, b: Mat<'_>, accumulate: bool) -> candle_cor
 struct Scratch {
     s: Vec<f32>,
     dp: Vec<f32>,
+    /// The dropped probabilities (with dropout).
+    pd: Vec<f32>,
     m: Vec<f32>,
     l: Vec<f32>,
 }
@@ -113,6 +215,7 @@ impl Scratch {
         Self {
             s: vec![0.0; BLOCK * BLOCK],
             dp: vec![0.0; BLOCK * BLOCK],
+            pd: vec![0.0; BLOCK * BLOCK],
             m: vec![0.0; BLOCK],
             l: vec![0.0; BLOCK],
         }
@@ -127,6 +230,7 @@ fn head_forward(
     (o, lse): (&mut [f32], &mut [f32]),
     (t, d): (usize, usize),
     sc: &mut Scratch,
+    drop: Option<HeadDrop>,
 ) -> candle_core::Result<()> {
     let scale = 1.0 / (d as f32).sqrt();
     for q0 in (0..t).step_by(BLOCK) {
@@ -168,6 +272,13 @@ fn head_forward(
                 l[r] = l[r] * alpha + sum;
                 m[r] = max;
                 acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= alpha);
+                // The sum normalises all probabilities; only kept ones
+                // (scaled) reach the output.
+                if let Some(hd) = drop {
+                    for (c, x) in row.iter_mut().enumerate() {
+                        *x *= hd.factor(t, q0 + r, k0 + c);
+                    }
+                }
             }
             // acc += P V_block
             gemm(
@@ -197,6 +308,7 @@ fn head_backward(
     (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]),
     (t, d): (usize, usize),
     sc: &mut Scratch,
+    drop: Option<HeadDrop>,
 ) -> candle_core::Result<()> {
     let scale = 1.0 / (d as f32).sqrt();
     dq.fill(0.0);
@@ -229,23 +341,46 @@ fn head_backward(
                     };
                 }
             }
-            // dV_block += P^T dO_block
+            // dV_block += P_dropped^T dO_block
+            let pd: &[f32] = match drop {
+                None => p,
+                Some(hd) => {
+                    let pd = &mut sc.pd[..rows * cols];
+                    for r in 0..rows {
+                        for c in 0..cols {
+                            pd[r * cols + c] = p[r * cols + c] * hd.factor(t, q0 + r, k0 + c);
+                        }
+                    }
+                    pd
+                }
+            };
             gemm(
                 &mut dv[k0 * d..(k0 + cols) * d],
-                Mat::new(p, rows, cols).t(),
+                Mat::new(pd, rows, cols).t(),
                 gb,
                 true,
             )?;
-            // dP = dO_block V_block^T; dS = P (dP - D), scaled for dQ and dK
+            // dP = mask (dO_block V_block^T); dS = P (dP - D), scaled for
+            // dQ and dK (D = dO . O holds with dropout too: O = P_dropped V)
             let ds = &mut sc.dp[..rows * cols];
             gemm(ds, gb, vb.t(), false)?;
             for r in 0..rows {
                 let base = di[q0 + r];
-                for (x, pv) in ds[r * cols..(r + 1) * cols]
-                    .iter_mut()
-                    .zip(&p[r * cols..(r + 1) * cols])
-                {
-                    *x = scale * pv * (*x - base);
+                let (row, prow) = (
+                    &mut ds[r * cols..(r + 1) * cols],
+                    &p[r * cols..(r + 1) * cols],
+                );
+                match drop {
+                    None => {
+                        for (x, pv) in row.iter_mut().zip(prow) {
+                            *x = scale * pv * (*x - base);
+                        }
+                    }
+                    Some(hd) => {
+                        for (c, (x, pv)) in row.iter_mut().zip(prow).enumerate() {
+                            *x = scale * pv * (*x * hd.factor(t, q0 + r, k0 + c) - base);
+                        }
+                    }
                 }
             }
             let ds = Mat::new(ds, rows, cols);
@@ -285,7 +420,14 @@ impl CustomOp3 for Attention {
             .enumerate()
             .try_for_each_init(Scratch::new, |sc, (hd, (o, lse))| {
                 let s = hd * n..(hd + 1) * n;
-                head_forward((&q[s.clone()], &k[s.clone()], &v[s]), (o, lse), (t, d), sc)
+                let drop = self.drop.map(|drop| HeadDrop { drop, hd });
+                head_forward(
+                    (&q[s.clone()], &k[s.clone()], &v[s]),
+                    (o, lse),
+                    (t, d),
+                    sc,
+                    drop,
+                )
             })?;
         keep(&self.lse, lse);
         Ok((CpuStorage::F32(o), l1.shape().clone()))
@@ -302,6 +444,7 @@ impl CustomOp3 for Attention {
         trace::count("attention.backward");
         let bwd = AttentionBwd {
             dims: self.dims,
+            drop: self.drop,
             lse: saved(&self.lse, "attention backward")?,
             v: v.clone(),
             o: o.clone(),
@@ -318,6 +461,7 @@ impl CustomOp3 for Attention {
 /// log-sum-exp held; output `[dq | dk | dv]` flat.
 struct AttentionBwd {
     dims: (usize, usize, usize),
+    drop: Option<AttnDropout>,
     lse: Vec<f32>,
     v: Tensor,
     o: Tensor,
@@ -375,6 +519,7 @@ impl CustomOp3 for AttentionBwd {
                     (dq, dk, dv),
                     (t, d),
                     sc,
+                    self.drop.map(|drop| HeadDrop { drop, hd }),
                 )
             })?;
         Ok((CpuStorage::F32(out), Shape::from(3 * total)))
@@ -382,71 +527,4 @@ impl CustomOp3 for AttentionBwd {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use candle_core::{Device, Var};
-
-    fn inputs(shape: (usize, usize, usize, usize), seed: u64) -> Result<[Var; 3]> {
-        let n = shape.0 * shape.1 * shape.2 * shape.3;
-        let mk = |salt: u64| -> Result<Var> {
-            let v: Vec<f32> = (0..n)
-                .map(|i| {
-                    (((i as u64 * 2654435761 + seed * 97 + salt * 13) % 1000) as f32 / 500.0) - 1.0
-                })
-                .collect();
-            Ok(Var::from_tensor(&Tensor::from_vec(
-                v,
-                shape,
-                &Device::Cpu,
-            )?)?)
-        };
-        Ok([mk(1)?, mk(2)?, mk(3)?])
-    }
-
-    fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
-        Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
-    }
-
-    #[test]
-    fn the_fused_kernel_matches_the_masked_softmax_forward_and_backward() -> Result<()> {
-        for shape in [(1, 1, 1, 4), (2, 3, 17, 8), (1, 2, 64, 16)] {
-            let [q, k, v] = inputs(shape, 7)?;
-            let go = Tensor::randn(0f32, 1.0, shape, &Device::Cpu)?;
-            let fused = causal_attention(&q, &k, &v)?;
-            let plain = generic(&q, &k, &v)?;
-            assert!(max_diff(&fused, &plain)? < 1e-5, "{shape:?} forward");
-            let gf = (fused * &go)?.sum_all()?.backward()?;
-            let gp = (plain * &go)?.sum_all()?.backward()?;
-            for (x, name) in [(&q, "dq"), (&k, "dk"), (&v, "dv")] {
-                let (a, b) = (gf.get(x), gp.get(x));
-                let (Some(a), Some(b)) = (a, b) else {
-                    panic!("{shape:?} {name} missing");
-                };
-                assert!(max_diff(a, b)? < 1e-4, "{shape:?} {name}");
-            }
-        }
-        Ok(())
-    }
-
-    #[test]
-    fn the_first_query_sees_only_the_first_key() -> Result<()> {
-        let [q, k, v] = inputs((1, 1, 5, 3), 3)?;
-        let o = causal_attention(&q, &k, &v)?;
-        let first = o.narrow(2, 0, 1)?.flatten_all()?.to_vec1::<f32>()?;
-        let v0 = v.narrow(2, 0, 1)?.flatten_all()?.to_vec1::<f32>()?;
-        assert_eq!(first, v0);
-        Ok(())
-    }
-
-    #[test]
-    fn mismatched_shapes_are_refused_by_name() -> Result<()> {
-        let [q, k, _] = inputs((1, 1, 4, 2), 1)?;
-        let v = Tensor::zeros((1, 1, 3, 2), DType::F32, &Device::Cpu)?;
-        let e = causal_attention(&q, &k, &v)
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-        assert!(e.contains("must have one shape"), "{e}");
-        Ok(())
-    }
-}
+mod tests;

@@ -5,6 +5,7 @@
 //! (`c_proj`, C -> C). On `(B, T, C)`.
 
 use candle_core::Tensor;
+use redline_kernels::attention::{causal_attention_dropout, AttnDropout};
 use redline_kernels::causal_attention;
 use redline_kernels::grad::Param;
 
@@ -69,7 +70,7 @@ impl Attention {
             Some((k0, v0)) => {
                 let k = Tensor::cat(&[&k0, &k], 2)?;
                 let v = Tensor::cat(&[&v0, &v], 2)?;
-                let y = attend_after(&q, &k, &v, None)?;
+                let y = attend_after(&q, &k, &v)?;
                 *kv = Some((k, v));
                 y
             }
@@ -79,10 +80,9 @@ impl Attention {
 }
 
 /// Attention of the last `Tq` positions (`q (B, H, Tq, d)`) over all `Tk`
-/// keys `k, v (B, H, Tk, d)`: query `i` sees keys `0..=Tk - Tq + i` (with
-/// `Tq = Tk`, causal attention). The scores and softmax are fp32; `drop`
-/// drops probabilities (training).
-fn attend_after(q: &Tensor, k: &Tensor, v: &Tensor, drop: Option<&Dropout>) -> Result<Tensor> {
+/// keys `k, v (B, H, Tk, d)`: query `i` sees keys `0..=Tk - Tq + i`. The
+/// scores and softmax are fp32.
+fn attend_after(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     use candle_core::DType;
     let (tq, d) = (q.dim(2)?, q.dim(3)?);
     let tk = k.dim(2)?;
@@ -104,22 +104,23 @@ fn attend_after(q: &Tensor, k: &Tensor, v: &Tensor, drop: Option<&Dropout>) -> R
     };
     let max = scores.max_keepdim(3)?;
     let e = scores.broadcast_sub(&max)?.exp()?;
-    let mut p = e.broadcast_div(&e.sum_keepdim(3)?)?;
-    if let Some(d) = drop {
-        p = d.forward_t(&p, true)?;
-    }
+    let p = e.broadcast_div(&e.sum_keepdim(3)?)?;
     Ok(p.matmul(&f(v)?)?.to_dtype(q.dtype())?)
 }
 
 impl Layer for Attention {
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         let [q, k, v] = self.heads(x)?;
-        let y = match (&self.dropout, train) {
-            // Dropped probabilities need the probabilities: candle's ops.
-            (Some(d), true) => attend_after(&q, &k, &v, Some(d))?,
-            _ => causal_attention(&q, &k, &v)?,
+        // In training the fused kernel drops probabilities by a mask of a
+        // seed drawn from the layer's stream.
+        let drop = match (&self.dropout, train) {
+            (Some(d), true) => Some(AttnDropout {
+                p: d.p() as f32,
+                seed: d.next_seed(),
+            }),
+            _ => None,
         };
-        self.project(&y)
+        self.project(&causal_attention_dropout(&q, &k, &v, drop)?)
     }
 
     fn rng_state(&self, out: &mut Vec<u128>) {

@@ -5,7 +5,7 @@ use std::sync::{Mutex, PoisonError};
 
 use candle_core::{DType, Tensor};
 use rand::distr::{Distribution, Uniform};
-use rand::SeedableRng;
+use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use redline_kernels::grad::Param;
 use redline_kernels::{conv2d_in, linear_in, max_pool2d_window};
@@ -213,6 +213,22 @@ impl Dropout {
             p,
             rng: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
         })
+    }
+}
+
+impl Dropout {
+    /// The probability of dropping.
+    pub(crate) fn p(&self) -> f64 {
+        self.p
+    }
+
+    /// A seed drawn from its stream, for a mask made elsewhere (the fused
+    /// attention's): the stream moves on as a drawn mask would move it.
+    pub(crate) fn next_seed(&self) -> u64 {
+        self.rng
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .next_u64()
     }
 }
 

@@ -145,6 +145,10 @@ impl<D: Dataset> Dataset for Augmented<D> {
         self.epoch.store(epoch, Ordering::Relaxed);
         self.inner.set_epoch(epoch);
     }
+
+    fn shard_ids(&self) -> Option<Vec<u32>> {
+        self.inner.shard_ids()
+    }
 }
 
 #[cfg(test)]

@@ -146,6 +146,12 @@ pub trait Dataset: Send + Sync {
     /// augmentation) draws from it, so that an epoch's samples do not depend
     /// on the order they are gathered in, and a resumed run sees the same.
     fn set_epoch(&self, _epoch: usize) {}
+    /// Each sample's shard (an id per sample, samples in stored order) when
+    /// the data is read from tar shards: the loader's shuffle buffer reads
+    /// shard by shard. `None`: not sharded.
+    fn shard_ids(&self) -> Option<Vec<u32>> {
+        None
+    }
 }
 
 /// Values in one input.

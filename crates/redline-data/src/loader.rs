@@ -100,6 +100,8 @@ enum Feed {
 pub struct Loader {
     cfg: LoaderConfig,
     feed: Feed,
+    /// Shard data's shuffle buffer ([`Loader::shuffle_buffer`]).
+    buffer: Option<usize>,
     /// At most this many batches an epoch ([`Loader::limit_batches`]).
     limit: Option<usize>,
     /// This rank's part of every epoch ([`Loader::shard`]).
@@ -140,6 +142,7 @@ impl Loader {
             feed: Feed::Resident(split),
             limit: None,
             shard: None,
+            buffer: None,
         })
     }
 
@@ -161,6 +164,7 @@ impl Loader {
             },
             limit: None,
             shard: None,
+            buffer: None,
         })
     }
 
@@ -321,7 +325,10 @@ impl Loader {
         if self.cfg.shuffle {
             let mut rng = ChaCha8Rng::seed_from_u64(self.cfg.seed);
             rng.set_stream(epoch as u64);
-            idx.shuffle(&mut rng);
+            match (self.buffer, self.groups()) {
+                (Some(n), Some(g)) => idx = buffered::order(&g, n, &mut rng),
+                _ => idx.shuffle(&mut rng),
+            }
         }
         match self.shard {
             None => idx,
@@ -337,6 +344,23 @@ impl Loader {
                     .filter_map(|i| idx.get(i % idx.len().max(1)).copied())
                     .collect()
             }
+        }
+    }
+
+    /// Shuffles tar shards as WebDataset does (`buffered`'s order): the
+    /// shards in a random order each epoch, their members in stored order
+    /// through a buffer of `samples`. Data that is not in shards keeps the
+    /// full permutation.
+    pub fn shuffle_buffer(mut self, samples: usize) -> Self {
+        self.buffer = Some(samples.max(1));
+        self
+    }
+
+    /// Each sample's shard, when the data is tar shards.
+    fn groups(&self) -> Option<Vec<u32>> {
+        match &self.feed {
+            Feed::Streaming { host, .. } => host.shard_ids(),
+            Feed::Resident(_) => None,
         }
     }
 
@@ -553,5 +577,6 @@ impl Drop for EpochIter {
     }
 }
 
+mod buffered;
 #[cfg(test)]
 mod tests;

@@ -194,6 +194,13 @@ impl Dataset for Samples {
         }
     }
 
+    fn shard_ids(&self) -> Option<Vec<u32>> {
+        match self {
+            Self::Streamed(s) => s.shard_ids(),
+            _ => None,
+        }
+    }
+
     fn set_epoch(&self, epoch: usize) {
         match self {
             Self::Host(d) => d.set_epoch(epoch),

@@ -28,6 +28,11 @@ mod tests;
 
 pub use generate::{pick, KvCache, Sampling};
 
+/// Why a step through attention is not captured as a CUDA graph yet.
+pub(crate) const ATTENTION_ON_GPU: &str =
+    "attention on a GPU is built from candle's ops with a causal mask made on the host each \
+     step (the CUDA attention kernel is not built yet)";
+
 /// nanoGPT's `GPTConfig`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -406,7 +411,7 @@ impl Model for Gpt {
 
     fn capture_safe(&self) -> std::result::Result<(), String> {
         match self.cfg.dropout {
-            0.0 => Ok(()),
+            0.0 => Err(ATTENTION_ON_GPU.into()),
             p => Err(format!(
                 "gpt dropout (p = {p}) draws its masks on the host at every step"
             )),

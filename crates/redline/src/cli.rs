@@ -268,6 +268,12 @@ pub struct TrainArgs {
     #[arg(long, value_name = "SIZE")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_memory_budget: Option<String>,
+    /// Tar shards: shuffle as WebDataset does, shard order each epoch plus a buffer of N
+    /// samples, reading each shard front to back; 0 keeps a full permutation [default:
+    /// 4096 when the shards exceed the host-memory budget, else a full permutation].
+    #[arg(long, value_name = "N")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shuffle_buffer: Option<usize>,
     /// An image that cannot be decoded: error (stop, naming the file) or skip (take the next
     /// sample in its place; the skips are counted in the summary).
     #[arg(long, default_value = "error", value_name = "error|skip", value_parser = ["error", "skip"])]

@@ -273,6 +273,45 @@ fn a_cnn_killed_at_random_steps_resumes_bit_for_bit() {
 }
 
 #[test]
+fn shards_through_a_shuffle_buffer_resume_bit_for_bit() {
+    // WebDataset's order (shards shuffled, a buffer of 5) over 4 shards,
+    // decoded on 2 workers: 3 epochs of 5 steps, a checkpoint every 2.
+    let t = tempfile::tempdir().unwrap();
+    common::image_folder(t.path(), 12);
+    let out = t.path().join("shards");
+    common::shards(t.path(), &out, 9);
+    let data = out.to_str().unwrap();
+    killed_and_resumed(
+        &[
+            "--model",
+            "cnn",
+            "--data",
+            data,
+            "--hidden",
+            "16",
+            "--image-size",
+            "16",
+            "--batch-size",
+            "7",
+            "--threads",
+            "1",
+            "--workers",
+            "2",
+            "--stream",
+            "on",
+            "--shuffle-buffer",
+            "5",
+            "--epochs",
+            "3",
+            "--checkpoint-every",
+            "2",
+        ],
+        8,
+        (3, 14),
+    );
+}
+
+#[test]
 fn a_streamed_image_folder_with_random_crops_resumes_bit_for_bit() {
     // Random-resized crops decoded on 2 workers every epoch: 3 epochs of 5
     // steps, a checkpoint every 2 steps; the crops after the resume must be

@@ -129,59 +129,12 @@ fn the_imagenet_recipe_streams_crops_that_change_and_a_seed_repeats_them() {
     assert_ne!(step_losses(&a), step_losses(&c));
 }
 
-/// Packs `folder/train` into WebDataset shards with the system's `tar`:
-/// members `KEY.png|jpg` and `KEY.cls`, `per_shard` samples a shard.
-fn shards(folder: &Path, out: &Path, per_shard: usize) -> Vec<std::path::PathBuf> {
-    let mut samples = Vec::new();
-    let mut classes: Vec<_> = std::fs::read_dir(folder.join("train"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    classes.sort();
-    for (c, dir) in classes.iter().enumerate() {
-        let mut files: Vec<_> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .collect();
-        files.sort();
-        samples.extend(files.into_iter().map(|f| (f, c)));
-    }
-    std::fs::create_dir_all(out).unwrap();
-    let mut made = Vec::new();
-    for (s, chunk) in samples.chunks(per_shard).enumerate() {
-        let stage = out.join(format!("stage{s}"));
-        std::fs::create_dir_all(&stage).unwrap();
-        let mut names = Vec::new();
-        for (k, (f, c)) in chunk.iter().enumerate() {
-            let ext = f.extension().unwrap().to_string_lossy().into_owned();
-            let key = format!("s{s}k{k:03}");
-            std::fs::copy(f, stage.join(format!("{key}.{ext}"))).unwrap();
-            std::fs::write(stage.join(format!("{key}.cls")), c.to_string()).unwrap();
-            names.push(format!("{key}.{ext}"));
-            names.push(format!("{key}.cls"));
-        }
-        let tar = out.join(format!("train-{s:04}.tar"));
-        let st = std::process::Command::new("tar")
-            .arg("-cf")
-            .arg(&tar)
-            .arg("-C")
-            .arg(&stage)
-            .args(&names)
-            .status()
-            .unwrap();
-        assert!(st.success());
-        std::fs::remove_dir_all(&stage).unwrap();
-        made.push(tar);
-    }
-    made
-}
-
 #[test]
 fn shards_by_folder_or_pattern_train_and_bad_shards_are_named() {
     let t = tempfile::tempdir().unwrap();
     image_folder(t.path(), 6);
     let out = t.path().join("shards");
-    let made = shards(t.path(), &out, 7);
+    let made = common::shards(t.path(), &out, 7);
     assert_eq!(made.len(), 3);
     let run = t.path().join("run");
     let text = train(&run, &cnn(&out, &["--image-size", "16", "--stream", "on"]));
@@ -431,4 +384,42 @@ fn mean_and_std_take_one_value_or_one_per_channel() {
         let m = fails(&a);
         assert!(m.contains(want), "{flags:?}: {m}");
     }
+}
+
+/// `--shuffle-buffer`: shards read shard by shard through a buffer (the
+/// startup line says so, and why); another order than the full
+/// permutation, repeated by its seed; the default on shards that fit the
+/// budget is the full permutation, and says so.
+#[test]
+fn a_shuffle_buffer_reads_shards_in_webdatasets_order() {
+    let t = tempfile::tempdir().unwrap();
+    image_folder(t.path(), 8);
+    let out = t.path().join("shards");
+    common::shards(t.path(), &out, 6);
+    let run = |name: &str, extra: &[&str]| {
+        let dir = t.path().join(name);
+        let mut f = vec!["--image-size", "16", "--stream", "on", "--epochs", "1"];
+        f.extend_from_slice(extra);
+        let text = train(&dir, &cnn(&out, &f));
+        (text, step_losses(&dir))
+    };
+    let (text, full) = run("full", &[]);
+    assert!(
+        text.contains("shuffle: a full permutation") && text.contains("fit the host-memory budget"),
+        "{text}"
+    );
+    let (text, buffered) = run("buffered", &["--shuffle-buffer", "4"]);
+    assert!(
+        text.contains("shuffle: shard order each epoch, then a buffer of 4 samples"),
+        "{text}"
+    );
+    assert_ne!(full, buffered);
+    let (_, again) = run("again", &["--shuffle-buffer", "4"]);
+    assert_eq!(buffered, again);
+    // A budget below the shards' size turns the buffer on by default.
+    let (text, _) = run("small-budget", &["--host-memory-budget", "1KB"]);
+    assert!(
+        text.contains("buffer of 4096 samples") && text.contains("exceed the host-memory budget"),
+        "{text}"
+    );
 }

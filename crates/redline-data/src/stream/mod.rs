@@ -254,6 +254,27 @@ impl Streamed {
         self.subset.as_ref().map_or(i, |s| s[i] as usize)
     }
 
+    /// Each sample's shard, when every sample is a tar shard's member.
+    pub fn shard_ids(&self) -> Option<Vec<u32>> {
+        (0..self.len())
+            .map(|i| match self.list.items.get(self.item(i)) {
+                Some(Item::Member { shard, .. }) => Some(*shard),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Bytes the samples take in their shards or files as stored (members'
+    /// lengths; files' sizes are not read and count 0).
+    pub fn stored_bytes(&self) -> u64 {
+        (0..self.len())
+            .map(|i| match self.list.items.get(self.item(i)) {
+                Some(Item::Member { len, .. }) => *len,
+                _ => 0,
+            })
+            .sum()
+    }
+
     /// The samples `idx` of this split, with another view (validation
     /// takes the evaluation transform).
     pub fn subset(&self, idx: &[u32], view: View) -> Self {

@@ -123,6 +123,10 @@ impl Layer for Attention {
         self.project(&causal_attention_dropout(&q, &k, &v, drop)?)
     }
 
+    fn capture_safe(&self) -> std::result::Result<(), String> {
+        Err(crate::gpt::ATTENTION_ON_GPU.into())
+    }
+
     fn rng_state(&self, out: &mut Vec<u128>) {
         if let Some(d) = &self.dropout {
             d.rng_state(out);

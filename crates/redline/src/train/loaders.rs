@@ -122,6 +122,7 @@ pub(super) fn build(args: &TrainArgs, plan: &mut Plan) -> anyhow::Result<Loaders
             wanted_batch
         );
     }
+    let buffer = shuffle_buffer(args, &prepared.train)?;
     let train_cfg = LoaderConfig {
         batch_size,
         // Overfitting takes the same batches every epoch.
@@ -151,6 +152,10 @@ pub(super) fn build(args: &TrainArgs, plan: &mut Plan) -> anyhow::Result<Loaders
             )?
         }
         None => load(prepared.train, train_cfg)?,
+    };
+    let train_loader = match buffer.0 {
+        Some(n) => train_loader.shuffle_buffer(n),
+        None => train_loader,
     };
     let train_loader = shard(train_loader, true)?;
     let train_loader = apply(&short.flag("train"), train_loader, short.train)?;
@@ -184,7 +189,7 @@ pub(super) fn build(args: &TrainArgs, plan: &mut Plan) -> anyhow::Result<Loaders
         inputs,
         target,
         format: prepared.format.to_string(),
-        notes: prepared.notes,
+        notes: prepared.notes.into_iter().chain(buffer.1).collect(),
         streamed,
     })
 }
@@ -199,4 +204,53 @@ fn take(prepared: &mut Prepared) -> Prepared {
         test: prepared.test.take(),
         notes: std::mem::take(&mut prepared.notes),
     }
+}
+
+/// The training split's shuffle buffer: `--shuffle-buffer N` (0: none), or
+/// by default 4096 samples when tar shards exceed the host-memory budget
+/// (the page cache cannot hold them, so reads should run through each
+/// shard), and the startup note that says which and why. No buffer and no
+/// note for data that is not in shards.
+fn shuffle_buffer(
+    args: &TrainArgs,
+    train: &Samples,
+) -> anyhow::Result<(Option<usize>, Option<String>)> {
+    let Some(stored) = train.streamed().filter(|s| s.shard_ids().is_some()) else {
+        let note = args.shuffle_buffer.map(|_| {
+            "--shuffle-buffer: applies to tar shards read from disk (--stream); this split is \
+             shuffled by a full permutation each epoch"
+                .to_string()
+        });
+        return Ok((None, note));
+    };
+    let bytes = stored.stored_bytes();
+    let budget = crate::data_flags::host_memory_budget(args.host_memory_budget.as_deref())?;
+    let gb = |b: u64| b as f64 / 1e9;
+    let size = format!("the shards ({:.2} GB)", gb(bytes));
+    let (n, why) = match args.shuffle_buffer {
+        Some(0) => (None, "--shuffle-buffer 0".to_string()),
+        Some(n) => (Some(n), "--shuffle-buffer".to_string()),
+        None if bytes > budget => (
+            Some(4096),
+            format!(
+                "{size} exceed the host-memory budget ({:.2} GB)",
+                gb(budget)
+            ),
+        ),
+        None => (
+            None,
+            format!("{size} fit the host-memory budget ({:.2} GB)", gb(budget)),
+        ),
+    };
+    let note = match n {
+        Some(n) => format!(
+            "shuffle: shard order each epoch, then a buffer of {n} samples (WebDataset's), \
+             each shard read front to back ({why}; --shuffle-buffer 0 for a full permutation)"
+        ),
+        None => format!(
+            "shuffle: a full permutation of the shards' samples each epoch ({why}; \
+             --shuffle-buffer N reads shard by shard through a buffer of N)"
+        ),
+    };
+    Ok((n, Some(note)))
 }

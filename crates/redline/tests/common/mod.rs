@@ -185,3 +185,50 @@ pub fn image_folder(dir: &Path, per_class: u32) {
         }
     }
 }
+
+/// Packs `folder/train` into WebDataset shards with the system's `tar`:
+/// members `KEY.png|jpg` and `KEY.cls`, `per_shard` samples a shard.
+pub fn shards(folder: &Path, out: &Path, per_shard: usize) -> Vec<std::path::PathBuf> {
+    let mut samples = Vec::new();
+    let mut classes: Vec<_> = std::fs::read_dir(folder.join("train"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    classes.sort();
+    for (c, dir) in classes.iter().enumerate() {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        samples.extend(files.into_iter().map(|f| (f, c)));
+    }
+    std::fs::create_dir_all(out).unwrap();
+    let mut made = Vec::new();
+    for (s, chunk) in samples.chunks(per_shard).enumerate() {
+        let stage = out.join(format!("stage{s}"));
+        std::fs::create_dir_all(&stage).unwrap();
+        let mut names = Vec::new();
+        for (k, (f, c)) in chunk.iter().enumerate() {
+            let ext = f.extension().unwrap().to_string_lossy().into_owned();
+            let key = format!("s{s}k{k:03}");
+            std::fs::copy(f, stage.join(format!("{key}.{ext}"))).unwrap();
+            std::fs::write(stage.join(format!("{key}.cls")), c.to_string()).unwrap();
+            names.push(format!("{key}.{ext}"));
+            names.push(format!("{key}.cls"));
+        }
+        let tar = out.join(format!("train-{s:04}.tar"));
+        let st = std::process::Command::new("tar")
+            .arg("-cf")
+            .arg(&tar)
+            .arg("-C")
+            .arg(&stage)
+            .args(&names)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        std::fs::remove_dir_all(&stage).unwrap();
+        made.push(tar);
+    }
+    made
+}

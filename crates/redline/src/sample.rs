@@ -58,6 +58,9 @@ pub struct SampleArgs {
     /// The device: auto (the first GPU, else the CPU), cpu or cuda:N.
     #[arg(long, default_value = "auto", value_name = "DEVICE")]
     pub device: String,
+    /// Compute threads [default: the cores not busy with other work].
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
 }
 
 /// A GPT ready to sample, and how its text is tokenised (when known).
@@ -88,6 +91,10 @@ pub fn run(args: &SampleArgs) -> anyhow::Result<()> {
     if args.top_k == 0 {
         bail!("--top-k 0 leaves no token to draw\nHINT: give at least 1 (1 is greedy)");
     }
+    if let Some(n) = args.threads {
+        redline_core::threads::check(n).map_err(anyhow::Error::msg)?;
+    }
+    redline_core::threads::configure(args.threads);
     let device = redline_core::Device::resolve(args.device.parse()?)?;
     let src = match hf::is_folder(&args.source) {
         true => from_hf(&args.source, &device)?,
@@ -114,6 +121,7 @@ pub fn run(args: &SampleArgs) -> anyhow::Result<()> {
             write!(out, "{}", c.decode(&prompt)?)?;
         }
     }
+    let start = std::time::Instant::now();
     let ids = src.model.generate(&prompt, args.tokens, &sampling, |id| {
         if let Some(s) = streamer.as_mut() {
             let text = s
@@ -123,6 +131,7 @@ pub fn run(args: &SampleArgs) -> anyhow::Result<()> {
         }
         Ok(())
     })?;
+    let took = start.elapsed().as_secs_f64();
     match streamer {
         Some(s) => writeln!(out, "{}", s.finish()?)?,
         None => {
@@ -130,6 +139,13 @@ pub fn run(args: &SampleArgs) -> anyhow::Result<()> {
             writeln!(out, "{}", line.join(" "))?;
         }
     }
+    eprintln!(
+        "generated {} tokens in {took:.3} s ({:.1} tokens/s; a prompt of {} tokens) on {}",
+        ids.len(),
+        ids.len() as f64 / took.max(1e-9),
+        prompt.len().min(block),
+        device
+    );
     Ok(())
 }
 

@@ -10,6 +10,8 @@ Redline's `redline train --model <gpt>` on the same text's bytes (vocabulary 256
 Each row CONFIG:BATCH: `gpt-char` is nanoGPT's shakespeare-char model (6 layers, 6 heads, 384
 wide, block 256, dropout 0.2), `small` a 4-layer, 4-head, 128-wide GPT at block 256 without
 dropout (a model file written here). The text is synthetic (words drawn from a fixed list, 1 MB), the same file for both.
+`--device cuda` runs both on cuda:0 (PyTorch synchronised after each step), and `--bf16` runs
+both under bf16 autocast (Redline `--precision bf16-mixed`): bench/gpu.sh's part `gpt`.
 Redline: the median wall time of STEPS steps after 2, from metrics.csv (`--log-every 1`);
 PyTorch: the median of STEPS steps after 2 (compile's warm-up steps excluded the same way),
 each step on a batch of random windows drawn as nanoGPT's `get_batch` does. Prints ms/step and
@@ -96,10 +98,10 @@ def text(path, n_bytes=1 << 20):
         f.write(" ".join(out))
 
 
-def torch_ms(cfg, batch, steps, threads, data, compiled):
+def torch_ms(cfg, batch, steps, threads, data, compiled, device="cpu", bf16=False):
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = GPT(**cfg)
+    model = GPT(**cfg).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     step_fn = torch.compile(model) if compiled else model
     ids = torch.from_numpy(data.astype(np.int64))
@@ -108,17 +110,21 @@ def torch_ms(cfg, batch, steps, threads, data, compiled):
     for i in range(steps + 2):
         t = time.perf_counter()
         ix = torch.randint(len(ids) - T, (batch,))
-        x = torch.stack([ids[j:j + T] for j in ix])
-        y = torch.stack([ids[j + 1:j + 1 + T] for j in ix])
+        x = torch.stack([ids[j:j + T] for j in ix]).to(device, non_blocking=True)
+        y = torch.stack([ids[j + 1:j + 1 + T] for j in ix]).to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
-        step_fn(x, y).backward()
+        with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
+            loss = step_fn(x, y)
+        loss.backward()
         opt.step()
+        if device != "cpu":
+            torch.cuda.synchronize()
         if i >= 2:
             times.append(time.perf_counter() - t)
     return 1000 * statistics.median(times)
 
 
-def redline_ms(binary, row, cfg, batch, steps, threads, tmp, path):
+def redline_ms(binary, row, cfg, batch, steps, threads, tmp, path, device="cpu", bf16=False):
     if row == "gpt-char":
         model = "gpt-char"
     else:
@@ -131,8 +137,8 @@ def redline_ms(binary, row, cfg, batch, steps, threads, tmp, path):
     run = os.path.join(tmp, f"run_{row}_{batch}")
     cmd = [binary, "train", "--data", path, "--model", model, "--batch-size", str(batch),
            "--max-steps", str(steps + 2), "--threads", str(threads), "--log-every", "1",
-           "--no-validate", "--monitor-interval", "0", "--device", "cpu", "--no-checkpoint",
-           "--lr", "1e-3", "--run-dir", run]
+           "--no-validate", "--monitor-interval", "0", "--device", device, "--no-checkpoint",
+           "--lr", "1e-3", "--run-dir", run] + (["--precision", "bf16-mixed"] if bf16 else [])
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{(p.stdout + p.stderr)[-3000:]}")
@@ -149,8 +155,12 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--rows", default="small:16,gpt-char:8")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (cuda:0 for both)")
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast / --precision bf16-mixed")
     a = ap.parse_args()
-    print(f"torch {torch.__version__}, {a.threads} threads, {os.cpu_count()} logical cores")
+    dev = "cuda:0" if a.device.startswith("cuda") else "cpu"
+    print(f"torch {torch.__version__}, {a.threads} threads, {os.cpu_count()} logical cores, "
+          f"device {dev}{', bf16' if a.bf16 else ''}")
     print("| model | batch | tokens/step | Redline ms/step | PyTorch eager ms/step | "
           "torch.compile ms/step | Redline tokens/s | eager tokens/s | compile tokens/s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -162,9 +172,10 @@ def main():
             name, batch = row.split(":")
             batch, cfg = int(batch), CONFIGS[name]
             tokens = batch * cfg["block"]
-            ours = redline_ms(a.bin, name, cfg, batch, a.steps, a.threads, tmp, path)
-            eager = torch_ms(cfg, batch, a.steps, a.threads, data, False)
-            comp = math.nan if a.no_compile else torch_ms(cfg, batch, a.steps, a.threads, data, True)
+            ours = redline_ms(a.bin, name, cfg, batch, a.steps, a.threads, tmp, path, dev, a.bf16)
+            eager = torch_ms(cfg, batch, a.steps, a.threads, data, False, dev, a.bf16)
+            comp = math.nan if a.no_compile else torch_ms(
+                cfg, batch, a.steps, a.threads, data, True, dev, a.bf16)
             tps = lambda ms: 1000 * tokens / ms
             print(f"| {name} | {batch} | {tokens} | {ours:.0f} | {eager:.0f} | {comp:.0f} | "
                   f"{tps(ours):.0f} | {tps(eager):.0f} | {tps(comp):.0f} |", flush=True)

@@ -16,7 +16,10 @@
 #      PyTorch's references (bench/precision_check.py), then each precision's epochs
 #      beside PyTorch autocast / GradScaler / model.to(bfloat16) on the same GPU.
 # One part at a time keeps each device call under its 10 minutes:
-#   bash bench/gpu.sh [all|tests|redline|torch|precision|steps|busy|stream|mfu]   (default all; the table ends each part)
+#   bash bench/gpu.sh [all|tests|redline|torch|precision|steps|busy|stream|mfu|gpt]   (default all; the table ends each part)
+# Part `gpt` (issue 50): `redline sample` on cuda:0 against the transformers-written golden
+# folder's greedy ids, a GPT trained on token windows on cuda:0 (fp32 and bf16-mixed), and
+# bench/gpt_cpu.py --device cuda: Redline against nanoGPT's model eager and compiled.
 # Part `stream` (issue 48): ImageNet-like JPEGs made on the host (tools/datasets/make_imagelike.py),
 # the streamed pipeline alone at 1..all host cores (`redline tune workers`), torchvision's
 # DataLoader on the same cores (bench/pipeline.py --no-redline), and ResNet-18 bf16-mixed on
@@ -34,7 +37,7 @@
 # bench/gpu-session.sh runs several parts in one device call, each under its own time limit.
 set -uo pipefail
 part="${1:-all}"
-case "$part" in all|tests|redline|torch|precision|steps|busy|stream|mfu) ;; *) echo "usage: bash bench/gpu.sh [all|tests|redline|torch|precision|steps|busy|stream|mfu]" >&2; exit 2 ;; esac
+case "$part" in all|tests|redline|torch|precision|steps|busy|stream|mfu|gpt) ;; *) echo "usage: bash bench/gpu.sh [all|tests|redline|torch|precision|steps|busy|stream|mfu|gpt]" >&2; exit 2 ;; esac
 out="${OUT:-bench/results/gpu-raw}"
 mkdir -p "$out"
 exec > >(tee -a "$out/gpu-$part.log") 2>&1
@@ -217,6 +220,15 @@ run mfu-resnet18-b256-bf16-mixed --model resnet18 --batch-size 256 --precision b
 for m in mlp cnn; do
     "$py" bench/torch_mnist.py --device cuda --workload tensor --model "$m" --batch-size 512 \
         --epochs 2 --threads 4 > "$out/torch-mfu-$m-b512.json"
+done
+fi
+if want gpt; then
+$rl sample testdata/golden/hf-gpt2-tiny --device cuda:0 --temperature 0 --ids --tokens 16 \
+    --prompt "def forward(self, x):" | tee "$out/gpt-sample-ids.txt"
+"$py" -c 'import json,sys; e=json.load(open("testdata/golden/hf_gpt2_tiny.json"))["greedy_ids"]; g=[int(v) for v in open(sys.argv[1]).read().split()]; print("sample greedy ids", "MATCH" if g == e else f"DIFFER {g} vs {e}")' "$out/gpt-sample-ids.txt"
+for p in 32-true bf16-mixed; do
+    "$py" bench/gpt_cpu.py --bin "$rl" --device cuda --threads 4 --steps 10 \
+        --rows small:64,gpt-char:64 $([ "$p" = bf16-mixed ] && echo --bf16) > "$out/gpt-train-$p.md"
 done
 fi
 if want stream; then

@@ -264,11 +264,7 @@ fn head_forward(
                     max = max.max(*x);
                 }
                 let alpha = (m[r] - max).exp();
-                let mut sum = 0f32;
-                for x in row.iter_mut() {
-                    *x = (*x - max).exp();
-                    sum += *x;
-                }
+                let sum = crate::fast_exp::exp_row(row, 1.0, max);
                 l[r] = l[r] * alpha + sum;
                 m[r] = max;
                 acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= alpha);
@@ -333,13 +329,11 @@ fn head_backward(
             let p = &mut sc.s[..rows * cols];
             gemm(p, qb, kb.t(), false)?;
             for r in 0..rows {
-                for (c, x) in p[r * cols..(r + 1) * cols].iter_mut().enumerate() {
-                    *x = if k0 + c > q0 + r {
-                        0.0
-                    } else {
-                        (*x * scale - lse[q0 + r]).exp()
-                    };
-                }
+                // Keys k0 + c up to query q0 + r are seen; the rest are 0.
+                let seen = (q0 + r + 1).saturating_sub(k0).min(cols);
+                let (row, masked) = p[r * cols..(r + 1) * cols].split_at_mut(seen);
+                crate::fast_exp::exp_row(row, scale, lse[q0 + r]);
+                masked.fill(0.0);
             }
             // dV_block += P_dropped^T dO_block
             let pd: &[f32] = match drop {

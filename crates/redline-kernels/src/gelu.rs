@@ -1,6 +1,6 @@
 //! GPT-2's GELU, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`
 //! (PyTorch's `F.gelu(x, approximate="tanh")`, Hugging Face's `gelu_new`),
-//! as one CPU kernel each way (f32).
+//! as one CPU kernel each way (f32; 16-bit inputs widened to it).
 //!
 //! candle's CPU GELU calls libm's `powf` and `tanhf` element by element on
 //! one thread, forward and again backward: on a small GPT it was 40% of a
@@ -13,10 +13,11 @@
 
 use std::sync::Arc;
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor};
 use rayon::prelude::*;
 use redline_core::trace;
 
+use crate::fast_exp::exp;
 use crate::slices::{f32s, fused_cpu};
 use crate::Result;
 
@@ -27,9 +28,15 @@ const K: f32 = 0.797_884_6;
 /// The cubic term's weight.
 const C: f32 = 0.044_715;
 
-/// GPT-2's tanh GELU: the fused CPU kernel for f32 tensors, candle's
-/// `gelu` (the same formula) otherwise.
+/// GPT-2's tanh GELU: the fused CPU kernel for f32 tensors, and for 16-bit
+/// ones on the CPU (widened, computed in f32 and rounded back, as PyTorch's
+/// CPU kernels compute 16-bit GELU); candle's `gelu` (the same formula)
+/// elsewhere.
 pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
+    let dtype = x.dtype();
+    if x.device().is_cpu() && matches!(dtype, DType::BF16 | DType::F16) {
+        return Ok(gelu_tanh(&x.to_dtype(DType::F32)?)?.to_dtype(dtype)?);
+    }
     if fused_cpu(x) {
         let op = GeluTanh {
             layer: trace::current_layer(),
@@ -37,26 +44,6 @@ pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
         return Ok(x.contiguous()?.apply_op1(op)?);
     }
     Ok(x.gelu()?)
-}
-
-/// `exp(x)` for f32 in plain arithmetic (vectorisable): `2^n * p(r)` with
-/// `x = n ln 2 + r`, `|r| <= ln 2 / 2`, `p` the Taylor polynomial of degree
-/// 7; inputs clamped to `[-87, 88]` (0 and `inf` beyond are not needed here:
-/// `tanh` saturates long before).
-#[inline(always)]
-fn exp(x: f32) -> f32 {
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    let x = x.clamp(-87.0, 88.0);
-    let n = (x * std::f32::consts::LOG2_E).round();
-    let r = (x - n * LN2_HI) - n * LN2_LO;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0
-                    + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r / 5040.0))))));
-    // 2^n through the exponent bits (n in [-126, 127] after the clamp).
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
 /// `tanh(u)` to about 1e-7 absolute.

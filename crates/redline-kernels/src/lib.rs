@@ -27,6 +27,7 @@ pub mod cuda;
 #[cfg(any(feature = "cuda", test))]
 pub mod cudnn_ffi;
 mod error;
+mod fast_exp;
 pub mod fused_gpu;
 mod gelu;
 pub mod gemm;

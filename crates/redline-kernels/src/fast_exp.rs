@@ -1,0 +1,87 @@
+//! `exp` for f32 in plain arithmetic that the compiler vectorises (inside
+//! a `pulp` dispatch, where `round` is an instruction, not a libm call):
+//! the GELU's tanh and the attention's softmax rows.
+
+/// `exp(x)` for f32 in plain arithmetic (vectorisable): `2^n * p(r)` with
+/// `x = n ln 2 + r`, `|r| <= ln 2 / 2`, `p` the Taylor polynomial of degree
+/// 7; inputs clamped to `[-87, 88]` (0 and `inf` beyond are not needed here:
+/// `tanh` saturates long before).
+#[inline(always)]
+pub(crate) fn exp(x: f32) -> f32 {
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * std::f32::consts::LOG2_E).round();
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0
+                    + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r / 5040.0))))));
+    // 2^n through the exponent bits (n in [-126, 127] after the clamp).
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// `exp(x)`, with 0 for `x` below -87 (a masked score's `-inf` included),
+/// where [`exp`] clamps.
+#[inline(always)]
+fn exp0(x: f32) -> f32 {
+    let e = exp(x);
+    if x < -87.0 {
+        0.0
+    } else {
+        e
+    }
+}
+
+/// Sets each `x` of `row` to `exp(scale x - shift)` (0 where that is below
+/// -87) and returns their sum: a softmax row's numerators. Vectorised, with
+/// 16 partial sums.
+pub(crate) fn exp_row(row: &mut [f32], scale: f32, shift: f32) -> f32 {
+    struct Row<'a> {
+        row: &'a mut [f32],
+        scale: f32,
+        shift: f32,
+    }
+    impl pulp::WithSimd for Row<'_> {
+        type Output = f32;
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _simd: S) -> f32 {
+            let (scale, shift) = (self.scale, self.shift);
+            let mut acc = [0f32; 16];
+            let mut chunks = self.row.chunks_exact_mut(16);
+            for c in &mut chunks {
+                for (a, x) in acc.iter_mut().zip(c.iter_mut()) {
+                    *x = exp0(*x * scale - shift);
+                    *a += *x;
+                }
+            }
+            let mut sum: f32 = acc.iter().sum();
+            for x in chunks.into_remainder() {
+                *x = exp0(*x * scale - shift);
+                sum += *x;
+            }
+            sum
+        }
+    }
+    pulp::Arch::new().dispatch(Row { row, scale, shift })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_match_libm_and_masked_scores_give_zero() {
+        let mut row: Vec<f32> = (0..37).map(|i| i as f32 * 0.37 - 6.0).collect();
+        row[5] = f32::NEG_INFINITY;
+        let want: Vec<f32> = row.iter().map(|&x| (0.5 * x - 1.0).exp()).collect();
+        let sum = exp_row(&mut row, 0.5, 1.0);
+        for (a, b) in row.iter().zip(&want) {
+            assert!((a - b).abs() <= 2.5e-7 * b.abs(), "{a} vs {b}");
+        }
+        assert_eq!(row[5], 0.0);
+        let total: f32 = want.iter().sum();
+        assert!((sum - total).abs() < 1e-5 * total, "{sum} vs {total}");
+    }
+}

@@ -1,7 +1,8 @@
 //! `redline predict RUN_DIR --data PATH --out FILE.csv|.npy`: a finished
 //! run's model applied to data of its input shape, one row per sample (as
 //! Lightning's `trainer.predict`): a classifier's class and probabilities,
-//! a regression's values, and the sample's target where the data has one.
+//! a regression's values, a language model's most likely next id at each
+//! position of a window, and the sample's target where the data has one.
 //! The file is written whole (a temporary file, then a rename).
 
 use std::io::Write;
@@ -31,12 +32,41 @@ pub fn run(args: &PredictArgs) -> anyhow::Result<()> {
         None,
     )?;
     let classes = run.shape.target.classes();
+    let positions = match run.shape.target {
+        redline_data::TargetKind::Tokens { len, .. } => Some(len),
+        _ => None,
+    };
     let (loader, n) = run.loader(true)?;
     let RunModel { model, file, .. } = run;
     let mut rows: Option<Rows> = None;
     for batch in loader.epoch(0) {
         let batch = batch?;
         let out = redline_train::step::output(model.as_ref(), &batch, false)?;
+        if let Some(t) = positions {
+            // A language model: each position's most likely next id, then
+            // the window's next ids.
+            let next = out
+                .argmax(out.rank().saturating_sub(1))?
+                .to_dtype(redline_core::DType::F32)?;
+            let next = next.reshape((batch.size(), t))?.to_vec2::<f32>()?;
+            let targets = batch
+                .y
+                .reshape((batch.size(), t))?
+                .to_dtype(redline_core::DType::F32)?;
+            let targets = targets.to_vec2::<f32>()?;
+            let r = rows.get_or_insert_with(|| Rows {
+                header: (0..t)
+                    .map(|i| format!("next{i}"))
+                    .chain((0..t).map(|i| format!("target{i}")))
+                    .collect(),
+                values: Vec::new(),
+            });
+            for (p, y) in next.iter().zip(&targets) {
+                r.values.extend(p);
+                r.values.extend(y);
+            }
+            continue;
+        }
         let out = out.reshape((batch.size(), ()))?.to_vec2::<f32>()?;
         let targets: Vec<f32> = match batch.y.dtype() {
             redline_core::DType::U32 => batch
@@ -76,9 +106,16 @@ pub fn run(args: &PredictArgs) -> anyhow::Result<()> {
         "csv" => write_csv(&args.out, &rows)?,
         _ => write_npy(&args.out, &rows, n)?,
     }
+    let columns = match rows.header.len() {
+        0..=12 => rows.header.join(","),
+        k => format!(
+            "{},...,{}: {k} columns",
+            rows.header[..3].join(","),
+            rows.header[k - 1]
+        ),
+    };
     println!(
-        "predicted {n} samples ({}) with {} into {}",
-        rows.header.join(","),
+        "predicted {n} samples ({columns}) with {} into {}",
         file.display(),
         args.out.display()
     );
@@ -146,7 +183,12 @@ fn write_csv(out: &Path, rows: &Rows) -> anyhow::Result<()> {
                 .iter()
                 .enumerate()
                 .map(|(i, v)| match rows.header.get(i).map(String::as_str) {
-                    Some("class" | "target") if v.fract() == 0.0 => format!("{v}"),
+                    Some(h)
+                        if (h == "class" || h.starts_with("target") || h.starts_with("next"))
+                            && v.fract() == 0.0 =>
+                    {
+                        format!("{v}")
+                    }
                     _ => format!("{v:e}"),
                 })
                 .collect();

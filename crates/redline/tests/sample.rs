@@ -117,6 +117,31 @@ fn a_run_on_text_samples_bytes_and_exports_a_folder_that_samples_the_same() {
         .collect();
     assert_eq!(ids.len(), 40);
     assert!(ids.iter().all(|&i| i < 256));
+    // `redline predict`: each window's most likely next ids, then its
+    // targets; the trained model gets most of them right.
+    let csv = t.path().join("next.csv");
+    let text = t.path().join("input.txt");
+    let out = common::ok(&[
+        "predict",
+        run.to_str().unwrap(),
+        "--data",
+        text.to_str().unwrap(),
+        "--out",
+        csv.to_str().unwrap(),
+    ]);
+    assert!(
+        out.contains("next0,next1,next2,...,target31: 64 columns"),
+        "{out}"
+    );
+    let body = std::fs::read_to_string(&csv).unwrap();
+    let (mut right, mut all) = (0, 0);
+    for line in body.lines().skip(1) {
+        let v: Vec<u32> = line.split(',').map(|x| x.parse().unwrap()).collect();
+        assert_eq!(v.len(), 64);
+        right += (0..32).filter(|&i| v[i] == v[32 + i]).count();
+        all += 32;
+    }
+    assert!(right * 10 > all * 6, "{right} of {all} next ids right");
     // Exported as a GPT-2 folder, it draws the same greedy ids from the
     // same prompt ids.
     let dir = t.path().join("hf");

@@ -408,3 +408,35 @@ fn a_text_trains_through_a_tokenizer_and_samples_through_it() {
     let e = common::fails(&f);
     assert!(e.contains("not UTF-8 at byte 500"), "{e}");
 }
+
+/// A run of another model kind, and paths that are neither runs nor
+/// folders, are refused by name.
+#[test]
+fn sample_and_export_refuse_what_is_not_a_gpt() {
+    let t = tempfile::tempdir().unwrap();
+    let run = t.path().join("mlp");
+    common::train_in(
+        &run,
+        &["--data", "data/tables/digits.npz", "--max-steps", "2"],
+    );
+    let e = common::fails(&["sample", run.to_str().unwrap(), "--prompt", "hi"]);
+    assert!(
+        e.contains("trained a mlp model") && e.contains("GPT"),
+        "{e}"
+    );
+    let out = t.path().join("hf");
+    let e = common::fails(&[
+        "export",
+        run.to_str().unwrap(),
+        "--hf",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("writes GPT-2 folders") && e.contains("mlp"),
+        "{e}"
+    );
+    assert!(!out.exists(), "nothing written");
+    let missing = t.path().join("nowhere");
+    let e = common::fails(&["sample", missing.to_str().unwrap()]);
+    assert!(e.contains("nowhere"), "{e}");
+}

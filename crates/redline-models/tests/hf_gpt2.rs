@@ -154,3 +154,40 @@ fn another_architecture_is_named() {
     std::fs::write(tmp.path().join(hf::CONFIG), "{not json").unwrap();
     assert!(GptConfig::from_hf(tmp.path()).is_err());
 }
+
+/// The original `gpt2` upload's layout: names without `transformer.`, the
+/// attention's mask buffers, and a tied `lm_head` stored anyway; an untied
+/// head is refused.
+#[test]
+fn unprefixed_names_buffers_and_a_tied_head_are_read() {
+    let file = golden().join("hf-gpt2-tiny").join(hf::WEIGHTS);
+    let theirs = candle_core::safetensors::load(&file, &Device::Cpu).unwrap();
+    let want = hf::from_hf(theirs.clone(), &file).unwrap();
+    let mut bare: std::collections::HashMap<String, candle_core::Tensor> = theirs
+        .iter()
+        .map(|(k, v)| (k.trim_start_matches("transformer.").to_string(), v.clone()))
+        .collect();
+    bare.insert(
+        "h.0.attn.bias".into(),
+        candle_core::Tensor::ones((1, 1, 32, 32), candle_core::DType::F32, &Device::Cpu).unwrap(),
+    );
+    bare.insert(
+        "lm_head.weight".into(),
+        theirs["transformer.wte.weight"].clone(),
+    );
+    let got = hf::from_hf(bare.clone(), &file).unwrap();
+    let mut names: Vec<&String> = got.keys().collect();
+    names.sort();
+    let mut want_names: Vec<&String> = want.keys().collect();
+    want_names.sort();
+    assert_eq!(names, want_names);
+    for n in names {
+        let (a, b) = (&got[n], &want[n]);
+        let d = (a - b).unwrap().abs().unwrap().max_all().unwrap();
+        assert_eq!(d.to_scalar::<f32>().unwrap(), 0.0, "{n}");
+    }
+    let untied = (&theirs["transformer.wte.weight"] * 2.0).unwrap();
+    bare.insert("lm_head.weight".into(), untied);
+    let err = hf::from_hf(bare, &file).unwrap_err().to_string();
+    assert!(err.contains("untied head"), "{err}");
+}

@@ -6,7 +6,8 @@
 # run folders (less checkpoints and HTML reports) are packed into $OUT/PART.tgz
 # as the part ends (kept even if the call is cut off later):
 #   device tool: run(command="COMMIT=<sha> GPU_EPOCHS=3 bash bench/gpu-session.sh tests:60 redline:150", carry=[".gpu"])
-# Each argument is PART:SECONDS; PART is tests, ties, precision, redline, torch, steps or cpu.
+# Each argument is PART:SECONDS; PART is tests, ties, precision, redline, torch, steps, busy,
+# stream, mfu, gpt (issue 50: sample on cuda:0, GPT training beside nanoGPT) or cpu.
 # bench/gpu-results.sh then files the archives under bench/results/ for committing.
 set -uo pipefail
 final="${OUT:?the device tool sets OUT}"

@@ -348,6 +348,63 @@ impl Gpt {
     pub fn config(&self) -> &GptConfig {
         &self.cfg
     }
+
+    /// The token rows of `ids` (`B * T` u32) plus the positions
+    /// `start..start + T`: `(B, T, C)`.
+    fn embed(&self, ids: &Tensor, (b, t): (usize, usize), start: usize) -> Result<Tensor> {
+        let c = self.cfg.n_embd;
+        let tok = self
+            .wte
+            .as_tensor()
+            .index_select(ids, 0)?
+            .reshape((b, t, c))?;
+        let pos = self.wpe.as_tensor().narrow(0, start, t)?;
+        Ok(tok.broadcast_add(&pos)?)
+    }
+
+    /// One block on the residual stream `h`: `x + attn(ln_1(x))`, then
+    /// `x + mlp(ln_2(x))`; the attention through the key/value cache `kv`
+    /// when generating. The stream stays in the parameters' dtype (fp32
+    /// under bf16-mixed, as autocast keeps it): each sublayer's 16-bit
+    /// output is cast back before it is added.
+    fn block(
+        &self,
+        blk: &Block,
+        h: Tensor,
+        train: bool,
+        kv: Option<&mut Option<(Tensor, Tensor)>>,
+    ) -> Result<Tensor> {
+        let stream = h.dtype();
+        let [d1, d2] = match &blk.drop {
+            Some([a, b]) => [Some(a), Some(b)],
+            None => [None, None],
+        };
+        let x = blk.ln_1.forward_t(&h, train)?;
+        let a = match kv {
+            Some(kv) => blk.attn.forward_cached(&x, kv)?,
+            None => blk.attn.forward_t(&x, train)?,
+        };
+        let h = (&h + drop(d1, a.to_dtype(stream)?, train)?)?;
+        let m = linear_rows(
+            &blk.ln_2.forward_t(&h, train)?,
+            (&blk.c_fc.0, &blk.c_fc.1),
+            false,
+            self.dtype,
+        )?;
+        let m = redline_kernels::gelu_tanh(&m)?;
+        let m = linear_rows(&m, (&blk.c_proj.0, &blk.c_proj.1), false, self.dtype)?;
+        Ok((&h + drop(d2, m.to_dtype(stream)?, train)?)?)
+    }
+
+    /// The final norm and the head tied to the token embedding on rows
+    /// `(N, C)`: logits `(N, V)`, fp32.
+    fn head(&self, h: &Tensor) -> Result<Tensor> {
+        let h = self.ln_f.forward_t(h, false)?;
+        let w = self.wte.as_tensor().to_dtype(self.dtype)?;
+        Ok(h.to_dtype(self.dtype)?
+            .matmul(&w.t()?)?
+            .to_dtype(candle_core::DType::F32)?)
+    }
 }
 
 impl Model for Gpt {
@@ -359,45 +416,12 @@ impl Model for Gpt {
                 self.cfg.block_size
             )));
         }
-        let c = self.cfg.n_embd;
-        // (B, T) ids -> (B, T, C) token rows, plus the first T positions' rows
         let ids = x.to_dtype(candle_core::DType::U32)?.flatten_all()?;
-        let tok = self
-            .wte
-            .as_tensor()
-            .index_select(&ids, 0)?
-            .reshape((b, t, c))?;
-        let pos = self.wpe.as_tensor().narrow(0, 0, t)?;
-        let mut h = drop(self.drop.as_ref(), tok.broadcast_add(&pos)?, train)?;
-        // The residual stream stays in the parameters' dtype (fp32 under
-        // bf16-mixed, as autocast keeps it): each sublayer's 16-bit output is
-        // cast back before it is added.
-        let stream = h.dtype();
+        let mut h = drop(self.drop.as_ref(), self.embed(&ids, (b, t), 0)?, train)?;
         for blk in &self.blocks {
-            let [d1, d2] = match &blk.drop {
-                Some([a, b]) => [Some(a), Some(b)],
-                None => [None, None],
-            };
-            let a = blk.attn.forward_t(&blk.ln_1.forward_t(&h, train)?, train)?;
-            h = (&h + drop(d1, a.to_dtype(stream)?, train)?)?;
-            let m = linear_rows(
-                &blk.ln_2.forward_t(&h, train)?,
-                (&blk.c_fc.0, &blk.c_fc.1),
-                false,
-                self.dtype,
-            )?;
-            let m = redline_kernels::gelu_tanh(&m)?;
-            let m = linear_rows(&m, (&blk.c_proj.0, &blk.c_proj.1), false, self.dtype)?;
-            h = (&h + drop(d2, m.to_dtype(stream)?, train)?)?;
+            h = self.block(blk, h, train, None)?;
         }
-        let h = self.ln_f.forward_t(&h, train)?;
-        // The head is the token embedding, tied: (B*T, C) x (C, V)
-        let w = self.wte.as_tensor().to_dtype(self.dtype)?;
-        let logits = h
-            .reshape((b * t, c))?
-            .to_dtype(self.dtype)?
-            .matmul(&w.t()?)?
-            .to_dtype(candle_core::DType::F32)?;
+        let logits = self.head(&h.reshape((b * t, self.cfg.n_embd))?)?;
         Ok(logits.reshape((b, t, self.cfg.vocab_size))?)
     }
 

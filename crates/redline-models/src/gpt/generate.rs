@@ -5,14 +5,12 @@
 //! `block_size`, it is cropped to its last `block_size` tokens and run
 //! afresh (the learned positions shift), as nanoGPT crops `idx_cond`.
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::Gpt;
 use crate::error::{Error, Result};
-use crate::layers::basic::linear_rows;
-use crate::layers::Layer;
 
 /// How the next token is drawn from the logits.
 #[derive(Debug, Clone, PartialEq)]
@@ -95,34 +93,15 @@ impl Gpt {
                 self.cfg.vocab_size
             )));
         }
-        let wte = self.wte.as_tensor();
-        let ids_t = Tensor::new(ids, wte.device())?;
-        let tok = wte.index_select(&ids_t, 0)?.reshape((1, t, c))?;
-        let pos = self.wpe.as_tensor().narrow(0, start, t)?;
-        let mut h = tok.broadcast_add(&pos)?;
-        let stream = h.dtype();
+        let ids = Tensor::new(ids, self.wte.as_tensor().device())?;
+        let mut h = self.embed(&ids, (1, t), start)?;
         for (blk, kv) in self.blocks.iter().zip(cache.kv.iter_mut()) {
-            let a = blk
-                .attn
-                .forward_cached(&blk.ln_1.forward_t(&h, false)?, kv)?;
-            h = (&h + a.to_dtype(stream)?)?;
-            let m = linear_rows(
-                &blk.ln_2.forward_t(&h, false)?,
-                (&blk.c_fc.0, &blk.c_fc.1),
-                false,
-                self.dtype,
-            )?;
-            let m = redline_kernels::gelu_tanh(&m)?;
-            let m = linear_rows(&m, (&blk.c_proj.0, &blk.c_proj.1), false, self.dtype)?;
-            h = (&h + m.to_dtype(stream)?)?;
+            h = self.block(blk, h, false, Some(kv))?;
         }
         cache.len += t;
         // Only the last position's logits are needed.
-        let last = h.narrow(1, t - 1, 1)?;
-        let last = self.ln_f.forward_t(&last, false)?.reshape((1, c))?;
-        let w = wte.to_dtype(self.dtype)?;
-        let logits = last.to_dtype(self.dtype)?.matmul(&w.t()?)?;
-        Ok(logits.to_dtype(DType::F32)?.reshape(self.cfg.vocab_size)?)
+        let last = h.narrow(1, t - 1, 1)?.reshape((1, c))?;
+        Ok(self.head(&last)?.reshape(self.cfg.vocab_size)?)
     }
 
     /// Draws `tokens` tokens after `prompt` (at most its last `block_size`

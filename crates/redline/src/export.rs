@@ -9,8 +9,6 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Args;
 use redline_models::gpt::hf;
-use redline_models::init::Initializer;
-use redline_models::{Gpt, Model, ModelConfig};
 
 use crate::evaluate::run_job;
 
@@ -37,26 +35,17 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         &args.checkpoint,
         Some("cpu"),
     )?;
-    let ModelConfig::Gpt(cfg) = &job.plan.model_cfg else {
-        bail!(
-            "redline export --hf writes GPT-2 folders; the run trained a {} model\nHINT: its \
-             weights are already PyTorch state_dict names in safetensors: {}",
-            job.plan.model_cfg.name(),
+    let model = job.gpt(
+        &redline_core::Device::cpu(),
+        job.plan.precision,
+        &format!(
+            "redline export --hf writes GPT-2 folders (the run's weights are already PyTorch \
+             state_dict names in safetensors: {})",
             job.file.display()
-        );
-    };
-    let mut init = Initializer::new(0, &redline_core::Device::cpu(), job.plan.precision);
-    let model = Gpt::new(cfg, &mut init)?;
-    model
-        .params()
-        .load_safetensors(&job.file)
-        .with_context(|| job.misfit())?;
-    let tokenizer = job.args.tokenizer.clone().or_else(|| {
-        job.init
-            .as_deref()
-            .map(|d| d.join(hf::TOKENIZER))
-            .filter(|t| t.is_file())
-    });
+        ),
+    )?;
+    let cfg = model.config();
+    let tokenizer = job.tokenizer();
     let target = args.hf.join(hf::TOKENIZER);
     if tokenizer.is_some() && target.exists() {
         bail!(

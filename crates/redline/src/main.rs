@@ -13,6 +13,7 @@ mod data_flags;
 mod dist;
 mod evaluate;
 mod export;
+mod gpt_job;
 mod pack;
 mod peak;
 mod plan;

@@ -12,7 +12,7 @@ use clap::Args;
 use redline_data::tokens::{Codec, Streamer};
 use redline_models::gpt::hf;
 use redline_models::init::Initializer;
-use redline_models::{Gpt, GptConfig, Model, ModelConfig, Sampling};
+use redline_models::{Gpt, GptConfig, Sampling};
 
 use crate::evaluate::run_job;
 
@@ -204,27 +204,14 @@ fn from_run(args: &SampleArgs, device: &redline_core::Device) -> anyhow::Result<
             Some(&device.spec().to_string()),
         )
     })?;
-    let ModelConfig::Gpt(cfg) = &job.plan.model_cfg else {
-        bail!(
-            "redline sample {}: the run trained a {} model; sampling draws text from a GPT \
-             (--model gpt-char, gpt2, or a model file with kind = \"gpt\")",
-            args.source.display(),
-            job.plan.model_cfg.name()
-        );
-    };
-    let mut init = Initializer::new(0, device, redline_core::Precision::Fp32);
-    let model = Gpt::new(cfg, &mut init)?;
-    model
-        .params()
-        .load_safetensors(&job.file)
-        .with_context(|| job.misfit())?;
+    let model = job.gpt(
+        device,
+        redline_core::Precision::Fp32,
+        "redline sample draws text from a GPT (--model gpt-char, gpt2, or a model file with \
+         kind = \"gpt\")",
+    )?;
     let data = &job.plan.data_dir;
-    let init_tok = job.args.tokenizer.clone().or_else(|| {
-        job.init
-            .as_deref()
-            .map(|d| d.join(hf::TOKENIZER))
-            .filter(|t| t.is_file())
-    });
+    let init_tok = job.tokenizer();
     let codec = match init_tok {
         Some(t) => Some(Codec::tokenizer(&t)?),
         None if data.is_file() => Some(Codec::Bytes),

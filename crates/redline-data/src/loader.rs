@@ -325,9 +325,10 @@ impl Loader {
         if self.cfg.shuffle {
             let mut rng = ChaCha8Rng::seed_from_u64(self.cfg.seed);
             rng.set_stream(epoch as u64);
-            match (self.buffer, self.groups()) {
-                (Some(n), Some(g)) => idx = buffered::order(&g, n, &mut rng),
-                _ => idx.shuffle(&mut rng),
+            // Shard ids are listed only when a buffer is asked for.
+            match self.buffer.and_then(|n| Some((n, self.groups()?))) {
+                Some((n, g)) => idx = buffered::order(&g, n, &mut rng),
+                None => idx.shuffle(&mut rng),
             }
         }
         match self.shard {

@@ -186,3 +186,24 @@ fn fuzz_images_decoded_and_cropped() {
         }
     });
 }
+
+/// `--tokenizer FILE` (and a folder's tokenizer.json under `redline
+/// sample`): a tokenizer that encodes and decodes, or an error naming the
+/// file; never a panic.
+#[test]
+fn fuzz_tokenizer_files() {
+    use redline_data::tokens::Codec;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    fuzz("tokenizer", |bytes| {
+        std::fs::write(&path, bytes).unwrap();
+        match Codec::tokenizer(&path) {
+            Ok(c) => {
+                if let Ok(ids) = c.encode("def f(x):\n    return x é→") {
+                    let _ = c.decode(&ids);
+                }
+            }
+            Err(e) => assert!(e.to_string().contains("tokenizer.json"), "{e}"),
+        }
+    });
+}

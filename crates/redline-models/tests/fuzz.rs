@@ -93,3 +93,17 @@ fn special_files_are_refused_as_model_and_weights_files() {
         assert!(r.is_err(), "{what}");
     }
 }
+
+/// A Hugging Face folder's `config.json` (`--init DIR`, `redline sample
+/// DIR`): a GPT-2 config that was checked, or an error; never a panic.
+#[test]
+fn fuzz_hf_configs() {
+    let dir = tempfile::tempdir().unwrap();
+    fuzz("hf_config", |bytes| {
+        std::fs::write(dir.path().join("config.json"), bytes).unwrap();
+        if let Ok(cfg) = redline_models::GptConfig::from_hf(dir.path()) {
+            assert!(cfg.check().is_ok());
+            let _ = cfg.flops();
+        }
+    });
+}

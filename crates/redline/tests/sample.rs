@@ -225,6 +225,17 @@ fn bad_sampling_settings_are_refused_with_their_fix() {
     std::fs::copy(h.join("model.safetensors"), other.join("model.safetensors")).unwrap();
     let e = common::fails(&["sample", other.to_str().unwrap()]);
     assert!(e.contains("model_type \"llama\""), "{e}");
+    // A folder whose weights were cut short.
+    let cut = t.path().join("cut");
+    std::fs::create_dir(&cut).unwrap();
+    std::fs::copy(h.join("config.json"), cut.join("config.json")).unwrap();
+    let weights = std::fs::read(h.join("model.safetensors")).unwrap();
+    std::fs::write(cut.join("model.safetensors"), &weights[..weights.len() / 2]).unwrap();
+    let e = common::fails(&["sample", cut.to_str().unwrap()]);
+    assert!(
+        e.contains("model.safetensors") && e.contains("not a readable safetensors file"),
+        "{e}"
+    );
 }
 
 fn write_bin(path: &Path, ids: &[u32]) {
@@ -374,7 +385,40 @@ fn a_text_trains_through_a_tokenizer_and_samples_through_it() {
         "--lr",
         "3e-3",
     ];
-    let out = common::train_in(&run, &flags);
+    // Run as a user runs it: no cache override, so the tokens go to the
+    // default cache under a home of the test's own.
+    let home = t.path().join("home");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_redline"))
+        .args([
+            "train",
+            "--device",
+            "cpu",
+            "--monitor-interval",
+            "0",
+            "--run-dir",
+        ])
+        .arg(&run)
+        .args(flags)
+        .current_dir(common::root())
+        .env("HOME", &home)
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("REDLINE_CACHE_DIR")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    let cached: Vec<_> = std::fs::read_dir(home.join(".cache/redline/tokens"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        cached.len() == 1 && cached[0].starts_with("code-") && cached[0].ends_with(".bin"),
+        "{cached:?}"
+    );
     assert!(
         out.contains("text, tokenised by") && out.contains("vocabulary 320"),
         "{out}"

@@ -27,12 +27,26 @@ impl Codec {
         };
         let bytes = redline_core::files::read_input(path, MAX_TOKENIZER)
             .map_err(|e| bad(format!("cannot be read: {e}")))?;
-        let tok = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
+        let hint = "HINT: give the tokenizer.json of a transformers model folder \
+                    (tokenizer.save() in the tokenizers library writes one)";
+        // JSON first: a clear position for a damaged file.
+        serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|e| {
             bad(format!(
-                "not a Hugging Face tokenizer.json: {e}\nHINT: give the tokenizer.json of a \
-                 transformers model folder (tokenizer.save() in the tokenizers library writes one)"
+                "not a Hugging Face tokenizer.json: not JSON: {e}\n{hint}"
             ))
         })?;
+        // The tokenizers library panics on some malformed sections (its
+        // decoder and normaliser readers `expect` their shapes): a panic
+        // there is this file's error, not a crash.
+        let parsed = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(&bytes))
+            .map_err(|_| {
+                bad(format!(
+                    "not a Hugging Face tokenizer.json: a section has the wrong shape (the \
+                     tokenizers library stopped on it)\n{hint}"
+                ))
+            })?;
+        let tok =
+            parsed.map_err(|e| bad(format!("not a Hugging Face tokenizer.json: {e}\n{hint}")))?;
         Ok(Self::Tokenizer(Box::new(tok), path.to_path_buf()))
     }
 
@@ -188,5 +202,22 @@ mod tests {
         let err = Codec::tokenizer(&p).err().unwrap().to_string();
         assert!(err.contains("not a Hugging Face tokenizer.json"), "{err}");
         assert!(Codec::tokenizer(&tmp.path().join("none.json")).is_err());
+        // A byte that is not UTF-8 inside the decoder's section: the
+        // tokenizers library panicked on it (found by fuzzing); here the
+        // JSON check names it.
+        let golden_text =
+            std::fs::read_to_string(golden().join("hf-gpt2-tiny/tokenizer.json")).unwrap();
+        let at = golden_text.find("\"decoder\"").unwrap() + 12;
+        let mut bytes = golden_text.clone().into_bytes();
+        bytes[at] = 0xFF;
+        std::fs::write(&p, &bytes).unwrap();
+        let err = Codec::tokenizer(&p).err().unwrap().to_string();
+        assert!(err.contains("not JSON"), "{err}");
+        // Valid JSON with a section of the wrong shape.
+        let mut v: serde_json::Value = serde_json::from_str(&golden_text).unwrap();
+        v["decoder"] = serde_json::json!(5);
+        std::fs::write(&p, v.to_string()).unwrap();
+        let err = Codec::tokenizer(&p).err().unwrap().to_string();
+        assert!(err.contains("not a Hugging Face tokenizer.json"), "{err}");
     }
 }

@@ -16,12 +16,13 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
+use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 use redline_core::trace;
 
 use crate::add_relu::passes;
 use crate::grad::{grads_out, layer_buffers, Param, ParamBuffers};
-use crate::slices::{f32s, fused_cpu, keep, unpack_grads};
+use crate::slices::{f32s, fused_cpu, keep, unpack_grads, vectorised};
 use crate::Result;
 
 /// The output of a training-mode batch norm and the batch's statistics.
@@ -149,11 +150,13 @@ impl Dims {
     }
 
     /// Values per channel.
+    #[inline(always)]
     fn n(&self) -> usize {
         self.b * self.hw
     }
 
     /// The `b` planes of channel `ch` in `v`.
+    #[inline(always)]
     fn planes<'a>(&self, v: &'a [f32], ch: usize) -> impl Iterator<Item = &'a [f32]> + 'a {
         let (c, hw) = (self.c, self.hw);
         (0..self.b).map(move |s| &v[(s * c + ch) * hw..][..hw])
@@ -180,20 +183,25 @@ fn channel_stats(d: Dims, x: &[f32], eps: f64) -> Stats {
     let per: Vec<(f32, f32, f32)> = (0..d.c)
         .into_par_iter()
         .map(|ch| {
-            let sum: f64 = d.planes(x, ch).map(|p| lane_sum(p.len(), |i| p[i])).sum();
-            let mean = (sum / n) as f32;
-            let sq: f64 = d
-                .planes(x, ch)
-                .map(|p| {
-                    lane_sum(p.len(), |i| {
-                        let v = p[i] - mean;
-                        v * v
-                    })
-                })
-                .sum();
-            let var = (sq / n) as f32;
-            let invstd = (1.0 / (f64::from(var) + eps).sqrt()) as f32;
-            (mean, var, invstd)
+            vectorised(
+                #[inline(always)]
+                || {
+                    let sum: f64 = d.planes(x, ch).map(|p| lane_sum(p.len(), |i| p[i])).sum();
+                    let mean = (sum / n) as f32;
+                    let sq: f64 = d
+                        .planes(x, ch)
+                        .map(|p| {
+                            lane_sum(p.len(), |i| {
+                                let v = p[i] - mean;
+                                v * v
+                            })
+                        })
+                        .sum();
+                    let var = (sq / n) as f32;
+                    let invstd = (1.0 / (f64::from(var) + eps).sqrt()) as f32;
+                    (mean, var, invstd)
+                },
+            )
         })
         .collect();
     Stats {
@@ -215,11 +223,28 @@ struct Gate {
 }
 
 impl Gate {
-    /// The gradient reaching the norm's output: `dy`, or 0 where the ReLU
-    /// (when `RELU`) stopped it. Branch-free, so the loops vectorise.
+    /// The gradient reaching the norm's output for a vector of inputs `x`:
+    /// `dy`, or 0 where the ReLU (when on) stopped it, where `x * scale +
+    /// shift <= 0` (never for NaN, which passes). In explicit vectors:
+    /// written as scalar code, LLVM turns the select into masked scalar
+    /// loads.
     #[inline(always)]
-    fn at<const RELU: bool>(self, x: f32, dy: f32) -> f32 {
-        if RELU && !passes(x * self.scale + self.shift) {
+    fn at<S: Simd>(self, simd: S, x: S::f32s, dy: S::f32s) -> S::f32s {
+        if !self.relu {
+            return dy;
+        }
+        let zero = simd.splat_f32s(0.0);
+        let z = simd.add_f32s(
+            simd.mul_f32s(x, simd.splat_f32s(self.scale)),
+            simd.splat_f32s(self.shift),
+        );
+        simd.select_f32s(simd.less_than_or_equal_f32s(z, zero), zero, dy)
+    }
+
+    /// [`Gate::at`] for one value (a plane's tail).
+    #[inline(always)]
+    fn at1(self, x: f32, dy: f32) -> f32 {
+        if self.relu && !passes(x * self.scale + self.shift) {
             0.0
         } else {
             dy
@@ -228,41 +253,72 @@ impl Gate {
 }
 
 /// One plane's `(sum(g), sum(g * (x - m)))` with `g` the gated gradient,
-/// eight running sums each.
-#[inline(always)]
-fn gate_sums<const RELU: bool>(gate: Gate, m: f32, x: &[f32], dy: &[f32]) -> (f64, f64) {
-    let (mut a, mut b) = ([0f32; 8], [0f32; 8]);
-    let (xs, dys) = (x.chunks_exact(8), dy.chunks_exact(8));
-    let (xt, dyt) = (xs.remainder(), dys.remainder());
-    for (x, dy) in xs.zip(dys) {
-        for j in 0..8 {
-            let g = gate.at::<RELU>(x[j], dy[j]);
-            a[j] += g;
-            b[j] += g * (x[j] - m);
+/// a vector of running sums each.
+struct GateSums<'a> {
+    gate: Gate,
+    m: f32,
+    x: &'a [f32],
+    dy: &'a [f32],
+}
+
+impl WithSimd for GateSums<'_> {
+    type Output = (f64, f64);
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, simd: S) -> (f64, f64) {
+        let Self { gate, m, x, dy } = self;
+        let ((xv, xt), (dv, dt)) = (S::as_simd_f32s(x), S::as_simd_f32s(dy));
+        let mv = simd.splat_f32s(m);
+        let (mut a, mut b) = (simd.splat_f32s(0.0), simd.splat_f32s(0.0));
+        for (&x, &dy) in xv.iter().zip(dv) {
+            let g = gate.at(simd, x, dy);
+            a = simd.add_f32s(a, g);
+            b = simd.add_f32s(b, simd.mul_f32s(g, simd.sub_f32s(x, mv)));
         }
+        let (mut ta, mut tb) = (0f32, 0f32);
+        for (&x, &dy) in xt.iter().zip(dt) {
+            let g = gate.at1(x, dy);
+            ta += g;
+            tb += g * (x - m);
+        }
+        let total = |v: S::f32s, t: f32| f64::from(simd.reduce_sum_f32s(v)) + f64::from(t);
+        (total(a, ta), total(b, tb))
     }
-    let (mut ta, mut tb) = (0f32, 0f32);
-    for (&x, &dy) in xt.iter().zip(dyt) {
-        let g = gate.at::<RELU>(x, dy);
-        ta += g;
-        tb += g * (x - m);
-    }
-    let total = |l: [f32; 8], t: f32| l.iter().map(|&v| f64::from(v)).sum::<f64>() + f64::from(t);
-    (total(a, ta), total(b, tb))
 }
 
 /// One plane's dx: `(g - mean_g - (x - m) * k) * scale` with `terms = (m,
 /// mean_g, k, scale)`.
-#[inline(always)]
-fn gate_dx<const RELU: bool>(
+struct GateDx<'a> {
     gate: Gate,
-    (m, mean_g, k, scale): (f32, f32, f32, f32),
-    x: &[f32],
-    dy: &[f32],
-    dx: &mut [f32],
-) {
-    for ((o, &x), &dy) in dx.iter_mut().zip(x).zip(dy) {
-        *o = (gate.at::<RELU>(x, dy) - mean_g - (x - m) * k) * scale;
+    terms: (f32, f32, f32, f32),
+    x: &'a [f32],
+    dy: &'a [f32],
+    dx: &'a mut [f32],
+}
+
+impl WithSimd for GateDx<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, simd: S) {
+        let Self {
+            gate,
+            terms: (m, mean_g, k, scale),
+            x,
+            dy,
+            dx,
+        } = self;
+        let ((xv, xt), (dv, dt)) = (S::as_simd_f32s(x), S::as_simd_f32s(dy));
+        let (ov, ot) = S::as_mut_simd_f32s(dx);
+        let [mv, gv, kv, sv] = [m, mean_g, k, scale].map(|v| simd.splat_f32s(v));
+        for ((o, &x), &dy) in ov.iter_mut().zip(xv).zip(dv) {
+            let g = simd.sub_f32s(gate.at(simd, x, dy), gv);
+            let t = simd.mul_f32s(simd.sub_f32s(x, mv), kv);
+            *o = simd.mul_f32s(simd.sub_f32s(g, t), sv);
+        }
+        for ((o, &x), &dy) in ot.iter_mut().zip(xt).zip(dt) {
+            *o = (gate.at1(x, dy) - mean_g - (x - m) * k) * scale;
+        }
     }
 }
 
@@ -323,17 +379,22 @@ impl CustomOp3 for BatchNormOp {
                 .zip(x.par_chunks(d.hw))
                 .enumerate()
                 .for_each(|(i, (y, x))| {
-                    let (scale, shift) = (st.scale[i % d.c], st.shift[i % d.c]);
-                    if relu {
-                        y.iter_mut().zip(x).for_each(|(y, &x)| {
-                            let z = x * scale + shift;
-                            *y = if passes(z) { z } else { 0.0 };
-                        });
-                    } else {
-                        y.iter_mut()
-                            .zip(x)
-                            .for_each(|(y, &x)| *y = x * scale + shift);
-                    }
+                    vectorised(
+                        #[inline(always)]
+                        || {
+                            let (scale, shift) = (st.scale[i % d.c], st.shift[i % d.c]);
+                            if relu {
+                                y.iter_mut().zip(x).for_each(|(y, &x)| {
+                                    let z = x * scale + shift;
+                                    *y = if passes(z) { z } else { 0.0 };
+                                });
+                            } else {
+                                y.iter_mut()
+                                    .zip(x)
+                                    .for_each(|(y, &x)| *y = x * scale + shift);
+                            }
+                        },
+                    )
                 });
         }
         keep(&self.stats, st);
@@ -427,12 +488,8 @@ impl CustomOp3 for BatchNormBackward {
             .map(|ch| {
                 let (gate, m) = (gated(ch), st.mean[ch]);
                 let (mut sdy, mut sdyx) = (0f64, 0f64);
-                for (xp, gp) in d.planes(x, ch).zip(d.planes(dy, ch)) {
-                    let (a, b) = if gate.relu {
-                        gate_sums::<true>(gate, m, xp, gp)
-                    } else {
-                        gate_sums::<false>(gate, m, xp, gp)
-                    };
+                for (x, dy) in d.planes(x, ch).zip(d.planes(dy, ch)) {
+                    let (a, b) = pulp::Arch::new().dispatch(GateSums { gate, m, x, dy });
                     (sdy, sdyx) = (sdy + a, sdyx + b);
                 }
                 (sdy as f32, sdyx as f32)
@@ -454,12 +511,13 @@ impl CustomOp3 for BatchNormBackward {
                     let ch = i % d.c;
                     let (m, is) = (st.mean[ch], st.invstd[ch]);
                     let k = sums[ch].1 / n * is * is;
-                    let terms = (m, sums[ch].0 / n, k, w[ch] * is);
-                    if self.relu {
-                        gate_dx::<true>(gated(ch), terms, x, dy, dx);
-                    } else {
-                        gate_dx::<false>(gated(ch), terms, x, dy, dx);
-                    }
+                    pulp::Arch::new().dispatch(GateDx {
+                        gate: gated(ch),
+                        terms: (m, sums[ch].0 / n, k, w[ch] * is),
+                        x,
+                        dy,
+                        dx,
+                    });
                 });
         }
         Ok(grads_out(self.buffers.as_ref(), dw, db, dx))

@@ -436,8 +436,9 @@ impl Geom {
     }
 
     /// The outputs of all samples of `x` into `out`, with the weights `w`
-    /// in im2col row order: the samples split across the compute threads,
-    /// each chunk one GEMM ([`Geom::batched`]) or one per sample.
+    /// in im2col row order: the direct kernels where they run
+    /// ([`Geom::direct`]), else the samples split across the compute
+    /// threads, each chunk one GEMM ([`Geom::batched`]) or one per sample.
     pub(super) fn forward_all(
         &self,
         name: &str,
@@ -446,6 +447,9 @@ impl Geom {
         x: &[f32],
         out: &mut [f32],
     ) -> candle_core::Result<()> {
+        if self.direct() {
+            return self.forward_direct(name, w, b, x, out);
+        }
         let per = self.per_chunk();
         out.par_chunks_mut(per * self.out_len())
             .zip(x.par_chunks(per * self.in_len()))

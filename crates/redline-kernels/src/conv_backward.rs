@@ -189,6 +189,19 @@ impl Conv2dBackward {
             Dy::Pooled(u, gp, at) => return self.chunk_wide(u, x, w, gp, at, dx),
         };
         let (g, name) = (self.geom, self.name());
+        if g.direct_weight_grad() {
+            let acc = g.weight_grad_direct(name, x, dys)?;
+            if let Some(dx) = dx {
+                // Only where dx is not the transposed forward (`accumulate`).
+                let mut dcols = vec![0f32; g.k() * g.ohw()];
+                let samples = dx.chunks_mut(g.in_len()).zip(dys.chunks(g.out_len()));
+                for (dx, dy) in samples {
+                    input_cols(g, name, w, Mat::new(dy, g.cout, g.ohw()), &mut dcols)?;
+                    g.col2im(&dcols, dx);
+                }
+            }
+            return Ok(acc);
+        }
         let wlen = g.cout * g.k();
         let mut acc = vec![0f32; wlen + g.cout];
         let mut cols = vec![0f32; if g.pointwise() { 0 } else { g.k() * g.ohw() }];

@@ -14,6 +14,8 @@ pub mod batch_norm;
 pub mod conv;
 mod conv_backward;
 mod conv_block;
+mod conv_direct;
+mod conv_direct_simd;
 mod conv_dx;
 mod conv_grouped;
 pub mod conv_igemm;

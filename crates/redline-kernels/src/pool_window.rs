@@ -26,11 +26,13 @@ pub(crate) struct Window {
 
 impl Window {
     /// The output side for an input side `n`.
+    #[inline(always)]
     fn out(&self, n: usize) -> usize {
         (n + 2 * self.pad - self.k) / self.stride + 1
     }
 
     /// The input range `lo..hi` under output position `o` of a side `n`.
+    #[inline(always)]
     fn span(&self, o: usize, n: usize) -> (usize, usize) {
         let start = o * self.stride;
         let lo = start.saturating_sub(self.pad);
@@ -45,35 +47,28 @@ impl Window {
     /// candidate per output column (its last NaN, else its first maximum),
     /// then the rows of each window combined in order by the same rule,
     /// which gives the window's last NaN, else its first maximum in
-    /// row-major order. The second pass runs along whole output rows (it
-    /// vectorises); the first has no window bounds inside its loop.
+    /// row-major order. Both passes run along whole output rows, so that
+    /// they vectorise: the first tap by tap ([`Window::row_pass`]).
+    #[inline(always)]
     fn pool_plane(
         &self,
         plane: &[f32],
         (h, w): (usize, usize),
         (out, at): (&mut [f32], &mut [u32]),
-        rows: &mut (Vec<f32>, Vec<u32>),
+        rows: &mut Scratch,
     ) {
         let (oh, ow) = (self.out(h), self.out(w));
-        let (hb, hp) = rows;
-        hb.resize(h * ow, 0.0);
-        hp.resize(h * ow, 0);
+        let Scratch { best, pos, phases } = rows;
+        best.resize(h * ow, 0.0);
+        pos.resize(h * ow, 0);
+        phases.resize(w.div_ceil(self.stride) * self.stride, f32::NEG_INFINITY);
         for (iy, (row, (hb, hp))) in plane
             .chunks(w)
-            .zip(hb.chunks_mut(ow).zip(hp.chunks_mut(ow)))
+            .zip(best.chunks_mut(ow).zip(pos.chunks_mut(ow)))
             .enumerate()
         {
-            for (ox, (b, p)) in hb.iter_mut().zip(hp.iter_mut()).enumerate() {
-                let (x0, x1) = self.span(ox, w);
-                let (mut best, mut pos) = (f32::NEG_INFINITY, x0);
-                for (ix, &v) in row.iter().enumerate().take(x1).skip(x0) {
-                    let take = v > best || v.is_nan();
-                    best = if take { v } else { best };
-                    pos = if take { ix } else { pos };
-                }
-                // In range: the caller checked h * w against u32::MAX.
-                (*b, *p) = (best, (iy * w + pos) as u32);
-            }
+            // In range: the caller checked h * w against u32::MAX.
+            self.row_pass(row, (iy * w) as u32, (hb, hp), phases);
         }
         for (oy, (out, at)) in out
             .chunks_mut(ow)
@@ -82,16 +77,106 @@ impl Window {
             .take(oh)
         {
             let (y0, y1) = self.span(oy, h);
-            out.copy_from_slice(&hb[y0 * ow..][..ow]);
-            at.copy_from_slice(&hp[y0 * ow..][..ow]);
+            out.copy_from_slice(&best[y0 * ow..][..ow]);
+            at.copy_from_slice(&pos[y0 * ow..][..ow]);
             for iy in y0 + 1..y1 {
-                let (cb, cp) = (&hb[iy * ow..][..ow], &hp[iy * ow..][..ow]);
+                let (cb, cp) = (&best[iy * ow..][..ow], &pos[iy * ow..][..ow]);
                 for ((o, a), (&v, &p)) in out.iter_mut().zip(at.iter_mut()).zip(cb.iter().zip(cp)) {
                     let take = v > *o || v.is_nan();
                     *o = if take { v } else { *o };
                     *a = if take { p } else { *a };
                 }
             }
+        }
+    }
+
+    /// One input row's candidate per output column into `hb` (value) and
+    /// `hp` (its index in the plane; the row starts at `base`): the taps
+    /// of the window in column order, each over every output column it
+    /// reaches, so that each window sees its columns in the scan's order.
+    /// A strided window reads its taps from the row split into `stride`
+    /// phases (`phases`: column `j * stride + r` at `r * len + j`), so every
+    /// tap's loop reads contiguous values.
+    #[inline(always)]
+    fn row_pass(
+        &self,
+        row: &[f32],
+        base: u32,
+        (hb, hp): (&mut [f32], &mut [u32]),
+        phases: &mut [f32],
+    ) {
+        let (w, ow, s) = (row.len(), hb.len(), self.stride);
+        for (ox, (b, p)) in hb.iter_mut().zip(hp.iter_mut()).enumerate() {
+            *b = f32::NEG_INFINITY;
+            *p = base + self.span(ox, w).0 as u32;
+        }
+        let len = w.div_ceil(s);
+        if s > 1 {
+            for (j, cell) in row.chunks(s).enumerate() {
+                for (r, &v) in cell.iter().enumerate() {
+                    phases[r * len + j] = v;
+                }
+            }
+        }
+        for t in 0..self.k {
+            // Tap t of output column ox reads column ox * s + t - pad:
+            // inside the row for ox in lo..hi.
+            let lo = self.pad.saturating_sub(t).div_ceil(s);
+            let hi = (w + self.pad).saturating_sub(t).div_ceil(s).min(ow);
+            if lo >= hi {
+                continue;
+            }
+            let first = lo * s + t - self.pad;
+            let src = if s > 1 {
+                &phases[(first % s) * len + first / s..][..hi - lo]
+            } else {
+                &row[first..][..hi - lo]
+            };
+            let (hb, hp) = (&mut hb[lo..hi], &mut hp[lo..hi]);
+            let start = base + first as u32;
+            for (i, ((b, p), &v)) in hb.iter_mut().zip(hp.iter_mut()).zip(src).enumerate() {
+                let take = v > *b || v.is_nan();
+                *b = if take { v } else { *b };
+                *p = if take { start + (i * s) as u32 } else { *p };
+            }
+        }
+    }
+}
+
+/// A worker's scratch for [`Window::pool_plane`]: each input row's
+/// candidates (values, positions) and one row split into phases.
+#[derive(Default)]
+struct Scratch {
+    best: Vec<f32>,
+    pos: Vec<u32>,
+    phases: Vec<f32>,
+}
+
+/// The forward's planes of one worker, in a pulp dispatch so that the row
+/// passes vectorise with the machine's widest vectors.
+struct PoolPlanes<'a> {
+    win: Window,
+    dims: (usize, usize),
+    x: &'a [f32],
+    out: &'a mut [f32],
+    at: &'a mut [u32],
+}
+
+impl pulp::WithSimd for PoolPlanes<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _simd: S) {
+        let (h, w) = self.dims;
+        let (oh, ow) = (self.win.out(h), self.win.out(w));
+        let mut rows = Scratch::default();
+        let planes = self
+            .out
+            .chunks_mut(oh * ow)
+            .zip(self.at.chunks_mut(oh * ow))
+            .zip(self.x.chunks(h * w));
+        for ((out, at), plane) in planes {
+            self.win.pool_plane(plane, (h, w), (out, at), &mut rows);
         }
     }
 }
@@ -135,14 +220,13 @@ impl CustomOp1 for MaxPoolWindow {
                 .zip(at.par_chunks_mut(per * oh * ow))
                 .zip(x.par_chunks(per * h * w))
                 .for_each(|((out, at), x)| {
-                    let mut rows = (Vec::new(), Vec::new());
-                    let planes = out
-                        .chunks_mut(oh * ow)
-                        .zip(at.chunks_mut(oh * ow))
-                        .zip(x.chunks(h * w));
-                    for ((out, at), plane) in planes {
-                        win.pool_plane(plane, (h, w), (out, at), &mut rows);
-                    }
+                    pulp::Arch::new().dispatch(PoolPlanes {
+                        win,
+                        dims: (h, w),
+                        x,
+                        out,
+                        at,
+                    });
                 });
         }
         keep(&self.saved, Arc::new(at));
@@ -250,45 +334,66 @@ mod tests {
     /// NaN exactly where the window holds one.
     #[test]
     fn nans_and_ties_route_as_pytorchs_scan() {
-        let (h, w) = (9, 8);
-        for (k, stride, pad) in [(3, 2, 1), (3, 1, 1), (5, 2, 2), (2, 1, 0)] {
-            let win = Window { k, stride, pad };
-            let v: Vec<f32> = (0..h * w)
-                .map(|i| match (i * 7) % 11 {
-                    0 | 5 => f32::NAN,
-                    1..=3 => 2.0,
-                    n => n as f32 * 0.25,
-                })
-                .collect();
-            let x =
-                Var::from_tensor(&Tensor::from_vec(v.clone(), (1, 1, h, w), &Device::Cpu).unwrap())
-                    .unwrap();
-            let y = max_pool2d_window(x.as_tensor(), k, stride, pad).unwrap();
-            let (oh, ow) = (win.out(h), win.out(w));
-            // Each window's gradient is its index + 1, so positions are told apart.
-            let r = Tensor::arange(1f32, (oh * ow + 1) as f32, &Device::Cpu)
-                .unwrap()
-                .reshape((1, 1, oh, ow))
-                .unwrap();
-            let g = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
-            let got: Vec<f32> = g
-                .get(x.as_tensor())
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            let ys: Vec<f32> = y.flatten_all().unwrap().to_vec1().unwrap();
-            let mut want = vec![0f32; h * w];
-            for oy in 0..oh {
-                for ox in 0..ow {
-                    let at = scan(win, &v, (h, w), oy, ox);
-                    want[at] += (oy * ow + ox + 1) as f32;
-                    let y = ys[oy * ow + ox];
-                    assert!(y.is_nan() == v[at].is_nan() && (y.is_nan() || y == v[at]));
-                }
+        for (k, stride, pad, h, w) in [
+            (3, 2, 1, 9, 8),
+            (3, 1, 1, 9, 8),
+            (5, 2, 2, 9, 8),
+            (2, 1, 0, 9, 8),
+            // Rows wider than a vector, odd and even, strides 2 and 3.
+            (3, 2, 1, 7, 37),
+            (3, 2, 1, 6, 40),
+            (4, 3, 1, 5, 41),
+            (3, 3, 0, 5, 40),
+        ] {
+            for ties in [false, true] {
+                check_scan(Window { k, stride, pad }, (h, w), ties);
             }
-            assert_eq!(got, want, "window {k}, stride {stride}, padding {pad}");
         }
+    }
+
+    /// One plane of NaNs and ties (or, with `ties`, only three values, so
+    /// that most windows hold several maxima in a row), pooled and
+    /// differentiated, against [`scan`].
+    fn check_scan(win: Window, (h, w): (usize, usize), ties: bool) {
+        let Window { k, stride, pad } = win;
+        let v: Vec<f32> = (0..h * w)
+            .map(|i| match (i * 7) % 11 {
+                _ if ties => ((i * 5 + i / w) % 3) as f32,
+                0 | 5 => f32::NAN,
+                1..=3 => 2.0,
+                n => n as f32 * 0.25,
+            })
+            .collect();
+        let x = Var::from_tensor(&Tensor::from_vec(v.clone(), (1, 1, h, w), &Device::Cpu).unwrap())
+            .unwrap();
+        let y = max_pool2d_window(x.as_tensor(), k, stride, pad).unwrap();
+        let (oh, ow) = (win.out(h), win.out(w));
+        // Each window's gradient is its index + 1, so positions are told apart.
+        let r = Tensor::arange(1f32, (oh * ow + 1) as f32, &Device::Cpu)
+            .unwrap()
+            .reshape((1, 1, oh, ow))
+            .unwrap();
+        let g = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+        let got: Vec<f32> = g
+            .get(x.as_tensor())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let ys: Vec<f32> = y.flatten_all().unwrap().to_vec1().unwrap();
+        let mut want = vec![0f32; h * w];
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let at = scan(win, &v, (h, w), oy, ox);
+                want[at] += (oy * ow + ox + 1) as f32;
+                let y = ys[oy * ow + ox];
+                assert!(y.is_nan() == v[at].is_nan() && (y.is_nan() || y == v[at]));
+            }
+        }
+        assert_eq!(
+            got, want,
+            "window {k}, stride {stride}, padding {pad}, ties {ties}"
+        );
     }
 }

@@ -14,6 +14,26 @@ pub fn f32s<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&'a [f32]> {
     }
 }
 
+/// Runs `f` compiled for the machine's widest vector instructions (pulp's
+/// dispatch: AVX-512 or AVX2 where the CPU has them), so that the plain
+/// loops of a kernel vectorise with them rather than with the baseline's
+/// SSE2. `f` must be an `#[inline(always)]` closure, and its helpers
+/// `#[inline(always)]` functions, to be compiled so (a closure left
+/// uninlined runs the baseline's code).
+#[inline(always)]
+pub fn vectorised<R>(f: impl FnOnce() -> R) -> R {
+    struct Run<F>(F);
+    impl<R, F: FnOnce() -> R> pulp::WithSimd for Run<F> {
+        type Output = R;
+
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _simd: S) -> R {
+            (self.0)()
+        }
+    }
+    pulp::Arch::new().dispatch(Run(f))
+}
+
 /// Leaves `v` in `slot` for the op's backward (or for whoever takes it next).
 pub fn keep<T>(slot: &std::sync::Mutex<Option<T>>, v: T) {
     *slot

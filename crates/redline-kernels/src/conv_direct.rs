@@ -1,0 +1,436 @@
+//! Direct convolutions on CPUs with AVX-512: the products read the input
+//! at each tap's offset, so no im2col matrix is written, read back and
+//! packed. The input is laid out once per sample so that every tap reads
+//! consecutive addresses for consecutive output pixels: padded, and for a
+//! stride `s` split into `s * s` phase planes (padded pixel `(r, c)` in
+//! plane `(r % s, c % s)`); the outputs are computed over the plane's full
+//! width (the wide layout of [`crate::conv_wide`]) and the junk columns
+//! dropped.
+//!
+//! On ResNet-18's 3x3 stages at 224 px, batch 32, 2 threads of the 2-core
+//! VM, the im2col + `gemm` path spent a sixth of the step in im2col and
+//! the GEMM's packing and ran at 330-370 GFLOP/s; these loops run the
+//! 56x56 and 28x28 stages' forward at about 430 GFLOP/s and their
+//! backward at about 400 (`examples/conv_shapes.rs`).
+//!
+//! - Forward: tiles of [`MR`] output channels x [`NR`] wide pixels
+//!   ([`crate::conv_direct_simd::forward_tile`]), the taps in im2col row
+//!   order; the input gradient of a stride-1 convolution is the forward of
+//!   its transposed convolution ([`crate::conv_dx`]) and takes it too.
+//! - Weight gradient: the output gradient transposed pixel-major once per
+//!   sample, then tiles of [`DK`] taps x [`DC`] channels reducing over all
+//!   the sample's pixels in registers.
+//!
+//! Output maps under [`MIN_PIXELS`] keep the im2col path (their whole-batch
+//! GEMMs): a sample's few pixels leave the tiles mostly junk and reread
+//! large weights for each one (ResNet-18's 7x7 stage: 21.6 ms im2col
+//! against 36 direct).
+
+use candle_core::{bail, DType};
+use rayon::prelude::*;
+
+use crate::conv::Geom;
+use crate::conv_direct_simd::{self as simd, DC, DK, MR, NR};
+
+/// Output pixels per channel below which the im2col path stays.
+pub(super) const MIN_PIXELS: usize = 100;
+
+/// The largest stride the direct kernels take (a stride-`s` input is
+/// split into `s * s` phase planes).
+const MAX_STRIDE: usize = 4;
+
+impl Geom {
+    /// Whether the direct forward runs this convolution: AVX-512, more
+    /// than one tap (a 1x1 convolution's product reads its input as it
+    /// lies or from one strided copy, and measured no faster direct),
+    /// stride up to [`MAX_STRIDE`], f32 products, output channels a
+    /// multiple of [`MR`], maps of at least [`MIN_PIXELS`].
+    pub(super) fn direct(&self) -> bool {
+        self.kh * self.kw > 1
+            && self.stride <= MAX_STRIDE
+            && self.gemm == DType::F32
+            && self.cout.is_multiple_of(MR)
+            && self.ohw() >= MIN_PIXELS
+            && simd::available()
+    }
+
+    /// Whether the direct weight gradient runs: as [`Geom::direct`], with
+    /// output channels a multiple of [`DC`] and taps of [`DK`].
+    pub(super) fn direct_weight_grad(&self) -> bool {
+        self.kh * self.kw > 1
+            && self.stride <= MAX_STRIDE
+            && self.gemm == DType::F32
+            && self.cout.is_multiple_of(DC)
+            && self.k().is_multiple_of(DK)
+            && self.ohw() >= MIN_PIXELS
+            && simd::available()
+    }
+
+    /// Width of the wide output and of each phase plane: the padded width
+    /// over the stride, rounded up.
+    pub(super) fn direct_wq(&self) -> usize {
+        (self.w + 2 * self.pad).div_ceil(self.stride)
+    }
+
+    /// Wide output pixels per channel: `oh` rows of [`Geom::direct_wq`].
+    pub(super) fn direct_pixels(&self) -> usize {
+        self.oh * self.direct_wq()
+    }
+
+    /// Elements of one phase plane: its rows of [`Geom::direct_wq`], plus
+    /// the slack that the last taps' junk columns read.
+    fn direct_plane(&self) -> usize {
+        let s = self.stride;
+        (self.h + 2 * self.pad).div_ceil(s) * self.direct_wq() + (self.kw - 1) / s
+    }
+
+    /// Elements of one prepared sample: `Cin * stride * stride` phase
+    /// planes. The buffer must start zeroed: only the image is written.
+    fn direct_len(&self) -> usize {
+        self.cin * self.stride * self.stride * self.direct_plane()
+    }
+
+    /// One `(Cin, H, W)` sample into its phase planes: padded pixel `(r,
+    /// c)` goes to plane `(r % s, c % s)` at `(r / s, c / s)`, so that a tap
+    /// reads the same plane at consecutive addresses for consecutive
+    /// output pixels (stride 1: one plane, the padded image).
+    fn direct_pad_into(&self, x: &[f32], xp: &mut [f32]) {
+        let (s, pad, wq, plane) = (self.stride, self.pad, self.direct_wq(), self.direct_plane());
+        for (ci, img) in x.chunks(self.h * self.w).enumerate() {
+            let planes = &mut xp[ci * s * s * plane..][..s * s * plane];
+            for (iy, row) in img.chunks(self.w).enumerate() {
+                let r = iy + pad;
+                if s == 1 {
+                    planes[r * wq + pad..][..self.w].copy_from_slice(row);
+                    continue;
+                }
+                // Plane column j of phase b holds padded column j * s + b.
+                for b in 0..s {
+                    let j0 = pad.saturating_sub(b).div_ceil(s);
+                    let Some(ix0) = (j0 * s + b).checked_sub(pad).filter(|&i| i < self.w) else {
+                        continue;
+                    };
+                    let dst = &mut planes[((r % s) * s + b) * plane + (r / s) * wq + j0..];
+                    for (d, &v) in dst.iter_mut().zip(row[ix0..].iter().step_by(s)) {
+                        *d = v;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Where im2col row `r`'s tap `(ci, ky, kx)` reads for output pixel 0.
+    fn direct_tap(&self, r: usize) -> usize {
+        let (s, wq) = (self.stride, self.direct_wq());
+        let (ci, ky, kx) = self.tap(r);
+        ((ci * s + ky % s) * s + kx % s) * self.direct_plane() + (ky / s) * wq + kx / s
+    }
+
+    /// Each im2col row's offset in the padded sample, and the largest.
+    fn direct_offsets(&self) -> (Vec<usize>, usize) {
+        let offs: Vec<usize> = (0..self.k()).map(|r| self.direct_tap(r)).collect();
+        let max = offs.iter().copied().max().unwrap_or(0);
+        (offs, max)
+    }
+
+    /// A zeroed padded-sample buffer, with a tile's slack for the last
+    /// tile's junk reads.
+    fn direct_padded(&self) -> Vec<f32> {
+        vec![0f32; self.direct_len() + NR]
+    }
+
+    /// Weights `(Cout, K)` in im2col row order as panels of [`MR`] output
+    /// channels, tap-major: panel `q` holds `w[q * MR + m][k]` at `k * MR + m`.
+    fn direct_panels(&self, w: &[f32]) -> Vec<f32> {
+        let k = self.k();
+        let mut out = vec![0f32; w.len()];
+        out.par_chunks_mut(k * MR)
+            .zip(w.par_chunks(k * MR))
+            .for_each(|(panel, rows)| {
+                for (m, row) in rows.chunks(k).enumerate() {
+                    for (kk, &v) in row.iter().enumerate() {
+                        panel[kk * MR + m] = v;
+                    }
+                }
+            });
+        out
+    }
+
+    /// The outputs of all samples of `x` into `out` ([`Geom::direct`]),
+    /// `w` in im2col row order, the bias added last; the samples split
+    /// across the compute threads.
+    pub(super) fn forward_direct(
+        &self,
+        name: &str,
+        w: &[f32],
+        b: &[f32],
+        x: &[f32],
+        out: &mut [f32],
+    ) -> candle_core::Result<()> {
+        let panels = self.direct_panels(w);
+        let offs = self.direct_offsets();
+        let (p, wq, ow) = (self.direct_pixels(), self.direct_wq(), self.ow);
+        let per = self.per_chunk();
+        out.par_chunks_mut(per * self.out_len())
+            .zip(x.par_chunks(per * self.in_len()))
+            .try_for_each(|(out, x)| {
+                let mut xp = self.direct_padded();
+                let mut yw = vec![0f32; self.cout * p];
+                let samples = out.chunks_mut(self.out_len()).zip(x.chunks(self.in_len()));
+                for (y, x) in samples {
+                    self.direct_pad_into(x, &mut xp);
+                    self.direct_tiles(name, &panels, (&offs.0, offs.1), &xp, &mut yw)?;
+                    // (Cout, oh, wp) -> (Cout, oh, ow), junk columns dropped.
+                    let planes = y.chunks_mut(self.ohw()).zip(yw.chunks(p)).zip(b);
+                    for ((plane, wide), &bias) in planes {
+                        for (row, src) in plane.chunks_mut(ow).zip(wide.chunks(wq)) {
+                            for (o, &v) in row.iter_mut().zip(src) {
+                                *o = v + bias;
+                            }
+                        }
+                    }
+                }
+                Ok(())
+            })
+    }
+
+    /// One padded sample's wide output `yw (Cout, oh*wp)`: for each tile of
+    /// pixels, every panel of output channels (the pixels' input stays in
+    /// cache across the panels).
+    fn direct_tiles(
+        &self,
+        name: &str,
+        panels: &[f32],
+        offs: (&[usize], usize),
+        xp: &[f32],
+        yw: &mut [f32],
+    ) -> candle_core::Result<()> {
+        let (p, k) = (self.direct_pixels(), self.k());
+        for p0 in (0..p).step_by(NR) {
+            let n = NR.min(p - p0);
+            for (q, panel) in panels.chunks(k * MR).enumerate() {
+                let y = &mut yw[q * MR * p + p0..];
+                if !simd::forward_tile(panel, offs, &xp[p0..], (y, p), n) {
+                    bail!("{name}: a direct tile left its buffers ({self:?})");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One sample's output gradient `dy (Cout, oh, ow)` pixel-major into
+    /// `dyt (oh*wq, Cout)` (junk pixels left as they are: zero). Sixteen
+    /// channels at a time, so that each pixel's write is one contiguous
+    /// run and the sixteen planes are read in order (one value per
+    /// channel per pixel scattered across a `Cout`-float stride was 4% of
+    /// ResNet-18's step).
+    fn transpose_grad(&self, dy: &[f32], dyt: &mut [f32]) {
+        const L: usize = 16;
+        let (cout, ow, wq, ohw) = (self.cout, self.ow, self.direct_wq(), self.ohw());
+        for c0 in (0..cout).step_by(L) {
+            let lanes = L.min(cout - c0);
+            for oy in 0..self.oh {
+                for ox in 0..ow {
+                    let src = oy * ow + ox;
+                    let dst = &mut dyt[(oy * wq + ox) * cout + c0..][..lanes];
+                    for (j, d) in dst.iter_mut().enumerate() {
+                        *d = dy[(c0 + j) * ohw + src];
+                    }
+                }
+            }
+        }
+    }
+
+    /// `[dW | db]` of a chunk of samples ([`Geom::direct_weight_grad`]),
+    /// dW in im2col row order: per sample, the output gradient transposed
+    /// to `(oh*wp, Cout)` (junk pixels zero), then every tile of taps and
+    /// channels over all its pixels.
+    pub(super) fn weight_grad_direct(
+        &self,
+        name: &str,
+        x: &[f32],
+        dys: &[f32],
+    ) -> candle_core::Result<Vec<f32>> {
+        let (p, cout, k) = (self.direct_pixels(), self.cout, self.k());
+        let (offs, _) = self.direct_offsets();
+        let mut xp = self.direct_padded();
+        let mut dyt = vec![0f32; p * cout];
+        // dW transposed, (K, Cout).
+        let mut dwt = vec![0f32; k * cout];
+        let mut db = vec![0f32; cout];
+        for (x, dy) in x.chunks(self.in_len()).zip(dys.chunks(self.out_len())) {
+            self.direct_pad_into(x, &mut xp);
+            self.transpose_grad(dy, &mut dyt);
+            for (kb, taps) in offs.chunks_exact(DK).enumerate() {
+                let taps: [usize; DK] = std::array::from_fn(|r| taps[r]);
+                for cb in 0..cout / DC {
+                    let out = &mut dwt[kb * DK * cout + cb * DC..];
+                    if !simd::weight_grad_tile(&xp, &taps, (&dyt[cb * DC..], cout), p, (out, cout))
+                    {
+                        bail!("{name}: a direct weight-gradient tile left its buffers ({self:?})");
+                    }
+                }
+            }
+            crate::conv_backward::add_row_sums(&mut db, dy, self.ohw());
+        }
+        let mut acc = vec![0f32; cout * k + cout];
+        for (kk, row) in dwt.chunks(cout).enumerate() {
+            for (co, &v) in row.iter().enumerate() {
+                acc[co * k + kk] = v;
+            }
+        }
+        acc[cout * k..].copy_from_slice(&db);
+        Ok(acc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use crate::conv::gemm_or_err;
+    use crate::gemm::Mat;
+
+    fn geom(
+        b: usize,
+        (cin, cout): (usize, usize),
+        (h, w): (usize, usize),
+        (kh, kw, pad): (usize, usize, usize),
+    ) -> Geom {
+        strided(b, (cin, cout), (h, w), (kh, kw, pad), 1)
+    }
+
+    fn strided(
+        b: usize,
+        (cin, cout): (usize, usize),
+        (h, w): (usize, usize),
+        (kh, kw, pad): (usize, usize, usize),
+        stride: usize,
+    ) -> Geom {
+        Geom {
+            b,
+            cin,
+            h,
+            w,
+            cout,
+            kh,
+            kw,
+            pad,
+            stride,
+            oh: (h + 2 * pad - kh) / stride + 1,
+            ow: (w + 2 * pad - kw) / stride + 1,
+            gemm: DType::F32,
+        }
+    }
+
+    fn vals(n: usize, f: f32) -> Vec<f32> {
+        (0..n).map(|i| ((i as f32 + 0.5) * f).sin()).collect()
+    }
+
+    fn close(what: &str, got: &[f32], want: &[f32]) {
+        assert_eq!(got.len(), want.len(), "{what}");
+        let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() <= 2e-5 * scale, "{what}[{i}]: {g} vs {w}");
+        }
+    }
+
+    /// Geometries the direct kernels take: the last pixel tile cut short
+    /// (masked stores; with a 3x1 kernel and no padding, a real pixel last), 1x3 and 5x5
+    /// kernels, more panels and weight tiles
+    /// than one, two samples per thread chunk.
+    fn shapes() -> Vec<Geom> {
+        vec![
+            geom(3, (4, 32), (11, 11), (3, 3, 1)),
+            geom(2, (8, 16), (10, 12), (1, 3, 1)),
+            geom(2, (4, 32), (10, 13), (3, 1, 0)),
+            geom(4, (12, 64), (13, 9), (5, 5, 2)),
+            geom(2, (24, 8), (12, 12), (3, 3, 0)),
+            // Strides 2 and 3 through phase planes: ResNet's strided 3x3
+            // and its 7x7 stem (147 taps: the weight gradient keeps
+            // im2col), odd and even input sides.
+            strided(2, (4, 32), (21, 21), (3, 3, 1), 2),
+            strided(2, (4, 32), (22, 20), (3, 3, 1), 2),
+            strided(2, (3, 16), (23, 23), (7, 7, 3), 2),
+            strided(2, (4, 32), (33, 34), (3, 3, 0), 3),
+        ]
+    }
+
+    /// The direct forward equals the im2col + GEMM forward (to rounding:
+    /// the products sum the taps in the same order, the GEMM in blocks).
+    #[test]
+    fn direct_forward_matches_the_im2col_forward() -> candle_core::Result<()> {
+        if !simd::available() {
+            eprintln!("no AVX-512 here: the direct kernels are not run");
+            return Ok(());
+        }
+        for g in shapes() {
+            assert!(g.direct(), "{g:?} should take the direct forward");
+            let (x, w, b) = (
+                vals(g.b * g.in_len(), 0.37),
+                vals(g.cout * g.k(), 0.11),
+                vals(g.cout, 0.7),
+            );
+            let mut got = vec![0f32; g.b * g.out_len()];
+            g.forward_direct("test", &w, &b, &x, &mut got)?;
+            let mut want = vec![0f32; g.b * g.out_len()];
+            let mut cols = vec![0f32; g.k() * g.ohw()];
+            for (y, x) in want.chunks_mut(g.out_len()).zip(x.chunks(g.in_len())) {
+                g.forward_sample("test", &w, &b, x, &mut cols, y)?;
+            }
+            close(&format!("{g:?} forward"), &got, &want);
+        }
+        Ok(())
+    }
+
+    /// The direct weight gradient and bias gradient equal `dy * cols^T`
+    /// and the row sums of dy, summed over the samples.
+    #[test]
+    fn direct_weight_grad_matches_the_im2col_product() -> candle_core::Result<()> {
+        if !simd::available() {
+            eprintln!("no AVX-512 here: the direct kernels are not run");
+            return Ok(());
+        }
+        for g in shapes().into_iter().filter(Geom::direct_weight_grad) {
+            let (x, dy) = (vals(g.b * g.in_len(), 0.29), vals(g.b * g.out_len(), 0.13));
+            let got = g.weight_grad_direct("test", &x, &dy)?;
+            let (k, n) = (g.k(), g.ohw());
+            let mut want = vec![0f32; g.cout * k + g.cout];
+            let mut cols = vec![0f32; k * n];
+            for (x, dy) in x.chunks(g.in_len()).zip(dy.chunks(g.out_len())) {
+                g.im2col(x, &mut cols);
+                let (dw, db) = want.split_at_mut(g.cout * k);
+                let dym = Mat::new(dy, g.cout, n);
+                gemm_or_err(DType::F32, "test", dw, dym, Mat::new(&cols, k, n).t(), true)?;
+                crate::conv_backward::add_row_sums(db, dy, n);
+            }
+            close(&format!("{g:?} dW and db"), &got, &want);
+        }
+        let taken = shapes().iter().filter(|g| g.direct_weight_grad()).count();
+        assert!(
+            taken >= 2,
+            "only {taken} shapes take the direct weight gradient"
+        );
+        Ok(())
+    }
+
+    /// Small maps, strides over 4, 1x1 kernels, bf16 products and output
+    /// channels off the tiles keep the im2col path.
+    #[test]
+    fn other_convolutions_keep_the_im2col_path() {
+        let small = geom(2, (8, 32), (9, 9), (3, 3, 1));
+        let wide_stride = strided(2, (8, 32), (60, 60), (3, 3, 1), 5);
+        let bf16 = Geom {
+            gemm: DType::BF16,
+            ..geom(2, (8, 32), (11, 11), (3, 3, 1))
+        };
+        let odd_channels = geom(2, (8, 12), (11, 11), (3, 3, 1));
+        let pointwise = strided(3, (12, 32), (21, 22), (1, 1, 0), 2);
+        for g in [small, wide_stride, bf16, odd_channels, pointwise] {
+            assert!(!g.direct() && !g.direct_weight_grad(), "{g:?}");
+        }
+        assert!(geom(2, (8, 16), (11, 11), (3, 3, 1)).direct() || !simd::available());
+        assert!(!geom(2, (8, 16), (11, 11), (3, 3, 1)).direct_weight_grad());
+    }
+}

@@ -36,8 +36,7 @@ pub fn add_relu(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// output is `<= 0`.
 #[inline(always)]
 pub(crate) fn passes(v: f32) -> bool {
-    // `|`, not `||`: no branch, so the loops around it vectorise.
-    (v > 0.0) | v.is_nan()
+    v > 0.0 || v.is_nan()
 }
 
 struct AddRelu {

@@ -111,7 +111,17 @@ impl Window {
             *p = base + self.span(ox, w).0 as u32;
         }
         let len = w.div_ceil(s);
-        if s > 1 {
+        if s == 2 {
+            // Even and odd columns: pairs, so that the split vectorises.
+            let (even, odd) = phases.split_at_mut(len);
+            let pairs = row.chunks_exact(2);
+            if let Some(&last) = pairs.remainder().first() {
+                even[len - 1] = last;
+            }
+            for ((e, o), pair) in even.iter_mut().zip(odd.iter_mut()).zip(pairs) {
+                (*e, *o) = (pair[0], pair[1]);
+            }
+        } else if s > 1 {
             for (j, cell) in row.chunks(s).enumerate() {
                 for (r, &v) in cell.iter().enumerate() {
                     phases[r * len + j] = v;

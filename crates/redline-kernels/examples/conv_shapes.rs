@@ -33,31 +33,12 @@ fn shapes(s: usize) -> Vec<(&'static str, usize, usize, usize, usize, usize, usi
     ]
 }
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod common;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+use common::{arg, median};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (threads, batch, size, reps) = (
-        arg("--threads", 2),
-        arg("--batch", 32),
-        arg("--size", 224),
-        arg("--reps", 5),
-    );
-    redline_kernels::gemm::set_threads(threads);
-    // As the redline binary runs: freed buffers reused, not unmapped.
-    redline_core::host_alloc::reuse_freed_memory();
-    println!("threads {threads}, batch {batch}, input {size} px, median of {reps}");
+    let (batch, size, reps) = common::setup();
     println!(
         "| conv | cin | cout | k/s | in | fwd ms | bwd ms | fwd GFLOP/s | bwd GFLOP/s |\n| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"
     );

@@ -12,19 +12,9 @@ use redline_kernels::batch_norm::batch_norm2d_train;
 use redline_kernels::grad::Param;
 use redline_kernels::max_pool2d_window;
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod common;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+use common::median;
 
 /// Forward and backward medians (ms) of `f` over `reps` runs after one warm-up.
 fn time(
@@ -45,15 +35,7 @@ fn time(
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (threads, batch, size, reps) = (
-        arg("--threads", 2),
-        arg("--batch", 32),
-        arg("--size", 224),
-        arg("--reps", 5),
-    );
-    redline_kernels::gemm::set_threads(threads);
-    redline_core::host_alloc::reuse_freed_memory();
-    println!("threads {threads}, batch {batch}, input {size} px, median of {reps}");
+    let (batch, size, reps) = common::setup();
     println!("| op | c | side | fwd ms | bwd ms | fwd GB/s |\n| --- | ---: | ---: | ---: | ---: | ---: |");
     let dev = Device::Cpu;
     let stem = size / 2;

@@ -167,20 +167,38 @@ impl Geom {
         if !sizes_ok || wcin != cin || b.dims() != [cout] || kh > h + 2 * pad || kw > wd + 2 * pad {
             return Err(bad());
         }
-        Ok(Self {
-            b: bsz,
+        Ok(Self::sized(
+            bsz,
+            (cin, cout),
+            (h, wd),
+            (kh, kw, pad),
+            stride,
+        ))
+    }
+
+    /// The geometry of checked sizes (f32 products): `b` samples of `(cin,
+    /// h, w)`, `cout` kernels of `kh x kw`, padding `pad` and `stride`.
+    pub(super) fn sized(
+        b: usize,
+        (cin, cout): (usize, usize),
+        (h, w): (usize, usize),
+        (kh, kw, pad): (usize, usize, usize),
+        stride: usize,
+    ) -> Self {
+        Self {
+            b,
             cin,
             h,
-            w: wd,
+            w,
             cout,
             kh,
             kw,
             pad,
             stride,
             oh: (h + 2 * pad - kh) / stride + 1,
-            ow: (wd + 2 * pad - kw) / stride + 1,
+            ow: (w + 2 * pad - kw) / stride + 1,
             gemm: DType::F32,
-        })
+        }
     }
 
     /// Rows of the im2col matrix: `Cin * kh * kw`.

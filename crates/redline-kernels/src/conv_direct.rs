@@ -49,21 +49,21 @@ impl Geom {
     /// stride up to [`MAX_STRIDE`], f32 products, output channels a
     /// multiple of [`MR`], maps of at least [`MIN_PIXELS`].
     pub(super) fn direct(&self) -> bool {
-        self.kh * self.kw > 1
-            && self.stride <= MAX_STRIDE
-            && self.gemm == DType::F32
-            && self.cout.is_multiple_of(MR)
-            && self.ohw() >= MIN_PIXELS
-            && simd::available()
+        self.direct_with_tiles(MR)
     }
 
     /// Whether the direct weight gradient runs: as [`Geom::direct`], with
     /// output channels a multiple of [`DC`].
     pub(super) fn direct_weight_grad(&self) -> bool {
+        self.direct_with_tiles(DC)
+    }
+
+    /// [`Geom::direct`]'s rule for tiles of `channels` output channels.
+    fn direct_with_tiles(&self, channels: usize) -> bool {
         self.kh * self.kw > 1
             && self.stride <= MAX_STRIDE
             && self.gemm == DType::F32
-            && self.cout.is_multiple_of(DC)
+            && self.cout.is_multiple_of(channels)
             && self.ohw() >= MIN_PIXELS
             && simd::available()
     }
@@ -327,20 +327,7 @@ mod tests {
         (kh, kw, pad): (usize, usize, usize),
         stride: usize,
     ) -> Geom {
-        Geom {
-            b,
-            cin,
-            h,
-            w,
-            cout,
-            kh,
-            kw,
-            pad,
-            stride,
-            oh: (h + 2 * pad - kh) / stride + 1,
-            ow: (w + 2 * pad - kw) / stride + 1,
-            gemm: DType::F32,
-        }
+        Geom::sized(b, (cin, cout), (h, w), (kh, kw, pad), stride)
     }
 
     fn vals(n: usize, f: f32) -> Vec<f32> {

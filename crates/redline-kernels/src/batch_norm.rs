@@ -22,7 +22,7 @@ use redline_core::trace;
 
 use crate::add_relu::passes;
 use crate::grad::{grads_out, layer_buffers, Param, ParamBuffers};
-use crate::slices::{f32s, fused_cpu, keep, unpack_grads, vectorised};
+use crate::slices::{f32s, fused_cpu, keep, unpack_grads, vectorised, zeros_par};
 use crate::Result;
 
 /// The output of a training-mode batch norm and the batch's statistics.
@@ -372,7 +372,7 @@ impl CustomOp3 for BatchNormOp {
         st.shift = (0..d.c)
             .map(|ch| b[ch] - st.mean[ch] * st.scale[ch])
             .collect();
-        let mut y = vec![0f32; x.len()];
+        let mut y = zeros_par::<f32>(x.len());
         if d.hw > 0 {
             let relu = self.relu;
             y.par_chunks_mut(d.hw)
@@ -498,7 +498,7 @@ impl CustomOp3 for BatchNormBackward {
         let db: Vec<f32> = sums.iter().map(|s| s.0).collect();
         let dw: Vec<f32> = sums.iter().zip(&st.invstd).map(|(s, i)| s.1 * i).collect();
         let mut dx = if self.input_grad {
-            vec![0f32; x.len()]
+            zeros_par::<f32>(x.len())
         } else {
             Vec::new()
         };

@@ -581,7 +581,7 @@ impl CustomOp3 for Conv2dOp {
         trace::count("conv2d.forward");
         let [x, w, b] = g.operands(name, [(s1, l1), (s2, l2), (s3, l3)], ("bias", g.cout))?;
         let shape = Shape::from((g.b, g.cout, g.oh, g.ow));
-        let mut out = vec![0f32; g.b * g.out_len()];
+        let mut out = crate::slices::zeros_par::<f32>(g.b * g.out_len());
         if g.b == 0 {
             return Ok((CpuStorage::F32(out), shape));
         }

@@ -367,7 +367,7 @@ impl CustomOp3 for Conv2dBackward {
         let wlen = g.cout * g.k() + g.cout;
         let dx_len = if self.input_grad { x.len() } else { 0 };
         let own = if self.buffers.is_some() { 0 } else { wlen };
-        let mut out = vec![0f32; own + dx_len];
+        let mut out = crate::slices::zeros_par::<f32>(own + dx_len);
         let shape = Shape::from(out.len());
         let mut dwb = vec![0f32; wlen];
         let (own_dwb, dx) = out.split_at_mut(own);

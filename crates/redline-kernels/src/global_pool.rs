@@ -131,7 +131,7 @@ impl CustomOp2 for Spread {
                 dy.len()
             );
         }
-        let mut dx = vec![0f32; x.len()];
+        let mut dx = crate::slices::zeros_par::<f32>(x.len());
         let relu = self.relu;
         dx.par_chunks_mut(PLANES * hw)
             .zip(x.par_chunks(PLANES * hw).zip(dy.par_chunks(PLANES)))

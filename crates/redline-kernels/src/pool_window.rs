@@ -222,8 +222,8 @@ impl CustomOp1 for MaxPoolWindow {
             candle_core::bail!("max_pool2d: a {h}x{w} plane is too large to index with u32");
         }
         let win = self.win;
-        let mut out = vec![0f32; b * c * oh * ow];
-        let mut at = vec![0u32; out.len()];
+        let mut out = crate::slices::zeros_par::<f32>(b * c * oh * ow);
+        let mut at = crate::slices::zeros_par::<u32>(out.len());
         if !out.is_empty() {
             let per = planes_per_chunk(b * c);
             out.par_chunks_mut(per * oh * ow)
@@ -290,7 +290,7 @@ impl CustomOp1 for MaxPoolWindowBackward {
                 self.at.len()
             );
         }
-        let mut dx = vec![0f32; b * c * h * w];
+        let mut dx = crate::slices::zeros_par::<f32>(b * c * h * w);
         let per_plane = dy.len() / (b * c).max(1);
         if per_plane > 0 && h * w > 0 {
             let per = planes_per_chunk(b * c);

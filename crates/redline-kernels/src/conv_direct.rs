@@ -68,69 +68,9 @@ impl Geom {
             && simd::available()
     }
 
-    /// Width of the wide output and of each phase plane: the padded width
-    /// over the stride, rounded up.
-    pub(super) fn direct_wq(&self) -> usize {
-        (self.w + 2 * self.pad).div_ceil(self.stride)
-    }
-
-    /// Wide output pixels per channel: `oh` rows of [`Geom::direct_wq`].
-    pub(super) fn direct_pixels(&self) -> usize {
-        self.oh * self.direct_wq()
-    }
-
-    /// Elements of one phase plane: its rows of [`Geom::direct_wq`], plus
-    /// the slack that the last taps' junk columns read.
-    fn direct_plane(&self) -> usize {
-        let s = self.stride;
-        (self.h + 2 * self.pad).div_ceil(s) * self.direct_wq() + (self.kw - 1) / s
-    }
-
-    /// Elements of one prepared sample: `Cin * stride * stride` phase
-    /// planes. The buffer must start zeroed: only the image is written.
-    fn direct_len(&self) -> usize {
-        self.cin * self.stride * self.stride * self.direct_plane()
-    }
-
-    /// One `(Cin, H, W)` sample into its phase planes: padded pixel `(r,
-    /// c)` goes to plane `(r % s, c % s)` at `(r / s, c / s)`, so that a tap
-    /// reads the same plane at consecutive addresses for consecutive
-    /// output pixels (stride 1: one plane, the padded image).
-    fn direct_pad_into(&self, x: &[f32], xp: &mut [f32]) {
-        let (s, pad, wq, plane) = (self.stride, self.pad, self.direct_wq(), self.direct_plane());
-        for (ci, img) in x.chunks(self.h * self.w).enumerate() {
-            let planes = &mut xp[ci * s * s * plane..][..s * s * plane];
-            for (iy, row) in img.chunks(self.w).enumerate() {
-                let r = iy + pad;
-                if s == 1 {
-                    planes[r * wq + pad..][..self.w].copy_from_slice(row);
-                    continue;
-                }
-                // Plane column j of phase b holds padded column j * s + b.
-                for b in 0..s {
-                    let j0 = pad.saturating_sub(b).div_ceil(s);
-                    let Some(ix0) = (j0 * s + b).checked_sub(pad).filter(|&i| i < self.w) else {
-                        continue;
-                    };
-                    let dst = &mut planes[((r % s) * s + b) * plane + (r / s) * wq + j0..];
-                    for (d, &v) in dst.iter_mut().zip(row[ix0..].iter().step_by(s)) {
-                        *d = v;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Where im2col row `r`'s tap `(ci, ky, kx)` reads for output pixel 0.
-    fn direct_tap(&self, r: usize) -> usize {
-        let (s, wq) = (self.stride, self.direct_wq());
-        let (ci, ky, kx) = self.tap(r);
-        ((ci * s + ky % s) * s + kx % s) * self.direct_plane() + (ky / s) * wq + kx / s
-    }
-
     /// Each im2col row's offset in the padded sample, and the largest.
     fn direct_offsets(&self) -> (Vec<usize>, usize) {
-        let offs: Vec<usize> = (0..self.k()).map(|r| self.direct_tap(r)).collect();
+        let offs: Vec<usize> = (0..self.k()).map(|r| self.tap_offset(r)).collect();
         let max = offs.iter().copied().max().unwrap_or(0);
         (offs, max)
     }
@@ -138,7 +78,7 @@ impl Geom {
     /// A zeroed padded-sample buffer, with a tile's slack for the last
     /// tile's junk reads.
     fn direct_padded(&self) -> Vec<f32> {
-        vec![0f32; self.direct_len() + NR]
+        vec![0f32; self.padded_len() + NR]
     }
 
     /// Weights `(Cout, K)` in im2col row order as panels of [`MR`] output
@@ -171,7 +111,7 @@ impl Geom {
     ) -> candle_core::Result<()> {
         let panels = self.direct_panels(w);
         let offs = self.direct_offsets();
-        let (p, wq, ow) = (self.direct_pixels(), self.direct_wq(), self.ow);
+        let (p, wq, ow) = (self.ohw_wide(), self.wp(), self.ow);
         let per = self.per_chunk();
         out.par_chunks_mut(per * self.out_len())
             .zip(x.par_chunks(per * self.in_len()))
@@ -180,7 +120,7 @@ impl Geom {
                 let mut yw = vec![0f32; self.cout * p];
                 let samples = out.chunks_mut(self.out_len()).zip(x.chunks(self.in_len()));
                 for (y, x) in samples {
-                    self.direct_pad_into(x, &mut xp);
+                    self.pad_into(x, &mut xp);
                     self.direct_tiles(name, &panels, (&offs.0, offs.1), &xp, &mut yw)?;
                     // (Cout, oh, wp) -> (Cout, oh, ow), junk columns dropped.
                     let planes = y.chunks_mut(self.ohw()).zip(yw.chunks(p)).zip(b);
@@ -207,7 +147,7 @@ impl Geom {
         xp: &[f32],
         yw: &mut [f32],
     ) -> candle_core::Result<()> {
-        let (p, k) = (self.direct_pixels(), self.k());
+        let (p, k) = (self.ohw_wide(), self.k());
         for p0 in (0..p).step_by(NR) {
             let n = NR.min(p - p0);
             for (q, panel) in panels.chunks(k * MR).enumerate() {
@@ -228,7 +168,7 @@ impl Geom {
     /// ResNet-18's step).
     fn transpose_grad(&self, dy: &[f32], dyt: &mut [f32]) {
         const L: usize = 16;
-        let (cout, ow, wq, ohw) = (self.cout, self.ow, self.direct_wq(), self.ohw());
+        let (cout, ow, wq, ohw) = (self.cout, self.ow, self.wp(), self.ohw());
         for c0 in (0..cout).step_by(L) {
             let lanes = L.min(cout - c0);
             for oy in 0..self.oh {
@@ -253,7 +193,7 @@ impl Geom {
         x: &[f32],
         dys: &[f32],
     ) -> candle_core::Result<Vec<f32>> {
-        let (p, cout, k) = (self.direct_pixels(), self.cout, self.k());
+        let (p, cout, k) = (self.ohw_wide(), self.cout, self.k());
         // The taps padded to whole tiles with copies of the last: their rows
         // of the product are computed and dropped.
         let (mut offs, _) = self.direct_offsets();
@@ -265,7 +205,7 @@ impl Geom {
         let mut dwt = vec![0f32; offs.len() * cout];
         let mut db = vec![0f32; cout];
         for (x, dy) in x.chunks(self.in_len()).zip(dys.chunks(self.out_len())) {
-            self.direct_pad_into(x, &mut xp);
+            self.pad_into(x, &mut xp);
             self.transpose_grad(dy, &mut dyt);
             // Pixels in blocks, so that a block of dyt stays in cache across
             // every tile of taps (the stem's 112x112 map: 3.3 MB of dyt).

@@ -19,9 +19,11 @@ use crate::gemm_bf16::matmul_packed;
 use crate::gemm_bf16_pack::{PackedA, PackedB};
 
 impl Geom {
-    /// Padded input width (also the wide output's row length).
+    /// Width of the wide output and of each padded plane: the padded width
+    /// `W + 2p`, over the stride rounded up (the direct kernels' phase
+    /// planes, [`crate::conv_direct`]; the conv block's stride is 1).
     pub(super) fn wp(&self) -> usize {
-        self.w + 2 * self.pad
+        (self.w + 2 * self.pad).div_ceil(self.stride)
     }
 
     /// Columns of the wide output: `oh` rows of [`Geom::wp`].
@@ -29,29 +31,51 @@ impl Geom {
         self.oh * self.wp()
     }
 
-    /// Elements of one padded channel: the padded image plus `kw - 1` slack,
-    /// which the last taps' junk columns read.
+    /// Elements of one padded plane: its rows of [`Geom::wp`], plus the
+    /// slack that the last taps' junk columns read (`kw - 1` at stride 1).
     fn plane_padded(&self) -> usize {
-        (self.h + 2 * self.pad) * self.wp() + self.kw - 1
+        let s = self.stride;
+        (self.h + 2 * self.pad).div_ceil(s) * self.wp() + (self.kw - 1) / s
     }
 
-    /// Elements of one padded sample; the buffer must start zeroed (the
-    /// border is never written, only the interior).
+    /// Elements of one padded sample: `Cin * stride * stride` planes. The
+    /// buffer must start zeroed (the border is never written, only the
+    /// image).
     pub(super) fn padded_len(&self) -> usize {
-        self.cin * self.plane_padded()
+        self.cin * self.stride * self.stride * self.plane_padded()
     }
 
-    /// Copies one `(Cin, H, W)` sample into the interior of `xp`.
+    /// Copies one `(Cin, H, W)` sample into its padded planes: padded
+    /// pixel `(r, c)` goes to plane `(r % s, c % s)` at `(r / s, c / s)`,
+    /// so that a tap reads one plane at consecutive addresses for
+    /// consecutive output pixels (stride 1: one plane, the padded image).
     pub(super) fn pad_into(&self, x: &[f32], xp: &mut [f32]) {
-        let (wp, pp) = (self.wp(), self.plane_padded());
-        for (plane, dst) in x.chunks(self.h * self.w).zip(xp.chunks_mut(pp)) {
-            for (iy, row) in plane.chunks(self.w).enumerate() {
-                dst[(iy + self.pad) * wp + self.pad..][..self.w].copy_from_slice(row);
+        let (s, pad, wq, plane) = (self.stride, self.pad, self.wp(), self.plane_padded());
+        for (ci, img) in x.chunks(self.h * self.w).enumerate() {
+            let planes = &mut xp[ci * s * s * plane..][..s * s * plane];
+            for (iy, row) in img.chunks(self.w).enumerate() {
+                let r = iy + pad;
+                if s == 1 {
+                    planes[r * wq + pad..][..self.w].copy_from_slice(row);
+                    continue;
+                }
+                // Plane column j of phase b holds padded column j * s + b.
+                for b in 0..s {
+                    let j0 = pad.saturating_sub(b).div_ceil(s);
+                    let Some(ix0) = (j0 * s + b).checked_sub(pad).filter(|&i| i < self.w) else {
+                        continue;
+                    };
+                    let dst = &mut planes[((r % s) * s + b) * plane + (r / s) * wq + j0..];
+                    for (d, &v) in dst.iter_mut().zip(row[ix0..].iter().step_by(s)) {
+                        *d = v;
+                    }
+                }
             }
         }
     }
 
-    /// Copies the interior of the padded gradient `dxp` into `dx (Cin, H, W)`.
+    /// Copies the interior of the padded gradient `dxp` into `dx (Cin, H, W)`
+    /// (stride 1: the conv block's).
     pub(super) fn unpad_into(&self, dxp: &[f32], dx: &mut [f32]) {
         let (wp, pp) = (self.wp(), self.plane_padded());
         for (plane, src) in dx.chunks_mut(self.h * self.w).zip(dxp.chunks(pp)) {
@@ -61,10 +85,12 @@ impl Geom {
         }
     }
 
-    /// Start of im2col row `r`'s slice in the padded sample.
-    fn tap_offset(&self, r: usize) -> usize {
+    /// Where im2col row `r`'s tap `(ci, ky, kx)` reads for wide output
+    /// pixel 0: its row of the padded sample at stride 1.
+    pub(super) fn tap_offset(&self, r: usize) -> usize {
+        let (s, wq) = (self.stride, self.wp());
         let (ci, ky, kx) = self.tap(r);
-        ci * self.plane_padded() + ky * self.wp() + kx
+        ((ci * s + ky % s) * s + kx % s) * self.plane_padded() + (ky / s) * wq + kx / s
     }
 
     /// The `(kh*kw*Cin, oh*wp)` im2col matrix of a padded sample: row `r` is

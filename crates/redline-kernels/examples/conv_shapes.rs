@@ -2,7 +2,7 @@
 //! (dW, db, dx), and prints ms and GFLOP/s per shape; `bench/conv_shapes.py`
 //! runs PyTorch's on the same shapes beside it.
 //!
-//! `cargo run --release -p redline-kernels --example conv_shapes -- [--threads N] [--batch B] [--size S] [--reps R] [--no-dx] [--patch8 [--patch-cout N]]`
+//! `cargo run --release -p redline-kernels --example conv_shapes -- [--threads N] [--batch B] [--size S] [--reps R] [--no-dx] [--only TEXT] [--patch8 [--patch-cout N]]`
 
 use std::time::Instant;
 
@@ -43,7 +43,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "| conv | cin | cout | k/s | in | fwd ms | bwd ms | fwd GFLOP/s | bwd GFLOP/s |\n| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"
     );
     let dev = Device::Cpu;
+    // --only TEXT: the shapes whose name contains TEXT.
+    let args: Vec<String> = std::env::args().collect();
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_default();
     for (name, cin, cout, k, stride, pad, side) in shapes(size) {
+        if !name.contains(only.as_str()) {
+            continue;
+        }
         let xt = Tensor::randn(0f32, 1.0, (batch, cin, side, side), &dev)?;
         let xv = Var::from_tensor(&xt)?;
         // --no-dx: the input untracked (a first layer), dW and db only.

@@ -465,6 +465,12 @@ impl Geom {
         x: &[f32],
         out: &mut [f32],
     ) -> candle_core::Result<()> {
+        if self.nhwc() {
+            let (k, kw, cin) = (self.k(), self.kw, self.cin);
+            let panels =
+                self.nhwc_panels_from(|co, ci, ky, kx| w[co * k + (ky * kw + kx) * cin + ci]);
+            return self.forward_nhwc(name, &panels, b, x, out);
+        }
         if self.direct() {
             return self.forward_direct(name, w, b, x, out);
         }
@@ -587,6 +593,8 @@ impl CustomOp3 for Conv2dOp {
         }
         if g.patch_forward() {
             g.forward_patch(w, b, x, &mut out);
+        } else if g.nhwc() {
+            g.forward_nhwc(name, &g.nhwc_panels_stored(w), b, x, &mut out)?;
         } else {
             g.forward_all(name, &g.permute_taps(w, false), b, x, &mut out)?;
         }

@@ -288,6 +288,13 @@ impl Conv2dBackward {
         // w^T * dy: their Cout is large, so that GEMM is not thin, and
         // flipping their large weights costs more than it saves (ResNet-18's
         // last stage at 64 px: 2x2 maps under 512 x 4608 weights).
+        if g.nhwc_backward() && self.unpool.is_none() {
+            g.weight_grad_nhwc(self.name(), x, dy, dwb)?;
+            if let (true, Some(t)) = (self.input_grad, g.transposed()) {
+                g.input_grad_nhwc(&t, self.name(), w, dy, dx)?;
+            }
+            return Ok(());
+        }
         let as_conv = g
             .transposed()
             .filter(|_| self.input_grad && self.unpool.is_none() && !g.batched());

@@ -19,6 +19,8 @@ mod conv_direct_simd;
 mod conv_dx;
 mod conv_grouped;
 pub mod conv_igemm;
+mod conv_nhwc;
+mod conv_nhwc_simd;
 mod conv_patch;
 mod conv_patch_simd;
 mod conv_strided;

@@ -1,0 +1,470 @@
+//! Pixel-major convolutions on CPUs with AVX-512, for small output maps:
+//! each thread's samples are copied once, padded, into `(H + 2p, W + 2p,
+//! Cin)` (channels fastest), and tiles of [`PX`] output pixels x [`CO`]
+//! output channels ([`crate::conv_nhwc_simd::tile`]) read every pixel
+//! through its own offset. A tile may span rows and samples, so no junk
+//! columns are computed: the direct kernels' wide layout
+//! ([`crate::conv_direct`]) computes 16 columns per 14 on a 14x14 map and
+//! rounds each sample up to whole tiles, and the im2col path of 7x7 maps
+//! writes, packs and permutes a 29 MB matrix per convolution.
+//!
+//! The output is produced pixel-major `(pixels, Cout)` and transposed to
+//! `(Cout, pixels)` per sample with the bias added.
+
+use candle_core::{bail, DType};
+use rayon::prelude::*;
+
+use crate::conv::Geom;
+use crate::conv_backward::add_row_sums;
+use crate::conv_direct::MIN_PIXELS;
+use crate::conv_nhwc_simd::{self as simd, Pixels, CO, GR, PX};
+
+/// Output pixels per channel at or above which the pixel-major path gives
+/// way (to the direct kernels).
+pub(super) const MAX_PIXELS: usize = 400;
+
+/// Im2col rows per block of a panel: 1024 rows of [`CO`] weights, 256 KB,
+/// stay in the L2 cache while every tile of the thread's pixels reads them.
+const ROWS: usize = 1024;
+
+/// Output pixels per block of the weight gradient's reduction: a block of
+/// the output gradient's [`CO`] channels (64 KB) stays in the L1 and L2
+/// caches across every tile of rows (ResNet-18's 7x7 stage: 27 ms with
+/// blocks of 1024 pixels, 19 with 256, 19.4 with 128).
+const GRAD_PIXELS: usize = 256;
+
+impl Geom {
+    /// Whether the pixel-major forward runs this convolution: AVX-512, f32
+    /// products, more than one tap, output channels a multiple of [`CO`],
+    /// output maps under [`MAX_PIXELS`], strided ones only under the direct
+    /// kernels' [`MIN_PIXELS`] (ResNet-18's 28 -> 14 stride-2 forward: 11.1
+    /// ms direct, 12.7 pixel-major; its 28x28 stage 17.5 direct, 22
+    /// pixel-major; its 14x14 stage 18.0 pixel-major, 19.2 direct).
+    pub(super) fn nhwc(&self) -> bool {
+        self.kh * self.kw > 1
+            && self.gemm == DType::F32
+            && self.cout.is_multiple_of(CO)
+            && self.ohw() < MAX_PIXELS
+            && (self.stride == 1 || self.ohw() < MIN_PIXELS)
+            && simd::available()
+    }
+
+    /// Whether the backward runs pixel-major ([`Geom::backward_nhwc`]): the
+    /// forward does, and so does the forward of the transposed convolution
+    /// that gives the input gradient (stride 1).
+    pub(super) fn nhwc_backward(&self) -> bool {
+        self.nhwc() && self.transposed().is_some_and(|t| t.nhwc())
+    }
+
+    /// Padded width of the pixel-major sample.
+    fn nhwc_wp(&self) -> usize {
+        self.w + 2 * self.pad
+    }
+
+    /// Elements of one padded pixel-major sample.
+    fn nhwc_len(&self) -> usize {
+        (self.h + 2 * self.pad) * self.nhwc_wp() * self.cin
+    }
+
+    /// Copies one `(Cin, H, W)` sample into the interior of its padded
+    /// `(H + 2p, W + 2p, Cin)` buffer (the border stays as it is: zero).
+    fn pad_nhwc(&self, x: &[f32], xp: &mut [f32]) {
+        const L: usize = 16;
+        let (cin, hw, wp, pad) = (self.cin, self.h * self.w, self.nhwc_wp(), self.pad);
+        for c0 in (0..cin).step_by(L) {
+            let lanes = L.min(cin - c0);
+            for iy in 0..self.h {
+                for ix in 0..self.w {
+                    let src = iy * self.w + ix;
+                    let dst = &mut xp[((iy + pad) * wp + ix + pad) * cin + c0..][..lanes];
+                    for (j, d) in dst.iter_mut().enumerate() {
+                        *d = x[(c0 + j) * hw + src];
+                    }
+                }
+            }
+        }
+    }
+
+    /// Each im2col row's offset from its output pixel's base, and the
+    /// largest: tap `(ci, ky, kx)` at `(ky * wp + kx) * Cin + ci`.
+    fn nhwc_offsets(&self) -> (Vec<usize>, usize) {
+        let wp = self.nhwc_wp();
+        let offs: Vec<usize> = (0..self.k())
+            .map(|r| {
+                let (ci, ky, kx) = self.tap(r);
+                (ky * wp + kx) * self.cin + ci
+            })
+            .collect();
+        let max = offs.iter().copied().max().unwrap_or(0);
+        (offs, max)
+    }
+
+    /// The base offset of every output pixel of `n` samples in their
+    /// padded buffers laid one after another.
+    fn nhwc_pixels(&self, n: usize) -> Vec<usize> {
+        let (s, wp, cin, len) = (self.stride, self.nhwc_wp(), self.cin, self.nhwc_len());
+        let mut px = Vec::with_capacity(n * self.ohw());
+        for b in 0..n {
+            for oy in 0..self.oh {
+                for ox in 0..self.ow {
+                    px.push(b * len + (oy * s * wp + ox * s) * cin);
+                }
+            }
+        }
+        px
+    }
+
+    /// The weights as panels of [`CO`] output channels, row-major in
+    /// im2col row order: panel `q` holds weight `(q * CO + c, ci, ky, kx)`
+    /// at `k * CO + c` for im2col row `k` = `(ky, kx, ci)`; `value(co, ci,
+    /// ky, kx)` reads the weight from wherever it lies (one pass, no
+    /// intermediate permuted copy).
+    pub(super) fn nhwc_panels_from(
+        &self,
+        value: impl Fn(usize, usize, usize, usize) -> f32 + Sync,
+    ) -> Vec<f32> {
+        let k = self.k();
+        let mut out = vec![0f32; self.cout * k];
+        out.par_chunks_mut((k * CO).max(1))
+            .enumerate()
+            .for_each(|(q, panel)| {
+                for (r, row) in panel.chunks_mut(CO).enumerate() {
+                    let (ci, ky, kx) = self.tap(r);
+                    for (c, v) in row.iter_mut().enumerate() {
+                        *v = value(q * CO + c, ci, ky, kx);
+                    }
+                }
+            });
+        out
+    }
+
+    /// [`Geom::nhwc_panels_from`] of weights stored `(Cout, Cin, kh, kw)`.
+    pub(super) fn nhwc_panels_stored(&self, w: &[f32]) -> Vec<f32> {
+        let (cin, kh, kw) = (self.cin, self.kh, self.kw);
+        self.nhwc_panels_from(|co, ci, ky, kx| w[((co * cin + ci) * kh + ky) * kw + kx])
+    }
+
+    /// `dx` of the whole batch through the transposed convolution `t`
+    /// ([`Geom::nhwc_backward`]), its panels read straight from the stored
+    /// `(Cout, Cin, kh, kw)` weights `w`: flipped, channels swapped.
+    pub(super) fn input_grad_nhwc(
+        &self,
+        t: &Geom,
+        name: &str,
+        w: &[f32],
+        dy: &[f32],
+        dx: &mut [f32],
+    ) -> candle_core::Result<()> {
+        let (cin, kh, kw) = (self.cin, self.kh, self.kw);
+        let panels = t.nhwc_panels_from(|ci, co, ky, kx| {
+            w[((co * cin + ci) * kh + (kh - 1 - ky)) * kw + (kw - 1 - kx)]
+        });
+        t.forward_nhwc(name, &panels, &vec![0f32; t.cout], dy, dx)
+    }
+
+    /// The outputs of all samples of `x` into `out` ([`Geom::nhwc`]), the
+    /// weights as [`Geom::nhwc_panels_from`] packs them, the bias added
+    /// last; the samples split across the compute threads.
+    pub(super) fn forward_nhwc(
+        &self,
+        name: &str,
+        panels: &[f32],
+        b: &[f32],
+        x: &[f32],
+        out: &mut [f32],
+    ) -> candle_core::Result<()> {
+        let offs = self.nhwc_offsets();
+        let (k, cout) = (self.k(), self.cout);
+        let per = self.per_chunk();
+        out.par_chunks_mut(per * self.out_len())
+            .zip(x.par_chunks(per * self.in_len()))
+            .try_for_each(|(out, x)| {
+                let n = x.len() / self.in_len().max(1);
+                let mut xp = vec![0f32; n * self.nhwc_len()];
+                for (xs, xb) in x.chunks(self.in_len()).zip(xp.chunks_mut(self.nhwc_len())) {
+                    self.pad_nhwc(xs, xb);
+                }
+                let px = self.nhwc_pixels(n);
+                let mut yt = vec![0f32; px.len() * cout];
+                // Each block of a panel's rows stays in cache across every
+                // tile.
+                for (q, panel) in panels.chunks(k * CO).enumerate() {
+                    for r0 in (0..k).step_by(ROWS) {
+                        let rows = &offs.0[r0..k.min(r0 + ROWS)];
+                        let block = &panel[r0 * CO..];
+                        for (t, tile) in px.chunks(PX).enumerate() {
+                            let last = tile.len();
+                            let at: [usize; PX] = std::array::from_fn(|j| tile[j.min(last - 1)]);
+                            let y = &mut yt[t * PX * cout + q * CO..];
+                            let (ops, out) = ((rows, offs.1), (y, cout));
+                            if !simd::tile(block, ops, (&xp, &at), out, (last, r0 > 0)) {
+                                bail!("{name}: a pixel-major tile left its buffers ({self:?})");
+                            }
+                        }
+                    }
+                }
+                self.untranspose_out(&yt, b, out);
+                Ok(())
+            })
+    }
+
+    /// `[dW | db]` of the whole batch into `dwb` (overwritten), dW stored
+    /// `(Cout, Cin, kh, kw)`: the inputs padded pixel-major and the output
+    /// gradient transposed pixel-major once, then each thread takes whole
+    /// panels of [`CO`] output channels (no partial sums to add), reducing
+    /// over every pixel of the batch in tiles of [`GR`] rows.
+    pub(super) fn weight_grad_nhwc(
+        &self,
+        name: &str,
+        x: &[f32],
+        dy: &[f32],
+        dwb: &mut [f32],
+    ) -> candle_core::Result<()> {
+        let (k, cout, len) = (self.k(), self.cout, self.nhwc_len());
+        let mut xp = vec![0f32; self.b * len];
+        xp.par_chunks_mut(len.max(1))
+            .zip(x.par_chunks(self.in_len().max(1)))
+            .for_each(|(xb, xs)| self.pad_nhwc(xs, xb));
+        let mut dyt = vec![0f32; dy.len()];
+        dyt.par_chunks_mut(self.out_len().max(1))
+            .zip(dy.par_chunks(self.out_len().max(1)))
+            .for_each(|(t, d)| self.pixel_major(d, t));
+        let px = Pixels::new(self.nhwc_pixels(self.b));
+        // The rows padded to whole tiles with copies of the last: their sums
+        // are computed and dropped.
+        let (mut offs, _) = self.nhwc_offsets();
+        let last = offs.last().copied().unwrap_or(0);
+        offs.resize(k.next_multiple_of(GR), last);
+        let npx = px.at().len();
+        let (dw, db) = dwb.split_at_mut(cout * k);
+        dw.par_chunks_mut((CO * k).max(1))
+            .enumerate()
+            .try_for_each(|(q, dwq)| {
+                let mut local = vec![0f32; offs.len() * CO];
+                for i0 in (0..npx).step_by(GRAD_PIXELS) {
+                    let n = GRAD_PIXELS.min(npx - i0);
+                    let g = &dyt[i0 * cout + q * CO..];
+                    for (rows, out) in offs.chunks_exact(GR).zip(local.chunks_mut(GR * CO)) {
+                        let rows: [usize; GR] = std::array::from_fn(|r| rows[r]);
+                        if !simd::grad_tile((&xp, &px), &rows, (i0, n), (g, cout), (out, CO)) {
+                            bail!("{name}: a pixel-major weight-gradient tile left its buffers ({self:?})");
+                        }
+                    }
+                }
+                self.store_weight_grad(&local, dwq);
+                Ok(())
+            })?;
+        db.fill(0.0);
+        for d in dy.chunks(self.out_len().max(1)) {
+            add_row_sums(db, d, self.ohw());
+        }
+        Ok(())
+    }
+
+    /// A panel's weight gradient `(K, CO)` in im2col row order into its
+    /// `CO` rows of the stored `(Cout, Cin, kh, kw)` order: sixteen
+    /// channels at a time, so that each read is one cache line and the
+    /// sixteen rows are written in order.
+    fn store_weight_grad(&self, local: &[f32], dwq: &mut [f32]) {
+        const L: usize = 16;
+        let (k, cin, taps) = (self.k(), self.cin, self.kh * self.kw);
+        for c0 in (0..CO).step_by(L) {
+            for ci in 0..cin {
+                for t in 0..taps {
+                    let src = &local[(t * cin + ci) * CO + c0..][..L];
+                    for (j, &v) in src.iter().enumerate() {
+                        dwq[(c0 + j) * k + ci * taps + t] = v;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One sample's `(Cout, oh*ow)` output gradient as `(oh*ow, Cout)`,
+    /// sixteen channels at a time (each pixel's write one contiguous run).
+    fn pixel_major(&self, dy: &[f32], dyt: &mut [f32]) {
+        const L: usize = 16;
+        let (cout, p) = (self.cout, self.ohw());
+        for c0 in (0..cout).step_by(L) {
+            let lanes = L.min(cout - c0);
+            for (i, dst) in dyt.chunks_mut(cout).enumerate().take(p) {
+                for (j, d) in dst[c0..c0 + lanes].iter_mut().enumerate() {
+                    *d = dy[(c0 + j) * p + i];
+                }
+            }
+        }
+    }
+
+    /// `(n * oh*ow, Cout)` pixel-major outputs into `(n, Cout, oh*ow)`, the
+    /// bias added; sixteen channels at a time, so that each pixel's read is
+    /// one contiguous run.
+    fn untranspose_out(&self, yt: &[f32], b: &[f32], out: &mut [f32]) {
+        const L: usize = 16;
+        let (cout, p) = (self.cout, self.ohw());
+        for (y, src) in out.chunks_mut(cout * p).zip(yt.chunks(p * cout)) {
+            for c0 in (0..cout).step_by(L) {
+                let lanes = L.min(cout - c0);
+                for (i, row) in src.chunks(cout).enumerate() {
+                    for (j, &v) in row[c0..c0 + lanes].iter().enumerate() {
+                        y[(c0 + j) * p + i] = v + b[c0 + j];
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use crate::conv::gemm_or_err;
+    use crate::gemm::Mat;
+
+    fn vals(n: usize, f: f32) -> Vec<f32> {
+        (0..n).map(|i| ((i as f32 + 0.5) * f).sin()).collect()
+    }
+
+    /// Geometries the pixel-major kernel takes: tiles spanning rows and
+    /// samples, a last tile cut short, strides 1-3, 1x3 and 5x5 kernels,
+    /// several panels.
+    fn shapes() -> Vec<Geom> {
+        vec![
+            Geom::sized(3, (4, 64), (7, 7), (3, 3, 1), 1),
+            Geom::sized(2, (16, 64), (5, 6), (3, 3, 1), 1),
+            Geom::sized(2, (8, 64), (10, 12), (1, 3, 1), 1),
+            Geom::sized(3, (12, 128), (9, 9), (5, 5, 2), 1),
+            Geom::sized(2, (4, 64), (13, 13), (3, 3, 1), 2),
+            Geom::sized(2, (4, 64), (15, 13), (3, 3, 0), 3),
+            Geom::sized(5, (3, 64), (13, 13), (3, 3, 1), 1),
+            // More im2col rows than a block of a panel (1170 > 1024).
+            Geom::sized(2, (130, 64), (6, 6), (3, 3, 1), 1),
+        ]
+    }
+
+    /// The pixel-major forward equals the im2col + GEMM forward (to
+    /// rounding: both sum the rows in im2col order, the GEMM in blocks).
+    #[test]
+    fn nhwc_forward_matches_the_im2col_forward() -> candle_core::Result<()> {
+        if !simd::available() {
+            eprintln!("no AVX-512 here: the pixel-major kernel is not run");
+            return Ok(());
+        }
+        for g in shapes() {
+            assert!(g.nhwc(), "{g:?} should take the pixel-major forward");
+            let (x, w, b) = (
+                vals(g.b * g.in_len(), 0.37),
+                vals(g.cout * g.k(), 0.11),
+                vals(g.cout, 0.7),
+            );
+            let mut got = vec![0f32; g.b * g.out_len()];
+            let k = g.k();
+            let panels =
+                g.nhwc_panels_from(|co, ci, ky, kx| w[co * k + (ky * g.kw + kx) * g.cin + ci]);
+            g.forward_nhwc("test", &panels, &b, &x, &mut got)?;
+            let mut want = vec![0f32; g.b * g.out_len()];
+            let mut cols = vec![0f32; g.k() * g.ohw()];
+            for (y, x) in want.chunks_mut(g.out_len()).zip(x.chunks(g.in_len())) {
+                g.forward_sample("test", &w, &b, x, &mut cols, y)?;
+            }
+            let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+            for (i, (g2, w2)) in got.iter().zip(&want).enumerate() {
+                assert!((g2 - w2).abs() <= 2e-5 * scale, "{g:?}[{i}]: {g2} vs {w2}");
+            }
+        }
+        Ok(())
+    }
+
+    /// The pixel-major weight gradient and bias gradient equal `dy *
+    /// cols^T` and the row sums of dy, summed over the samples.
+    #[test]
+    fn nhwc_weight_grad_matches_the_im2col_product() -> candle_core::Result<()> {
+        if !simd::available() {
+            eprintln!("no AVX-512 here: the pixel-major kernel is not run");
+            return Ok(());
+        }
+        // Plus one of more pixels than a reduction block (two blocks).
+        let big = Geom::sized(24, (4, 64), (7, 7), (3, 3, 1), 1);
+        for g in shapes().into_iter().chain([big]) {
+            let (x, dy) = (vals(g.b * g.in_len(), 0.29), vals(g.b * g.out_len(), 0.13));
+            let mut got = vec![f32::NAN; g.cout * g.k() + g.cout];
+            g.weight_grad_nhwc("test", &x, &dy, &mut got)?;
+            let (k, n) = (g.k(), g.ohw());
+            let mut want = vec![0f32; g.cout * k + g.cout];
+            let mut cols = vec![0f32; k * n];
+            for (x, dy) in x.chunks(g.in_len()).zip(dy.chunks(g.out_len())) {
+                g.im2col(x, &mut cols);
+                let (dw, db) = want.split_at_mut(g.cout * k);
+                let dym = Mat::new(dy, g.cout, n);
+                gemm_or_err(DType::F32, "test", dw, dym, Mat::new(&cols, k, n).t(), true)?;
+                add_row_sums(db, dy, n);
+            }
+            g.unpermute_weight_grad(&mut want);
+            let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 2e-5 * scale,
+                    "{g:?} dW/db[{i}]: {a} vs {b}"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The pixel-major input gradient (the transposed convolution's
+    /// forward, its panels read from the stored weights) equals `w^T * dy`
+    /// followed by col2im.
+    #[test]
+    fn nhwc_input_grad_matches_col2im() -> candle_core::Result<()> {
+        if !simd::available() {
+            eprintln!("no AVX-512 here: the pixel-major kernel is not run");
+            return Ok(());
+        }
+        let cases = [
+            Geom::sized(3, (64, 64), (7, 7), (3, 3, 1), 1),
+            Geom::sized(2, (64, 128), (5, 6), (3, 3, 1), 1),
+            Geom::sized(2, (128, 64), (9, 9), (5, 5, 2), 1),
+        ];
+        for g in cases {
+            assert!(
+                g.nhwc_backward(),
+                "{g:?} should take the pixel-major backward"
+            );
+            let t = g.transposed().unwrap();
+            let (w, dy) = (vals(g.cout * g.k(), 0.11), vals(g.b * g.out_len(), 0.13));
+            let mut got = vec![f32::NAN; g.b * g.in_len()];
+            g.input_grad_nhwc(&t, "test", &w, &dy, &mut got)?;
+            let wp = g.permute_taps(&w, false);
+            let (k, n) = (g.k(), g.ohw());
+            let mut want = vec![0f32; g.b * g.in_len()];
+            let mut dcols = vec![0f32; k * n];
+            for (dx, dy) in want.chunks_mut(g.in_len()).zip(dy.chunks(g.out_len())) {
+                let (wt, dym) = (Mat::new(&wp, g.cout, k).t(), Mat::new(dy, g.cout, n));
+                gemm_or_err(DType::F32, "test", &mut dcols, wt, dym, false)?;
+                g.col2im(&dcols, dx);
+            }
+            let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!((a - b).abs() <= 2e-5 * scale, "{g:?} dx[{i}]: {a} vs {b}");
+            }
+        }
+        Ok(())
+    }
+
+    /// 1x1 kernels, bf16 products, output channels off the tiles and large
+    /// maps keep the other paths.
+    #[test]
+    fn other_convolutions_keep_their_paths() {
+        let pointwise = Geom::sized(2, (8, 64), (9, 9), (1, 1, 0), 1);
+        let bf16 = Geom {
+            gemm: DType::BF16,
+            ..Geom::sized(2, (8, 64), (9, 9), (3, 3, 1), 1)
+        };
+        let odd = Geom::sized(2, (8, 48), (9, 9), (3, 3, 1), 1);
+        let large = Geom::sized(2, (8, 64), (20, 20), (3, 3, 1), 1);
+        for g in [pointwise, bf16, odd, large] {
+            assert!(!g.nhwc(), "{g:?}");
+        }
+    }
+}

@@ -288,10 +288,13 @@ impl Conv2dBackward {
         // w^T * dy: their Cout is large, so that GEMM is not thin, and
         // flipping their large weights costs more than it saves (ResNet-18's
         // last stage at 64 px: 2x2 maps under 512 x 4608 weights).
-        if g.nhwc_backward() && self.unpool.is_none() {
+        if g.nhwc() && self.unpool.is_none() {
             g.weight_grad_nhwc(self.name(), x, dy, dwb)?;
-            if let (true, Some(t)) = (self.input_grad, g.transposed()) {
-                g.input_grad_nhwc(&t, self.name(), w, dy, dx)?;
+            if self.input_grad {
+                match g.transposed().filter(Geom::nhwc) {
+                    Some(t) => g.input_grad_nhwc(&t, self.name(), w, dy, dx)?,
+                    None => g.input_grad_whole(self.name(), &g.permute_taps(w, false), dy, dx)?,
+                }
             }
             return Ok(());
         }

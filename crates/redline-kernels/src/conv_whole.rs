@@ -63,6 +63,34 @@ impl Geom {
             return Ok(());
         };
         drop(cols);
+        self.input_grad_side_by_side(name, w, &dy_all, dx)
+    }
+
+    /// dx of the whole batch as `w^T * dy` and col2im, `w` in im2col row
+    /// order (the input gradient of a pixel-major convolution whose
+    /// transposed convolution is not one: strided).
+    pub(super) fn input_grad_whole(
+        &self,
+        name: &str,
+        w: &[f32],
+        dy: &[f32],
+        dx: &mut [f32],
+    ) -> candle_core::Result<()> {
+        let dy_all = self.side_by_side_par(dy, self.cout);
+        self.input_grad_side_by_side(name, w, &dy_all, dx)
+    }
+
+    /// [`Geom::input_grad_whole`] of the output gradients laid side by side.
+    fn input_grad_side_by_side(
+        &self,
+        name: &str,
+        w: &[f32],
+        dy_all: &[f32],
+        dx: &mut [f32],
+    ) -> candle_core::Result<()> {
+        let (k, p) = (self.k(), self.ohw());
+        let np = self.b * p;
+        let dym = Mat::new(dy_all, self.cout, np);
         // dcols (K, n*oh*ow) = w^T (K, Cout) * dy, then col2im per sample.
         let mut dcols = vec![0f32; k * np];
         gemm_or_err(

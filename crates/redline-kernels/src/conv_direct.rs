@@ -31,6 +31,7 @@ use rayon::prelude::*;
 
 use crate::conv::Geom;
 use crate::conv_direct_simd::{self as simd, DC, DK, MR, NR};
+use crate::transpose16::channels_to_pixels;
 
 /// Output pixels per channel below which the im2col path stays.
 pub(super) const MIN_PIXELS: usize = 100;
@@ -161,26 +162,14 @@ impl Geom {
     }
 
     /// One sample's output gradient `dy (Cout, oh, ow)` pixel-major into
-    /// `dyt (oh*wq, Cout)` (junk pixels left as they are: zero). Sixteen
-    /// channels at a time, so that each pixel's write is one contiguous
-    /// run and the sixteen planes are read in order (one value per
-    /// channel per pixel scattered across a `Cout`-float stride was 4% of
-    /// ResNet-18's step).
+    /// `dyt (oh*wq, Cout)` (junk pixels left as they are: zero), in 16 x 16
+    /// blocks ([`crate::transpose16`]; one value per channel per pixel
+    /// scattered across a `Cout`-float stride was 4% of ResNet-18's step).
     fn transpose_grad(&self, dy: &[f32], dyt: &mut [f32]) {
-        const L: usize = 16;
-        let (cout, ow, wq, ohw) = (self.cout, self.ow, self.wp(), self.ohw());
-        for c0 in (0..cout).step_by(L) {
-            let lanes = L.min(cout - c0);
-            for oy in 0..self.oh {
-                for ox in 0..ow {
-                    let src = oy * ow + ox;
-                    let dst = &mut dyt[(oy * wq + ox) * cout + c0..][..lanes];
-                    for (j, d) in dst.iter_mut().enumerate() {
-                        *d = dy[(c0 + j) * ohw + src];
-                    }
-                }
-            }
-        }
+        let (cout, ow, wq) = (self.cout, self.ow, self.wp());
+        channels_to_pixels(dy, (cout, self.ohw()), dyt, |p| {
+            ((p / ow) * wq + p % ow) * cout
+        });
     }
 
     /// `[dW | db]` of a chunk of samples ([`Geom::direct_weight_grad`]),

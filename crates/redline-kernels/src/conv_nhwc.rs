@@ -18,6 +18,7 @@ use crate::conv::Geom;
 use crate::conv_backward::add_row_sums;
 use crate::conv_direct::MIN_PIXELS;
 use crate::conv_nhwc_simd::{self as simd, Pixels, CO, GR, PX};
+use crate::transpose16::{channels_to_pixels, pixels_to_channels};
 
 /// Output pixels per channel at or above which the pixel-major path gives
 /// way (to the direct kernels).
@@ -62,20 +63,10 @@ impl Geom {
     /// Copies one `(Cin, H, W)` sample into the interior of its padded
     /// `(H + 2p, W + 2p, Cin)` buffer (the border stays as it is: zero).
     fn pad_nhwc(&self, x: &[f32], xp: &mut [f32]) {
-        const L: usize = 16;
-        let (cin, hw, wp, pad) = (self.cin, self.h * self.w, self.nhwc_wp(), self.pad);
-        for c0 in (0..cin).step_by(L) {
-            let lanes = L.min(cin - c0);
-            for iy in 0..self.h {
-                for ix in 0..self.w {
-                    let src = iy * self.w + ix;
-                    let dst = &mut xp[((iy + pad) * wp + ix + pad) * cin + c0..][..lanes];
-                    for (j, d) in dst.iter_mut().enumerate() {
-                        *d = x[(c0 + j) * hw + src];
-                    }
-                }
-            }
-        }
+        let (cin, w, wp, pad) = (self.cin, self.w, self.nhwc_wp(), self.pad);
+        channels_to_pixels(x, (cin, self.h * w), xp, |p| {
+            ((p / w + pad) * wp + p % w + pad) * cin
+        });
     }
 
     /// Each im2col row's offset from its output pixel's base, and the
@@ -317,36 +308,18 @@ impl Geom {
         }
     }
 
-    /// One sample's `(Cout, oh*ow)` output gradient as `(oh*ow, Cout)`,
-    /// sixteen channels at a time (each pixel's write one contiguous run).
+    /// One sample's `(Cout, oh*ow)` output gradient as `(oh*ow, Cout)`.
     fn pixel_major(&self, dy: &[f32], dyt: &mut [f32]) {
-        const L: usize = 16;
-        let (cout, p) = (self.cout, self.ohw());
-        for c0 in (0..cout).step_by(L) {
-            let lanes = L.min(cout - c0);
-            for (i, dst) in dyt.chunks_mut(cout).enumerate().take(p) {
-                for (j, d) in dst[c0..c0 + lanes].iter_mut().enumerate() {
-                    *d = dy[(c0 + j) * p + i];
-                }
-            }
-        }
+        let cout = self.cout;
+        channels_to_pixels(dy, (cout, self.ohw()), dyt, |i| i * cout);
     }
 
     /// `(n * oh*ow, Cout)` pixel-major outputs into `(n, Cout, oh*ow)`, the
-    /// bias added; sixteen channels at a time, so that each pixel's read is
-    /// one contiguous run.
+    /// bias added.
     fn untranspose_out(&self, yt: &[f32], b: &[f32], out: &mut [f32]) {
-        const L: usize = 16;
         let (cout, p) = (self.cout, self.ohw());
         for (y, src) in out.chunks_mut(cout * p).zip(yt.chunks(p * cout)) {
-            for c0 in (0..cout).step_by(L) {
-                let lanes = L.min(cout - c0);
-                for (i, row) in src.chunks(cout).enumerate() {
-                    for (j, &v) in row[c0..c0 + lanes].iter().enumerate() {
-                        y[(c0 + j) * p + i] = v + b[c0 + j];
-                    }
-                }
-            }
+            pixels_to_channels(src, (cout, b), (cout, p), y);
         }
     }
 }

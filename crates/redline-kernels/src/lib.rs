@@ -59,6 +59,7 @@ mod pool2x2;
 mod pool_window;
 mod slices;
 pub mod tally;
+mod transpose16;
 
 pub use attention::causal_attention;
 pub use autocast::{conv2d_in, linear_in};

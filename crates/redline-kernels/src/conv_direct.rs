@@ -30,7 +30,7 @@ use candle_core::{bail, DType};
 use rayon::prelude::*;
 
 use crate::conv::Geom;
-use crate::conv_direct_simd::{self as simd, DC, DK, MR, NR};
+use crate::conv_direct_simd::{self as simd, DC, GRAD_NARROW, GRAD_WIDE, MR, NR};
 use crate::transpose16::channels_to_pixels;
 
 /// Output pixels per channel below which the im2col path stays.
@@ -182,15 +182,39 @@ impl Geom {
         x: &[f32],
         dys: &[f32],
     ) -> candle_core::Result<Vec<f32>> {
-        let (p, cout, k) = (self.ohw_wide(), self.cout, self.k());
-        // The taps padded to whole tiles with copies of the last: their rows
-        // of the product are computed and dropped.
+        let (k, cout) = (self.k(), self.cout);
+        let (dwt, db) = if cout.is_multiple_of(16 * GRAD_WIDE.1) {
+            const T: (usize, usize) = GRAD_WIDE;
+            self.weight_grad_tiles::<{ T.0 }, { T.1 }>(name, x, dys)?
+        } else {
+            const T: (usize, usize) = GRAD_NARROW;
+            self.weight_grad_tiles::<{ T.0 }, { T.1 }>(name, x, dys)?
+        };
+        let mut acc = vec![0f32; cout * k + cout];
+        for (kk, row) in dwt.chunks(cout).take(k).enumerate() {
+            for (co, &v) in row.iter().enumerate() {
+                acc[co * k + kk] = v;
+            }
+        }
+        acc[cout * k..].copy_from_slice(&db);
+        Ok(acc)
+    }
+
+    /// dW transposed `(K, Cout)` (taps padded to whole tiles of `T` rows;
+    /// those rows' sums computed and dropped) and db, in tiles of `T` taps x
+    /// `V` vectors of channels ([`Geom::weight_grad_direct`]).
+    fn weight_grad_tiles<const T: usize, const V: usize>(
+        &self,
+        name: &str,
+        x: &[f32],
+        dys: &[f32],
+    ) -> candle_core::Result<(Vec<f32>, Vec<f32>)> {
+        let (p, cout, k, dc) = (self.ohw_wide(), self.cout, self.k(), 16 * V);
         let (mut offs, _) = self.direct_offsets();
         let last = offs.last().copied().unwrap_or(0);
-        offs.resize(k.next_multiple_of(DK), last);
+        offs.resize(k.next_multiple_of(T), last);
         let mut xp = self.direct_padded();
         let mut dyt = vec![0f32; p * cout];
-        // dW transposed, (K, Cout), padded rows included.
         let mut dwt = vec![0f32; offs.len() * cout];
         let mut db = vec![0f32; cout];
         for (x, dy) in x.chunks(self.in_len()).zip(dys.chunks(self.out_len())) {
@@ -201,17 +225,12 @@ impl Geom {
             for p0 in (0..p).step_by(GRAD_PIXELS) {
                 let n = GRAD_PIXELS.min(p - p0);
                 let (xb, gb) = (&xp[p0..], &dyt[p0 * cout..]);
-                for (kb, taps) in offs.chunks_exact(DK).enumerate() {
-                    let taps: [usize; DK] = std::array::from_fn(|r| taps[r]);
-                    for cb in 0..cout / DC {
-                        let out = &mut dwt[kb * DK * cout + cb * DC..];
-                        if !simd::weight_grad_tile(
-                            xb,
-                            &taps,
-                            (&gb[cb * DC..], cout),
-                            n,
-                            (out, cout),
-                        ) {
+                for (kb, taps) in offs.chunks_exact(T).enumerate() {
+                    let taps: [usize; T] = std::array::from_fn(|r| taps[r]);
+                    for cb in 0..cout / dc {
+                        let out = &mut dwt[kb * T * cout + cb * dc..];
+                        let dy = (&gb[cb * dc..], cout);
+                        if !simd::weight_grad_tile::<T, V>(xb, &taps, dy, n, (out, cout)) {
                             bail!(
                                 "{name}: a direct weight-gradient tile left its buffers ({self:?})"
                             );
@@ -221,14 +240,7 @@ impl Geom {
             }
             crate::conv_backward::add_row_sums(&mut db, dy, self.ohw());
         }
-        let mut acc = vec![0f32; cout * k + cout];
-        for (kk, row) in dwt.chunks(cout).take(k).enumerate() {
-            for (co, &v) in row.iter().enumerate() {
-                acc[co * k + kk] = v;
-            }
-        }
-        acc[cout * k..].copy_from_slice(&db);
-        Ok(acc)
+        Ok((dwt, db))
     }
 }
 

@@ -474,6 +474,20 @@ impl Geom {
         if self.direct() {
             return self.forward_direct(name, w, b, x, out);
         }
+        self.forward_im2col(name, w, b, x, out)
+    }
+
+    /// [`Geom::forward_all`] through im2col and GEMMs: the samples split
+    /// across the compute threads, each chunk one GEMM ([`Geom::batched`])
+    /// or one per sample.
+    pub(super) fn forward_im2col(
+        &self,
+        name: &str,
+        w: &[f32],
+        b: &[f32],
+        x: &[f32],
+        out: &mut [f32],
+    ) -> candle_core::Result<()> {
         let per = self.per_chunk();
         out.par_chunks_mut(per * self.out_len())
             .zip(x.par_chunks(per * self.in_len()))

@@ -288,7 +288,7 @@ impl Conv2dBackward {
         // w^T * dy: their Cout is large, so that GEMM is not thin, and
         // flipping their large weights costs more than it saves (ResNet-18's
         // last stage at 64 px: 2x2 maps under 512 x 4608 weights).
-        if g.nhwc() && self.unpool.is_none() {
+        if g.nhwc_backward() && self.unpool.is_none() {
             g.weight_grad_nhwc(self.name(), x, dy, dwb)?;
             if self.input_grad {
                 match g.transposed().filter(Geom::nhwc) {

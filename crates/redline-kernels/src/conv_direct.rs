@@ -61,11 +61,16 @@ impl Geom {
 
     /// [`Geom::direct`]'s rule for tiles of `channels` output channels.
     fn direct_with_tiles(&self, channels: usize) -> bool {
+        self.direct_runs(channels) && self.ohw() >= MIN_PIXELS
+    }
+
+    /// Whether the direct kernels can run this convolution at all, with
+    /// tiles of `channels` output channels (the map size aside).
+    pub(super) fn direct_runs(&self, channels: usize) -> bool {
         self.kh * self.kw > 1
             && self.stride <= MAX_STRIDE
             && self.gemm == DType::F32
             && self.cout.is_multiple_of(channels)
-            && self.ohw() >= MIN_PIXELS
             && simd::available()
     }
 

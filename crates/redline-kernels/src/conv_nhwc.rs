@@ -24,6 +24,11 @@ use crate::transpose16::{channels_to_pixels, pixels_to_channels};
 /// way (to the direct kernels).
 pub(super) const MAX_PIXELS: usize = 400;
 
+/// Output pixels per channel under which the whole-batch im2col GEMMs
+/// stay: on ResNet-18's 2x2 maps at 64 px (4 pixels) they take 1.3 ms
+/// forward against 2.1 pixel-major; on 4x4 maps 1.1 against 1.0.
+const MIN_NHWC_PIXELS: usize = 16;
+
 /// Im2col rows per block of a panel: 1024 rows of [`CO`] weights, 256 KB,
 /// stay in the L2 cache while every tile of the thread's pixels reads them.
 const ROWS: usize = 1024;
@@ -37,16 +42,29 @@ const GRAD_PIXELS: usize = 256;
 impl Geom {
     /// Whether the pixel-major forward runs this convolution: AVX-512, f32
     /// products, more than one tap, output channels a multiple of [`CO`],
-    /// output maps under [`MAX_PIXELS`], strided ones only under the direct
-    /// kernels' [`MIN_PIXELS`] (ResNet-18's 28 -> 14 stride-2 forward: 11.1
-    /// ms direct, 12.7 pixel-major; its 28x28 stage 17.5 direct, 22
-    /// pixel-major; its 14x14 stage 18.0 pixel-major, 19.2 direct).
+    /// output maps of [`MIN_NHWC_PIXELS`] up to [`MAX_PIXELS`] (the measured table:
+    /// `examples/conv_paths.rs`, kept in `bench/results`; on ResNet-18's
+    /// 28x28 stage the direct forward is 16.5 ms and this one 19.7, on its
+    /// 14x14 stage 18.3 against 16.1).
     pub(super) fn nhwc(&self) -> bool {
+        self.nhwc_runs() && (MIN_NHWC_PIXELS..MAX_PIXELS).contains(&self.ohw())
+    }
+
+    /// Whether the backward runs pixel-major (the weight gradient here, the
+    /// input gradient through the transposed convolution where it is one):
+    /// as [`Geom::nhwc`], strided ones only under the direct kernels'
+    /// [`MIN_PIXELS`] (ResNet-18's 28 -> 14 stride-2 weight gradient: 10.9
+    /// ms direct, 12.3 pixel-major; `examples/conv_paths.rs`).
+    pub(super) fn nhwc_backward(&self) -> bool {
+        self.nhwc() && (self.stride == 1 || self.ohw() < MIN_PIXELS)
+    }
+
+    /// Whether the pixel-major kernels can run this convolution at all
+    /// (the map size aside).
+    pub(super) fn nhwc_runs(&self) -> bool {
         self.kh * self.kw > 1
             && self.gemm == DType::F32
             && self.cout.is_multiple_of(CO)
-            && self.ohw() < MAX_PIXELS
-            && (self.stride == 1 || self.ohw() < MIN_PIXELS)
             && simd::available()
     }
 
@@ -238,9 +256,11 @@ impl Geom {
 
     /// `[dW | db]` of the whole batch into `dwb` (overwritten), dW stored
     /// `(Cout, Cin, kh, kw)`: the inputs padded pixel-major and the output
-    /// gradient transposed pixel-major once, then each thread takes whole
-    /// panels of [`CO`] output channels (no partial sums to add), reducing
-    /// over every pixel of the batch in tiles of [`GR`] rows.
+    /// gradient transposed pixel-major once, then the threads take pieces
+    /// of rows of panels of [`CO`] output channels (no partial sums to add;
+    /// a 64-channel layer's one panel split so that both cores work: its
+    /// dW at 16x16 took 1.6 ms on one, the direct kernel 0.8 on two),
+    /// reducing over every pixel of the batch in tiles of [`GR`] rows.
     pub(super) fn weight_grad_nhwc(
         &self,
         name: &str,
@@ -263,25 +283,42 @@ impl Geom {
         let (mut offs, _) = self.nhwc_offsets();
         let last = offs.last().copied().unwrap_or(0);
         offs.resize(k.next_multiple_of(GR), last);
-        let npx = px.at().len();
-        let (dw, db) = dwb.split_at_mut(cout * k);
-        dw.par_chunks_mut((CO * k).max(1))
+        let (npx, kp) = (px.at().len(), offs.len());
+        // Units of work: each panel's rows in pieces, at least two units a
+        // thread (ResNet's 64-channel layers have one panel).
+        let panels = cout / CO;
+        let groups = kp / GR;
+        let pieces = (2 * crate::gemm::threads())
+            .div_ceil(panels.max(1))
+            .clamp(1, groups.max(1));
+        let piece = groups.div_ceil(pieces).max(1) * GR;
+        let mut local = vec![0f32; panels * kp * CO];
+        local
+            .par_chunks_mut((kp * CO).max(1))
             .enumerate()
-            .try_for_each(|(q, dwq)| {
-                let mut local = vec![0f32; offs.len() * CO];
+            .flat_map(|(q, lp)| {
+                lp.par_chunks_mut(piece * CO)
+                    .enumerate()
+                    .map(move |(i, part)| (q, i * piece, part))
+            })
+            .try_for_each(|(q, r0, part)| {
                 for i0 in (0..npx).step_by(GRAD_PIXELS) {
                     let n = GRAD_PIXELS.min(npx - i0);
                     let g = &dyt[i0 * cout + q * CO..];
-                    for (rows, out) in offs.chunks_exact(GR).zip(local.chunks_mut(GR * CO)) {
+                    let rows = offs[r0..].chunks_exact(GR);
+                    for (rows, out) in rows.zip(part.chunks_mut(GR * CO)) {
                         let rows: [usize; GR] = std::array::from_fn(|r| rows[r]);
                         if !simd::grad_tile((&xp, &px), &rows, (i0, n), (g, cout), (out, CO)) {
                             bail!("{name}: a pixel-major weight-gradient tile left its buffers ({self:?})");
                         }
                     }
                 }
-                self.store_weight_grad(&local, dwq);
                 Ok(())
             })?;
+        let (dw, db) = dwb.split_at_mut(cout * k);
+        dw.par_chunks_mut((CO * k).max(1))
+            .zip(local.par_chunks((kp * CO).max(1)))
+            .for_each(|(dwq, lq)| self.store_weight_grad(lq, dwq));
         db.fill(0.0);
         for d in dy.chunks(self.out_len().max(1)) {
             add_row_sums(db, d, self.ohw());
@@ -463,7 +500,8 @@ mod tests {
     }
 
     /// 1x1 kernels, bf16 products, output channels off the tiles and large
-    /// maps keep the other paths.
+    /// maps keep the other paths; strided maps of 100+ pixels keep the
+    /// direct backward.
     #[test]
     fn other_convolutions_keep_their_paths() {
         let pointwise = Geom::sized(2, (8, 64), (9, 9), (1, 1, 0), 1);
@@ -474,7 +512,14 @@ mod tests {
         let odd = Geom::sized(2, (8, 48), (9, 9), (3, 3, 1), 1);
         let large = Geom::sized(2, (8, 64), (20, 20), (3, 3, 1), 1);
         for g in [pointwise, bf16, odd, large] {
-            assert!(!g.nhwc(), "{g:?}");
+            assert!(!g.nhwc() && !g.nhwc_backward(), "{g:?}");
         }
+        // A strided 14x14 output: the forward pixel-major, the backward not
+        // (the direct weight gradient); a strided 7x7 one: both.
+        let strided = Geom::sized(2, (8, 64), (28, 28), (3, 3, 1), 2);
+        assert!(strided.nhwc() || !simd::available());
+        assert!(!strided.nhwc_backward());
+        let small = Geom::sized(2, (8, 64), (14, 14), (3, 3, 1), 2);
+        assert!(small.nhwc_backward() || !simd::available());
     }
 }

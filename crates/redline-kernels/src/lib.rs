@@ -23,6 +23,7 @@ mod conv_nhwc;
 mod conv_nhwc_simd;
 mod conv_patch;
 mod conv_patch_simd;
+pub mod conv_paths;
 mod conv_strided;
 mod conv_whole;
 mod conv_wide;

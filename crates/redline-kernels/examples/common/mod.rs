@@ -1,5 +1,5 @@
 //! Helpers shared by the kernel timing examples (`conv_shapes`,
-//! `norm_pool_shapes`): flags and medians.
+//! `norm_pool_shapes`, `conv_paths`): flags and medians.
 
 /// The value after `--name` on the command line, or `default`.
 pub fn arg(name: &str, default: usize) -> usize {
@@ -12,6 +12,7 @@ pub fn arg(name: &str, default: usize) -> usize {
 }
 
 /// The median of `v` (the upper one of an even count).
+#[allow(dead_code)] // conv_paths times through the library's own medians.
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]

@@ -11,7 +11,8 @@ wall times, from metrics.csv; before 2026-11-28 the difference of a 2 + STEPS an
 means, which swung 2x run to run on the small rows), then torchvision's model in a plain PyTorch loop over the same number of images,
 each step's batch gathered in a shuffled order inside the timed step as Redline's loader does
 (the median of STEPS steps after two warm-up steps; before 2026-11-28 PyTorch reused one
-batch, which stays in a 32 MB L3 cache at 64 x 224 px and made the patch row 1.2x faster). Prints a table of ms/step, images/s and the ratio.
+batch, which stays in a 32 MB L3 cache at 64 x 224 px and made the patch row 1.2x faster). Prints a table of ms/step, images/s and the ratio; with `--rounds N`, the
+medians of N rounds, Redline and PyTorch alternating, each round's pair listed.
 """
 
 import argparse
@@ -136,6 +137,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--rows", default="resnet18:8:64")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure each row ROUNDS times, Redline and PyTorch alternating, and "
+                         "print the medians (this VM's neighbours swing either side 10-20%% "
+                         "from one minute to the next)")
     ap.add_argument("--torch-reuse-batch", action="store_true",
                     help="PyTorch trains on one batch gathered once (its compute alone; the "
                          "protocol before 2026-11-28)")
@@ -144,16 +149,23 @@ def main():
           f"{a.threads} threads, {os.cpu_count()} logical cores")
     print("| model | batch | size | Redline ms/step | PyTorch ms/step | Redline img/s | PyTorch img/s | Redline / PyTorch time |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    with tempfile.TemporaryDirectory() as tmp:
-        for row in a.rows.split(","):
-            model, batch, size = row.split(":")
-            batch, size = int(batch), int(size)
-            ours = redline_ms(a.bin, model, batch, size, a.steps, a.threads, tmp)
-            theirs = torch_ms(model, batch, size, a.steps, a.threads, a.torch_reuse_batch)
-            print(f"| {model} | {batch} | {size} | {ours:.1f} | {theirs:.1f} | "
-                  f"{1000 * batch / ours:.1f} | {1000 * batch / theirs:.1f} | {ours / theirs:.2f}x |",
-                  flush=True)
-
+    for row in a.rows.split(","):
+        model, batch, size = row.split(":")
+        batch, size = int(batch), int(size)
+        ours_all, theirs_all = [], []
+        for _ in range(max(1, a.rounds)):
+            with tempfile.TemporaryDirectory() as tmp:
+                ours_all.append(redline_ms(a.bin, model, batch, size, a.steps, a.threads, tmp))
+            theirs_all.append(torch_ms(model, batch, size, a.steps, a.threads,
+                                       a.torch_reuse_batch))
+        ours, theirs = statistics.median(ours_all), statistics.median(theirs_all)
+        rounds = ""
+        if len(ours_all) > 1:
+            rounds = " (rounds: " + ", ".join(
+                f"{o:.0f}/{t:.0f}" for o, t in zip(ours_all, theirs_all)) + ")"
+        print(f"| {model} | {batch} | {size} | {ours:.1f} | {theirs:.1f} | "
+              f"{1000 * batch / ours:.1f} | {1000 * batch / theirs:.1f} | {ours / theirs:.2f}x{rounds} |",
+              flush=True)
 
 if __name__ == "__main__":
     main()

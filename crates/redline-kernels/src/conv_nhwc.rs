@@ -68,6 +68,17 @@ impl Geom {
             && simd::available()
     }
 
+    /// `(ci, ky, kx)` of the pixel-major kernels' row `r`: `(ky, kx, ci)`
+    /// with the channel fastest (consecutive rows read consecutive
+    /// addresses), whatever order [`Geom::tap`] gives the GEMM paths.
+    fn nhwc_tap(&self, r: usize) -> (usize, usize, usize) {
+        (
+            r % self.cin,
+            r / (self.cin * self.kw),
+            (r / self.cin) % self.kw,
+        )
+    }
+
     /// Padded width of the pixel-major sample.
     fn nhwc_wp(&self) -> usize {
         self.w + 2 * self.pad
@@ -93,7 +104,7 @@ impl Geom {
         let wp = self.nhwc_wp();
         let offs: Vec<usize> = (0..self.k())
             .map(|r| {
-                let (ci, ky, kx) = self.tap(r);
+                let (ci, ky, kx) = self.nhwc_tap(r);
                 (ky * wp + kx) * self.cin + ci
             })
             .collect();
@@ -131,7 +142,7 @@ impl Geom {
             .enumerate()
             .for_each(|(q, panel)| {
                 for (r, row) in panel.chunks_mut(CO).enumerate() {
-                    let (ci, ky, kx) = self.tap(r);
+                    let (ci, ky, kx) = self.nhwc_tap(r);
                     for (c, v) in row.iter_mut().enumerate() {
                         *v = value(q * CO + c, ci, ky, kx);
                     }

@@ -301,7 +301,7 @@ impl Geom {
         let (k, kk, cin) = (self.k(), self.kh * self.kw, self.cin);
         let n = w.len();
         // One tap (1x1 kernels): both orders are the same.
-        if self.stored_taps() || kk == 1 || k == 0 || n % k != 0 {
+        if self.stored_taps() || kk == 1 || k == 0 || !n.is_multiple_of(k) {
             return Cow::Borrowed(w);
         }
         // Rows (one per output channel) in parallel, each written in order

@@ -18,13 +18,14 @@
 //!   order; the input gradient of a stride-1 convolution is the forward of
 //!   its transposed convolution ([`crate::conv_dx`]) and takes it too.
 //! - Weight gradient: the output gradient transposed pixel-major once per
-//!   sample, then tiles of [`DK`] taps x [`DC`] channels reducing over all
-//!   the sample's pixels in registers.
+//!   sample, then tiles of taps x channels (6 x 64 or 12 x 32) reducing over
+//!   all the sample's pixels in registers.
 //!
-//! Output maps under [`MIN_PIXELS`] keep the im2col path (their whole-batch
-//! GEMMs): a sample's few pixels leave the tiles mostly junk and reread
-//! large weights for each one (ResNet-18's 7x7 stage: 21.6 ms im2col
-//! against 36 direct).
+//! Output maps under [`MIN_PIXELS`] take the pixel-major kernels
+//! ([`crate::conv_nhwc`]) or the im2col path: a sample's few pixels leave
+//! the wide tiles mostly junk and reread large weights for each one
+//! (ResNet-18's 7x7 stage: 29.8 ms direct, 20.1 im2col, 16.2 pixel-major;
+//! `examples/conv_paths.rs`).
 
 use candle_core::{bail, DType};
 use rayon::prelude::*;

@@ -255,8 +255,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
-    use crate::conv::gemm_or_err;
-    use crate::gemm::Mat;
+    use crate::conv_reference::{close, vals};
 
     fn geom(
         b: usize,
@@ -275,18 +274,6 @@ mod tests {
         stride: usize,
     ) -> Geom {
         Geom::sized(b, (cin, cout), (h, w), (kh, kw, pad), stride)
-    }
-
-    fn vals(n: usize, f: f32) -> Vec<f32> {
-        (0..n).map(|i| ((i as f32 + 0.5) * f).sin()).collect()
-    }
-
-    fn close(what: &str, got: &[f32], want: &[f32]) {
-        assert_eq!(got.len(), want.len(), "{what}");
-        let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-        for (i, (g, w)) in got.iter().zip(want).enumerate() {
-            assert!((g - w).abs() <= 2e-5 * scale, "{what}[{i}]: {g} vs {w}");
-        }
     }
 
     /// Geometries the direct kernels take: the last pixel tile cut short
@@ -329,12 +316,11 @@ mod tests {
             );
             let mut got = vec![0f32; g.b * g.out_len()];
             g.forward_direct("test", &w, &b, &x, &mut got)?;
-            let mut want = vec![0f32; g.b * g.out_len()];
-            let mut cols = vec![0f32; g.k() * g.ohw()];
-            for (y, x) in want.chunks_mut(g.out_len()).zip(x.chunks(g.in_len())) {
-                g.forward_sample("test", &w, &b, x, &mut cols, y)?;
-            }
-            close(&format!("{g:?} forward"), &got, &want);
+            close(
+                &format!("{g:?} forward"),
+                &got,
+                &g.reference_forward(&w, &b, &x)?,
+            );
         }
         Ok(())
     }
@@ -350,16 +336,7 @@ mod tests {
         for g in shapes().into_iter().filter(Geom::direct_weight_grad) {
             let (x, dy) = (vals(g.b * g.in_len(), 0.29), vals(g.b * g.out_len(), 0.13));
             let got = g.weight_grad_direct("test", &x, &dy)?;
-            let (k, n) = (g.k(), g.ohw());
-            let mut want = vec![0f32; g.cout * k + g.cout];
-            let mut cols = vec![0f32; k * n];
-            for (x, dy) in x.chunks(g.in_len()).zip(dy.chunks(g.out_len())) {
-                g.im2col(x, &mut cols);
-                let (dw, db) = want.split_at_mut(g.cout * k);
-                let dym = Mat::new(dy, g.cout, n);
-                gemm_or_err(DType::F32, "test", dw, dym, Mat::new(&cols, k, n).t(), true)?;
-                crate::conv_backward::add_row_sums(db, dy, n);
-            }
+            let want = g.reference_weight_grad(&x, &dy)?;
             close(&format!("{g:?} dW and db"), &got, &want);
         }
         let taken = shapes().iter().filter(|g| g.direct_weight_grad()).count();

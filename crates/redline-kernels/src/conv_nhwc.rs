@@ -378,11 +378,8 @@ mod tests {
 
     use super::*;
     use crate::conv::gemm_or_err;
+    use crate::conv_reference::{close, vals};
     use crate::gemm::Mat;
-
-    fn vals(n: usize, f: f32) -> Vec<f32> {
-        (0..n).map(|i| ((i as f32 + 0.5) * f).sin()).collect()
-    }
 
     /// Geometries the pixel-major kernel takes: tiles spanning rows and
     /// samples, a last tile cut short, strides 1-3, 1x3 and 5x5 kernels,
@@ -424,15 +421,11 @@ mod tests {
             let stored = g.permute_taps(&w, true);
             assert_eq!(g.nhwc_panels_stored(&stored), panels, "{g:?} stored panels");
             g.forward_nhwc("test", &panels, &b, &x, &mut got)?;
-            let mut want = vec![0f32; g.b * g.out_len()];
-            let mut cols = vec![0f32; g.k() * g.ohw()];
-            for (y, x) in want.chunks_mut(g.out_len()).zip(x.chunks(g.in_len())) {
-                g.forward_sample("test", &w, &b, x, &mut cols, y)?;
-            }
-            let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-            for (i, (g2, w2)) in got.iter().zip(&want).enumerate() {
-                assert!((g2 - w2).abs() <= 2e-5 * scale, "{g:?}[{i}]: {g2} vs {w2}");
-            }
+            close(
+                &format!("{g:?} forward"),
+                &got,
+                &g.reference_forward(&w, &b, &x)?,
+            );
         }
         Ok(())
     }
@@ -451,24 +444,10 @@ mod tests {
             let (x, dy) = (vals(g.b * g.in_len(), 0.29), vals(g.b * g.out_len(), 0.13));
             let mut got = vec![f32::NAN; g.cout * g.k() + g.cout];
             g.weight_grad_nhwc("test", &x, &dy, &mut got)?;
-            let (k, n) = (g.k(), g.ohw());
-            let mut want = vec![0f32; g.cout * k + g.cout];
-            let mut cols = vec![0f32; k * n];
-            for (x, dy) in x.chunks(g.in_len()).zip(dy.chunks(g.out_len())) {
-                g.im2col(x, &mut cols);
-                let (dw, db) = want.split_at_mut(g.cout * k);
-                let dym = Mat::new(dy, g.cout, n);
-                gemm_or_err(DType::F32, "test", dw, dym, Mat::new(&cols, k, n).t(), true)?;
-                add_row_sums(db, dy, n);
-            }
+            // The reference in im2col row order, then as stored.
+            let mut want = g.reference_weight_grad(&x, &dy)?;
             g.unpermute_weight_grad(&mut want);
-            let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (a - b).abs() <= 2e-5 * scale,
-                    "{g:?} dW/db[{i}]: {a} vs {b}"
-                );
-            }
+            close(&format!("{g:?} dW and db"), &got, &want);
         }
         Ok(())
     }
@@ -502,10 +481,7 @@ mod tests {
                 gemm_or_err(DType::F32, "test", &mut dcols, wt, dym, false)?;
                 g.col2im(&dcols, dx);
             }
-            let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                assert!((a - b).abs() <= 2e-5 * scale, "{g:?} dx[{i}]: {a} vs {b}");
-            }
+            close(&format!("{g:?} dx"), &got, &want);
         }
         Ok(())
     }

@@ -24,6 +24,8 @@ mod conv_nhwc_simd;
 mod conv_patch;
 mod conv_patch_simd;
 pub mod conv_paths;
+#[cfg(test)]
+mod conv_reference;
 mod conv_strided;
 mod conv_whole;
 mod conv_wide;

@@ -438,7 +438,7 @@ mod tests {
             eprintln!("no AVX-512 here: the pixel-major kernel is not run");
             return Ok(());
         }
-        // Plus one of more pixels than a reduction block (two blocks).
+        // Plus one of more pixels than a reduction block (several blocks).
         let big = Geom::sized(24, (4, 64), (7, 7), (3, 3, 1), 1);
         for g in shapes().into_iter().chain([big]) {
             let (x, dy) = (vals(g.b * g.in_len(), 0.29), vals(g.b * g.out_len(), 0.13));

@@ -118,6 +118,29 @@ pub fn conv2d_generic(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Res
     Ok(y.broadcast_add(&b.reshape((1, cout, 1, 1))?)?)
 }
 
+/// A family of CPU convolution kernels ([`Geom::forward_path`],
+/// [`Geom::weight_grad_path`], [`Geom::input_grad_path`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// im2col (or the input as it lies) and GEMMs.
+    Im2col,
+    /// The wide direct kernels ([`crate::conv_direct`]).
+    Direct,
+    /// The pixel-major kernels ([`crate::conv_nhwc`]).
+    PixelMajor,
+}
+
+impl Path {
+    /// The name the timing table prints.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Path::Im2col => "im2col",
+            Path::Direct => "direct",
+            Path::PixelMajor => "pixel-major",
+        }
+    }
+}
+
 /// Sizes of one convolution, checked once when the op is built.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Geom {
@@ -499,10 +522,47 @@ impl Geom {
         Ok(())
     }
 
+    /// The kernels that run this convolution's forward: pixel-major
+    /// ([`Geom::nhwc`]), direct ([`Geom::direct`]) or im2col.
+    pub(super) fn forward_path(&self) -> Path {
+        if self.nhwc() {
+            Path::PixelMajor
+        } else if self.direct() {
+            Path::Direct
+        } else {
+            Path::Im2col
+        }
+    }
+
+    /// The kernels that run the weight gradient (fused backward, no conv
+    /// block): pixel-major ([`Geom::nhwc_backward`]), whole-batch GEMMs on
+    /// small maps, direct ([`Geom::direct_weight_grad`]) or per-sample
+    /// GEMMs.
+    pub(super) fn weight_grad_path(&self) -> Path {
+        if self.nhwc_backward() {
+            Path::PixelMajor
+        } else if !self.batched() && self.direct_weight_grad() {
+            Path::Direct
+        } else {
+            Path::Im2col
+        }
+    }
+
+    /// The kernels that run the input gradient: the transposed
+    /// convolution's forward where there is one ([`Geom::transposed`]; not
+    /// on small maps that take whole-batch GEMMs), else `w^T * dy` and
+    /// col2im.
+    pub(super) fn input_grad_path(&self) -> Path {
+        match self.transposed() {
+            Some(t) if !self.batched() || self.nhwc_backward() => t.forward_path(),
+            _ => Path::Im2col,
+        }
+    }
+
     /// The outputs of all samples of `x` into `out`, with the weights `w`
-    /// in im2col row order: the direct kernels where they run
-    /// ([`Geom::direct`]), else the samples split across the compute
-    /// threads, each chunk one GEMM ([`Geom::batched`]) or one per sample.
+    /// in im2col row order, by [`Geom::forward_path`]: the pixel-major or
+    /// direct kernels, else the samples split across the compute threads,
+    /// each chunk one GEMM ([`Geom::batched`]) or one per sample.
     pub(super) fn forward_all(
         &self,
         name: &str,
@@ -511,15 +571,16 @@ impl Geom {
         x: &[f32],
         out: &mut [f32],
     ) -> candle_core::Result<()> {
-        if self.nhwc() {
-            let k = self.k();
-            let panels = self.nhwc_panels_from(|co, ci, ky, kx| w[co * k + self.row(ci, ky, kx)]);
-            return self.forward_nhwc(name, &panels, b, x, out);
+        match self.forward_path() {
+            Path::PixelMajor => {
+                let k = self.k();
+                let panels =
+                    self.nhwc_panels_from(|co, ci, ky, kx| w[co * k + self.row(ci, ky, kx)]);
+                self.forward_nhwc(name, &panels, b, x, out)
+            }
+            Path::Direct => self.forward_direct(name, w, b, x, out),
+            Path::Im2col => self.forward_im2col(name, w, b, x, out),
         }
-        if self.direct() {
-            return self.forward_direct(name, w, b, x, out);
-        }
-        self.forward_im2col(name, w, b, x, out)
     }
 
     /// [`Geom::forward_all`] through im2col and GEMMs: the samples split
@@ -652,7 +713,7 @@ impl CustomOp3 for Conv2dOp {
         }
         if g.patch_forward() {
             g.forward_patch(w, b, x, &mut out);
-        } else if g.nhwc() {
+        } else if g.forward_path() == Path::PixelMajor {
             g.forward_nhwc(name, &g.nhwc_panels_stored(w), b, x, &mut out)?;
         } else {
             g.forward_all(name, &g.permute_taps(w, false), b, x, &mut out)?;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use crate::conv::{gemm_or_err, Geom};
+use crate::conv::{gemm_or_err, Geom, Path};
 use crate::gemm::Mat;
 use crate::grad::ParamBuffers;
 use crate::slices::{unpack_grads, Grads3};
@@ -189,7 +189,7 @@ impl Conv2dBackward {
             Dy::Pooled(u, gp, at) => return self.chunk_wide(u, x, w, gp, at, dx),
         };
         let (g, name) = (self.geom, self.name());
-        if g.direct_weight_grad() {
+        if g.weight_grad_path() == Path::Direct {
             let acc = g.weight_grad_direct(name, x, dys)?;
             if let Some(dx) = dx {
                 // Only where dx is not the transposed forward (`accumulate`).
@@ -288,11 +288,11 @@ impl Conv2dBackward {
         // w^T * dy: their Cout is large, so that GEMM is not thin, and
         // flipping their large weights costs more than it saves (ResNet-18's
         // last stage at 64 px: 2x2 maps under 512 x 4608 weights).
-        if g.nhwc_backward() && self.unpool.is_none() {
+        if g.weight_grad_path() == Path::PixelMajor && self.unpool.is_none() {
             g.weight_grad_nhwc(self.name(), x, dy, dwb)?;
             if self.input_grad {
-                match g.transposed().filter(Geom::nhwc) {
-                    Some(t) => g.input_grad_nhwc(&t, self.name(), w, dy, dx)?,
+                match g.transposed() {
+                    Some(t) => g.input_grad_as_conv(&t, self.name(), w, dy, dx)?,
                     None => g.input_grad_whole(self.name(), &g.permute_taps(w, false), dy, dx)?,
                 }
             }

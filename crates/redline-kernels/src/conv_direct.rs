@@ -255,7 +255,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
-    use crate::conv_reference::{close, vals};
+    use crate::conv_reference::{close, forward_operands, vals};
 
     fn geom(
         b: usize,
@@ -263,17 +263,7 @@ mod tests {
         (h, w): (usize, usize),
         (kh, kw, pad): (usize, usize, usize),
     ) -> Geom {
-        strided(b, (cin, cout), (h, w), (kh, kw, pad), 1)
-    }
-
-    fn strided(
-        b: usize,
-        (cin, cout): (usize, usize),
-        (h, w): (usize, usize),
-        (kh, kw, pad): (usize, usize, usize),
-        stride: usize,
-    ) -> Geom {
-        Geom::sized(b, (cin, cout), (h, w), (kh, kw, pad), stride)
+        Geom::sized(b, (cin, cout), (h, w), (kh, kw, pad), 1)
     }
 
     /// Geometries the direct kernels take: the last pixel tile cut short
@@ -291,10 +281,10 @@ mod tests {
             // and its 7x7 stem (147 taps: a last weight-gradient tile of 3),
             // odd and even input sides; one of over 1024 wide pixels (two
             // blocks of the weight gradient's reduction).
-            strided(2, (4, 32), (21, 21), (3, 3, 1), 2),
-            strided(2, (4, 32), (22, 20), (3, 3, 1), 2),
-            strided(2, (3, 32), (23, 23), (7, 7, 3), 2),
-            strided(2, (4, 32), (33, 34), (3, 3, 0), 3),
+            Geom::sized(2, (4, 32), (21, 21), (3, 3, 1), 2),
+            Geom::sized(2, (4, 32), (22, 20), (3, 3, 1), 2),
+            Geom::sized(2, (3, 32), (23, 23), (7, 7, 3), 2),
+            Geom::sized(2, (4, 32), (33, 34), (3, 3, 0), 3),
             geom(1, (2, 32), (40, 30), (3, 3, 1)),
         ]
     }
@@ -309,11 +299,7 @@ mod tests {
         }
         for g in shapes() {
             assert!(g.direct(), "{g:?} should take the direct forward");
-            let (x, w, b) = (
-                vals(g.b * g.in_len(), 0.37),
-                vals(g.cout * g.k(), 0.11),
-                vals(g.cout, 0.7),
-            );
+            let (x, w, b) = forward_operands(&g);
             let mut got = vec![0f32; g.b * g.out_len()];
             g.forward_direct("test", &w, &b, &x, &mut got)?;
             close(
@@ -352,13 +338,13 @@ mod tests {
     #[test]
     fn other_convolutions_keep_the_im2col_path() {
         let small = geom(2, (8, 32), (9, 9), (3, 3, 1));
-        let wide_stride = strided(2, (8, 32), (60, 60), (3, 3, 1), 5);
+        let wide_stride = Geom::sized(2, (8, 32), (60, 60), (3, 3, 1), 5);
         let bf16 = Geom {
             gemm: DType::BF16,
             ..geom(2, (8, 32), (11, 11), (3, 3, 1))
         };
         let odd_channels = geom(2, (8, 12), (11, 11), (3, 3, 1));
-        let pointwise = strided(3, (12, 32), (21, 22), (1, 1, 0), 2);
+        let pointwise = Geom::sized(3, (12, 32), (21, 22), (1, 1, 0), 2);
         for g in [small, wide_stride, bf16, odd_channels, pointwise] {
             assert!(!g.direct() && !g.direct_weight_grad(), "{g:?}");
         }

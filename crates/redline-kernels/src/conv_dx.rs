@@ -10,7 +10,7 @@
 //! As a convolution it is the forward's im2col and one GEMM of `Cout*kh*kw`
 //! terms, at the forward's speed (`examples/conv_shapes.rs`).
 
-use crate::conv::Geom;
+use crate::conv::{Geom, Path};
 
 impl Geom {
     /// The convolution whose forward is this one's input gradient, when
@@ -59,6 +59,10 @@ impl Geom {
         dx: &mut [f32],
     ) -> candle_core::Result<()> {
         let zeros = vec![0f32; t.cout];
+        if t.forward_path() == Path::PixelMajor {
+            // Its panels read flipped straight from the stored weights.
+            return t.forward_nhwc(name, &self.nhwc_panels_flipped(w), &zeros, dy, dx);
+        }
         t.forward_all(name, &self.flipped_taps(w), &zeros, dy, dx)
     }
 }

@@ -181,7 +181,7 @@ impl Geom {
     /// weight `(ci, co, ky, kx)` is `w[co, ci, kh-1-ky, kw-1-kx]`). Sixteen
     /// of `t`'s output channels at a time: each stored `(16, kh*kw)` block
     /// is read whole.
-    fn nhwc_panels_flipped(&self, w: &[f32]) -> Vec<f32> {
+    pub(super) fn nhwc_panels_flipped(&self, w: &[f32]) -> Vec<f32> {
         const L: usize = 16;
         let (cin, cout, taps) = (self.cin, self.cout, self.kh * self.kw);
         let k = cout * taps;
@@ -202,21 +202,6 @@ impl Geom {
                 }
             });
         out
-    }
-
-    /// `dx` of the whole batch through the transposed convolution `t`
-    /// (stride 1, [`Geom::transposed`]), its panels read straight from the stored
-    /// `(Cout, Cin, kh, kw)` weights `w`: flipped, channels swapped.
-    pub(super) fn input_grad_nhwc(
-        &self,
-        t: &Geom,
-        name: &str,
-        w: &[f32],
-        dy: &[f32],
-        dx: &mut [f32],
-    ) -> candle_core::Result<()> {
-        let panels = self.nhwc_panels_flipped(w);
-        t.forward_nhwc(name, &panels, &vec![0f32; t.cout], dy, dx)
     }
 
     /// The outputs of all samples of `x` into `out` ([`Geom::nhwc`]), the
@@ -378,7 +363,7 @@ mod tests {
 
     use super::*;
     use crate::conv::gemm_or_err;
-    use crate::conv_reference::{close, vals};
+    use crate::conv_reference::{close, forward_operands, vals};
     use crate::gemm::Mat;
 
     /// Geometries the pixel-major kernel takes: tiles spanning rows and
@@ -408,11 +393,7 @@ mod tests {
         }
         for g in shapes() {
             assert!(g.nhwc(), "{g:?} should take the pixel-major forward");
-            let (x, w, b) = (
-                vals(g.b * g.in_len(), 0.37),
-                vals(g.cout * g.k(), 0.11),
-                vals(g.cout, 0.7),
-            );
+            let (x, w, b) = forward_operands(&g);
             let mut got = vec![0f32; g.b * g.out_len()];
             let k = g.k();
             let panels =
@@ -471,7 +452,7 @@ mod tests {
             let t = g.transposed().filter(Geom::nhwc).unwrap();
             let (w, dy) = (vals(g.cout * g.k(), 0.11), vals(g.b * g.out_len(), 0.13));
             let mut got = vec![f32::NAN; g.b * g.in_len()];
-            g.input_grad_nhwc(&t, "test", &w, &dy, &mut got)?;
+            g.input_grad_as_conv(&t, "test", &w, &dy, &mut got)?;
             let wp = g.permute_taps(&w, false);
             let (k, n) = (g.k(), g.ohw());
             let mut want = vec![0f32; g.b * g.in_len()];

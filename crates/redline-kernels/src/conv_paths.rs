@@ -69,13 +69,7 @@ pub fn time_paths(
 
     // Forward: the rule is Geom::forward_all's.
     let mut out = vec![0f32; g.b * g.out_len()];
-    let fwd = if g.nhwc() {
-        "pixel-major"
-    } else if g.direct() {
-        "direct"
-    } else {
-        "im2col"
-    };
+    let fwd = g.forward_path().name();
     let ms = median_ms(reps, || {
         Ok(g.forward_im2col(name, &wp, &bias, &x, &mut out)?)
     })?;
@@ -95,13 +89,7 @@ pub fn time_paths(
 
     // Weight gradient: Conv2dBackward::accumulate's order.
     let mut dwb = vec![0f32; g.cout * g.k() + g.cout];
-    let dw = if g.nhwc_backward() {
-        "pixel-major"
-    } else if g.batched() || !g.direct_weight_grad() {
-        "im2col"
-    } else {
-        "direct"
-    };
+    let dw = g.weight_grad_path().name();
     let ms = median_ms(reps, || {
         Ok(g.backward_whole(name, (&x, &wp, &dy), &mut dwb, None)?)
     })?;
@@ -132,28 +120,25 @@ pub fn time_paths(
     // forward (stride 1) by its own rule.
     let mut dx = vec![0f32; g.b * g.in_len()];
     let t = g.transposed();
-    let dxp = match t {
-        Some(t) if g.nhwc_backward() && t.nhwc() => "pixel-major",
-        Some(t) if !g.nhwc_backward() && !g.batched() && t.nhwc() => "pixel-major",
-        Some(t) if !g.nhwc_backward() && !g.batched() && t.direct() => "direct",
-        _ => "im2col",
-    };
+    let dxp = g.input_grad_path().name();
     let ms = median_ms(reps, || {
         dx.fill(0.0);
         Ok(g.input_grad_whole(name, &wp, &dy, &mut dx)?)
     })?;
     push("input grad", "im2col", ms, dxp == "im2col");
     if let Some(t) = t {
+        let zeros = vec![0f32; t.cout];
         if t.direct_runs(MR) {
             let flipped = g.flipped_taps(&w);
-            let zeros = vec![0f32; t.cout];
             let ms = median_ms(reps, || {
                 Ok(t.forward_direct(name, &flipped, &zeros, &dy, &mut dx)?)
             })?;
             push("input grad", "direct", ms, dxp == "direct");
         }
         if t.nhwc_runs() {
-            let ms = median_ms(reps, || Ok(g.input_grad_nhwc(&t, name, &w, &dy, &mut dx)?))?;
+            let ms = median_ms(reps, || {
+                Ok(t.forward_nhwc(name, &g.nhwc_panels_flipped(&w), &zeros, &dy, &mut dx)?)
+            })?;
             push("input grad", "pixel-major", ms, dxp == "pixel-major");
         }
     }

@@ -15,6 +15,15 @@ pub(crate) fn vals(n: usize, f: f32) -> Vec<f32> {
     (0..n).map(|i| ((i as f32 + 0.5) * f).sin()).collect()
 }
 
+/// An input, im2col-ordered weights and a bias for `g`'s forward.
+pub(crate) fn forward_operands(g: &Geom) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    (
+        vals(g.b * g.in_len(), 0.37),
+        vals(g.cout * g.k(), 0.11),
+        vals(g.cout, 0.7),
+    )
+}
+
 /// Panics naming `what` and the first index where `got` is not within
 /// 2e-5 of `want`, relative to the largest of `want` (or 1).
 pub(crate) fn close(what: &str, got: &[f32], want: &[f32]) {

@@ -21,6 +21,7 @@ use rayon::prelude::*;
 
 use crate::conv::Geom;
 use crate::conv_backward::add_row_sums;
+use crate::conv_patch512 as p512;
 use crate::conv_patch_simd::{self as simd, Lanes};
 
 /// Output channels a vector.
@@ -62,6 +63,31 @@ impl Geom {
         self.tiles() && self.cout <= MAX_COUT_BACKWARD
     }
 
+    /// Whether the AVX-512 kernels of [`p512`] take these windows.
+    fn patch512(&self) -> bool {
+        p512::available() && p512::fits(self.kw)
+    }
+
+    /// Each window row's first input value (`ci * h * w + ky * w`) in
+    /// output row 0, rows in tap order.
+    fn window_rows(&self) -> Vec<usize> {
+        let hw = self.h * self.w;
+        (0..self.cin * self.kh)
+            .map(|r| (r / self.kh) * hw + (r % self.kh) * self.w)
+            .collect()
+    }
+
+    /// The AVX-512 kernels' view of one sample.
+    fn rows_of<'a>(&self, offs: &'a [usize]) -> p512::Rows<'a> {
+        p512::Rows {
+            offs,
+            step: self.stride * self.w,
+            oh: self.oh,
+            ow: self.ow,
+            kw: self.kw,
+        }
+    }
+
     /// Lane blocks of output channels.
     fn blocks(&self) -> usize {
         self.cout.div_ceil(L)
@@ -83,8 +109,25 @@ impl Geom {
 
     /// The forward of every sample (`w` as `(Cout, Cin, kh, kw)`), into `out`.
     pub(super) fn forward_patch(&self, w: &[f32], b: &[f32], x: &[f32], out: &mut [f32]) {
-        let wl = self.lanes_of(w);
         let per = self.per_chunk();
+        if self.patch512() {
+            let offs = self.window_rows();
+            let rows = self.rows_of(&offs);
+            let ws = p512::spread_weights(w, self.cout, offs.len(), self.kw);
+            let b = &b[..self.cout];
+            let done = out
+                .par_chunks_mut(per * self.out_len())
+                .zip(x.par_chunks(per * self.in_len()))
+                .all(|(out, x)| {
+                    out.chunks_mut(self.out_len().max(1))
+                        .zip(x.chunks(self.in_len().max(1)))
+                        .all(|(y, x)| p512::forward_sample(x, (&ws, b), &rows, y))
+                });
+            if done {
+                return;
+            }
+        }
+        let wl = self.lanes_of(w);
         out.par_chunks_mut(per * self.out_len())
             .zip(x.par_chunks(per * self.in_len()))
             .for_each(|(out, x)| {
@@ -177,6 +220,12 @@ impl Geom {
         dx: Option<&mut [f32]>,
     ) {
         let (k, per) = (self.k(), self.per_chunk());
+        if self.patch512() && self.weight_grad_patch512(x, dy, dwb) {
+            if let Some(dx) = dx {
+                self.input_grad_all(w, dy, dx);
+            }
+            return;
+        }
         let partials: Vec<(Vec<Lanes>, Vec<f32>)> = x
             .par_chunks(per * self.in_len())
             .zip(dy.par_chunks(per * self.out_len()))
@@ -210,12 +259,56 @@ impl Geom {
             }
         }
         if let Some(dx) = dx {
-            dx.par_chunks_mut(per * self.in_len())
-                .zip(dy.par_chunks(per * self.out_len()))
-                .for_each(|(dx, dy)| {
-                    pulp::Arch::new().dispatch(PatchInputGrad { g: self, w, dy, dx });
-                });
+            self.input_grad_all(w, dy, dx);
         }
+    }
+
+    /// `[dW | db]` through the AVX-512 kernels (`dwb` overwritten); `false`
+    /// (`dwb` untouched) when they refuse a chunk.
+    fn weight_grad_patch512(&self, x: &[f32], dy: &[f32], dwb: &mut [f32]) -> bool {
+        let (k, per) = (self.k(), self.per_chunk());
+        let offs = self.window_rows();
+        let rows = self.rows_of(&offs);
+        let vectors = self.blocks() * offs.len() * p512::C;
+        let partials: Option<Vec<(Vec<p512::Vec16>, Vec<f32>)>> = x
+            .par_chunks(per * self.in_len())
+            .zip(dy.par_chunks(per * self.out_len()))
+            .map(|(x, dy)| {
+                let mut acc = vec![[0f32; p512::LANES]; vectors];
+                let (mut db, mut scratch) = (vec![0f32; self.cout], Vec::new());
+                for (x, dy) in x.chunks(self.in_len()).zip(dy.chunks(self.out_len())) {
+                    if !p512::weight_grad_sample((x, dy), &rows, self.cout, &mut acc, &mut scratch)
+                    {
+                        return None;
+                    }
+                    add_row_sums(&mut db, dy, self.ohw());
+                }
+                Some((acc, db))
+            })
+            .collect();
+        let Some(partials) = partials else {
+            return false;
+        };
+        let (dw, db) = dwb.split_at_mut(self.cout * k);
+        dw.fill(0.0);
+        db.fill(0.0);
+        for (acc, pdb) in &partials {
+            p512::reduce_weight_grad(acc, offs.len(), self.kw, dw);
+            for (d, s) in db.iter_mut().zip(pdb) {
+                *d += s;
+            }
+        }
+        true
+    }
+
+    /// dx of the whole batch (zeroed on entry).
+    fn input_grad_all(&self, w: &[f32], dy: &[f32], dx: &mut [f32]) {
+        let per = self.per_chunk();
+        dx.par_chunks_mut(per * self.in_len())
+            .zip(dy.par_chunks(per * self.out_len()))
+            .for_each(|(dx, dy)| {
+                pulp::Arch::new().dispatch(PatchInputGrad { g: self, w, dy, dx });
+            });
     }
 
     /// dW of a chunk's samples added into `acc` (`(blocks, K, L)`).
@@ -426,6 +519,50 @@ mod tests {
         // Stride 1 (a 1x1 kernel tiles too, but is the pointwise path).
         let g = geom(1, 3, (32, 32), 8, 1);
         assert!(!g.patch_forward() && !g.patch_backward());
+    }
+
+    /// The patch kernels (AVX-512 where present) against im2col + GEMM:
+    /// widths 2-16, output rows and columns that end mid-vector, window
+    /// rows not a multiple of the tile's, channels past one block, and
+    /// input rows and columns no window covers holding NaN (never read).
+    #[test]
+    fn patch_kernels_match_im2col() {
+        use crate::conv_reference::{close, vals};
+        let cases = [
+            (3, 3, (32, 40), 8, 8),
+            (2, 2, (17, 36), 13, 4),
+            (2, 1, (16, 48), 3, 16),
+            (2, 3, (10, 22), 5, 2),
+            (1, 3, (19, 43), 8, 8),
+            (2, 3, (24, 24), 24, 8),
+        ];
+        for (b, cin, hw, cout, k) in cases {
+            let g = geom(b, cin, hw, cout, k);
+            let what = format!("b{b} cin{cin} {hw:?} cout{cout} k{k}");
+            let mut x = vals(g.b * g.in_len(), 0.37);
+            for (i, v) in x.iter_mut().enumerate() {
+                let (y, c) = ((i / g.w) % g.h, i % g.w);
+                if y >= g.oh * k || c >= g.ow * k {
+                    *v = f32::NAN;
+                }
+            }
+            let (w, bias) = (vals(g.cout * g.k(), 0.11), vals(g.cout, 0.7));
+            let mut y = vec![0f32; g.b * g.out_len()];
+            g.forward_patch(&w, &bias, &x, &mut y);
+            let want = g.reference_forward(&w, &bias, &x).unwrap();
+            close(&format!("forward {what}"), &y, &want);
+            let dy = vals(g.b * g.out_len(), 0.23);
+            let mut dwb = vec![f32::NAN; g.cout * g.k() + g.cout];
+            g.backward_patch((&x, &w, &dy), &mut dwb, None);
+            let want = g.reference_weight_grad(&x, &dy).unwrap();
+            close(&format!("dW {what}"), &dwb, &want);
+            // Where AVX-512 is present, its kernels (not the fallback) ran.
+            let offs = g.window_rows();
+            let ws = p512::spread_weights(&w, g.cout, offs.len(), g.kw);
+            let mut y1 = vec![0f32; g.out_len()];
+            let ran = p512::forward_sample(&x, (&ws, &bias), &g.rows_of(&offs), &mut y1);
+            assert_eq!(ran, p512::available(), "{what}");
+        }
     }
 
     /// The AVX2 inner loops give the portable loops' sums (where AVX2 and

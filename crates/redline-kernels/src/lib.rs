@@ -22,6 +22,7 @@ pub mod conv_igemm;
 mod conv_nhwc;
 mod conv_nhwc_simd;
 mod conv_patch;
+mod conv_patch512;
 mod conv_patch_simd;
 pub mod conv_paths;
 #[cfg(test)]

@@ -391,7 +391,10 @@ impl Loader {
                 // The epoch's permutation goes to the device once; each batch
                 // gathers with a slice of it.
                 perm: order
-                    .map(|o| Tensor::from_vec(o, len, split.x.device()))
+                    .map(|o| {
+                        let t = Tensor::from_slice(&o, len, split.x.device());
+                        t.map(|t| (o, t))
+                    })
                     .transpose()?,
             },
             Feed::Streaming {
@@ -462,7 +465,8 @@ enum Source {
     Resident {
         images: Tensor,
         labels: Tensor,
-        perm: Option<Tensor>,
+        /// The epoch's order, on the host and on the data's device.
+        perm: Option<(Vec<u32>, Tensor)>,
     },
     Streaming {
         host: Arc<dyn Dataset>,
@@ -499,12 +503,13 @@ impl BatchSource {
             Source::Resident {
                 images,
                 labels,
-                perm: Some(perm),
+                perm: Some((order, perm)),
             } => {
                 let idx = perm.narrow(0, start, size)?;
+                let order = &order[start..start + size];
                 (
-                    images.index_select(&idx, 0)?,
-                    labels.index_select(&idx, 0)?,
+                    gather::rows(images, order, &idx)?,
+                    gather::rows(labels, order, &idx)?,
                     Fence::Ready,
                 )
             }
@@ -579,5 +584,6 @@ impl Drop for EpochIter {
 }
 
 mod buffered;
+mod gather;
 #[cfg(test)]
 mod tests;

@@ -37,6 +37,11 @@ mod hostile_tests;
 
 use std::process::ExitCode;
 
+/// Large blocks kept for the next step, with huge pages
+/// (`redline_core::host_alloc`).
+#[global_allocator]
+static ALLOC: redline_core::host_alloc::HostAlloc = redline_core::host_alloc::HostAlloc;
+
 use clap::Parser;
 
 /// Runs one subcommand.

@@ -14,6 +14,15 @@
 //! (glibc only; a no-op elsewhere). The process's resident memory then
 //! stays at its peak rather than falling between steps.
 //! `REDLINE_HOST_ALLOC=system` leaves glibc's defaults (for comparisons).
+//!
+//! That is not enough for blocks allocated on other threads: glibc gives
+//! each thread an arena of heaps of at most 64 MiB and unmaps a heap as
+//! soon as it is wholly free, so the loader's 38 MiB batch (64 x 3 x 224 x
+//! 224 fp32), allocated on its prefetch thread, was faulted in page by page
+//! every step (a fifth of the patch row's CPU time). [`HostAlloc`], the
+//! binaries' global allocator, serves every block of [`BIG`] bytes or
+//! more from its own mapping, with transparent huge pages, and keeps it
+//! on free for the next block of the same size.
 
 /// Allocations at or above this many bytes still get their own mapping.
 pub const THRESHOLD: usize = 1 << 30;
@@ -33,6 +42,7 @@ pub enum Policy {
 /// Call once, early in `main`.
 pub fn reuse_freed_memory() -> Policy {
     if std::env::var("REDLINE_HOST_ALLOC").is_ok_and(|v| v == "system") {
+        blocks::keep_freed_blocks(false);
         return Policy::System;
     }
     set_thresholds()
@@ -60,3 +70,6 @@ fn set_thresholds() -> Policy {
 fn set_thresholds() -> Policy {
     Policy::Unsupported
 }
+
+mod blocks;
+pub use blocks::{HostAlloc, BIG};

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::grad::outputs_and_grads;
-use candle_core::{DType, Device, Var};
+use candle_core::{Device, Var};
 
 /// Deterministic values: a per-channel offset and scale (so that the
 /// statistics differ by channel) times a sine.
@@ -159,4 +159,60 @@ fn mismatched_parameters_are_refused_with_their_shapes() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("3 channels") && err.contains("[4]"), "{err}");
+}
+
+/// bf16 tensors (`bf16-true`) take the fused f32 kernel between casts: the
+/// output and every gradient are the f32 kernel's on the widened values,
+/// rounded once to bf16, bit for bit (candle's bf16 ops, the path before,
+/// round each intermediate and differ), and within bf16's rounding of the
+/// f64 formula.
+#[test]
+fn bf16_tensors_take_the_f32_kernel_between_casts() {
+    let dims = (2, 3, 4, 5);
+    let bf = |t: Tensor| t.to_dtype(DType::BF16).unwrap();
+    let (x16, w16, b16) = (bf(data(dims, 0.3)), bf(channel_data(3, 0.1)), bf(channel_data(3, 0.9)));
+    let up = bf(data(dims, 1.7));
+    for relu in [false, true] {
+        // The 16-bit route, gradients through candle's store.
+        let xv = Var::from_tensor(&x16).unwrap();
+        let (w, b) = (
+            Param::new(Var::from_tensor(&w16).unwrap()),
+            Param::new(Var::from_tensor(&b16).unwrap()),
+        );
+        let out = batch_norm2d_train(xv.as_tensor(), &w, &b, 1e-5, relu).unwrap();
+        assert_eq!(out.y.dtype(), DType::BF16);
+        let mut g = (&out.y * &up)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let dx = flat(g.get(xv.as_tensor()).unwrap());
+        w.absorb(&mut g).unwrap();
+        b.absorb(&mut g).unwrap();
+        let grad = |p: &Param| flat(&p.grad().to_tensor(p.as_tensor()).unwrap().unwrap());
+        let got = [flat(&out.y), dx, grad(&w), grad(&b)];
+        // The f32 kernel on the widened values, each result rounded to bf16.
+        let f32v = |t: &Tensor| Var::from_tensor(&t.to_dtype(DType::F32).unwrap()).unwrap();
+        let xf = f32v(&x16);
+        let (wf, bf32) = (Param::new(f32v(&w16)), Param::new(f32v(&b16)));
+        let outf = batch_norm2d_train(xf.as_tensor(), &wf, &bf32, 1e-5, relu).unwrap();
+        let upf = up.to_dtype(DType::F32).unwrap();
+        let [y, dx, dw, db] = outputs_and_grads(&outf.y, &upf, &xf, &wf, &bf32).unwrap();
+        let round = |v: Vec<f32>| -> Vec<f32> {
+            v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect()
+        };
+        let want = [round(y), round(dx), round(dw), round(db)];
+        for (what, (g, w)) in ["y", "dx", "dW", "db"].iter().zip(got.iter().zip(&want)) {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(g), bits(w), "{what}, relu {relu}");
+        }
+        let f64ref = reference(&x16, (&w16, &b16), &up, 1e-5, relu);
+        for (i, what) in ["y", "dx", "dW", "db"].iter().enumerate() {
+            close(what, &got[i], &f64ref[i], 1e-2);
+        }
+        assert_eq!(flat(&out.mean), flat(&outf.mean), "relu {relu}");
+    }
 }

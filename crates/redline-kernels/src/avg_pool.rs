@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use redline_core::trace;
 
 use crate::pool::planes_per_chunk;
-use crate::slices::{f32s, fused_cpu};
+use crate::slices::{f32s, fused_cpu, half_cpu, widened};
 use crate::{Error, Result};
 
 /// An average pool's window over `(h, w)` planes.
@@ -148,6 +148,9 @@ pub fn avg_pool2d(x: &Tensor, win: AvgWindow) -> Result<Tensor> {
             win.kernel, win.stride, win.padding
         )));
     };
+    if half_cpu(x) {
+        return widened(x, |x| avg_pool2d(x, win));
+    }
     if fused_cpu(x) {
         let op = AvgPool {
             win,

@@ -22,7 +22,7 @@ use redline_core::trace;
 
 use crate::add_relu::passes;
 use crate::grad::{grads_out, layer_buffers, Param, ParamBuffers};
-use crate::slices::{f32s, fused_cpu, keep, unpack_grads, vectorised, zeros_par};
+use crate::slices::{f32s, fused_cpu, half_cpu, keep, unpack_grads, vectorised, zeros_par};
 use crate::Result;
 
 /// The output of a training-mode batch norm and the batch's statistics.
@@ -67,12 +67,6 @@ pub fn batch_norm2d_train(
         });
     }
     fused(x, (wt, bt), eps, relu, buffers)
-}
-
-/// Whether `t` is a 16-bit CPU tensor (`bf16-true`'s activations and
-/// parameters).
-fn half_cpu(t: &Tensor) -> bool {
-    t.device().is_cpu() && matches!(t.dtype(), DType::BF16 | DType::F16)
 }
 
 /// [`batch_norm2d_train`] of 16-bit CPU tensors: the fused f32 kernel

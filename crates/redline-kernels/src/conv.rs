@@ -110,6 +110,19 @@ pub fn conv2d_strided_param(
     conv2d_strided_with(x, w.as_tensor(), b.as_tensor(), (padding, stride), buffers)
 }
 
+/// [`conv2d`] with windows `stride` apart on plain tensors: CPU f32 ones
+/// take the fused kernel, dW and db coming back in candle's `GradStore`
+/// (what a 16-bit strided convolution runs on its widened operands).
+pub fn conv2d_strided(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    padding: usize,
+    stride: usize,
+) -> Result<Tensor> {
+    conv2d_strided_with(x, w, b, (padding, stride), None)
+}
+
 /// The same convolution from candle's own ops (what `candle_nn::Conv2d`
 /// does): runs on every device and dtype, slowly backward on the CPU.
 pub fn conv2d_generic(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Result<Tensor> {

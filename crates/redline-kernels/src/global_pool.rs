@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use redline_core::trace;
 
 use crate::add_relu::passes;
-use crate::slices::{f32s, fused_cpu};
+use crate::slices::{f32s, fused_cpu, half_cpu, widened};
 use crate::{Error, Result};
 
 /// Planes per thread task.
@@ -31,6 +31,9 @@ pub fn global_avg_pool2d(x: &Tensor, relu: bool) -> Result<Tensor> {
             x.dims()
         )))
     })?;
+    if half_cpu(x) && h * w > 0 {
+        return widened(x, |x| global_avg_pool2d(x, relu));
+    }
     if fused_cpu(x) && h * w > 0 {
         let op = GlobalAvgPool {
             relu,

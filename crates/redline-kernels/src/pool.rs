@@ -15,7 +15,7 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::gemm;
-use crate::slices::{f32s, fused_cpu};
+use crate::slices::{f32s, fused_cpu, half_cpu, widened};
 use redline_core::trace;
 
 /// Max pooling with a `k x k` window and stride `k` (PyTorch's `MaxPool2d(k)`,
@@ -23,6 +23,9 @@ use redline_core::trace;
 /// fused kernel, anything else [`max_pool2d_generic`].
 pub fn max_pool2d(x: &Tensor, k: usize) -> Result<Tensor> {
     check(x, k)?;
+    if half_cpu(x) {
+        return widened(x, |x| max_pool2d(x, k));
+    }
     if fused_cpu(x) {
         let layer = trace::current_layer();
         Ok(x.contiguous()?.apply_op1(MaxPool2d { k, layer })?)
@@ -123,6 +126,9 @@ pub fn max_pool2d_window(x: &Tensor, k: usize, stride: usize, padding: usize) ->
     check_window(x, k, stride, padding)?;
     if stride == k && padding == 0 {
         return max_pool2d(x, k);
+    }
+    if half_cpu(x) {
+        return widened(x, |x| max_pool2d_window(x, k, stride, padding));
     }
     if fused_cpu(x) {
         let op = crate::pool_window::MaxPoolWindow {
@@ -488,6 +494,52 @@ mod tests {
                 assert!(s == n || s * c >= 1024 || s == 1, "{n}, {c}: {s}");
             }
         }
+    }
+
+    /// bf16 max pooling on the CPU (the f32 kernel between casts): the
+    /// outputs are candle's generic pooling of the same values, bit for
+    /// bit (ties included: rounding to bf16 makes them), and dx is the
+    /// generic f32 pooling's gradient rounded once to bf16 (overlapping
+    /// windows' sums in f32, as PyTorch's CPU kernel accumulates).
+    #[test]
+    fn bf16_pools_are_the_generic_ones_rounded_once() -> Result<()> {
+        let x = Tensor::arange(0f32, 2.0 * 3.0 * 9.0 * 8.0, &Device::Cpu)?
+            .reshape((2, 3, 9, 8))?
+            .affine(0.37, 0.0)?
+            .sin()?
+            .to_dtype(DType::BF16)?;
+        let up = x.affine(0.5, 0.25)?;
+        let vals = |t: &Tensor| -> Result<Vec<f32>> {
+            let t = t.to_dtype(DType::BF16)?.to_dtype(DType::F32)?;
+            Ok(t.flatten_all()?.to_vec1::<f32>()?)
+        };
+        for (k, s, p) in [(3, 2, 1), (2, 2, 0), (3, 1, 1)] {
+            let run = |dtype: DType| -> Result<(Tensor, Vec<f32>)> {
+                let xv = Var::from_tensor(&x.to_dtype(dtype)?)?;
+                let y = if dtype == DType::BF16 {
+                    max_pool2d_window(xv.as_tensor(), k, s, p)?
+                } else if s == k && p == 0 {
+                    max_pool2d_generic(xv.as_tensor(), k)?
+                } else {
+                    max_pool2d_window_generic(xv.as_tensor(), k, s, p)?
+                };
+                let up = up.narrow(2, 0, y.dim(2)?)?.narrow(3, 0, y.dim(3)?)?;
+                let g = (&y * &up.to_dtype(dtype)?)?
+                    .to_dtype(DType::F32)?
+                    .sum_all()?
+                    .backward()?;
+                let dx = g
+                    .get(xv.as_tensor())
+                    .ok_or_else(|| Error::Candle(candle_core::Error::Msg("no dx".into())))?;
+                Ok((y, vals(dx)?))
+            };
+            let ((y16, dx16), (y32, dx32)) = (run(DType::BF16)?, run(DType::F32)?);
+            let what = format!("window {k}, stride {s}, padding {p}");
+            assert_eq!(y16.dtype(), DType::BF16, "{what}");
+            assert_eq!(vals(&y16)?, vals(&y32)?, "{what}");
+            assert_eq!(dx16, dx32, "{what}");
+        }
+        Ok(())
     }
 
     #[test]

@@ -130,6 +130,27 @@ pub fn fused_cpu(t: &candle_core::Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == candle_core::DType::F32
 }
 
+/// Whether `t` is a 16-bit CPU tensor (`bf16-true`'s activations and
+/// parameters), which the fused f32 kernels take between casts.
+pub fn half_cpu(t: &candle_core::Tensor) -> bool {
+    t.device().is_cpu()
+        && matches!(
+            t.dtype(),
+            candle_core::DType::BF16 | candle_core::DType::F16
+        )
+}
+
+/// `f` of `x` widened to f32 (exact), its output rounded back to `x`'s
+/// dtype once; the gradient passes back through both casts. For ops whose
+/// 16-bit CPU form is candle's generic one: PyTorch's CPU kernels compute
+/// 16-bit pooling in float too.
+pub fn widened(
+    x: &candle_core::Tensor,
+    f: impl FnOnce(&candle_core::Tensor) -> crate::Result<candle_core::Tensor>,
+) -> crate::Result<candle_core::Tensor> {
+    Ok(f(&x.to_dtype(candle_core::DType::F32)?)?.to_dtype(x.dtype())?)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

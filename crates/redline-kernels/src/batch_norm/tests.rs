@@ -170,7 +170,11 @@ fn mismatched_parameters_are_refused_with_their_shapes() {
 fn bf16_tensors_take_the_f32_kernel_between_casts() {
     let dims = (2, 3, 4, 5);
     let bf = |t: Tensor| t.to_dtype(DType::BF16).unwrap();
-    let (x16, w16, b16) = (bf(data(dims, 0.3)), bf(channel_data(3, 0.1)), bf(channel_data(3, 0.9)));
+    let (x16, w16, b16) = (
+        bf(data(dims, 0.3)),
+        bf(channel_data(3, 0.1)),
+        bf(channel_data(3, 0.9)),
+    );
     let up = bf(data(dims, 1.7));
     for relu in [false, true] {
         // The 16-bit route, gradients through candle's store.
@@ -202,7 +206,9 @@ fn bf16_tensors_take_the_f32_kernel_between_casts() {
         let upf = up.to_dtype(DType::F32).unwrap();
         let [y, dx, dw, db] = outputs_and_grads(&outf.y, &upf, &xf, &wf, &bf32).unwrap();
         let round = |v: Vec<f32>| -> Vec<f32> {
-            v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect()
+            v.iter()
+                .map(|&x| half::bf16::from_f32(x).to_f32())
+                .collect()
         };
         let want = [round(y), round(dx), round(dw), round(db)];
         for (what, (g, w)) in ["y", "dx", "dW", "db"].iter().zip(got.iter().zip(&want)) {

@@ -493,3 +493,58 @@ layers = [
     );
     Ok(())
 }
+
+/// A strided 16-bit convolution on the CPU (bf16-true and bf16-mixed) is
+/// the fp32 convolution of the rounded operands, bias added, rounded once,
+/// now on Redline's fused kernels: the output is candle's fp32 convolution
+/// of the same operands to within one bf16 rounding, and the gradient
+/// reaches the weight.
+#[test]
+fn strided_bf16_convolutions_are_the_fp32_convolution_of_rounded_operands() -> Result<()> {
+    let text = "[model]\nlayers = [{ type = \"conv2d\", out = 5, kernel = 3, padding = 1, \
+                stride = 2 }]";
+    for precision in [Precision::Bf16True, Precision::Bf16Mixed] {
+        let mut init = Initializer::new(0, &redline_core::Device::cpu(), precision);
+        let model = parse(text, &[3, 9, 8], 1)?.build(&mut init)?;
+        let get = |n: &str| -> Result<Tensor> {
+            let p = model.params().get(n).map(|v| v.as_tensor().clone());
+            p.ok_or_else(|| Error::Config(format!("no {n}")))
+        };
+        let round =
+            |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::BF16)?.to_dtype(DType::F32)?) };
+        let (w, b) = (round(&get("0.weight")?)?, round(&get("0.bias")?)?);
+        let x = Tensor::arange(0f32, 432.0, &Device::Cpu)?
+            .reshape((2, 3, 9, 8))?
+            .sin()?;
+        let x = x.to_dtype(DType::BF16)?;
+        let xv = candle_core::Var::from_tensor(&x)?;
+        let want = round(
+            &round(&x)?
+                .conv2d(&w, 1, 2, 1, 1)?
+                .broadcast_add(&b.reshape((1, 5, 1, 1))?)?,
+        )?;
+        let got = model.forward_t(xv.as_tensor(), true)?;
+        assert_eq!((got.dims(), got.dtype()), (&[2, 5, 5, 4][..], DType::BF16));
+        let got = got.to_dtype(DType::F32)?;
+        let (g, w8) = (
+            got.flatten_all()?.to_vec1::<f32>()?,
+            want.flatten_all()?.to_vec1::<f32>()?,
+        );
+        for (i, (a, e)) in g.iter().zip(&w8).enumerate() {
+            assert!(
+                (a - e).abs() <= e.abs() / 128.0 + 1e-6,
+                "{precision:?} [{i}]: {a} vs {e}"
+            );
+        }
+        let grads = got.sum_all()?.backward()?;
+        let dx = grads.get(xv.as_tensor()).map(|t| t.dtype());
+        assert_eq!(
+            dx,
+            Some(DType::BF16),
+            "{precision:?}: dx in the input's dtype"
+        );
+        let dw = grads.get(&get("0.weight")?).map(|t| t.dims().to_vec());
+        assert_eq!(dw, Some(vec![5, 3, 3, 3]), "{precision:?}: dW");
+    }
+    Ok(())
+}

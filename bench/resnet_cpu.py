@@ -31,14 +31,15 @@ import torch.nn.functional as F
 import torchvision
 
 
-def redline_step_times(binary, model, path, batch, steps, threads, run_dir):
+def redline_step_times(binary, model, path, batch, steps, threads, run_dir, precision="32-true"):
     """Each step's wall time (s) of a `--max-steps STEPS` run: the differences of the
     `elapsed_s` of metrics.csv's step rows (`--log-every 1`; on the CPU the read-back is
     free)."""
     cmd = [binary, "train", "--model", model_arg(model), "--data", path, "--batch-size", str(batch),
            "--max-steps", str(steps), "--threads", str(threads), "--val-split", "0",
            "--no-validate", "--monitor-interval", "0", "--task", "classification",
-           "--device", "cpu", "--no-checkpoint", "--log-every", "1", "--run-dir", run_dir]
+           "--device", "cpu", "--no-checkpoint", "--log-every", "1", "--run-dir", run_dir,
+           "--precision", precision]
     p = subprocess.run(cmd, capture_output=True, text=True)
     out = p.stdout + p.stderr
     if p.returncode != 0:
@@ -51,7 +52,7 @@ def redline_step_times(binary, model, path, batch, steps, threads, run_dir):
     return [b - a for a, b in zip([0.0] + elapsed, elapsed)]
 
 
-def redline_ms(binary, model, batch, size, steps, threads, tmp):
+def redline_ms(binary, model, batch, size, steps, threads, tmp, precision="32-true"):
     """Steady-state ms/step: the median of STEPS steps after 2 warm-up steps, as PyTorch's."""
     n = batch * (steps + 2)
     rng = np.random.default_rng(0)
@@ -60,7 +61,7 @@ def redline_ms(binary, model, batch, size, steps, threads, tmp):
     y = rng.integers(0, 10, n).astype(np.int64)
     np.savez(path, x=x, y=y)
     times = redline_step_times(binary, model, path, batch, steps + 2, threads,
-                               os.path.join(tmp, f"run_{model}_{batch}_{size}"))
+                               os.path.join(tmp, f"run_{model}_{batch}_{size}"), precision)
     return 1000 * statistics.median(times[2:])
 
 
@@ -99,18 +100,23 @@ def model_arg(model):
     return model
 
 
-def torch_ms(model, batch, size, steps, threads, reuse_batch=False):
+def torch_ms(model, batch, size, steps, threads, reuse_batch=False, precision="32-true"):
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     if model in FILE_MODELS:
         net = FILE_MODELS[model]()
     else:
         net = getattr(torchvision.models, model)(num_classes=10)
+    if precision == "bf16-true":
+        # Lightning's bf16-true: the module converted (parameters, buffers).
+        net = net.to(torch.bfloat16)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     # The same job as Redline's run: a dataset of BATCH x (STEPS + 2) images,
     # each step's batch gathered from a shuffled order (what a DataLoader's
     # collate copies), inside the timed step as Redline's loader is.
     xs = torch.randn(batch * (steps + 2), 3, size, size)
+    if precision == "bf16-true":
+        xs = xs.to(torch.bfloat16)
     ys = torch.randint(0, 10, (batch * (steps + 2),))
     order = torch.randperm(len(xs))
     times = []
@@ -124,7 +130,11 @@ def torch_ms(model, batch, size, steps, threads, reuse_batch=False):
         else:
             x, y = xs.index_select(0, idx), ys.index_select(0, idx)
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(net(x), y).backward()
+        # bf16-mixed: Lightning's autocast to bfloat16 around the forward,
+        # the loss in fp32.
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            out = net(x)
+        F.cross_entropy(out.float(), y).backward()
         opt.step()
         if i >= 2:
             times.append(time.perf_counter() - t)
@@ -144,9 +154,12 @@ def main():
     ap.add_argument("--torch-reuse-batch", action="store_true",
                     help="PyTorch trains on one batch gathered once (its compute alone; the "
                          "protocol before 2026-11-28)")
+    ap.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed", "bf16-true"],
+                    help="Redline's --precision; PyTorch: autocast to bfloat16 (bf16-mixed) or the "
+                         "model and batch converted (bf16-true)")
     a = ap.parse_args()
     print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, "
-          f"{a.threads} threads, {os.cpu_count()} logical cores")
+          f"{a.threads} threads, {os.cpu_count()} logical cores, precision {a.precision}")
     print("| model | batch | size | Redline ms/step | PyTorch ms/step | Redline img/s | PyTorch img/s | Redline / PyTorch time |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in a.rows.split(","):
@@ -155,9 +168,10 @@ def main():
         ours_all, theirs_all = [], []
         for _ in range(max(1, a.rounds)):
             with tempfile.TemporaryDirectory() as tmp:
-                ours_all.append(redline_ms(a.bin, model, batch, size, a.steps, a.threads, tmp))
+                ours_all.append(redline_ms(a.bin, model, batch, size, a.steps, a.threads, tmp,
+                                           a.precision))
             theirs_all.append(torch_ms(model, batch, size, a.steps, a.threads,
-                                       a.torch_reuse_batch))
+                                       a.torch_reuse_batch, a.precision))
         ours, theirs = statistics.median(ours_all), statistics.median(theirs_all)
         rounds = ""
         if len(ours_all) > 1:

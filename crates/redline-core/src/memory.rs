@@ -2,7 +2,8 @@
 //! system's `empty_cache`), and out-of-memory recognition.
 //!
 //! On the CPU there is no device pool: [`stats`] returns `None` and
-//! [`empty_cache`] does nothing. On a GPU the numbers come from the CUDA
+//! [`empty_cache`] unmaps the large blocks the host allocator keeps for
+//! reuse ([`crate::host_alloc`]). On a GPU the numbers come from the CUDA
 //! driver's stream-ordered memory pool, which candle allocates from.
 
 use serde_json::{json, Value};
@@ -52,13 +53,15 @@ pub fn stats(device: &Device) -> Result<Option<MemoryStats>> {
 }
 
 /// Returns the pool's cached free blocks to the driver (after the queued work
-/// finishes), like PyTorch's `torch.cuda.empty_cache()`; a no-op on the CPU.
+/// finishes), like PyTorch's `torch.cuda.empty_cache()`; on the CPU, the
+/// host allocator's kept blocks to the kernel ([`crate::host_alloc`]).
 pub fn empty_cache(device: &Device) -> Result<()> {
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(d) = device.candle() {
         return crate::cuda::trim_pool(d);
     }
     let _ = device;
+    crate::host_alloc::release_cached();
     Ok(())
 }
 
@@ -72,6 +75,8 @@ pub fn reset_peak(device: &Device) -> bool {
         return crate::cuda::reset_peak(d).is_ok();
     }
     let _ = device;
+    // Blocks kept for reuse (`host_alloc`) are not the next job's memory.
+    crate::host_alloc::release_cached();
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 

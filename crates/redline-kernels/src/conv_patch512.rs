@@ -160,6 +160,10 @@ pub(crate) fn reduce_weight_grad(acc: &[Vec16], rows: usize, kw: usize, dw: &mut
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    // Register tiles read as `acc[vector][channel]`: the indices are the
+    // tile's coordinates, which iterator chains would hide.
+    #![allow(clippy::needless_range_loop)]
+
     use super::{Rows, Vec16, C, LANES};
     use std::arch::x86_64::*;
 

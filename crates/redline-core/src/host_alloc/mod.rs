@@ -72,4 +72,4 @@ fn set_thresholds() -> Policy {
 }
 
 mod blocks;
-pub use blocks::{HostAlloc, BIG};
+pub use blocks::{release_cached, HostAlloc, BIG};

@@ -5,7 +5,7 @@
 //! of one per 4 KiB). When it is freed it goes to a small cache instead of
 //! back to the kernel, and the next allocation of the same mapped size
 //! takes it: a training step allocates the same sizes every step. The
-//! cache holds at most a quarter of the machine's memory; past that, the
+//! cache holds at most half of the machine's memory; past that, the
 //! oldest cached blocks are unmapped. Everything smaller goes to the
 //! system allocator. On other systems than Linux everything does.
 
@@ -17,8 +17,10 @@ use std::sync::Mutex;
 pub const BIG: usize = 4 << 20;
 /// Mappings are whole huge pages.
 const HUGE: usize = 2 << 20;
-/// Freed blocks the cache can hold.
-const SLOTS: usize = 64;
+/// Freed blocks the cache can hold: a bf16-true ResNet-18 step at batch
+/// 32, 224 px frees more than 64 (a cache that small evicted every block
+/// before its next use, and faulted 15% of the step back in).
+const SLOTS: usize = 1024;
 
 /// The binaries' global allocator (see the module docs).
 pub struct HostAlloc;
@@ -189,11 +191,11 @@ mod os {
 
 #[cfg(target_os = "linux")]
 impl HostAlloc {
-    /// The cache's limit: a quarter of physical memory.
+    /// The cache's limit: half of physical memory.
     fn limit() -> usize {
         match LIMIT.load(Ordering::Relaxed) {
             0 => {
-                let l = (os::memory() / 4).max(1);
+                let l = (os::memory() / 2).max(1);
                 LIMIT.store(l, Ordering::Relaxed);
                 l
             }

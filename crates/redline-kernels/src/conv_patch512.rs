@@ -231,7 +231,7 @@ mod x86 {
                             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead + l * LANES).cast());
                         }
                         let xv: [__m512; G] = std::array::from_fn(|i| {
-                            _mm512_maskz_loadu_ps(masks[i], p.add(i * LANES))
+                            _mm512_maskz_loadu_ps(masks[i], p.wrapping_add(i * LANES))
                         });
                         let wr = wb.add(r * C * LANES);
                         for c in 0..C {

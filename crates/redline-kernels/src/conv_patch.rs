@@ -244,20 +244,14 @@ impl Geom {
                 (acc, db)
             })
             .collect();
-        let (dw, db) = dwb.split_at_mut(self.cout * k);
-        dw.fill(0.0);
-        db.fill(0.0);
-        for (acc, pdb) in &partials {
+        self.sum_partials(&partials, dwb, |acc, dw| {
             for (co, row) in dw.chunks_mut(k.max(1)).enumerate().take(self.cout) {
                 let blk = &acc[(co / L) * k..][..k];
                 for (d, a) in row.iter_mut().zip(blk) {
                     *d += a[co % L];
                 }
             }
-            for (d, s) in db.iter_mut().zip(pdb) {
-                *d += s;
-            }
-        }
+        });
         if let Some(dx) = dx {
             self.input_grad_all(w, dy, dx);
         }
@@ -266,7 +260,7 @@ impl Geom {
     /// `[dW | db]` through the AVX-512 kernels (`dwb` overwritten); `false`
     /// (`dwb` untouched) when they refuse a chunk.
     fn weight_grad_patch512(&self, x: &[f32], dy: &[f32], dwb: &mut [f32]) -> bool {
-        let (k, per) = (self.k(), self.per_chunk());
+        let per = self.per_chunk();
         let offs = self.window_rows();
         let rows = self.rows_of(&offs);
         let vectors = self.blocks() * offs.len() * p512::C;
@@ -289,16 +283,29 @@ impl Geom {
         let Some(partials) = partials else {
             return false;
         };
-        let (dw, db) = dwb.split_at_mut(self.cout * k);
+        self.sum_partials(&partials, dwb, |acc, dw| {
+            p512::reduce_weight_grad(acc, offs.len(), self.kw, dw);
+        });
+        true
+    }
+
+    /// `[dW | db]` (overwritten) from the threads' partial sums: each
+    /// chunk's dW added by `add_dw`, its db summed.
+    fn sum_partials<A>(
+        &self,
+        partials: &[(A, Vec<f32>)],
+        dwb: &mut [f32],
+        add_dw: impl Fn(&A, &mut [f32]),
+    ) {
+        let (dw, db) = dwb.split_at_mut(self.cout * self.k());
         dw.fill(0.0);
         db.fill(0.0);
-        for (acc, pdb) in &partials {
-            p512::reduce_weight_grad(acc, offs.len(), self.kw, dw);
+        for (acc, pdb) in partials {
+            add_dw(acc, dw);
             for (d, s) in db.iter_mut().zip(pdb) {
                 *d += s;
             }
         }
-        true
     }
 
     /// dx of the whole batch (zeroed on entry).

@@ -128,7 +128,7 @@ pub(crate) fn weight_grad_sample(
     if !ok {
         return false;
     }
-    dys.clear();
+    // Every vector is written before it is read: only the length matters.
     dys.resize(blocks * g.segs() * C, [0.0; LANES]);
     #[cfg(target_arch = "x86_64")]
     {

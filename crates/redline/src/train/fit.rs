@@ -19,7 +19,8 @@ use crate::plan::Plan;
 use crate::progress::Progress;
 use crate::signals::Stopped;
 
-/// A rank other than 0 trains its shard (and tests it) and keeps no folder.
+/// A rank other than 0 trains its shard (and tests it) and keeps no folder;
+/// a signal's stop ends it with success (rank 0 reports the stop).
 pub(super) fn other_rank(
     mut plan: Plan,
     data: Loaders,
@@ -36,11 +37,17 @@ pub(super) fn other_rank(
     if let Some(loaded) = resume_from {
         trainer.resume_from(loaded)?;
     }
-    trainer.fit(&data.train, data.val.as_ref())?;
-    if let Some(t) = &data.test {
-        trainer.test(t)?;
+    let ran = trainer
+        .fit(&data.train, data.val.as_ref())
+        .and_then(|_| data.test.as_ref().map(|t| trainer.test(t)).transpose());
+    match ran {
+        // A signal's stop: rank 0 writes the job's checkpoint and run folder
+        // and exits with the signal's code. This rank ends quietly: `mpirun`
+        // tears the job down (SIGKILL to rank 0 a second later) as soon as
+        // one rank fails, which could cut rank 0's writing short.
+        Ok(_) | Err(redline_train::Error::Interrupted { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
     }
-    Ok(())
 }
 
 /// Rank 0's trainer: the run folder's observers (records, progress,

@@ -34,6 +34,64 @@ pub fn zeros_par<T: Copy + Default + Send + Sync>(n: usize) -> Vec<T> {
     v
 }
 
+/// One channel's planes of a new `(B, C, H, W)` f32 buffer, yielded in
+/// sample order, each zero-filled as it is taken (by the thread that is
+/// about to write it, so in cache: no pass of its own over memory). See
+/// [`by_channel`].
+pub struct Planes<'a> {
+    rest: std::vec::IntoIter<&'a mut [std::mem::MaybeUninit<f32>]>,
+}
+
+impl<'a> Iterator for Planes<'a> {
+    type Item = &'a mut [f32];
+
+    fn next(&mut self) -> Option<&'a mut [f32]> {
+        let p = self.rest.next()?;
+        p.fill(std::mem::MaybeUninit::new(0.0));
+        // SAFETY: every element was initialised just above, and
+        // `MaybeUninit<f32>` has `f32`'s layout.
+        Some(unsafe { &mut *(std::ptr::from_mut(p) as *mut [f32]) })
+    }
+}
+
+/// A new `(b, c, hw)` f32 buffer written channel by channel on the compute
+/// threads: `f(ch, planes)` gets channel `ch`'s `b` planes (plane `i` of
+/// the buffer is channel `i % c`'s) and returns a value; the values come
+/// back in channel order. Planes `f` leaves untaken are zeros. A batch norm
+/// reads a channel's input once from memory this way, its second and third
+/// passes hitting the cache, and writes its output without a zero fill.
+pub fn by_channel<R: Send>(
+    (b, c, hw): (usize, usize, usize),
+    f: impl Fn(usize, &mut Planes<'_>) -> R + Sync,
+) -> (Vec<f32>, Vec<R>) {
+    use rayon::prelude::*;
+    let n = b * c * hw;
+    let mut v: Vec<f32> = Vec::with_capacity(n);
+    let mut groups: Vec<Vec<&mut [std::mem::MaybeUninit<f32>]>> =
+        (0..c).map(|_| Vec::with_capacity(b)).collect();
+    if hw > 0 {
+        for (i, p) in v.spare_capacity_mut()[..n].chunks_mut(hw).enumerate() {
+            groups[i % c].push(p);
+        }
+    }
+    let out = groups
+        .into_par_iter()
+        .enumerate()
+        .map(|(ch, planes)| {
+            let mut planes = Planes {
+                rest: planes.into_iter(),
+            };
+            let r = f(ch, &mut planes);
+            planes.for_each(drop);
+            r
+        })
+        .collect();
+    // SAFETY: the capacity holds `n` elements, and every plane (together
+    // all `n`) was initialised by `Planes::next`, by `f` or the drain after.
+    unsafe { v.set_len(n) };
+    (v, out)
+}
+
 /// Runs `f` compiled for the machine's widest vector instructions (pulp's
 /// dispatch: AVX-512 or AVX2 where the CPU has them), so that the plain
 /// loops of a kernel vectorise with them rather than with the baseline's
@@ -170,5 +228,37 @@ mod tests {
             let z = zeros_par::<u32>(n);
             assert!(z.len() == n && z.iter().all(|&v| v == 0), "u32, {n}");
         }
+    }
+
+    /// Each channel gets its own planes in sample order, whatever was in
+    /// the reused memory before; a plane left untaken is zeros.
+    #[test]
+    fn by_channel_hands_each_channel_its_planes() {
+        let (b, c, hw) = (3, 4, 5);
+        drop(vec![7f32; b * c * hw]);
+        let (v, got) = by_channel((b, c, hw), |ch, planes| {
+            // Channel 2 writes its first plane only.
+            let take = if ch == 2 { 1 } else { b };
+            for (s, p) in planes.take(take).enumerate() {
+                assert!(p.iter().all(|&x| x == 0.0), "handed zeroed");
+                p.fill((ch * 10 + s) as f32);
+            }
+            ch * 100
+        });
+        assert_eq!(got, vec![0, 100, 200, 300]);
+        for s in 0..b {
+            for ch in 0..c {
+                let want = if ch == 2 && s > 0 {
+                    0.0
+                } else {
+                    (ch * 10 + s) as f32
+                };
+                let plane = &v[(s * c + ch) * hw..][..hw];
+                assert!(plane.iter().all(|&x| x == want), "sample {s} channel {ch}");
+            }
+        }
+        let (empty, per) = by_channel((2, 3, 0), |ch, planes| (ch, planes.count()));
+        assert!(empty.is_empty());
+        assert_eq!(per, vec![(0, 0), (1, 0), (2, 0)]);
     }
 }

@@ -2,13 +2,13 @@
 //! (dW, db, dx), and prints ms and GFLOP/s per shape; `bench/conv_shapes.py`
 //! runs PyTorch's on the same shapes beside it.
 //!
-//! `cargo run --release -p redline-kernels --example conv_shapes -- [--threads N] [--batch B] [--size S] [--reps R] [--no-dx] [--only TEXT] [--patch8 [--patch-cout N]]`
+//! `cargo run --release -p redline-kernels --example conv_shapes -- [--threads N] [--batch B] [--size S] [--reps R] [--no-dx] [--bf16] [--only TEXT] [--patch8 [--patch-cout N]]`
 
 use std::time::Instant;
 
 use candle_core::{Device, Tensor, Var};
-use redline_kernels::conv2d_strided_param;
 use redline_kernels::grad::Param;
+use redline_kernels::{conv2d_strided_in, conv2d_strided_param};
 
 /// ResNet-18's convolutions at input side `s`: (name, cin, cout, k, stride, pad, input side).
 fn shapes(s: usize) -> Vec<(&'static str, usize, usize, usize, usize, usize, usize)> {
@@ -51,6 +51,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|i| args.get(i + 1))
         .cloned()
         .unwrap_or_default();
+    // --bf16: bf16 products on the native bf16 GEMM (im2col).
+    let bf16 = args.iter().any(|a| a == "--bf16");
     for (name, cin, cout, k, stride, pad, side) in shapes(size) {
         if !name.contains(only.as_str()) {
             continue;
@@ -77,7 +79,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (mut fwd, mut bwd) = (Vec::new(), Vec::new());
         for _ in 0..reps + 1 {
             let t = Instant::now();
-            let y = conv2d_strided_param(&x, &w, &b, pad, stride)?;
+            let y = if bf16 {
+                let (wt, bt) = (w.as_tensor(), b.as_tensor());
+                conv2d_strided_in(&x, wt, bt, (pad, stride), candle_core::DType::BF16)?
+            } else {
+                conv2d_strided_param(&x, &w, &b, pad, stride)?
+            };
             let f = t.elapsed().as_secs_f64();
             // candle seeds the backward with ones shaped as `y`: dy = 1.
             let t = Instant::now();

@@ -21,7 +21,7 @@
 
 use candle_core::{DType, Tensor};
 
-use crate::conv::{conv2d, conv2d_with};
+use crate::conv::{conv2d, conv2d_strided_in};
 use crate::conv_block::{pool_relu16, pool_relu_with};
 use crate::error::Result;
 use crate::gemm_bf16::route;
@@ -106,7 +106,8 @@ pub fn conv2d_in(
             rounded(w.as_tensor(), dtype)?,
             rounded(b.as_tensor(), dtype)?,
         );
-        let y = conv2d_with(&xr, &wr, &br, padding, None)?;
+        // bf16 products on the native bf16 GEMM where the CPU has one.
+        let y = conv2d_strided_in(&xr, &wr, &br, (padding, 1), route(dtype))?;
         let y = match pool_relu {
             // Pooled after the rounding, as autocast pools the 16-bit
             // convolution's output: rounding makes ties, and the window's

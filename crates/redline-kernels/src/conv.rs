@@ -68,7 +68,24 @@ fn conv2d_strided_with(
     (padding, stride): (usize, usize),
     buffers: Option<ParamBuffers>,
 ) -> Result<Tensor> {
-    let geom = Geom::strided(x, w, b, padding, stride)?;
+    conv2d_routed(x, w, b, (padding, stride), buffers, DType::F32)
+}
+
+/// [`conv2d_strided_with`] with its CPU products in `gemm`: F32, or BF16
+/// for the native bf16 GEMM (im2col; every operand rounded to bf16 as it is
+/// packed, the sums in f32).
+fn conv2d_routed(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    (padding, stride): (usize, usize),
+    buffers: Option<ParamBuffers>,
+    gemm: DType,
+) -> Result<Tensor> {
+    let geom = Geom {
+        gemm,
+        ..Geom::strided(x, w, b, padding, stride)?
+    };
     #[cfg(feature = "cuda")]
     if stride == 1
         && x.device().is_cuda()
@@ -121,6 +138,21 @@ pub fn conv2d_strided(
     stride: usize,
 ) -> Result<Tensor> {
     conv2d_strided_with(x, w, b, (padding, stride), None)
+}
+
+/// [`conv2d_strided`] with its CPU products in `gemm` ([`crate::gemm_bf16::route`]'s
+/// choice for a 16-bit convolution): BF16 takes the native bf16 GEMM
+/// through im2col, every operand rounded to bf16 as it is packed (the
+/// values a 16-bit convolution multiplies) and the sums and output in f32;
+/// F32 is [`conv2d_strided`]. dW and db come back in candle's `GradStore`.
+pub fn conv2d_strided_in(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    (padding, stride): (usize, usize),
+    gemm: DType,
+) -> Result<Tensor> {
+    conv2d_routed(x, w, b, (padding, stride), None, gemm)
 }
 
 /// The same convolution from candle's own ops (what `candle_nn::Conv2d`

@@ -68,7 +68,9 @@ mod transpose16;
 pub use attention::causal_attention;
 pub use autocast::{conv2d_in, linear_in};
 pub use avg_pool::{avg_pool2d, AvgWindow};
-pub use conv::{conv2d, conv2d_generic, conv2d_param, conv2d_strided, conv2d_strided_param};
+pub use conv::{
+    conv2d, conv2d_generic, conv2d_param, conv2d_strided, conv2d_strided_in, conv2d_strided_param,
+};
 pub use conv_block::{conv2d_pool_relu, conv2d_pool_relu_param};
 pub use conv_grouped::conv2d_grouped_param;
 pub use error::{Error, Result};

@@ -102,8 +102,10 @@ impl Layer for Conv2d {
                 // The fused fp32 kernels (candle's convolution took 5x the
                 // time of ResNet-18's fp32 stem, bf16-true at 64 px).
                 let b = cast(self.b.as_tensor())?;
-                let y =
-                    redline_kernels::conv2d_strided(&cast(x)?, &w, &b, self.padding, self.stride)?;
+                // bf16: im2col and the native bf16 GEMM where the CPU has it.
+                let gemm = redline_kernels::gemm_bf16::route(self.dtype);
+                let geometry = (self.padding, self.stride);
+                let y = redline_kernels::conv2d_strided_in(&cast(x)?, &w, &b, geometry, gemm)?;
                 return Ok(y.to_dtype(self.dtype)?);
             }
             let y = cast(x)?.conv2d(&w, self.padding, self.stride, 1, self.groups)?;

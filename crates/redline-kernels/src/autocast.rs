@@ -33,7 +33,7 @@ use crate::{conv2d_param, conv2d_pool_relu_param, linear, linear_param};
 /// `t` rounded to `dtype` and widened back to fp32 (a recorded op pair, so
 /// gradients flow through it, rounded the same way).
 fn rounded(t: &Tensor, dtype: DType) -> Result<Tensor> {
-    Ok(t.to_dtype(dtype)?.to_dtype(DType::F32)?)
+    crate::cast16::round_to(t, dtype)
 }
 
 /// The parameters' gradient buffers when a 16-bit product takes the CPU's
@@ -117,7 +117,7 @@ pub fn conv2d_in(
             Some(k) => max_pool2d(&rounded(&y, dtype)?.relu()?, k)?,
             None => y,
         };
-        return Ok(y.to_dtype(dtype)?);
+        return crate::cast16::to_dtype(&y, dtype);
     }
     let (x, wt, bt) = (
         x.to_dtype(dtype)?,

@@ -82,14 +82,11 @@ fn batch_norm2d_train_16(
     eps: f64,
     relu: bool,
 ) -> Result<BatchNormOut> {
-    let (xf, wf, bf) = (
-        x.to_dtype(DType::F32)?,
-        w.to_dtype(DType::F32)?,
-        b.to_dtype(DType::F32)?,
-    );
+    let f32 = |t: &Tensor| crate::cast16::to_dtype(t, DType::F32);
+    let (xf, wf, bf) = (f32(x)?, f32(w)?, f32(b)?);
     let out = fused(&xf, (&wf, &bf), eps, relu, None)?;
     Ok(BatchNormOut {
-        y: out.y.to_dtype(x.dtype())?,
+        y: crate::cast16::to_dtype(&out.y, x.dtype())?,
         ..out
     })
 }

@@ -91,7 +91,7 @@ fn written<T>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<T>]) -> usize) -> Ve
 
 /// f32 values rounded into bf16 storage ([`bf16_round`]'s bits); returns
 /// how many it wrote.
-struct Bf16Store<'a>(&'a [f32], &'a mut [MaybeUninit<bf16>]);
+pub(crate) struct Bf16Store<'a>(pub(crate) &'a [f32], pub(crate) &'a mut [MaybeUninit<bf16>]);
 
 impl pulp::WithSimd for Bf16Store<'_> {
     type Output = usize;
@@ -108,7 +108,7 @@ impl pulp::WithSimd for Bf16Store<'_> {
 
 /// bf16 values widened to f32: the bits shifted up (exact), a NaN quieted,
 /// as `half`'s `to_f32`; returns how many it wrote.
-struct Bf16Widen<'a>(&'a [bf16], &'a mut [MaybeUninit<f32>]);
+pub(crate) struct Bf16Widen<'a>(pub(crate) &'a [bf16], pub(crate) &'a mut [MaybeUninit<f32>]);
 
 impl pulp::WithSimd for Bf16Widen<'_> {
     type Output = usize;

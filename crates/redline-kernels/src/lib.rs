@@ -11,6 +11,7 @@ pub mod attention;
 pub mod autocast;
 pub mod avg_pool;
 pub mod batch_norm;
+pub mod cast16;
 pub mod conv;
 mod conv_backward;
 mod conv_block;

@@ -206,7 +206,8 @@ pub fn widened(
     x: &candle_core::Tensor,
     f: impl FnOnce(&candle_core::Tensor) -> crate::Result<candle_core::Tensor>,
 ) -> crate::Result<candle_core::Tensor> {
-    Ok(f(&x.to_dtype(candle_core::DType::F32)?)?.to_dtype(x.dtype())?)
+    let y = f(&crate::cast16::to_dtype(x, candle_core::DType::F32)?)?;
+    crate::cast16::to_dtype(&y, x.dtype())
 }
 
 #[cfg(test)]

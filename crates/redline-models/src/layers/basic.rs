@@ -95,8 +95,12 @@ impl Layer for Conv2d {
             // accumulation, as autocast's and as `conv2d_in`'s casts).
             let on16 = self.dtype != DType::F32 && x.device().is_cpu();
             let work = if on16 { DType::F32 } else { self.dtype };
-            let cast =
-                |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(self.dtype)?.to_dtype(work)?) };
+            let cast = |t: &Tensor| -> Result<Tensor> {
+                if work == DType::F32 {
+                    return Ok(redline_kernels::cast16::round_to(t, self.dtype)?);
+                }
+                Ok(t.to_dtype(self.dtype)?.to_dtype(work)?)
+            };
             let w = cast(self.w.as_tensor())?;
             if on16 && self.groups == 1 {
                 // The fused fp32 kernels (candle's convolution took 5x the
@@ -106,7 +110,7 @@ impl Layer for Conv2d {
                 let gemm = redline_kernels::gemm_bf16::route(self.dtype);
                 let geometry = (self.padding, self.stride);
                 let y = redline_kernels::conv2d_strided_in(&cast(x)?, &w, &b, geometry, gemm)?;
-                return Ok(y.to_dtype(self.dtype)?);
+                return Ok(redline_kernels::cast16::to_dtype(&y, self.dtype)?);
             }
             let y = cast(x)?.conv2d(&w, self.padding, self.stride, 1, self.groups)?;
             let y = if self.has_bias {

@@ -20,7 +20,7 @@ pub(crate) struct LayerNorm {
 impl Layer for LayerNorm {
     fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
         // Norms run in their parameters' dtype: fp32 under autocast.
-        let x = &x.to_dtype(self.w.as_tensor().dtype())?;
+        let x = &redline_kernels::cast16::to_dtype(x, self.w.as_tensor().dtype())?;
         // One fused kernel each way on the CPU (f32), candle's ops elsewhere.
         Ok(redline_kernels::layer_norm(
             x,
@@ -53,7 +53,7 @@ impl BatchNorm2d {
     /// from the batch's, detached.
     fn train_forward(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
         // Norms run in their parameters' dtype: fp32 under autocast.
-        let x = &x.to_dtype(self.w.as_tensor().dtype())?;
+        let x = &redline_kernels::cast16::to_dtype(x, self.w.as_tensor().dtype())?;
         let (b, _, h, w) = x.dims4()?;
         let out = batch_norm2d_train(x, &self.w, &self.b, self.eps, relu)?;
         let n = (b * h * w) as f64;
@@ -79,7 +79,7 @@ impl Layer for BatchNorm2d {
             return self.train_forward(x, self.relu);
         }
         // Norms run in their parameters' dtype: fp32 under autocast.
-        let x = &x.to_dtype(self.w.as_tensor().dtype())?;
+        let x = &redline_kernels::cast16::to_dtype(x, self.w.as_tensor().dtype())?;
         let c = x.dim(1)?;
         let shape = (1, c, 1, 1);
         let mean = self.running_mean.as_tensor().reshape(shape)?;

@@ -13,8 +13,35 @@ use crate::step_kind::StepKind;
 
 /// Steps that pay first-use costs (kernel compilation) before the timing.
 const WARMUP_STEPS: usize = 5;
-/// Steps timed on each device.
+/// Steps timed on each device, at most.
 const TIMED_STEPS: usize = 30;
+/// Fewest steps timed: a slow step is timed this many times.
+const MIN_TIMED_STEPS: usize = 3;
+/// About how long the timed steps of one measurement may take, judged by
+/// the warm-up's steps: ResNet-18 at 224 px on two cores takes about a
+/// second a step, and 35 steps in each of two precisions held a 16-bit
+/// run for 75 s before its training began.
+const TIMED_BUDGET_MS: f64 = 3000.0;
+
+/// How many steps to time after warm-up steps of `warm_ms` each.
+fn timed_steps(warm_ms: f64) -> usize {
+    if !(warm_ms.is_finite() && warm_ms > 0.0) {
+        return TIMED_STEPS;
+    }
+    ((TIMED_BUDGET_MS / warm_ms) as usize).clamp(MIN_TIMED_STEPS, TIMED_STEPS)
+}
+
+/// `"30 steps each"`, or `"30 and 3 steps"` when the measurements timed
+/// different numbers of steps.
+fn step_counts(steps: &[usize]) -> String {
+    match steps {
+        [first, rest @ ..] if rest.iter().all(|s| s == first) => format!("{first} steps each"),
+        _ => {
+            let all: Vec<String> = steps.iter().map(usize::to_string).collect();
+            format!("{} steps", all.join(" and "))
+        }
+    }
+}
 
 /// The job the probe times: the run's model, step, optimizer and batch.
 pub struct Job<'a> {
@@ -44,27 +71,28 @@ pub fn choose(
     if spec != DeviceSpec::Auto || selected == DeviceSpec::Cpu {
         return Ok((Device::resolve(selected)?, None));
     }
-    let mut timed = Vec::new();
+    let (mut timed, mut steps) = (Vec::new(), Vec::new());
     for candidate in [DeviceSpec::Cpu, selected] {
         let device = Device::resolve(candidate)?;
-        let ms = step_ms(job, &device, Precision::Fp32)
-            .with_context(|| format!("--device auto: timing the step on {device}"))?
-            .step_ms;
-        timed.push((device, ms));
+        let (m, n) = step_ms(job, &device, Precision::Fp32)
+            .with_context(|| format!("--device auto: timing the step on {device}"))?;
+        timed.push((device, m.step_ms));
+        steps.push(n);
     }
-    let (line, pick) = verdict(&timed, TIMED_STEPS, WARMUP_STEPS);
+    let (line, pick) = verdict(&timed, &step_counts(&steps), WARMUP_STEPS);
     let device = timed.swap_remove(pick).0;
     Ok((device, Some(line)))
 }
 
 /// The step of `job` on `device` in `precision` (its milliseconds and
-/// memory): a head of the training split, placed once, [`WARMUP_STEPS`]
-/// untimed then [`TIMED_STEPS`] timed steps.
+/// memory) and how many steps were timed: a head of the training split,
+/// placed once, [`WARMUP_STEPS`] warm-up steps, then [`TIMED_STEPS`] timed
+/// steps, or fewer when the warm-up's were slow ([`timed_steps`]).
 fn step_ms(
     job: &Job<'_>,
     device: &Device,
     precision: Precision,
-) -> anyhow::Result<probe::Measured> {
+) -> anyhow::Result<(probe::Measured, usize)> {
     let batch = job.batch_size.clamp(1, job.train.len().max(1));
     let n = job.train.len().min((WARMUP_STEPS + TIMED_STEPS) * batch);
     let head: Vec<u32> = (0..n as u32).collect();
@@ -86,15 +114,19 @@ fn step_ms(
     };
     // The job's scaler times 16-mixed; the fp32 run it is compared with has none.
     let loss_scale = job.loss_scale.filter(|_| precision == Precision::Fp16Mixed);
-    Ok(probe::measure(
-        &make,
-        device,
-        &loader,
-        job.optimizer,
-        loss_scale,
-        (WARMUP_STEPS, TIMED_STEPS),
-        false,
-    )?)
+    let fit = |steps: usize| {
+        probe::measure(
+            &make,
+            device,
+            &loader,
+            job.optimizer,
+            loss_scale,
+            (0, steps),
+            false,
+        )
+    };
+    let steps = timed_steps(fit(WARMUP_STEPS)?.step_ms);
+    Ok((fit(steps)?, steps))
 }
 
 /// A 16-bit precision measured against fp32 on the run's own job and device.
@@ -122,8 +154,9 @@ pub fn precision_timing(
         return Ok(None);
     }
     let context = || format!("--precision {precision}: timing the step against 32-true");
-    let half_m = step_ms(job, device, precision).with_context(context)?;
-    let full_m = step_ms(job, device, Precision::Fp32).with_context(context)?;
+    let (half_m, half_n) = step_ms(job, device, precision).with_context(context)?;
+    let (full_m, full_n) = step_ms(job, device, Precision::Fp32).with_context(context)?;
+    let counts = step_counts(&[half_n, full_n]);
     let activations = match (&half_m.memory, &full_m.memory) {
         (Some(h), Some(f)) => Some((h.activations, f.activations, h.batch)),
         _ => None,
@@ -140,7 +173,7 @@ pub fn precision_timing(
     Ok(Some(PrecisionTiming {
         line: format!(
             "precision {precision}: {half:.3} ms per step against {full:.3} ms in 32-true on \
-             {device} ({TIMED_STEPS} steps each after {WARMUP_STEPS} warm-up steps): {verdict}"
+             {device} ({counts} after {WARMUP_STEPS} warm-up steps): {verdict}"
         ),
         ratio,
         activations,
@@ -149,7 +182,7 @@ pub fn precision_timing(
 
 /// The faster of the timed devices (the first on a tie) and the sentence
 /// that says so, with every measurement.
-fn verdict(timed: &[(Device, f64)], steps: usize, warmup: usize) -> (String, usize) {
+fn verdict(timed: &[(Device, f64)], steps: &str, warmup: usize) -> (String, usize) {
     let pick = timed
         .iter()
         .enumerate()
@@ -164,7 +197,7 @@ fn verdict(timed: &[(Device, f64)], steps: usize, warmup: usize) -> (String, usi
     let (device, ms) = &timed[pick];
     let line = format!(
         "device auto: {device}, {ms:.3} ms per step against {} (this model and batch, {steps} \
-         steps each after {warmup} warm-up steps)",
+         after {warmup} warm-up steps)",
         others.join(", ")
     );
     (line, pick)
@@ -179,15 +212,32 @@ mod tests {
     #[test]
     fn the_verdict_names_the_faster_device_and_every_measurement() {
         let timed = vec![(Device::cpu(), 0.36), (Device::cpu(), 1.81)];
-        let (line, pick) = verdict(&timed, 30, 5);
+        let (line, pick) = verdict(&timed, &step_counts(&[30, 30]), 5);
         assert_eq!(pick, 0);
         assert_eq!(
             line,
             "device auto: cpu, 0.360 ms per step against 1.810 ms on cpu (this model and batch, \
              30 steps each after 5 warm-up steps)"
         );
-        let (_, pick) = verdict(&[(Device::cpu(), 2.0), (Device::cpu(), 1.5)], 30, 5);
+        let (line, pick) = verdict(
+            &[(Device::cpu(), 2.0), (Device::cpu(), 1.5)],
+            &step_counts(&[30, 4]),
+            5,
+        );
         assert_eq!(pick, 1);
+        assert!(line.ends_with("(this model and batch, 30 and 4 steps after 5 warm-up steps)"));
+    }
+
+    /// A slow step is timed fewer times, never fewer than three; a fast or
+    /// unmeasurable one thirty times.
+    #[test]
+    fn slow_steps_are_timed_fewer_times() {
+        assert_eq!(timed_steps(0.3), TIMED_STEPS);
+        assert_eq!(timed_steps(100.0), TIMED_STEPS);
+        assert_eq!(timed_steps(200.0), 15);
+        assert_eq!(timed_steps(1100.0), MIN_TIMED_STEPS);
+        assert_eq!(timed_steps(f64::NAN), TIMED_STEPS);
+        assert_eq!(step_counts(&[3, 3]), "3 steps each");
     }
 
     /// Without a GPU there is nothing to time: auto is the CPU, with no line.

@@ -20,8 +20,8 @@ pub(crate) fn widen<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<Cow<'
     };
     Ok(match s {
         CpuStorage::F32(v) => Cow::Borrowed(&v[a..b]),
-        CpuStorage::BF16(v) => Cow::Owned(written(b - a, |out| {
-            pulp::Arch::new().dispatch(Bf16Widen(&v[a..b], out))
+        CpuStorage::BF16(v) => Cow::Owned(written(&v[a..b], |src, out| {
+            pulp::Arch::new().dispatch(Bf16Widen(src, out))
         })),
         CpuStorage::F16(v) => {
             let mut out = vec![0f32; b - a];
@@ -75,23 +75,61 @@ impl pulp::WithSimd for Bf16Round<'_> {
     }
 }
 
-/// A new vector of `n` values, each written by `fill` (a loop writing one
-/// value per input, over `n` inputs), with no zero fill first: the bf16
+/// Values a thread converts at a time.
+const PIECE: usize = 1 << 15;
+
+/// A new vector of one value per value of `src`, written by `fill` (a loop
+/// over a piece of `src` and as many slots, returning how many it wrote;
+/// slots it leaves are `T::default()`), with no zero fill first: the bf16
 /// CNN step spent about 3% of its time (perf) zeroing buffers that the
-/// widening and storing loops then overwrote.
-fn written<T>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<T>]) -> usize) -> Vec<T> {
+/// widening and storing loops then overwrote. A large `src` is split
+/// across the compute threads (a ResNet activation at 224 px is 25-100
+/// MB, cast on each side of every layer in 16-bit precisions).
+fn written<S: Sync, T: Send + Default>(
+    src: &[S],
+    fill: impl Fn(&[S], &mut [MaybeUninit<T>]) -> usize + Sync,
+) -> Vec<T> {
+    use rayon::prelude::*;
+    let n = src.len();
     let mut v = Vec::with_capacity(n);
-    let done = fill(&mut v.spare_capacity_mut()[..n]);
-    // SAFETY: `fill` wrote the first `done` values (the loops below write
-    // every slot they zip with an input and return how many), and never
-    // more than the `n` slots it was given.
-    unsafe { v.set_len(done.min(n)) };
+    let piece = |(d, s): (&mut [MaybeUninit<T>], &[S])| {
+        let done = fill(s, d).min(d.len());
+        d[done..].fill_with(|| MaybeUninit::new(T::default()));
+    };
+    let out = &mut v.spare_capacity_mut()[..n];
+    if n < 2 * PIECE {
+        piece((out, src));
+    } else {
+        out.par_chunks_mut(PIECE)
+            .zip(src.par_chunks(PIECE))
+            .for_each(piece);
+    }
+    // SAFETY: the capacity holds `n` values, and every one of them was
+    // written, by `fill` or by the fill after it.
+    unsafe { v.set_len(n) };
     v
+}
+
+/// f32 values rounded to bf16 and kept in f32 ([`bf16_round`]); returns
+/// how many it wrote.
+struct Bf16RoundInto<'a>(&'a [f32], &'a mut [MaybeUninit<f32>]);
+
+impl pulp::WithSimd for Bf16RoundInto<'_> {
+    type Output = usize;
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _simd: S) -> usize {
+        let n = self.0.len().min(self.1.len());
+        for (d, x) in self.1[..n].iter_mut().zip(&self.0[..n]) {
+            d.write(bf16_round(*x));
+        }
+        n
+    }
 }
 
 /// f32 values rounded into bf16 storage ([`bf16_round`]'s bits); returns
 /// how many it wrote.
-pub(crate) struct Bf16Store<'a>(pub(crate) &'a [f32], pub(crate) &'a mut [MaybeUninit<bf16>]);
+struct Bf16Store<'a>(&'a [f32], &'a mut [MaybeUninit<bf16>]);
 
 impl pulp::WithSimd for Bf16Store<'_> {
     type Output = usize;
@@ -108,7 +146,7 @@ impl pulp::WithSimd for Bf16Store<'_> {
 
 /// bf16 values widened to f32: the bits shifted up (exact), a NaN quieted,
 /// as `half`'s `to_f32`; returns how many it wrote.
-pub(crate) struct Bf16Widen<'a>(pub(crate) &'a [bf16], pub(crate) &'a mut [MaybeUninit<f32>]);
+struct Bf16Widen<'a>(&'a [bf16], &'a mut [MaybeUninit<f32>]);
 
 impl pulp::WithSimd for Bf16Widen<'_> {
     type Output = usize;
@@ -247,6 +285,12 @@ pub(crate) fn rounded<'a>(
     if s.dtype() != DType::F32 || dtype == DType::F32 {
         return Ok(v);
     }
+    if dtype == DType::BF16 {
+        // One pass: each value read, rounded and written once.
+        return Ok(Cow::Owned(written(&v, |src, out| {
+            pulp::Arch::new().dispatch(Bf16RoundInto(src, out))
+        })));
+    }
     let mut owned = v.into_owned();
     round_in_place(&mut owned, dtype);
     Ok(Cow::Owned(owned))
@@ -254,16 +298,24 @@ pub(crate) fn rounded<'a>(
 
 /// f32 values stored as `dtype` (rounded; f32 kept as is).
 pub(crate) fn store(v: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
+    match dtype {
+        DType::F32 => Ok(CpuStorage::F32(v)),
+        _ => narrow(&v, dtype),
+    }
+}
+
+/// f32 values stored as a 16-bit `dtype`, rounded (f32: copied).
+pub(crate) fn narrow(v: &[f32], dtype: DType) -> Result<CpuStorage> {
     Ok(match dtype {
-        DType::F32 => CpuStorage::F32(v),
+        DType::F32 => CpuStorage::F32(v.to_vec()),
         // The rounding on the bits, a loop that vectorizes (`half`'s slice
         // conversion for bf16 does not).
-        DType::BF16 => CpuStorage::BF16(written(v.len(), |out| {
-            pulp::Arch::new().dispatch(Bf16Store(&v, out))
+        DType::BF16 => CpuStorage::BF16(written(v, |src, out| {
+            pulp::Arch::new().dispatch(Bf16Store(src, out))
         })),
         DType::F16 => {
             let mut out = vec![f16::ZERO; v.len()];
-            f32_to_f16(&v, &mut out);
+            f32_to_f16(v, &mut out);
             CpuStorage::F16(out)
         }
         other => bail!("16-bit store: {other:?} is not f32, bf16 or f16"),

@@ -570,7 +570,7 @@ impl Geom {
     /// The kernels that run this convolution's forward: pixel-major
     /// ([`Geom::nhwc`]), direct ([`Geom::direct`]) or im2col.
     pub(super) fn forward_path(&self) -> Path {
-        if self.nhwc() {
+        if self.nhwc() || self.nhwc16() {
             Path::PixelMajor
         } else if self.direct() {
             Path::Direct

@@ -80,18 +80,18 @@ impl Geom {
     }
 
     /// Padded width of the pixel-major sample.
-    fn nhwc_wp(&self) -> usize {
+    pub(super) fn nhwc_wp(&self) -> usize {
         self.w + 2 * self.pad
     }
 
     /// Elements of one padded pixel-major sample.
-    fn nhwc_len(&self) -> usize {
+    pub(super) fn nhwc_len(&self) -> usize {
         (self.h + 2 * self.pad) * self.nhwc_wp() * self.cin
     }
 
     /// Copies one `(Cin, H, W)` sample into the interior of its padded
     /// `(H + 2p, W + 2p, Cin)` buffer (the border stays as it is: zero).
-    fn pad_nhwc(&self, x: &[f32], xp: &mut [f32]) {
+    pub(super) fn pad_nhwc(&self, x: &[f32], xp: &mut [f32]) {
         let (cin, w, wp, pad) = (self.cin, self.w, self.nhwc_wp(), self.pad);
         channels_to_pixels(x, (cin, self.h * w), xp, |p| {
             ((p / w + pad) * wp + p % w + pad) * cin
@@ -100,7 +100,7 @@ impl Geom {
 
     /// Each im2col row's offset from its output pixel's base, and the
     /// largest: tap `(ci, ky, kx)` at `(ky * wp + kx) * Cin + ci`.
-    fn nhwc_offsets(&self) -> (Vec<usize>, usize) {
+    pub(super) fn nhwc_offsets(&self) -> (Vec<usize>, usize) {
         let wp = self.nhwc_wp();
         let offs: Vec<usize> = (0..self.k())
             .map(|r| {
@@ -114,7 +114,7 @@ impl Geom {
 
     /// The base offset of every output pixel of `n` samples in their
     /// padded buffers laid one after another.
-    fn nhwc_pixels(&self, n: usize) -> Vec<usize> {
+    pub(super) fn nhwc_pixels(&self, n: usize) -> Vec<usize> {
         let (s, wp, cin, len) = (self.stride, self.nhwc_wp(), self.cin, self.nhwc_len());
         let mut px = Vec::with_capacity(n * self.ohw());
         for b in 0..n {
@@ -206,7 +206,8 @@ impl Geom {
 
     /// The outputs of all samples of `x` into `out` ([`Geom::nhwc`]), the
     /// weights as [`Geom::nhwc_panels_from`] packs them, the bias added
-    /// last; the samples split across the compute threads.
+    /// last; the samples split across the compute threads. bf16 products
+    /// take [`Geom::forward_nhwc16`].
     pub(super) fn forward_nhwc(
         &self,
         name: &str,
@@ -215,6 +216,9 @@ impl Geom {
         x: &[f32],
         out: &mut [f32],
     ) -> candle_core::Result<()> {
+        if self.gemm == DType::BF16 {
+            return self.forward_nhwc16(name, panels, b, x, out);
+        }
         let offs = self.nhwc_offsets();
         let (k, cout) = (self.k(), self.cout);
         let per = self.per_chunk();
@@ -349,7 +353,7 @@ impl Geom {
 
     /// `(n * oh*ow, Cout)` pixel-major outputs into `(n, Cout, oh*ow)`, the
     /// bias added.
-    fn untranspose_out(&self, yt: &[f32], b: &[f32], out: &mut [f32]) {
+    pub(super) fn untranspose_out(&self, yt: &[f32], b: &[f32], out: &mut [f32]) {
         let (cout, p) = (self.cout, self.ohw());
         for (y, src) in out.chunks_mut(cout * p).zip(yt.chunks(p * cout)) {
             pixels_to_channels(src, (cout, b), (cout, p), y);

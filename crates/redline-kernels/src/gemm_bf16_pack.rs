@@ -123,6 +123,31 @@ impl PackedB {
     }
 }
 
+/// Consecutive values of `src` as bf16 pairs into `dst` (`src.len() / 2`
+/// of them, rounded to nearest even): the bits of `src` stored in bf16,
+/// two to a u32. False (nothing written) without AVX-512 BF16 or when the
+/// lengths disagree.
+pub(crate) fn pairs(src: &[f32], dst: &mut [u32]) -> bool {
+    if !available() || src.len() != 2 * dst.len() {
+        return false;
+    }
+    // SAFETY: `available()` said the CPU has AVX-512F/BW and BF16.
+    unsafe { pair_row(src, dst) };
+    true
+}
+
+/// `dst[i] = (lo[i], hi[i])` as bf16 pairs (rounded to nearest even).
+/// False (nothing written) without AVX-512 BF16 or when the lengths
+/// disagree.
+pub(crate) fn interleaved(lo: &[f32], hi: &[f32], dst: &mut [u32]) -> bool {
+    if !available() || lo.len() != dst.len() || hi.len() != dst.len() {
+        return false;
+    }
+    // SAFETY: the features above; both rows hold `dst.len()` values.
+    unsafe { interleave(lo, Some(hi), dst) };
+    true
+}
+
 /// `x` rounded to bf16 (to nearest even; NaN kept a NaN), as its bits.
 #[inline(always)]
 pub(crate) fn bits(x: f32) -> u16 {
@@ -364,6 +389,9 @@ unsafe fn panels_of_rows<'s>(_: usize, _: usize, _: impl Fn(usize) -> &'s [f32],
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn pair_row(_: &[f32], _: &mut [u32]) {}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn interleave(_: &[f32], _: Option<&[f32]>, _: &mut [u32]) {}
 
 #[cfg(test)]
 mod tests {

@@ -21,6 +21,7 @@ mod conv_dx;
 mod conv_grouped;
 pub mod conv_igemm;
 mod conv_nhwc;
+mod conv_nhwc16;
 mod conv_nhwc_simd;
 mod conv_patch;
 mod conv_patch512;

@@ -1,9 +1,11 @@
 //! The 16-bit CPU convolution's bf16 route (`conv2d_strided_in` with BF16
-//! products: im2col and the native bf16 GEMM, operands rounded as they are
-//! packed) against the fp32 convolution of the rounded operands, forward
-//! and backward, on each shape class ResNet's bf16 steps run through it: a
-//! 3x3 stride-1 convolution (input gradient as a transposed convolution),
-//! 3x3 and 1x1 stride-2 downsampling (col2im), and the 7x7 stride-2 stem.
+//! products: the bf16 pixel-major kernels where the channels allow, else
+//! im2col and the native bf16 GEMM, operands rounded as they are packed)
+//! against the fp32 convolution of the rounded operands, forward and
+//! backward, on each shape class ResNet's bf16 steps run through it: a 3x3
+//! stride-1 convolution (input gradient as a transposed convolution), 3x3
+//! and 1x1 stride-2 downsampling (col2im), and the 7x7 stride-2 stem, on
+//! channel counts that take each path.
 //! Only the order of the f32 sums differs, so the two agree to a few f32
 //! roundings of the largest output; an operand left unrounded moves them by
 //! about bf16's step (2^-9 relative), a hundred times more.
@@ -69,6 +71,10 @@ fn bf16_products_are_the_fp32_convolution_of_rounded_operands() {
         (2, 16, 32, 12, 3, 2, 1),
         (3, 16, 32, 10, 1, 2, 0),
         (2, 3, 16, 20, 7, 2, 3),
+        // The pixel-major bf16 kernels (64-channel multiples): forward,
+        // and stride 1's input gradient as the transposed convolution.
+        (2, 64, 64, 9, 3, 1, 1),
+        (2, 32, 128, 9, 3, 2, 1),
     ];
     for (i, (n, cin, cout, side, k, stride, pad)) in classes.into_iter().enumerate() {
         let s = i as f32;

@@ -18,6 +18,7 @@ use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use crate::conv_backward::backward;
+use crate::conv_nhwc16::rounded_copy;
 use crate::error::{Error, Result};
 use crate::gemm::Mat;
 use crate::gemm_bf16;
@@ -760,6 +761,9 @@ impl CustomOp3 for Conv2dOp {
             g.forward_patch(w, b, x, &mut out);
         } else if g.forward_path() == Path::PixelMajor {
             g.forward_nhwc(name, &g.nhwc_panels_stored(w), b, x, &mut out)?;
+        } else if let Some(f) = g.direct16() {
+            let (x, w) = (rounded_copy(x), rounded_copy(w));
+            f.forward_all(name, &f.permute_taps(&w, false), b, &x, &mut out)?;
         } else {
             g.forward_all(name, &g.permute_taps(w, false), b, x, &mut out)?;
         }

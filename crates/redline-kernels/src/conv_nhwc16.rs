@@ -36,9 +36,12 @@ const PAIRS: usize = 512;
 /// a group's padded input and output stay in the L2 cache.
 const GROUP_PIXELS: usize = 1024;
 
-/// Output pixels per channel under which the im2col GEMMs stay (ResNet-18's
-/// 2x2 and 4x4 maps at 64 px: too few pixels to fill the tiles).
-const MIN_PIXELS: usize = 16;
+/// Output pixels per channel under which the im2col GEMMs stay: on
+/// ResNet-18's 4x4 maps at 64 px (batch 16) the whole-batch GEMMs took 0.8
+/// ms forward against 1.0-1.1 here; on its 7x7 maps at 224 px (batch 32)
+/// 15 against 13.5 here (`examples/conv_shapes.rs --bf16`, the threshold
+/// at 16, 32 and 100 in turn).
+const MIN_PIXELS: usize = 32;
 
 impl Geom {
     /// Whether the bf16 pixel-major kernels run this convolution's forward:
@@ -52,6 +55,23 @@ impl Geom {
             && self.cout.is_multiple_of(CO)
             && self.ohw() >= MIN_PIXELS
             && crate::gemm_bf16::enabled()
+    }
+
+    /// The fp32 twin whose direct kernels run this bf16 convolution's
+    /// forward, on its operands rounded to bf16 ([`rounded_copy`]), where
+    /// the bf16 pixel-major kernel cannot pair its input channels (odd: a
+    /// stem's 3) and the fp32 forward is direct: ResNet-18's 7x7 stem at
+    /// 224 px took 36 ms on the bf16 GEMM's im2col (147 rows of 12544
+    /// pixels a sample, written and packed) against 24 direct.
+    pub(super) fn direct16(&self) -> Option<Geom> {
+        let fp32 = Geom {
+            gemm: DType::F32,
+            ..*self
+        };
+        (self.gemm == DType::BF16
+            && !self.cin.is_multiple_of(2)
+            && fp32.forward_path() == crate::conv::Path::Direct)
+            .then_some(fp32)
     }
 
     /// The outputs of all samples of `x` into `out` on bf16 products
@@ -111,6 +131,16 @@ impl Geom {
                 Ok(())
             })
     }
+}
+
+/// `v` rounded to bf16 values (to nearest even), kept in f32: an operand
+/// of the fp32 kernels that compute a bf16 convolution's products exactly
+/// (a product of two bf16 values is exact in f32).
+pub(super) fn rounded_copy(v: &[f32]) -> Vec<f32> {
+    let mut r = v.to_vec();
+    r.par_chunks_mut(1 << 16)
+        .for_each(|c| crate::half16::round_in_place(c, DType::BF16));
+    r
 }
 
 /// f32 panels of [`CO`] output channels by `k` rows (row-major, as
@@ -247,11 +277,11 @@ mod tests {
     fn shapes() -> Vec<Geom> {
         [
             Geom::sized(3, (4, 64), (7, 7), (3, 3, 1), 1),
-            Geom::sized(2, (16, 64), (5, 6), (3, 3, 1), 1),
+            Geom::sized(2, (16, 64), (6, 7), (3, 3, 1), 1),
             Geom::sized(2, (8, 64), (10, 12), (1, 3, 1), 1),
             Geom::sized(3, (12, 128), (9, 9), (5, 5, 2), 1),
             Geom::sized(2, (4, 64), (13, 13), (3, 3, 1), 2),
-            Geom::sized(2, (4, 64), (15, 13), (3, 3, 0), 3),
+            Geom::sized(2, (4, 64), (21, 19), (3, 3, 0), 3),
             Geom::sized(2, (130, 64), (6, 6), (3, 3, 1), 1),
             Geom::sized(3, (6, 64), (34, 35), (3, 3, 1), 1),
         ]
@@ -318,7 +348,7 @@ mod tests {
         }
         for g in [
             Geom::sized(3, (64, 64), (9, 9), (3, 3, 1), 1),
-            Geom::sized(2, (64, 128), (5, 6), (3, 3, 1), 1),
+            Geom::sized(2, (64, 128), (6, 7), (3, 3, 1), 1),
             Geom::sized(2, (128, 64), (9, 9), (5, 5, 2), 1),
         ]
         .map(bf16)
@@ -352,7 +382,7 @@ mod tests {
             bf16(Geom::sized(2, (3, 64), (32, 32), (7, 7, 3), 2)),
             bf16(Geom::sized(2, (64, 32), (8, 8), (3, 3, 1), 1)),
             bf16(Geom::sized(2, (64, 64), (8, 8), (1, 1, 0), 1)),
-            bf16(Geom::sized(2, (64, 64), (3, 3), (3, 3, 1), 1)),
+            bf16(Geom::sized(2, (64, 64), (5, 5), (3, 3, 1), 1)),
         ] {
             assert!(!g.nhwc16(), "{g:?}");
         }

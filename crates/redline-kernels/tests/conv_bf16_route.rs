@@ -75,6 +75,9 @@ fn bf16_products_are_the_fp32_convolution_of_rounded_operands() {
         // and stride 1's input gradient as the transposed convolution.
         (2, 64, 64, 9, 3, 1, 1),
         (2, 32, 128, 9, 3, 2, 1),
+        // A 6x6 map: the pixel-major forward, the whole-batch GEMMs
+        // backward.
+        (3, 64, 64, 6, 3, 1, 1),
     ];
     for (i, (n, cin, cout, side, k, stride, pad)) in classes.into_iter().enumerate() {
         let s = i as f32;
@@ -106,5 +109,37 @@ fn bf16_products_are_the_fp32_convolution_of_rounded_operands() {
         // fp32 operands are rounded as they are packed.
         let y = conv2d_strided_in(&x, &w, &b, (pad, stride), DType::BF16).unwrap();
         agree(&format!("{what} y, fp32 operands"), &y, &want[0], 2e-5);
+    }
+}
+
+/// A stem's odd input channels cannot be paired: its bf16 forward runs the
+/// fp32 direct kernels on the operands rounded to bf16 (exact products),
+/// so it is the fp32 convolution of the rounded operands bit for bit, and
+/// its backward stays within the sums' rounding of it.
+#[test]
+fn odd_channel_stems_are_the_fp32_direct_forward_of_rounded_operands() {
+    let (x, w, b) = (
+        wave(&[2, 3, 64, 64], (0.37, 0.0), 1.0),
+        wave(&[64, 3, 7, 7], (0.11, 1.0), 0.2),
+        wave(&[64], (0.7, 2.0), 0.5),
+    );
+    let (xr, wr) = (bf16(&x), bf16(&w));
+    let y = conv2d_strided_in(&x, &w, &b, (3, 2), DType::BF16).unwrap();
+    let want = conv2d_strided(&xr, &wr, &b, 3, 2).unwrap();
+    let (got, exact) = (values(&y), values(&want));
+    let first = got
+        .iter()
+        .zip(&exact)
+        .position(|(a, e)| a.to_bits() != e.to_bits());
+    assert_eq!(first, None, "stem forward differs at this index");
+    let g = bf16(&wave(&[2, 64, 32, 32], (0.23, 3.0), 1.0));
+    let got = run(
+        |x, w, b| conv2d_strided_in(x, w, b, (3, 2), DType::BF16),
+        (&xr, &wr, &b),
+        &g,
+    );
+    let want = run(|x, w, b| conv2d_strided(x, w, b, 3, 2), (&xr, &wr, &b), &g);
+    for (name, (a, e)) in ["y", "dx", "dW", "db"].iter().zip(got.iter().zip(&want)) {
+        agree(&format!("stem {name}"), a, e, 2e-5);
     }
 }

@@ -420,27 +420,54 @@ impl Geom {
         let hw = self.h * self.w;
         for (r, row) in cols.chunks_mut(self.ohw()).enumerate() {
             let (ci, ky, kx) = self.tap(r);
-            let plane = &x[ci * hw..(ci + 1) * hw];
-            let span = self.col_span(kx);
-            for (oy, orow) in row.chunks_mut(self.ow).enumerate() {
-                match (self.in_row(oy, ky), span) {
-                    (Some(iy), Some((lo, hi, ix))) => {
-                        orow[..lo].fill(0.0);
-                        let src = &plane[iy * self.w + ix..];
-                        if self.stride == 1 {
-                            orow[lo..hi].copy_from_slice(&src[..hi - lo]);
-                        } else {
-                            let taken = src.iter().step_by(self.stride);
-                            for (o, &v) in orow[lo..hi].iter_mut().zip(taken) {
-                                *o = v;
-                            }
+            self.im2col_row(&x[ci * hw..(ci + 1) * hw], (ky, kx), row);
+        }
+    }
+
+    /// One im2col row of one sample: tap `(ky, kx)` of the input plane
+    /// `plane` at every output pixel (`row`: `oh*ow` values), zero where the
+    /// window hangs over the padding. Any stride.
+    fn im2col_row(&self, plane: &[f32], (ky, kx): (usize, usize), row: &mut [f32]) {
+        let span = self.col_span(kx);
+        for (oy, orow) in row.chunks_mut(self.ow).enumerate() {
+            match (self.in_row(oy, ky), span) {
+                (Some(iy), Some((lo, hi, ix))) => {
+                    orow[..lo].fill(0.0);
+                    let src = &plane[iy * self.w + ix..];
+                    if self.stride == 1 {
+                        orow[lo..hi].copy_from_slice(&src[..hi - lo]);
+                    } else {
+                        let taken = src.iter().step_by(self.stride);
+                        for (o, &v) in orow[lo..hi].iter_mut().zip(taken) {
+                            *o = v;
                         }
-                        orow[hi..].fill(0.0);
                     }
-                    _ => orow.fill(0.0),
+                    orow[hi..].fill(0.0);
                 }
+                _ => orow.fill(0.0),
             }
         }
+    }
+
+    /// The im2col matrices of the samples in `x` side by side, `(K, n *
+    /// oh*ow)` with sample `s`'s columns at `s * oh*ow`, written in place:
+    /// rows in parallel, each row's tap found once for all samples (on 2x2
+    /// and 4x4 maps the per-sample matrices and the copy that laid them
+    /// side by side cost more than their GEMMs).
+    pub(super) fn batch_cols(&self, x: &[f32]) -> Vec<f32> {
+        let (k, p, len) = (self.k(), self.ohw(), self.in_len());
+        let n = x.len() / len.max(1);
+        let hw = self.h * self.w;
+        let mut cols = crate::slices::zeros_par::<f32>(k * n * p);
+        if p > 0 {
+            cols.par_chunks_mut(n * p).enumerate().for_each(|(r, row)| {
+                let (ci, ky, kx) = self.tap(r);
+                for (seg, xs) in row.chunks_mut(p).zip(x.chunks(len.max(1))) {
+                    self.im2col_row(&xs[ci * hw..(ci + 1) * hw], (ky, kx), seg);
+                }
+            });
+        }
+        cols
     }
 
     /// Whether the im2col matrix is the input itself: a 1x1 kernel, stride
@@ -489,22 +516,6 @@ impl Geom {
     /// use the weights it reads.
     pub(super) fn batched(&self) -> bool {
         self.ohw() < 64
-    }
-
-    /// The im2col matrices of the samples in `x`, side by side: `(K, n *
-    /// oh*ow)`, sample `s`'s columns at `s * oh*ow`.
-    pub(super) fn batch_cols(&self, x: &[f32]) -> Vec<f32> {
-        let (k, p) = (self.k(), self.ohw());
-        let n = x.len() / self.in_len().max(1);
-        let mut one = vec![0f32; k * p];
-        let mut cols = vec![0f32; k * n * p];
-        for (s, xs) in x.chunks(self.in_len()).enumerate() {
-            self.im2col(xs, &mut one);
-            for (r, row) in one.chunks(p).enumerate() {
-                cols[(r * n + s) * p..][..p].copy_from_slice(row);
-            }
-        }
-        cols
     }
 
     /// Sample `s`'s `(rows, oh*ow)` block out of a side-by-side matrix.

@@ -44,14 +44,7 @@ impl Geom {
     ) -> candle_core::Result<()> {
         let (k, p) = (self.k(), self.ohw());
         let np = self.b * p;
-        let mut each = vec![0f32; self.b * k * p];
-        if k * p > 0 {
-            each.par_chunks_mut(k * p)
-                .zip(x.par_chunks(self.in_len()))
-                .for_each(|(c, x)| self.im2col(x, c));
-        }
-        let cols = self.side_by_side_par(&each, k);
-        drop(each);
+        let cols = self.batch_cols(x);
         let dy_all = self.side_by_side_par(dy, self.cout);
         let (dw, db) = dwb.split_at_mut(self.cout * k);
         let dym = Mat::new(&dy_all, self.cout, np);

@@ -11,6 +11,8 @@
 //! The output is produced pixel-major `(pixels, Cout)` and transposed to
 //! `(Cout, pixels)` per sample with the bias added.
 
+use std::ops::Range;
+
 use candle_core::{bail, DType};
 use rayon::prelude::*;
 
@@ -38,6 +40,33 @@ const ROWS: usize = 1024;
 /// caches across every tile of rows (ResNet-18's 7x7 stage: 27 ms with
 /// blocks of 1024 pixels, 19 with 256, 19.4 with 128).
 const GRAD_PIXELS: usize = 256;
+
+/// Every tile of a pixel-major forward, in the order that keeps each block
+/// of a panel's rows in cache across the tiles: for each panel `q` of
+/// [`CO`] output channels, each block of `block` of its `rows` (`r`), each
+/// tile of [`PX`] pixels of `px` (a short last tile repeats its last
+/// pixel), `tile(q, r, (&pixels, valid), y)` with `y` the tile's place in
+/// `yt` (`(pixels, cout)`). False as soon as a tile is.
+pub(super) fn each_tile(
+    (panels, rows, block): (usize, usize, usize),
+    px: &[usize],
+    (yt, cout): (&mut [f32], usize),
+    mut tile: impl FnMut(usize, Range<usize>, (&[usize; PX], usize), &mut [f32]) -> bool,
+) -> bool {
+    for q in 0..panels {
+        for r0 in (0..rows).step_by(block.max(1)) {
+            let r = r0..rows.min(r0 + block);
+            for (t, pixels) in px.chunks(PX).enumerate() {
+                let last = pixels.len();
+                let at: [usize; PX] = std::array::from_fn(|j| pixels[j.min(last - 1)]);
+                if !tile(q, r.clone(), (&at, last), &mut yt[t * PX * cout + q * CO..]) {
+                    return false;
+                }
+            }
+        }
+    }
+    true
+}
 
 impl Geom {
     /// Whether the pixel-major forward runs this convolution: AVX-512, f32
@@ -232,22 +261,13 @@ impl Geom {
                 }
                 let px = self.nhwc_pixels(n);
                 let mut yt = vec![0f32; px.len() * cout];
-                // Each block of a panel's rows stays in cache across every
-                // tile.
-                for (q, panel) in panels.chunks(k * CO).enumerate() {
-                    for r0 in (0..k).step_by(ROWS) {
-                        let rows = &offs.0[r0..k.min(r0 + ROWS)];
-                        let block = &panel[r0 * CO..];
-                        for (t, tile) in px.chunks(PX).enumerate() {
-                            let last = tile.len();
-                            let at: [usize; PX] = std::array::from_fn(|j| tile[j.min(last - 1)]);
-                            let y = &mut yt[t * PX * cout + q * CO..];
-                            let (ops, out) = ((rows, offs.1), (y, cout));
-                            if !simd::tile(block, ops, (&xp, &at), out, (last, r0 > 0)) {
-                                bail!("{name}: a pixel-major tile left its buffers ({self:?})");
-                            }
-                        }
-                    }
+                let ok = each_tile((cout / CO, k, ROWS), &px, (&mut yt, cout), |q, r, at, y| {
+                    let block = &panels[(q * k + r.start) * CO..];
+                    let ops = (&offs.0[r.clone()], offs.1);
+                    simd::tile(block, ops, (&xp, at.0), (y, cout), (at.1, r.start > 0))
+                });
+                if !ok {
+                    bail!("{name}: a pixel-major tile left its buffers ({self:?})");
                 }
                 self.untranspose_out(&yt, b, out);
                 Ok(())

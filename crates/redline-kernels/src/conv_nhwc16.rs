@@ -24,6 +24,7 @@ use candle_core::{bail, DType};
 use rayon::prelude::*;
 
 use crate::conv::Geom;
+use crate::conv_nhwc::each_tile;
 use crate::conv_nhwc_simd::{CO, PX};
 use crate::gemm_bf16_pack::{interleaved, pairs};
 
@@ -110,22 +111,18 @@ impl Geom {
                 }
                 let px: Vec<usize> = self.nhwc_pixels(n).iter().map(|p| p / 2).collect();
                 let mut yt = vec![0f32; px.len() * cout];
-                for (q, panel) in wpanels.chunks(kp * CO).enumerate() {
-                    for p0 in (0..kp).step_by(PAIRS) {
-                        let rows = &offs[p0..kp.min(p0 + PAIRS)];
-                        let block = &panel[p0 * CO..];
-                        for (t, tile) in px.chunks(PX).enumerate() {
-                            let last = tile.len();
-                            let at: [usize; PX] = std::array::from_fn(|j| tile[j.min(last - 1)]);
-                            let y = &mut yt[t * PX * cout + q * CO..];
-                            let ops = (rows, max_off);
-                            if !tile16(block, ops, (&xp, &at), (y, cout), (last, p0 > 0)) {
-                                bail!(
-                                    "{name}: a bf16 pixel-major tile left its buffers ({self:?})"
-                                );
-                            }
-                        }
-                    }
+                let ok = each_tile(
+                    (cout / CO, kp, PAIRS),
+                    &px,
+                    (&mut yt, cout),
+                    |q, r, at, y| {
+                        let block = &wpanels[(q * kp + r.start) * CO..];
+                        let ops = (&offs[r.clone()], max_off);
+                        tile16(block, ops, (&xp, at.0), (y, cout), (at.1, r.start > 0))
+                    },
+                );
+                if !ok {
+                    bail!("{name}: a bf16 pixel-major tile left its buffers ({self:?})");
                 }
                 self.untranspose_out(&yt, b, out);
                 Ok(())

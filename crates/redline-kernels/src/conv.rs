@@ -18,11 +18,11 @@ use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use crate::conv_backward::backward;
-use crate::conv_nhwc16::rounded_copy;
 use crate::error::{Error, Result};
 use crate::gemm::Mat;
 use crate::gemm_bf16;
 use crate::grad::{layer_buffers, Param, ParamBuffers};
+use crate::half16::bf16_rounded;
 use crate::slices::{f32s, fused_cpu};
 use redline_core::trace;
 
@@ -773,7 +773,7 @@ impl CustomOp3 for Conv2dOp {
         } else if g.forward_path() == Path::PixelMajor {
             g.forward_nhwc(name, &g.nhwc_panels_stored(w), b, x, &mut out)?;
         } else if let Some(f) = g.direct16() {
-            let (x, w) = (rounded_copy(x), rounded_copy(w));
+            let (x, w) = (bf16_rounded(x), bf16_rounded(w));
             f.forward_all(name, &f.permute_taps(&w, false), b, &x, &mut out)?;
         } else {
             g.forward_all(name, &g.permute_taps(w, false), b, x, &mut out)?;

@@ -20,12 +20,14 @@
 //! the sums in f32 (each output summed by one thread in a fixed order, so
 //! the same bits on every run and thread count).
 
+use std::ops::Range;
+
 use candle_core::{bail, DType};
 use rayon::prelude::*;
 
 use crate::conv::Geom;
 use crate::conv_nhwc::each_tile;
-use crate::conv_nhwc_simd::{CO, PX};
+use crate::conv_nhwc_simd::{Pixels, CO, PX};
 use crate::gemm_bf16_pack::{interleaved, pairs};
 
 /// Pairs of input rows per block of a panel: 512 pairs of [`CO`] weights,
@@ -59,7 +61,8 @@ impl Geom {
     }
 
     /// The fp32 twin whose direct kernels run this bf16 convolution's
-    /// forward, on its operands rounded to bf16 ([`rounded_copy`]), where
+    /// forward, on its operands rounded to bf16 (a product of two bf16
+    /// values is exact in f32, so these are the bf16 products), where
     /// the bf16 pixel-major kernel cannot pair its input channels (odd: a
     /// stem's 3) and the fp32 forward is direct: ResNet-18's 7x7 stem at
     /// 224 px (batch 32) took 28-31 ms on the bf16 GEMM's im2col (147 rows
@@ -93,8 +96,7 @@ impl Geom {
             .ok_or_else(|| candle_core::Error::Msg(format!("{name}: bf16 panels ({self:?})")))?;
         // Pair p's offset from a pixel's base, in pairs: row 2p's.
         let (offs, _) = self.nhwc_offsets();
-        let offs: Vec<usize> = offs.iter().step_by(2).map(|o| o / 2).collect();
-        let max_off = offs.iter().copied().max().unwrap_or(0);
+        let offs = Pixels::new(offs.iter().step_by(2).map(|o| o / 2).collect());
         let group = GROUP_PIXELS.div_ceil(self.ohw().max(1)).max(1);
         let len = self.nhwc_len();
         out.par_chunks_mut(group * self.out_len())
@@ -117,8 +119,8 @@ impl Geom {
                     (&mut yt, cout),
                     |q, r, at, y| {
                         let block = &wpanels[(q * kp + r.start) * CO..];
-                        let ops = (&offs[r.clone()], max_off);
-                        tile16(block, ops, (&xp, at.0), (y, cout), (at.1, r.start > 0))
+                        let acc = r.start > 0;
+                        tile16(block, (&offs, r), (&xp, at.0), (y, cout), (at.1, acc))
                     },
                 );
                 if !ok {
@@ -128,16 +130,6 @@ impl Geom {
                 Ok(())
             })
     }
-}
-
-/// `v` rounded to bf16 values (to nearest even), kept in f32: an operand
-/// of the fp32 kernels that compute a bf16 convolution's products exactly
-/// (a product of two bf16 values is exact in f32).
-pub(super) fn rounded_copy(v: &[f32]) -> Vec<f32> {
-    let mut r = v.to_vec();
-    r.par_chunks_mut(1 << 16)
-        .for_each(|c| crate::half16::round_in_place(c, DType::BF16));
-    r
 }
 
 /// f32 panels of [`CO`] output channels by `k` rows (row-major, as
@@ -160,24 +152,28 @@ fn pair_panels(panels: &[f32], k: usize) -> Option<Vec<u32>> {
     ok.then_some(out)
 }
 
-/// One tile of bf16 products: for `j < n` and `c < CO`, `y[j * ldy + c]
-/// (+)= sum_p panel[p * CO + c] . x[px[j] + offs[p]]` (each a pair), the
-/// pairs summed in order, added to what `y` holds when `acc`. Every
-/// `px[j]` must be in bounds, those past `n` included. `max_off` is the
-/// largest of `offs`. `false` (nothing written) without AVX-512 BF16 or
-/// when an index would leave a slice.
+/// One tile of bf16 products over the pairs `rows` of `offs`: for `j < n`
+/// and `c < CO`, `y[j * ldy + c] (+)= sum_p panel[p * CO + c] . x[px[j] +
+/// offs[rows.start + p]]` (each a pair), the pairs summed in order, added
+/// to what `y` holds when `acc`. Every `px[j]` must be in bounds, those
+/// past `n` included (checked against the largest offset of all `offs`,
+/// found once when they were made). `false` (nothing written) without
+/// AVX-512 BF16 or when an index would leave a slice.
 fn tile16(
     panel: &[u32],
-    (offs, max_off): (&[usize], usize),
+    (offs, rows): (&Pixels, Range<usize>),
     (x, px): (&[u32], &[usize; PX]),
     (y, ldy): (&mut [f32], usize),
     (n, acc): (usize, bool),
 ) -> bool {
+    let max_off = offs.max();
+    let Some(offs) = offs.at().get(rows) else {
+        return false;
+    };
     let fits = n > 0
         && n <= PX
         && ldy >= CO
         && panel.len() >= offs.len() * CO
-        && offs.iter().all(|&o| o <= max_off)
         && px.iter().all(|&p| p + max_off < x.len())
         && (n - 1) * ldy + CO <= y.len();
     if !crate::gemm_bf16::available() || !fits {
@@ -185,7 +181,7 @@ fn tile16(
     }
     #[cfg(target_arch = "x86_64")]
     // SAFETY: AVX-512F and BF16 are present; every read `px[j] + offs[p] <=
-    // px[j] + max_off < x.len()`, the panel holds `offs.len() * CO` pairs,
+    // px[j] + max_off < x.len()` (`Pixels` keeps the largest offset), the panel holds `offs.len() * CO` pairs,
     // and the stores reach `(n - 1) * ldy + CO <= y.len()`.
     unsafe {
         x86::tile16(panel, offs, x, px, (y.as_mut_ptr(), ldy), (n, acc));

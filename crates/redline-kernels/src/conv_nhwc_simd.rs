@@ -41,6 +41,11 @@ impl Pixels {
     pub(crate) fn at(&self) -> &[usize] {
         &self.at
     }
+
+    /// The largest offset (0 when there are none).
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
 }
 
 /// One weight-gradient tile over pixels `i0..i0 + n` of `px`: for `r < GR`

@@ -273,6 +273,15 @@ mod avx512 {
     }
 }
 
+/// `v` rounded to bf16 values (to nearest even) and kept in f32, in one
+/// pass (each value read, rounded and written once), split across the
+/// threads when long.
+pub(crate) fn bf16_rounded(v: &[f32]) -> Vec<f32> {
+    written(v, |src, out| {
+        pulp::Arch::new().dispatch(Bf16RoundInto(src, out))
+    })
+}
+
 /// An operand as f32 values already rounded to `dtype`: widened when it
 /// is stored in 16 bits (already representable), rounded when it is f32.
 pub(crate) fn rounded<'a>(
@@ -286,10 +295,7 @@ pub(crate) fn rounded<'a>(
         return Ok(v);
     }
     if dtype == DType::BF16 {
-        // One pass: each value read, rounded and written once.
-        return Ok(Cow::Owned(written(&v, |src, out| {
-            pulp::Arch::new().dispatch(Bf16RoundInto(src, out))
-        })));
+        return Ok(Cow::Owned(bf16_rounded(&v)));
     }
     let mut owned = v.into_owned();
     round_in_place(&mut owned, dtype);

@@ -21,7 +21,7 @@ use rayon::prelude::*;
 use redline_core::trace;
 
 use crate::add_relu::passes;
-use crate::grad::{grads_out, layer_buffers, Param, ParamBuffers};
+use crate::grad::{grads_out, half_buffers, layer_buffers, Param, ParamBuffers};
 use crate::slices::{by_channel, f32s, fused_cpu, half_cpu, keep, unpack_grads, vectorised};
 use crate::Result;
 
@@ -52,6 +52,10 @@ pub fn batch_norm2d_train(
 ) -> Result<BatchNormOut> {
     let (wt, bt) = (w.as_tensor(), b.as_tensor());
     if [x, wt, bt].iter().all(|t| half_cpu(t)) {
+        let all_bf16 = [x, wt, bt].iter().all(|t| t.dtype() == DType::BF16);
+        if let Some(buffers) = half_buffers(w, b).filter(|_| all_bf16) {
+            return bf16::fused_bf16(x, (wt, bt), eps, relu, buffers);
+        }
         return batch_norm2d_train_16(x, wt, bt, eps, relu);
     }
     let buffers = layer_buffers(w, b);
@@ -194,7 +198,7 @@ impl Dims {
 
     /// The `b` planes of channel `ch` in `v`.
     #[inline(always)]
-    fn planes<'a>(&self, v: &'a [f32], ch: usize) -> impl Iterator<Item = &'a [f32]> + 'a {
+    fn planes<'a, T>(&self, v: &'a [T], ch: usize) -> impl Iterator<Item = &'a [T]> + 'a {
         let (c, hw) = (self.c, self.hw);
         (0..self.b).map(move |s| &v[(s * c + ch) * hw..][..hw])
     }
@@ -559,5 +563,6 @@ impl CustomOp3 for BatchNormBackward {
     }
 }
 
+mod bf16;
 #[cfg(test)]
 mod tests;

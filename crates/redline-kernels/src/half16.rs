@@ -49,6 +49,21 @@ pub(crate) fn bf16_round(x: f32) -> f32 {
     }
 }
 
+/// `x` rounded to bf16 (to nearest even, a NaN kept a NaN) and stored.
+#[inline(always)]
+pub(crate) fn bf16_store(x: f32) -> bf16 {
+    bf16::from_bits((bf16_round(x).to_bits() >> 16) as u16)
+}
+
+/// `x` widened to f32: the bits shifted up (exact), a NaN quieted, as
+/// `half`'s `to_f32`.
+#[inline(always)]
+pub(crate) fn bf16_widen(x: bf16) -> f32 {
+    let b = x.to_bits();
+    let quiet = if b & 0x7FFF > 0x7F80 { 0x0040 } else { 0 };
+    f32::from_bits(u32::from(b | quiet) << 16)
+}
+
 /// Rounds `v` to `dtype` in place, staying f32 (a no-op for f32).
 pub(crate) fn round_in_place(v: &mut [f32], dtype: DType) {
     match dtype {
@@ -138,7 +153,7 @@ impl pulp::WithSimd for Bf16Store<'_> {
     fn with_simd<S: pulp::Simd>(self, _simd: S) -> usize {
         let n = self.0.len().min(self.1.len());
         for (d, x) in self.1[..n].iter_mut().zip(&self.0[..n]) {
-            d.write(bf16::from_bits((bf16_round(*x).to_bits() >> 16) as u16));
+            d.write(bf16_store(*x));
         }
         n
     }
@@ -155,9 +170,7 @@ impl pulp::WithSimd for Bf16Widen<'_> {
     fn with_simd<S: pulp::Simd>(self, _simd: S) -> usize {
         let n = self.0.len().min(self.1.len());
         for (d, x) in self.1[..n].iter_mut().zip(&self.0[..n]) {
-            let b = x.to_bits();
-            let quiet = if b & 0x7FFF > 0x7F80 { 0x0040 } else { 0 };
-            d.write(f32::from_bits(u32::from(b | quiet) << 16));
+            d.write(bf16_widen(*x));
         }
         n
     }

@@ -34,23 +34,23 @@ pub fn zeros_par<T: Copy + Default + Send + Sync>(n: usize) -> Vec<T> {
     v
 }
 
-/// One channel's planes of a new `(B, C, H, W)` f32 buffer, yielded in
-/// sample order, each zero-filled as it is taken (by the thread that is
-/// about to write it, so in cache: no pass of its own over memory). See
-/// [`by_channel`].
-pub struct Planes<'a> {
-    rest: std::vec::IntoIter<&'a mut [std::mem::MaybeUninit<f32>]>,
+/// One channel's planes of a new `(B, C, H, W)` buffer (f32 unless
+/// named), yielded in sample order, each zero-filled as it is taken (by
+/// the thread that is about to write it, so in cache: no pass of its own
+/// over memory). See [`by_channel`].
+pub struct Planes<'a, T = f32> {
+    rest: std::vec::IntoIter<&'a mut [std::mem::MaybeUninit<T>]>,
 }
 
-impl<'a> Iterator for Planes<'a> {
-    type Item = &'a mut [f32];
+impl<'a, T: Copy + Default> Iterator for Planes<'a, T> {
+    type Item = &'a mut [T];
 
-    fn next(&mut self) -> Option<&'a mut [f32]> {
+    fn next(&mut self) -> Option<&'a mut [T]> {
         let p = self.rest.next()?;
-        p.fill(std::mem::MaybeUninit::new(0.0));
+        p.fill(std::mem::MaybeUninit::new(T::default()));
         // SAFETY: every element was initialised just above, and
-        // `MaybeUninit<f32>` has `f32`'s layout.
-        Some(unsafe { &mut *(std::ptr::from_mut(p) as *mut [f32]) })
+        // `MaybeUninit<T>` has `T`'s layout.
+        Some(unsafe { &mut *(std::ptr::from_mut(p) as *mut [T]) })
     }
 }
 
@@ -61,13 +61,22 @@ impl<'a> Iterator for Planes<'a> {
 /// reads a channel's input once from memory this way, its second and third
 /// passes hitting the cache, and writes its output without a zero fill.
 pub fn by_channel<R: Send>(
-    (b, c, hw): (usize, usize, usize),
+    dims: (usize, usize, usize),
     f: impl Fn(usize, &mut Planes<'_>) -> R + Sync,
 ) -> (Vec<f32>, Vec<R>) {
+    by_channel_of(dims, f)
+}
+
+/// [`by_channel`] for a buffer of any element type (bf16 for `bf16-true`'s
+/// batch norm).
+pub fn by_channel_of<T: Copy + Default + Send + Sync, R: Send>(
+    (b, c, hw): (usize, usize, usize),
+    f: impl Fn(usize, &mut Planes<'_, T>) -> R + Sync,
+) -> (Vec<T>, Vec<R>) {
     use rayon::prelude::*;
     let n = b * c * hw;
-    let mut v: Vec<f32> = Vec::with_capacity(n);
-    let mut groups: Vec<Vec<&mut [std::mem::MaybeUninit<f32>]>> =
+    let mut v: Vec<T> = Vec::with_capacity(n);
+    let mut groups: Vec<Vec<&mut [std::mem::MaybeUninit<T>]>> =
         (0..c).map(|_| Vec::with_capacity(b)).collect();
     if hw > 0 {
         for (i, p) in v.spare_capacity_mut()[..n].chunks_mut(hw).enumerate() {

@@ -161,31 +161,101 @@ fn mismatched_parameters_are_refused_with_their_shapes() {
     assert!(err.contains("3 channels") && err.contains("[4]"), "{err}");
 }
 
-/// bf16 tensors (`bf16-true`) take the fused f32 kernel between casts: the
-/// output and every gradient are the f32 kernel's on the widened values,
-/// rounded once to bf16, bit for bit (candle's bf16 ops, the path before,
-/// round each intermediate and differ), and within bf16's rounding of the
-/// f64 formula.
+/// bf16 tensors (`bf16-true`) take the fused kernel on bf16 storage
+/// (`bf16.rs`): the output and every gradient are the f32 kernel's on the
+/// widened values, rounded once to bf16, bit for bit (candle's bf16 ops,
+/// the path before the casts, round each intermediate and differ), and
+/// within bf16's rounding of the f64 formula. Planes of 1, 7x7 (tails of
+/// the vectors) and 16x16, and one sample and several.
 #[test]
-fn bf16_tensors_take_the_f32_kernel_between_casts() {
-    let dims = (2, 3, 4, 5);
-    let bf = |t: Tensor| t.to_dtype(DType::BF16).unwrap();
-    let (x16, w16, b16) = (
-        bf(data(dims, 0.3)),
-        bf(channel_data(3, 0.1)),
-        bf(channel_data(3, 0.9)),
-    );
-    let up = bf(data(dims, 1.7));
-    for relu in [false, true] {
-        // The 16-bit route, gradients through candle's store.
-        let xv = Var::from_tensor(&x16).unwrap();
-        let (w, b) = (
-            Param::new(Var::from_tensor(&w16).unwrap()),
-            Param::new(Var::from_tensor(&b16).unwrap()),
+fn bf16_tensors_take_the_f32_kernels_arithmetic() {
+    let shapes = [(2, 3, 4, 5), (4, 3, 1, 1), (3, 2, 7, 7), (2, 4, 16, 16)];
+    for (i, dims) in shapes.into_iter().enumerate() {
+        let seed = i as f32 * 0.7;
+        let bf = |t: Tensor| t.to_dtype(DType::BF16).unwrap();
+        let (x16, w16, b16) = (
+            bf(data(dims, 0.3 + seed)),
+            bf(channel_data(dims.1, 0.1 + seed)),
+            bf(channel_data(dims.1, 0.9 + seed)),
         );
-        let out = batch_norm2d_train(xv.as_tensor(), &w, &b, 1e-5, relu).unwrap();
-        assert_eq!(out.y.dtype(), DType::BF16);
-        let mut g = (&out.y * &up)
+        let up = bf(data(dims, 1.7 + seed));
+        for relu in [false, true] {
+            let what = format!("{dims:?} relu {relu}");
+            // The 16-bit route: dx through candle, dW and db through the buffers.
+            let xv = Var::from_tensor(&x16).unwrap();
+            let (w, b) = (
+                Param::new(Var::from_tensor(&w16).unwrap()),
+                Param::new(Var::from_tensor(&b16).unwrap()),
+            );
+            let out = batch_norm2d_train(xv.as_tensor(), &w, &b, 1e-5, relu).unwrap();
+            assert_eq!(out.y.dtype(), DType::BF16);
+            let mut g = (&out.y * &up)
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let dx = g.get(xv.as_tensor()).unwrap();
+            assert_eq!(dx.dtype(), DType::BF16, "{what}");
+            let dx = flat(dx);
+            w.absorb(&mut g).unwrap();
+            b.absorb(&mut g).unwrap();
+            let grad = |p: &Param| p.grad().to_tensor(p.as_tensor()).unwrap().unwrap();
+            assert_eq!(grad(&w).dtype(), DType::BF16, "{what}");
+            let got = [flat(&out.y), dx, flat(&grad(&w)), flat(&grad(&b))];
+            // The f32 kernel on the widened values, each result rounded to bf16.
+            let f32v = |t: &Tensor| Var::from_tensor(&t.to_dtype(DType::F32).unwrap()).unwrap();
+            let xf = f32v(&x16);
+            let (wf, bf32) = (Param::new(f32v(&w16)), Param::new(f32v(&b16)));
+            let outf = batch_norm2d_train(xf.as_tensor(), &wf, &bf32, 1e-5, relu).unwrap();
+            let upf = up.to_dtype(DType::F32).unwrap();
+            let [y, dx, dw, db] = outputs_and_grads(&outf.y, &upf, &xf, &wf, &bf32).unwrap();
+            let round = |v: Vec<f32>| -> Vec<f32> {
+                v.iter()
+                    .map(|&x| half::bf16::from_f32(x).to_f32())
+                    .collect()
+            };
+            let want = [round(y), round(dx), round(dw), round(db)];
+            for (name, (g, w)) in ["y", "dx", "dW", "db"].iter().zip(got.iter().zip(&want)) {
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert!(bits(g) == bits(w), "{what}: {name} differs");
+            }
+            let f64ref = reference(&x16, (&w16, &b16), &up, 1e-5, relu);
+            for (i, name) in ["y", "dx", "dW", "db"].iter().enumerate() {
+                close(&format!("{what} {name}"), &got[i], &f64ref[i], 1e-2);
+            }
+            assert_eq!(flat(&out.mean), flat(&outf.mean), "{what}");
+            assert_eq!(flat(&out.var), flat(&outf.var), "{what}");
+        }
+    }
+}
+
+/// Under bf16 an untracked input gets no gradient while the parameters do,
+/// and a NaN spreads to its own channel only, passing the ReLU.
+#[test]
+fn bf16_untracked_inputs_and_nans() {
+    let dims = (2, 3, 2, 2);
+    let mut v = flat(&data(dims, 0.0));
+    v[4] = f32::NAN; // sample 0, channel 1
+    let x = Tensor::from_vec(v, dims, &Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
+    let param = |seed| {
+        let t = channel_data(3, seed).to_dtype(DType::BF16).unwrap();
+        Param::new(Var::from_tensor(&t).unwrap())
+    };
+    let (wp, bp) = (param(0.0), param(1.0));
+    for relu in [false, true] {
+        let out = batch_norm2d_train(&x, &wp, &bp, 1e-5, relu).unwrap();
+        let y = flat(&out.y);
+        for (i, v) in y.iter().enumerate() {
+            assert_eq!(v.is_nan(), (i / 4) % 3 == 1, "relu {relu}: y[{i}] = {v}");
+        }
+        let up = data(dims, 2.0).to_dtype(DType::BF16).unwrap();
+        let g = (&out.y * up)
             .unwrap()
             .to_dtype(DType::F32)
             .unwrap()
@@ -193,32 +263,10 @@ fn bf16_tensors_take_the_f32_kernel_between_casts() {
             .unwrap()
             .backward()
             .unwrap();
-        let dx = flat(g.get(xv.as_tensor()).unwrap());
-        w.absorb(&mut g).unwrap();
-        b.absorb(&mut g).unwrap();
-        let grad = |p: &Param| flat(&p.grad().to_tensor(p.as_tensor()).unwrap().unwrap());
-        let got = [flat(&out.y), dx, grad(&w), grad(&b)];
-        // The f32 kernel on the widened values, each result rounded to bf16.
-        let f32v = |t: &Tensor| Var::from_tensor(&t.to_dtype(DType::F32).unwrap()).unwrap();
-        let xf = f32v(&x16);
-        let (wf, bf32) = (Param::new(f32v(&w16)), Param::new(f32v(&b16)));
-        let outf = batch_norm2d_train(xf.as_tensor(), &wf, &bf32, 1e-5, relu).unwrap();
-        let upf = up.to_dtype(DType::F32).unwrap();
-        let [y, dx, dw, db] = outputs_and_grads(&outf.y, &upf, &xf, &wf, &bf32).unwrap();
-        let round = |v: Vec<f32>| -> Vec<f32> {
-            v.iter()
-                .map(|&x| half::bf16::from_f32(x).to_f32())
-                .collect()
-        };
-        let want = [round(y), round(dx), round(dw), round(db)];
-        for (what, (g, w)) in ["y", "dx", "dW", "db"].iter().zip(got.iter().zip(&want)) {
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(g), bits(w), "{what}, relu {relu}");
-        }
-        let f64ref = reference(&x16, (&w16, &b16), &up, 1e-5, relu);
-        for (i, what) in ["y", "dx", "dW", "db"].iter().enumerate() {
-            close(what, &got[i], &f64ref[i], 1e-2);
-        }
-        assert_eq!(flat(&out.mean), flat(&outf.mean), "relu {relu}");
+        assert!(g.get(&x).is_none());
+        let db = flat(&bp.grad().to_tensor(bp.as_tensor()).unwrap().unwrap());
+        assert!(db[0].is_finite() && db[0] != 0.0, "relu {relu}: {db:?}");
+        wp.grad().clear();
+        bp.grad().clear();
     }
 }

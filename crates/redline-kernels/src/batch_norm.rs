@@ -51,6 +51,18 @@ pub fn batch_norm2d_train(
     relu: bool,
 ) -> Result<BatchNormOut> {
     let (wt, bt) = (w.as_tensor(), b.as_tensor());
+    if x.dtype() == DType::BF16 && x.device().is_cpu() && wt.dtype() == DType::F32 {
+        // bf16-mixed: a bf16 activation under fp32 parameters, normalised
+        // as if cast to f32 (exactly), without the cast's copies.
+        if let Some(buffers) = layer_buffers(w, b).filter(|_| fused_cpu(wt) && fused_cpu(bt)) {
+            return bf16::fused_bf16(x, (wt, bt), eps, relu, buffers);
+        }
+    }
+    if x.dtype() != wt.dtype() {
+        // Norms run in their parameters' dtype.
+        let x = crate::cast16::to_dtype(x, wt.dtype())?;
+        return batch_norm2d_train(&x, w, b, eps, relu);
+    }
     if [x, wt, bt].iter().all(|t| half_cpu(t)) {
         let all_bf16 = [x, wt, bt].iter().all(|t| t.dtype() == DType::BF16);
         if let Some(buffers) = half_buffers(w, b).filter(|_| all_bf16) {

@@ -1,7 +1,8 @@
-//! The fused batch norm on bf16 storage (`bf16-true`): the f32 kernel's
-//! arithmetic, with each channel's bf16 planes widened into per-thread
-//! scratch as the channel is taken (so in cache) and its output rounded to
-//! bf16 as it is written.
+//! The fused batch norm of a bf16 input: the f32 kernel's arithmetic, with
+//! each channel's bf16 planes widened into per-thread scratch as the
+//! channel is taken (so in cache). Under `bf16-true` the parameters and
+//! the output are bf16 (the output rounded as it is written); under
+//! `bf16-mixed` they are f32, as the norm ran on the input cast to f32.
 //!
 //! The casts around the f32 kernel it replaces each made a whole f32 copy
 //! of the activation or its gradient: a pass over memory each way, forward
@@ -47,29 +48,66 @@ fn with_scratch<R>(lens: [usize; 3], f: impl FnOnce(&mut [Vec<f32>; 3]) -> R) ->
     r
 }
 
-/// The planes of channel `ch` of `src` widened into `dst` one after another.
-#[inline(always)]
-fn widen_channel(d: Dims, src: &[bf16], ch: usize, dst: &mut [f32]) {
-    for (dst, src) in dst.chunks_mut(d.hw.max(1)).zip(d.planes(src, ch)) {
-        dst.iter_mut()
-            .zip(src)
-            .for_each(|(d, &s)| *d = bf16_widen(s));
+/// A storage element the kernels read and write: bf16 or f32.
+trait Elem: Copy + Default + Send + Sync + 'static {
+    /// The value in f32 (exact).
+    fn to_f32(self) -> f32;
+    /// An f32 value stored (rounded to nearest even for bf16).
+    fn of_f32(v: f32) -> Self;
+    /// The contiguous elements a layout addresses, or an error naming `op`.
+    fn slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> candle_core::Result<&'a [Self]>;
+}
+
+impl Elem for bf16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16_widen(self)
+    }
+    #[inline(always)]
+    fn of_f32(v: f32) -> Self {
+        bf16_store(v)
+    }
+    fn slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> candle_core::Result<&'a [Self]> {
+        let CpuStorage::BF16(v) = s else {
+            candle_core::bail!("{op}: expected bf16 storage, got {:?}", s.dtype())
+        };
+        contiguous(v, l, op)
     }
 }
 
-/// The contiguous bf16 elements a layout addresses, or an error naming `op`.
-fn bf16s<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> candle_core::Result<&'a [bf16]> {
-    let CpuStorage::BF16(v) = s else {
-        candle_core::bail!("{op}: expected bf16 storage, got {:?}", s.dtype())
-    };
+impl Elem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn of_f32(v: f32) -> Self {
+        v
+    }
+    fn slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> candle_core::Result<&'a [Self]> {
+        crate::slices::f32s(s, l, op)
+    }
+}
+
+/// The planes of channel `ch` of `src` widened into `dst` one after another.
+#[inline(always)]
+fn widen_channel<T: Elem>(d: Dims, src: &[T], ch: usize, dst: &mut [f32]) {
+    for (dst, src) in dst.chunks_mut(d.hw.max(1)).zip(d.planes(src, ch)) {
+        dst.iter_mut().zip(src).for_each(|(d, &s)| *d = s.to_f32());
+    }
+}
+
+/// The contiguous elements of `v` a layout addresses, or an error naming `op`.
+fn contiguous<'a, T>(v: &'a [T], l: &Layout, op: &str) -> candle_core::Result<&'a [T]> {
     match l.contiguous_offsets() {
         Some((a, b)) => Ok(&v[a..b]),
         None => candle_core::bail!("{op}: operand is not contiguous ({:?})", l.shape()),
     }
 }
 
-/// [`super::batch_norm2d_train`] of a bf16 CPU input with bf16 weight and
-/// bias whose gradients go to `buffers`: y in bf16, the statistics in f32.
+/// [`super::batch_norm2d_train`] of a bf16 CPU input with a weight and
+/// bias of one dtype, bf16 or f32, whose gradients go to `buffers`: y in
+/// the parameters' dtype, the statistics in f32.
 pub(super) fn fused_bf16(
     x: &Tensor,
     (w, b): (&Tensor, &Tensor),
@@ -114,15 +152,15 @@ pub(super) fn fused_bf16(
 /// The forward: per channel, its planes widened, the statistics (two
 /// passes over the scratch), then `y = x * scale + shift` (and the ReLU)
 /// rounded into the bf16 output.
-fn forward(
+fn forward<T: Elem>(
     d: Dims,
     x: &[bf16],
     (w, b): (&[f32], &[f32]),
     eps: f64,
     relu: bool,
-) -> (Vec<bf16>, Stats) {
+) -> (Vec<T>, Stats) {
     let n = d.n();
-    let (y, per) = by_channel_of::<bf16, _>((d.b, d.c, d.hw), |ch, out| {
+    let (y, per) = by_channel_of::<T, _>((d.b, d.c, d.hw), |ch, out| {
         with_scratch([n, 0, 0], |[xs, _, _]| {
             let xs = &mut xs[..n];
             vectorised(
@@ -137,12 +175,12 @@ fn forward(
                         if relu {
                             y.iter_mut().zip(x).for_each(|(y, &x)| {
                                 let z = x * scale + shift;
-                                *y = bf16_store(if passes(z) { z } else { 0.0 });
+                                *y = T::of_f32(if passes(z) { z } else { 0.0 });
                             });
                         } else {
                             y.iter_mut()
                                 .zip(x)
-                                .for_each(|(y, &x)| *y = bf16_store(x * scale + shift));
+                                .for_each(|(y, &x)| *y = T::of_f32(x * scale + shift));
                         }
                     }
                     [mean, var, invstd, scale, shift]
@@ -161,7 +199,8 @@ fn forward(
     (y, st)
 }
 
-/// The forward op: `(x, w, b) -> y`, contiguous bf16 on the CPU.
+/// The forward op: `(x, w, b) -> y`, contiguous on the CPU, x in bf16 and
+/// the rest in the parameters' dtype.
 struct BatchNorm16 {
     eps: f64,
     relu: bool,
@@ -188,7 +227,7 @@ impl CustomOp3 for BatchNorm16 {
         trace::count("batch_norm2d.forward");
         let name = self.name();
         let d = Dims::of(l1)?;
-        let x = bf16s(s1, l1, name)?;
+        let x = bf16::slice(s1, l1, name)?;
         let (w, b) = (widen(s2, l2, name)?, widen(s3, l3, name)?);
         if w.len() != d.c || b.len() != d.c {
             candle_core::bail!(
@@ -198,9 +237,19 @@ impl CustomOp3 for BatchNorm16 {
                 b.len()
             );
         }
-        let (y, st) = forward(d, x, (&w, &b), self.eps, self.relu);
-        keep(&self.stats, st);
-        Ok((CpuStorage::BF16(y), l1.shape().clone()))
+        let y = match s2.dtype() {
+            DType::F32 => {
+                let (y, st) = forward::<f32>(d, x, (&w, &b), self.eps, self.relu);
+                keep(&self.stats, st);
+                CpuStorage::F32(y)
+            }
+            _ => {
+                let (y, st) = forward::<bf16>(d, x, (&w, &b), self.eps, self.relu);
+                keep(&self.stats, st);
+                CpuStorage::BF16(y)
+            }
+        };
+        Ok((y, l1.shape().clone()))
     }
 
     fn bwd(
@@ -227,7 +276,7 @@ impl CustomOp3 for BatchNorm16 {
             input_grad: self.input_grad,
             buffers: self.buffers.clone(),
         };
-        let grad = grad.to_dtype(DType::BF16)?.contiguous()?;
+        let grad = grad.to_dtype(w.dtype())?.contiguous()?;
         let flat = x.apply_op3_no_bwd(w, &grad, &op)?;
         let dx = self
             .input_grad
@@ -238,7 +287,9 @@ impl CustomOp3 for BatchNorm16 {
 }
 
 /// The backward kernel: `(x, w, dy) -> dx` in bf16 (empty when `x` needs
-/// no gradient), dW and db into the parameters' buffers as bf16 tensors.
+/// no gradient), dy in the parameters' dtype; dW and db into the
+/// parameters' buffers (f32 values for f32 parameters, bf16 tensors for
+/// bf16 ones).
 struct Backward16 {
     stats: Stats,
     relu: bool,
@@ -286,9 +337,26 @@ impl CustomOp3 for Backward16 {
         l3: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let name = self.name();
-        let d = Dims::of(l1)?;
-        let (x, dy) = (bf16s(s1, l1, name)?, bf16s(s3, l3, name)?);
+        let x = bf16::slice(s1, l1, name)?;
         let w = widen(s2, l2, name)?;
+        match s3.dtype() {
+            DType::F32 => self.run(Dims::of(l1)?, x, &w, f32::slice(s3, l3, name)?, s2.dtype()),
+            _ => self.run(Dims::of(l1)?, x, &w, bf16::slice(s3, l3, name)?, s2.dtype()),
+        }
+    }
+}
+
+impl Backward16 {
+    /// dx, with dW and db into the buffers in `param`'s dtype.
+    fn run<T: Elem>(
+        &self,
+        d: Dims,
+        x: &[bf16],
+        w: &[f32],
+        dy: &[T],
+        param: DType,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let name = "redline-batch-norm2d-bf16-backward";
         let st = &self.stats;
         if dy.len() != x.len() || w.len() != d.c || st.mean.len() != d.c {
             candle_core::bail!(
@@ -355,9 +423,14 @@ impl CustomOp3 for Backward16 {
         let db: Vec<f32> = sums.iter().map(|s| s.0).collect();
         let dw: Vec<f32> = sums.iter().zip(&st.invstd).map(|(s, i)| s.1 * i).collect();
         let (wbuf, bbuf) = &self.buffers;
-        let (dw, db) = (tensor(dw, d.c, DType::BF16)?, tensor(db, d.c, DType::BF16)?);
-        wbuf.absorb(&dw).map_err(candle_core::Error::wrap)?;
-        bbuf.absorb(&db).map_err(candle_core::Error::wrap)?;
+        if param == DType::F32 {
+            wbuf.add(&dw);
+            bbuf.add(&db);
+        } else {
+            let (dw, db) = (tensor(dw, d.c, param)?, tensor(db, d.c, param)?);
+            wbuf.absorb(&dw).map_err(candle_core::Error::wrap)?;
+            bbuf.absorb(&db).map_err(candle_core::Error::wrap)?;
+        }
         let len = dx.len();
         Ok((CpuStorage::BF16(dx), Shape::from(len)))
     }

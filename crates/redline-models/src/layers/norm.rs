@@ -52,8 +52,8 @@ impl BatchNorm2d {
     /// CPU kernel (or candle's ops elsewhere), then the running statistics
     /// from the batch's, detached.
     fn train_forward(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
-        // Norms run in their parameters' dtype: fp32 under autocast.
-        let x = &redline_kernels::cast16::to_dtype(x, self.w.as_tensor().dtype())?;
+        // Norms run in their parameters' dtype (fp32 under autocast): the
+        // kernel casts, or reads a bf16 input itself on the CPU.
         let (b, _, h, w) = x.dims4()?;
         let out = batch_norm2d_train(x, &self.w, &self.b, self.eps, relu)?;
         let n = (b * h * w) as f64;

@@ -379,18 +379,20 @@ impl CustomOp3 for Conv2dBackward {
         let own = if self.buffers.is_some() { 0 } else { wlen };
         let mut out = crate::slices::zeros_par::<f32>(own + dx_len);
         let shape = Shape::from(out.len());
-        let mut dwb = vec![0f32; wlen];
         let (own_dwb, dx) = out.split_at_mut(own);
-        if g.b > 0 {
-            self.accumulate(x, w, dy, &mut dwb, dx)?;
-        }
         match &self.buffers {
             Some((wbuf, bbuf)) => {
+                let mut dwb = vec![0f32; wlen];
+                if g.b > 0 {
+                    self.accumulate(x, w, dy, &mut dwb, dx)?;
+                }
                 let (dw, db) = dwb.split_at(g.cout * g.k());
                 wbuf.add(dw);
                 bbuf.add(db);
             }
-            None => own_dwb.copy_from_slice(&dwb),
+            // Straight into the output's zeros.
+            None if g.b > 0 => self.accumulate(x, w, dy, own_dwb, dx)?,
+            None => {}
         }
         Ok((CpuStorage::F32(out), shape))
     }

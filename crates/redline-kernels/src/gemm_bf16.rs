@@ -124,14 +124,26 @@ pub fn matmul_bf16(dst: &mut [f32], a: Mat<'_>, b: Mat<'_>, accumulate: bool) ->
     product(dst, a, b, accumulate, par)
 }
 
+thread_local! {
+    /// A thread's packing buffers, kept between products: a fresh buffer
+    /// is zeroed before it is written, and each product packed both
+    /// operands (ResNet-18's 512 x 4608 weights, and each sample's
+    /// columns in a loop of per-sample products). [`PackedA::pack`]
+    /// writes every pair; [`PackedB`] zeroes its padding when its shape
+    /// changes.
+    static PACKED: std::cell::Cell<(PackedA, PackedB)> = std::cell::Cell::default();
+}
+
 /// [`matmul_bf16`], its row blocks split over rayon's threads when `par`.
 fn product(dst: &mut [f32], a: Mat<'_>, b: Mat<'_>, accumulate: bool, par: bool) -> bool {
     if sizes(dst, &a, &b, accumulate).is_none() {
         return false;
     }
-    let (mut ap, mut bp) = (PackedA::default(), PackedB::default());
+    let (mut ap, mut bp) = PACKED.take();
     if ap.pack(a) && bp.pack(b) {
-        return packed_product(dst, &ap, &bp, accumulate, par);
+        let done = packed_product(dst, &ap, &bp, accumulate, par);
+        PACKED.set((ap, bp));
+        return done;
     }
     let round = |v: &[f32]| -> Vec<f32> {
         v.iter()

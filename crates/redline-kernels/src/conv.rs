@@ -458,15 +458,27 @@ impl Geom {
         let (k, p, len) = (self.k(), self.ohw(), self.in_len());
         let n = x.len() / len.max(1);
         let hw = self.h * self.w;
-        let mut cols = crate::slices::zeros_par::<f32>(k * n * p);
-        if p > 0 {
-            cols.par_chunks_mut(n * p).enumerate().for_each(|(r, row)| {
+        let total = k * n * p;
+        let mut cols: Vec<f32> = Vec::with_capacity(total);
+        if total > 0 {
+            let rows = cols.spare_capacity_mut()[..total].par_chunks_mut(n * p);
+            rows.enumerate().for_each(|(r, row)| {
+                // Zeroed here, in the cache of the thread about to write it
+                // (im2col_row writes every value; a separate zero fill was a
+                // pass over the whole matrix).
+                row.fill(std::mem::MaybeUninit::new(0.0));
+                // SAFETY: every element was initialised just above, and
+                // `MaybeUninit<f32>` has `f32`'s layout.
+                let row = unsafe { &mut *(std::ptr::from_mut(row) as *mut [f32]) };
                 let (ci, ky, kx) = self.tap(r);
                 for (seg, xs) in row.chunks_mut(p).zip(x.chunks(len.max(1))) {
                     self.im2col_row(&xs[ci * hw..(ci + 1) * hw], (ky, kx), seg);
                 }
             });
         }
+        // SAFETY: the capacity holds `total` values, and the `k` rows of
+        // `n * p` (all `total` of them) were initialised above.
+        unsafe { cols.set_len(total) };
         cols
     }
 

@@ -22,7 +22,8 @@ use redline_core::trace;
 
 use crate::add_relu::passes;
 use crate::grad::{grads_out, half_buffers, layer_buffers, Param, ParamBuffers};
-use crate::slices::{by_channel, f32s, fused_cpu, half_cpu, keep, unpack_grads, vectorised};
+use crate::half16::widen;
+use crate::slices::{by_channel, f32s, fused_cpu, half_cpu, keep, saved, unpack_grads, vectorised};
 use crate::Result;
 
 /// The output of a training-mode batch norm and the batch's statistics.
@@ -55,7 +56,7 @@ pub fn batch_norm2d_train(
         // bf16-mixed: a bf16 activation under fp32 parameters, normalised
         // as if cast to f32 (exactly), without the cast's copies.
         if let Some(buffers) = layer_buffers(w, b).filter(|_| fused_cpu(wt) && fused_cpu(bt)) {
-            return bf16::fused_bf16(x, (wt, bt), eps, relu, buffers);
+            return fused(x, (wt, bt), eps, relu, Some(buffers));
         }
     }
     if x.dtype() != wt.dtype() {
@@ -66,7 +67,7 @@ pub fn batch_norm2d_train(
     if [x, wt, bt].iter().all(|t| half_cpu(t)) {
         let all_bf16 = [x, wt, bt].iter().all(|t| t.dtype() == DType::BF16);
         if let Some(buffers) = half_buffers(w, b).filter(|_| all_bf16) {
-            return bf16::fused_bf16(x, (wt, bt), eps, relu, buffers);
+            return fused(x, (wt, bt), eps, relu, Some(buffers));
         }
         return batch_norm2d_train_16(x, wt, bt, eps, relu);
     }
@@ -107,14 +108,33 @@ fn batch_norm2d_train_16(
     })
 }
 
-/// The fused kernel on f32 CPU tensors: dW and db into `buffers`, or back
-/// through candle's autograd without them.
+/// The fused kernel on f32 CPU tensors, or on a bf16 input with `buffers`
+/// (`bf16.rs`): dW and db into `buffers`, or back through candle's
+/// autograd without them.
 fn fused(
     x: &Tensor,
     (wt, bt): (&Tensor, &Tensor),
     eps: f64,
     relu: bool,
     buffers: Option<ParamBuffers>,
+) -> Result<BatchNormOut> {
+    run_op(x, (wt, bt), |stats| BatchNormOp {
+        eps,
+        relu,
+        input_grad: x.track_op(),
+        layer: trace::current_layer(),
+        buffers,
+        stats,
+    })
+}
+
+/// A fused batch-norm op, made by `op` around the slot its forward leaves
+/// the statistics in, run on `x (B, C, H, W)`, `w (C)` and `b (C)` (the
+/// shapes checked first): y and the batch's statistics.
+fn run_op<O: CustomOp3 + Send + Sync + 'static>(
+    x: &Tensor,
+    (wt, bt): (&Tensor, &Tensor),
+    op: impl FnOnce(Arc<Mutex<Option<Stats>>>) -> O,
 ) -> Result<BatchNormOut> {
     let (_, c, _, _) = x.dims4()?;
     if wt.dims() != [c] || bt.dims() != [c] {
@@ -126,14 +146,7 @@ fn fused(
         )));
     }
     let stats = Arc::new(Mutex::new(None));
-    let op = BatchNormOp {
-        eps,
-        relu,
-        input_grad: x.track_op(),
-        layer: trace::current_layer(),
-        buffers,
-        stats: Arc::clone(&stats),
-    };
+    let op = op(Arc::clone(&stats));
     let y = x
         .contiguous()?
         .apply_op3(&wt.contiguous()?, &bt.contiguous()?, op)?;
@@ -186,6 +199,21 @@ struct Stats {
     /// recomputes that value bit for bit to know where the ReLU passed.
     scale: Vec<f32>,
     shift: Vec<f32>,
+}
+
+impl Stats {
+    /// The statistics from one `[mean, var, invstd, scale, shift]` row per
+    /// channel.
+    fn from_rows(per: &[[f32; 5]]) -> Self {
+        let column = |k: usize| per.iter().map(|p| p[k]).collect::<Vec<f32>>();
+        Self {
+            mean: column(0),
+            var: column(1),
+            invstd: column(2),
+            scale: column(3),
+            shift: column(4),
+        }
+    }
 }
 
 /// Sizes of one batch norm: `b` samples of `c` planes of `hw` values.
@@ -271,30 +299,36 @@ fn forward(
                 let scale = invstd * w[ch];
                 let shift = b[ch] - mean * scale;
                 for (y, x) in out.zip(d.planes(x, ch)) {
-                    if relu {
-                        y.iter_mut().zip(x).for_each(|(y, &x)| {
-                            let z = x * scale + shift;
-                            *y = if passes(z) { z } else { 0.0 };
-                        });
-                    } else {
-                        y.iter_mut()
-                            .zip(x)
-                            .for_each(|(y, &x)| *y = x * scale + shift);
-                    }
+                    normalise(y, x, (scale, shift), relu, |v| v);
                 }
                 [mean, var, invstd, scale, shift]
             },
         )
     });
-    let column = |k: usize| per.iter().map(|p| p[k]).collect::<Vec<f32>>();
-    let st = Stats {
-        mean: column(0),
-        var: column(1),
-        invstd: column(2),
-        scale: column(3),
-        shift: column(4),
-    };
-    (y, st)
+    (y, Stats::from_rows(&per))
+}
+
+/// One plane's output: `store(x * scale + shift)`, through the ReLU when
+/// `relu` (NaN passes). Shared by the f32 and bf16 forwards (`store`
+/// rounds to bf16 there).
+#[inline(always)]
+fn normalise<T>(
+    y: &mut [T],
+    x: &[f32],
+    (scale, shift): (f32, f32),
+    relu: bool,
+    store: impl Fn(f32) -> T,
+) {
+    if relu {
+        y.iter_mut().zip(x).for_each(|(y, &x)| {
+            let z = x * scale + shift;
+            *y = store(if passes(z) { z } else { 0.0 });
+        });
+    } else {
+        y.iter_mut()
+            .zip(x)
+            .for_each(|(y, &x)| *y = store(x * scale + shift));
+    }
 }
 
 /// One channel's fused ReLU for the backward: the pre-activation
@@ -438,11 +472,7 @@ impl CustomOp3 for BatchNormOp {
         trace::count("batch_norm2d.forward");
         let name = self.name();
         let d = Dims::of(l1)?;
-        let (x, w, b) = (
-            f32s(s1, l1, name)?,
-            f32s(s2, l2, name)?,
-            f32s(s3, l3, name)?,
-        );
+        let (w, b) = (widen(s2, l2, name)?, widen(s3, l3, name)?);
         if w.len() != d.c || b.len() != d.c {
             candle_core::bail!(
                 "{name}: {} channels, weight {} and bias {}",
@@ -451,9 +481,14 @@ impl CustomOp3 for BatchNormOp {
                 b.len()
             );
         }
-        let (y, st) = forward(d, (x, w, b), self.eps, self.relu);
+        let (y, st) = if matches!(s1, CpuStorage::BF16(_)) {
+            bf16::forward_storage(d, (s1, l1, s2), (&w, &b), self.eps, self.relu)?
+        } else {
+            let (y, st) = forward(d, (f32s(s1, l1, name)?, &w, &b), self.eps, self.relu);
+            (CpuStorage::F32(y), st)
+        };
         keep(&self.stats, st);
-        Ok((CpuStorage::F32(y), l1.shape().clone()))
+        Ok((y, l1.shape().clone()))
     }
 
     fn bwd(
@@ -466,21 +501,15 @@ impl CustomOp3 for BatchNormOp {
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let _span = trace::backward(self.layer.as_ref(), "batch_norm2d");
         trace::count("batch_norm2d.backward");
-        let stats = self
-            .stats
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let Some(stats) = stats else {
-            candle_core::bail!("batch_norm2d backward: the forward kept no statistics");
-        };
         let op = BatchNormBackward {
-            stats,
+            stats: saved(&self.stats, "batch_norm2d backward")?,
             relu: self.relu,
             input_grad: self.input_grad,
             buffers: self.buffers.clone(),
         };
-        let flat = x.apply_op3_no_bwd(w, &grad.contiguous()?, &op)?;
+        // A bf16 input's gradient comes in the parameters' dtype (its y's).
+        let grad = grad.to_dtype(w.dtype())?.contiguous()?;
+        let flat = x.apply_op3_no_bwd(w, &grad, &op)?;
         unpack_grads(
             &flat,
             w.shape(),
@@ -515,6 +544,13 @@ impl CustomOp3 for BatchNormBackward {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
+        if matches!(s1, CpuStorage::BF16(_)) {
+            let Some(buffers) = &self.buffers else {
+                candle_core::bail!("batch_norm2d backward: a bf16 input needs gradient buffers");
+            };
+            let saved = (&self.stats, self.relu, self.input_grad);
+            return bf16::backward_storage(saved, buffers, (s1, l1), (s2, l2), (s3, l3));
+        }
         let name = self.name();
         let d = Dims::of(l1)?;
         let (x, w, dy) = (

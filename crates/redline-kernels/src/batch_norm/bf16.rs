@@ -14,20 +14,16 @@
 //! (a test checks y, dx, dW and db).
 
 use std::cell::Cell;
-use std::sync::{Arc, Mutex, PoisonError};
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp3, DType, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, DType, Layout, Shape};
 use half::bf16;
 use rayon::prelude::*;
-use redline_core::trace;
 
-use super::{channel_moments, BatchNormOut, Dims, Gate, GateDx, GateSums, Stats};
-use crate::add_relu::passes;
+use super::{channel_moments, normalise, Dims, Gate, GateDx, GateSums, Stats};
 use crate::grad::ParamBuffers;
 use crate::half16::{bf16_store, bf16_widen, tensor, widen};
-use crate::slices::{by_channel_of, keep, vectorised};
-use crate::Result;
+use crate::slices::{by_channel_of, vectorised};
 
 thread_local! {
     /// A compute thread's widened channel: its input, its output gradient,
@@ -105,50 +101,6 @@ fn contiguous<'a, T>(v: &'a [T], l: &Layout, op: &str) -> candle_core::Result<&'
     }
 }
 
-/// [`super::batch_norm2d_train`] of a bf16 CPU input with a weight and
-/// bias of one dtype, bf16 or f32, whose gradients go to `buffers`: y in
-/// the parameters' dtype, the statistics in f32.
-pub(super) fn fused_bf16(
-    x: &Tensor,
-    (w, b): (&Tensor, &Tensor),
-    eps: f64,
-    relu: bool,
-    buffers: ParamBuffers,
-) -> Result<BatchNormOut> {
-    let (_, c, _, _) = x.dims4()?;
-    if w.dims() != [c] || b.dims() != [c] {
-        return Err(crate::Error::Shape(format!(
-            "batch_norm2d: input {:?} has {c} channels but the weight is {:?} and the bias {:?}",
-            x.dims(),
-            w.dims(),
-            b.dims()
-        )));
-    }
-    let stats = Arc::new(Mutex::new(None));
-    let op = BatchNorm16 {
-        eps,
-        relu,
-        input_grad: x.track_op(),
-        layer: trace::current_layer(),
-        buffers,
-        stats: Arc::clone(&stats),
-    };
-    let y = x
-        .contiguous()?
-        .apply_op3(&w.contiguous()?, &b.contiguous()?, op)?;
-    let kept = stats
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
-        .ok_or_else(|| crate::Error::Shape("batch_norm2d: the kernel kept no statistics".into()))?;
-    let dev = x.device();
-    Ok(BatchNormOut {
-        y,
-        mean: Tensor::from_slice(&kept.mean, c, dev)?,
-        var: Tensor::from_slice(&kept.var, c, dev)?,
-    })
-}
-
 /// The forward: per channel, its planes widened, the statistics (two
 /// passes over the scratch), then `y = x * scale + shift` (and the ReLU)
 /// rounded into the bf16 output.
@@ -172,136 +124,79 @@ fn forward<T: Elem>(
                     let scale = invstd * w[ch];
                     let shift = b[ch] - mean * scale;
                     for (y, x) in out.zip(xs.chunks(d.hw.max(1))) {
-                        if relu {
-                            y.iter_mut().zip(x).for_each(|(y, &x)| {
-                                let z = x * scale + shift;
-                                *y = T::of_f32(if passes(z) { z } else { 0.0 });
-                            });
-                        } else {
-                            y.iter_mut()
-                                .zip(x)
-                                .for_each(|(y, &x)| *y = T::of_f32(x * scale + shift));
-                        }
+                        normalise(y, x, (scale, shift), relu, T::of_f32);
                     }
                     [mean, var, invstd, scale, shift]
                 },
             )
         })
     });
-    let column = |k: usize| per.iter().map(|p| p[k]).collect::<Vec<f32>>();
-    let st = Stats {
-        mean: column(0),
-        var: column(1),
-        invstd: column(2),
-        scale: column(3),
-        shift: column(4),
-    };
-    (y, st)
+    (y, Stats::from_rows(&per))
 }
 
-/// The forward op: `(x, w, b) -> y`, contiguous on the CPU, x in bf16 and
-/// the rest in the parameters' dtype.
-struct BatchNorm16 {
+/// [`super::BatchNormOp`]'s forward of a bf16 input `x (s1)` under a
+/// weight and bias of one dtype, bf16 or f32 (`s2`, `s3`, already widened
+/// to `w` and `b` and checked): y in the parameters' dtype, and the
+/// batch's statistics.
+pub(super) fn forward_storage(
+    d: Dims,
+    (s1, l1, s2): (&CpuStorage, &Layout, &CpuStorage),
+    (w, b): (&[f32], &[f32]),
     eps: f64,
     relu: bool,
-    input_grad: bool,
-    layer: Option<Arc<str>>,
-    buffers: ParamBuffers,
-    stats: Arc<Mutex<Option<Stats>>>,
-}
-
-impl CustomOp3 for BatchNorm16 {
-    fn name(&self) -> &'static str {
-        "redline-batch-norm2d-bf16"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        trace::count("batch_norm2d.forward");
-        let name = self.name();
-        let d = Dims::of(l1)?;
-        let x = bf16::slice(s1, l1, name)?;
-        let (w, b) = (widen(s2, l2, name)?, widen(s3, l3, name)?);
-        if w.len() != d.c || b.len() != d.c {
-            candle_core::bail!(
-                "{name}: {} channels, weight {} and bias {}",
-                d.c,
-                w.len(),
-                b.len()
-            );
+) -> candle_core::Result<(CpuStorage, Stats)> {
+    let x = bf16::slice(s1, l1, "redline-batch-norm2d (bf16)")?;
+    Ok(match s2.dtype() {
+        DType::F32 => {
+            let (y, st) = forward::<f32>(d, x, (w, b), eps, relu);
+            (CpuStorage::F32(y), st)
         }
-        let y = match s2.dtype() {
-            DType::F32 => {
-                let (y, st) = forward::<f32>(d, x, (&w, &b), self.eps, self.relu);
-                keep(&self.stats, st);
-                CpuStorage::F32(y)
-            }
-            _ => {
-                let (y, st) = forward::<bf16>(d, x, (&w, &b), self.eps, self.relu);
-                keep(&self.stats, st);
-                CpuStorage::BF16(y)
-            }
-        };
-        Ok((y, l1.shape().clone()))
-    }
+        _ => {
+            let (y, st) = forward::<bf16>(d, x, (w, b), eps, relu);
+            (CpuStorage::BF16(y), st)
+        }
+    })
+}
 
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _b: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let _span = trace::backward(self.layer.as_ref(), "batch_norm2d");
-        trace::count("batch_norm2d.backward");
-        let stats = self
-            .stats
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let Some(stats) = stats else {
-            candle_core::bail!("batch_norm2d backward: the forward kept no statistics");
-        };
-        let op = Backward16 {
-            stats,
-            relu: self.relu,
-            input_grad: self.input_grad,
-            buffers: self.buffers.clone(),
-        };
-        let grad = grad.to_dtype(w.dtype())?.contiguous()?;
-        let flat = x.apply_op3_no_bwd(w, &grad, &op)?;
-        let dx = self
-            .input_grad
-            .then(|| flat.reshape(x.shape()))
-            .transpose()?;
-        Ok((dx, None, None))
+/// [`super::BatchNormBackward`]'s kernel for a bf16 input `x (s1)`: dx in
+/// bf16 (empty when `x` needs no gradient), dy (`s3`) in the parameters'
+/// dtype; dW and db into `buffers` (f32 values for f32 parameters, bf16
+/// tensors for bf16 ones).
+pub(super) fn backward_storage(
+    (stats, relu, input_grad): (&Stats, bool, bool),
+    buffers: &ParamBuffers,
+    (s1, l1): (&CpuStorage, &Layout),
+    (s2, l2): (&CpuStorage, &Layout),
+    (s3, l3): (&CpuStorage, &Layout),
+) -> candle_core::Result<(CpuStorage, Shape)> {
+    let name = "redline-batch-norm2d-backward (bf16)";
+    let x = bf16::slice(s1, l1, name)?;
+    let w = widen(s2, l2, name)?;
+    let k = Backward16 {
+        stats,
+        relu,
+        input_grad,
+        buffers,
+    };
+    match s3.dtype() {
+        DType::F32 => k.run(Dims::of(l1)?, x, &w, f32::slice(s3, l3, name)?, s2.dtype()),
+        _ => k.run(Dims::of(l1)?, x, &w, bf16::slice(s3, l3, name)?, s2.dtype()),
     }
 }
 
-/// The backward kernel: `(x, w, dy) -> dx` in bf16 (empty when `x` needs
-/// no gradient), dy in the parameters' dtype; dW and db into the
-/// parameters' buffers (f32 values for f32 parameters, bf16 tensors for
-/// bf16 ones).
-struct Backward16 {
-    stats: Stats,
+/// The backward's saved state, borrowed.
+struct Backward16<'a> {
+    stats: &'a Stats,
     relu: bool,
     input_grad: bool,
-    buffers: ParamBuffers,
+    buffers: &'a ParamBuffers,
 }
 
-impl Backward16 {
+impl Backward16<'_> {
     /// Channel `ch`'s `(sum(g), sum(g * (x - mean)))` over its widened
     /// planes `xs` and `gs`, `g` the gated gradient.
     fn sums(&self, d: Dims, ch: usize, xs: &[f32], gs: &[f32]) -> (f32, f32) {
-        let st = &self.stats;
+        let st = self.stats;
         let gate = self.gate(ch);
         let m = st.mean[ch];
         let (mut sdy, mut sdyx) = (0f64, 0f64);
@@ -322,31 +217,7 @@ impl Backward16 {
     }
 }
 
-impl CustomOp3 for Backward16 {
-    fn name(&self) -> &'static str {
-        "redline-batch-norm2d-bf16-backward"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let name = self.name();
-        let x = bf16::slice(s1, l1, name)?;
-        let w = widen(s2, l2, name)?;
-        match s3.dtype() {
-            DType::F32 => self.run(Dims::of(l1)?, x, &w, f32::slice(s3, l3, name)?, s2.dtype()),
-            _ => self.run(Dims::of(l1)?, x, &w, bf16::slice(s3, l3, name)?, s2.dtype()),
-        }
-    }
-}
-
-impl Backward16 {
+impl Backward16<'_> {
     /// dx, with dW and db into the buffers in `param`'s dtype.
     fn run<T: Elem>(
         &self,
@@ -356,8 +227,8 @@ impl Backward16 {
         dy: &[T],
         param: DType,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let name = "redline-batch-norm2d-bf16-backward";
-        let st = &self.stats;
+        let name = "redline-batch-norm2d-backward (bf16)";
+        let st = self.stats;
         if dy.len() != x.len() || w.len() != d.c || st.mean.len() != d.c {
             candle_core::bail!(
                 "{name}: output grad has {} elements for an input of {}, weight {} for {} channels",

@@ -37,12 +37,16 @@ impl PackedA {
         }
         let (m, k) = a.shape();
         let kp = k.div_ceil(2);
-        self.data.resize(m * kp, 0);
+        // A reused buffer keeps its length (the products index it by
+        // offsets): only growth is zeroed, and every pair is written below.
+        if self.data.len() < m * kp {
+            self.data.resize(m * kp, 0);
+        }
         (self.m, self.k) = (m, k);
         (self.rs, self.ps) = if a.t { (1, m) } else { (kp, 1) };
         // SAFETY: `available()` said the CPU has AVX-512F/BW and BF16; the
-        // buffer holds m * kp pairs.
-        unsafe { pairs_of_a(&a, m, k, &mut self.data) };
+        // slice holds m * kp pairs.
+        unsafe { pairs_of_a(&a, m, k, &mut self.data[..m * kp]) };
         true
     }
 
@@ -79,14 +83,22 @@ pub(crate) struct PackedB {
 }
 
 impl PackedB {
-    /// Sizes the buffer for `k x n`; zeroed (the padding past the last
-    /// column) unless it held that shape already, whose padding is still
-    /// zero: every pack writes exactly the pairs of columns below `n`.
+    /// Sizes the buffer for `k x n`, the padding past the last column
+    /// zeroed unless it held that shape already (whose padding is still
+    /// zero): every pack writes exactly the pairs of columns below `n`, so
+    /// the rest of a reused buffer needs no zero fill.
     fn shape(&mut self, k: usize, n: usize) {
-        let len = n.div_ceil(NR) * k.div_ceil(2) * NR;
+        let kp = k.div_ceil(2);
+        let len = n.div_ceil(NR) * kp * NR;
         if (self.k, self.n) != (k, n) || self.data.len() != len {
-            self.data.clear();
             self.data.resize(len, 0);
+            let tail = n % NR;
+            if tail != 0 {
+                let last = (n / NR) * kp * NR;
+                for pair in self.data[last..].chunks_exact_mut(NR) {
+                    pair[tail..].fill(0);
+                }
+            }
             (self.k, self.n) = (k, n);
         }
     }

@@ -230,6 +230,23 @@ impl Dims {
         Ok(Self { b, c, hw: h * w })
     }
 
+    /// Refuses a backward whose input, weight, output gradient (`lens`) or
+    /// saved statistics do not fit these sizes, naming `op`.
+    fn check_backward(
+        &self,
+        op: &str,
+        (x, w, dy): (usize, usize, usize),
+        st: &Stats,
+    ) -> candle_core::Result<()> {
+        if dy != x || x != self.b * self.c * self.hw || w != self.c || st.mean.len() != self.c {
+            candle_core::bail!(
+                "{op}: output grad has {dy} elements for an input of {x}, weight {w} for {} channels",
+                self.c
+            );
+        }
+        Ok(())
+    }
+
     /// Values per channel.
     #[inline(always)]
     fn n(&self) -> usize {
@@ -558,15 +575,7 @@ impl CustomOp3 for BatchNormBackward {
             f32s(s2, l2, name)?,
             f32s(s3, l3, name)?,
         );
-        if dy.len() != x.len() || w.len() != d.c || self.stats.mean.len() != d.c {
-            candle_core::bail!(
-                "{name}: output grad has {} elements for an input of {}, weight {} for {} channels",
-                dy.len(),
-                x.len(),
-                w.len(),
-                d.c
-            );
-        }
+        d.check_backward(name, (x.len(), w.len(), dy.len()), &self.stats)?;
         let st = &self.stats;
         let gated = |ch: usize| Gate {
             relu: self.relu,

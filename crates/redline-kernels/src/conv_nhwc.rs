@@ -249,24 +249,46 @@ impl Geom {
             return self.forward_nhwc16(name, panels, b, x, out);
         }
         let offs = self.nhwc_offsets();
-        let (k, cout) = (self.k(), self.cout);
-        let per = self.per_chunk();
+        let (k, cout, len) = (self.k(), self.cout, self.nhwc_len());
+        let pack = |x: &[f32], n: usize| {
+            let mut xp = vec![0f32; n * len];
+            for (xs, xb) in x.chunks(self.in_len()).zip(xp.chunks_mut(len)) {
+                self.pad_nhwc(xs, xb);
+            }
+            Ok(xp)
+        };
+        let tiles = |xp: &[f32], px: &[usize], yt: &mut [f32]| {
+            each_tile((cout / CO, k, ROWS), px, (yt, cout), |q, r, at, y| {
+                let block = &panels[(q * k + r.start) * CO..];
+                let ops = (&offs.0[r.clone()], offs.1);
+                simd::tile(block, ops, (xp, at.0), (y, cout), (at.1, r.start > 0))
+            })
+        };
+        let frame = (name, self.per_chunk(), 1);
+        self.pixel_major_forward(frame, (x, b, out), pack, tiles)
+    }
+
+    /// The frame of the pixel-major forwards (f32 and bf16): the samples
+    /// split across the compute threads `per` at a time; each chunk's `n`
+    /// samples packed padded and pixel-major by `pack`, in elements of
+    /// `scale` f32 values each (1, or 2 for bf16 pairs); every tile of its
+    /// output pixels run by `tiles` into a `(pixels, Cout)` buffer, then
+    /// transposed into `out` with the bias `b` added.
+    pub(super) fn pixel_major_forward<T: Send>(
+        &self,
+        (name, per, scale): (&str, usize, usize),
+        (x, b, out): (&[f32], &[f32], &mut [f32]),
+        pack: impl Fn(&[f32], usize) -> candle_core::Result<Vec<T>> + Sync,
+        tiles: impl Fn(&[T], &[usize], &mut [f32]) -> bool + Sync,
+    ) -> candle_core::Result<()> {
         out.par_chunks_mut(per * self.out_len())
             .zip(x.par_chunks(per * self.in_len()))
             .try_for_each(|(out, x)| {
                 let n = x.len() / self.in_len().max(1);
-                let mut xp = vec![0f32; n * self.nhwc_len()];
-                for (xs, xb) in x.chunks(self.in_len()).zip(xp.chunks_mut(self.nhwc_len())) {
-                    self.pad_nhwc(xs, xb);
-                }
-                let px = self.nhwc_pixels(n);
-                let mut yt = vec![0f32; px.len() * cout];
-                let ok = each_tile((cout / CO, k, ROWS), &px, (&mut yt, cout), |q, r, at, y| {
-                    let block = &panels[(q * k + r.start) * CO..];
-                    let ops = (&offs.0[r.clone()], offs.1);
-                    simd::tile(block, ops, (&xp, at.0), (y, cout), (at.1, r.start > 0))
-                });
-                if !ok {
+                let xp = pack(x, n)?;
+                let px: Vec<usize> = self.nhwc_pixels(n).iter().map(|p| p / scale).collect();
+                let mut yt = vec![0f32; px.len() * self.cout];
+                if !tiles(&xp, &px, &mut yt) {
                     bail!("{name}: a pixel-major tile left its buffers ({self:?})");
                 }
                 self.untranspose_out(&yt, b, out);

@@ -99,36 +99,25 @@ impl Geom {
         let offs = Pixels::new(offs.iter().step_by(2).map(|o| o / 2).collect());
         let group = GROUP_PIXELS.div_ceil(self.ohw().max(1)).max(1);
         let len = self.nhwc_len();
-        out.par_chunks_mut(group * self.out_len())
-            .zip(x.par_chunks(group * self.in_len()))
-            .try_for_each(|(out, x)| {
-                let n = x.len() / self.in_len().max(1);
-                let mut padded = vec![0f32; len];
-                let mut xp = vec![0u32; n * len / 2];
-                for (xs, xb) in x.chunks(self.in_len()).zip(xp.chunks_mut(len / 2)) {
-                    self.pad_nhwc(xs, &mut padded);
-                    if !pairs(&padded, xb) {
-                        bail!("{name}: bf16 pairs of the padded input ({self:?})");
-                    }
+        let pack = |x: &[f32], n: usize| {
+            let mut padded = vec![0f32; len];
+            let mut xp = vec![0u32; n * len / 2];
+            for (xs, xb) in x.chunks(self.in_len()).zip(xp.chunks_mut(len / 2)) {
+                self.pad_nhwc(xs, &mut padded);
+                if !pairs(&padded, xb) {
+                    bail!("{name}: bf16 pairs of the padded input ({self:?})");
                 }
-                let px: Vec<usize> = self.nhwc_pixels(n).iter().map(|p| p / 2).collect();
-                let mut yt = vec![0f32; px.len() * cout];
-                let ok = each_tile(
-                    (cout / CO, kp, PAIRS),
-                    &px,
-                    (&mut yt, cout),
-                    |q, r, at, y| {
-                        let block = &wpanels[(q * kp + r.start) * CO..];
-                        let acc = r.start > 0;
-                        tile16(block, (&offs, r), (&xp, at.0), (y, cout), (at.1, acc))
-                    },
-                );
-                if !ok {
-                    bail!("{name}: a bf16 pixel-major tile left its buffers ({self:?})");
-                }
-                self.untranspose_out(&yt, b, out);
-                Ok(())
+            }
+            Ok(xp)
+        };
+        let tiles = |xp: &[u32], px: &[usize], yt: &mut [f32]| {
+            each_tile((cout / CO, kp, PAIRS), px, (yt, cout), |q, r, at, y| {
+                let block = &wpanels[(q * kp + r.start) * CO..];
+                let acc = r.start > 0;
+                tile16(block, (&offs, r), (xp, at.0), (y, cout), (at.1, acc))
             })
+        };
+        self.pixel_major_forward((name, group, 2), (x, b, out), pack, tiles)
     }
 }
 
@@ -181,8 +170,9 @@ fn tile16(
     }
     #[cfg(target_arch = "x86_64")]
     // SAFETY: AVX-512F and BF16 are present; every read `px[j] + offs[p] <=
-    // px[j] + max_off < x.len()` (`Pixels` keeps the largest offset), the panel holds `offs.len() * CO` pairs,
-    // and the stores reach `(n - 1) * ldy + CO <= y.len()`.
+    // px[j] + max_off < x.len()` (`Pixels` keeps the largest offset), the
+    // panel holds `offs.len() * CO` pairs, and the stores reach
+    // `(n - 1) * ldy + CO <= y.len()`.
     unsafe {
         x86::tile16(panel, offs, x, px, (y.as_mut_ptr(), ldy), (n, acc));
     }

@@ -433,6 +433,16 @@ pub(crate) fn half_buffers(w: &Param, b: &Param) -> Option<ParamBuffers> {
 }
 
 /// What the layers' tests compare: a layer's output and gradients under an
+/// The gradients of `sum(y * up)` (taken in f32), what a layer's tests
+/// differentiate: the upstream gradient of `y` is `up`.
+#[cfg(test)]
+pub(crate) fn weighted_grads(
+    y: &Tensor,
+    up: &Tensor,
+) -> candle_core::Result<candle_core::backprop::GradStore> {
+    (y * up)?.to_dtype(DType::F32)?.sum_all()?.backward()
+}
+
 /// upstream gradient `up`, as f32 values `[y, dx, dW, db]`, with dW and db
 /// from the parameters' buffers.
 #[cfg(test)]
@@ -443,7 +453,7 @@ pub(crate) fn outputs_and_grads(
     w: &Param,
     b: &Param,
 ) -> Result<[Vec<f32>; 4]> {
-    let g = (y * up)?.to_dtype(DType::F32)?.sum_all()?.backward()?;
+    let g = weighted_grads(y, up)?;
     let flat = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
     let missing = |what: &str| {
         crate::error::Error::Candle(candle_core::Error::Msg(format!("{what}: no gradient")))

@@ -229,15 +229,7 @@ impl Backward16<'_> {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let name = "redline-batch-norm2d-backward (bf16)";
         let st = self.stats;
-        if dy.len() != x.len() || w.len() != d.c || st.mean.len() != d.c {
-            candle_core::bail!(
-                "{name}: output grad has {} elements for an input of {}, weight {} for {} channels",
-                dy.len(),
-                x.len(),
-                w.len(),
-                d.c
-            );
-        }
+        d.check_backward(name, (x.len(), w.len(), dy.len()), st)?;
         let (n, hw) = (d.n(), d.hw);
         let count = n as f32;
         let widened = |ch: usize, xs: &mut [f32], gs: &mut [f32]| {

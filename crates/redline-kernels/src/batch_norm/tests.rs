@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use super::*;
-use crate::grad::outputs_and_grads;
+use crate::grad::{outputs_and_grads, weighted_grads};
 use candle_core::{Device, Var};
 
 /// Deterministic values: a per-channel offset and scale (so that the
@@ -189,14 +189,7 @@ fn bf16_tensors_take_the_f32_kernels_arithmetic() {
             );
             let out = batch_norm2d_train(xv.as_tensor(), &w, &b, 1e-5, relu).unwrap();
             assert_eq!(out.y.dtype(), DType::BF16);
-            let mut g = (&out.y * &up)
-                .unwrap()
-                .to_dtype(DType::F32)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
+            let mut g = weighted_grads(&out.y, &up).unwrap();
             let dx = g.get(xv.as_tensor()).unwrap();
             assert_eq!(dx.dtype(), DType::BF16, "{what}");
             let dx = flat(dx);
@@ -255,14 +248,7 @@ fn bf16_untracked_inputs_and_nans() {
             assert_eq!(v.is_nan(), (i / 4) % 3 == 1, "relu {relu}: y[{i}] = {v}");
         }
         let up = data(dims, 2.0).to_dtype(DType::BF16).unwrap();
-        let g = (&out.y * up)
-            .unwrap()
-            .to_dtype(DType::F32)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
+        let g = weighted_grads(&out.y, &up).unwrap();
         assert!(g.get(&x).is_none());
         let db = flat(&bp.grad().to_tensor(bp.as_tensor()).unwrap().unwrap());
         assert!(db[0].is_finite() && db[0] != 0.0, "relu {relu}: {db:?}");
@@ -297,12 +283,7 @@ fn bf16_input_under_f32_parameters_is_the_f32_kernel_on_the_widened_input() {
             let out = batch_norm2d_train(xv.as_tensor(), &w, &b, 1e-5, relu).unwrap();
             assert_eq!(out.y.dtype(), DType::F32, "{what}");
             let [y, dx, dw, db] = outputs_and_grads(&out.y, &up, &xv, &w, &b).unwrap();
-            let dx_t = (&out.y * &up)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
+            let dx_t = weighted_grads(&out.y, &up).unwrap();
             assert_eq!(dx_t.get(xv.as_tensor()).unwrap().dtype(), DType::BF16);
 
             let (wf, bf) = params();

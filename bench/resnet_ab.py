@@ -5,7 +5,7 @@ of each round (bench/resnet_cpu.py's redline_ms: 2 warm-up steps, the median of 
 median of the rounds.
 
     ~/.venvs/redline-ref/bin/python bench/resnet_ab.py OLD_BIN NEW_BIN \\
-        [--rounds 3] [--row resnet18:32:224] [--threads 2]
+        [--rounds 3] [--row resnet18:32:224] [--threads 2] [--precision 32-true]
 """
 
 import argparse
@@ -24,6 +24,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--row", default="resnet18:32:224")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--precision", default="32-true")
     a = ap.parse_args()
     model, batch, size = a.row.split(":")
     batch, size = int(batch), int(size)
@@ -31,7 +32,8 @@ def main():
     for _ in range(max(1, a.rounds)):
         for b in a.bins:
             with tempfile.TemporaryDirectory() as tmp:
-                res[b].append(resnet_cpu.redline_ms(b, model, batch, size, 5, a.threads, tmp))
+                res[b].append(resnet_cpu.redline_ms(b, model, batch, size, 5, a.threads, tmp,
+                                                          a.precision))
             print(f"{b}: {res[b][-1]:.1f} ms/step", flush=True)
     for b in a.bins:
         rounds = ", ".join(f"{v:.0f}" for v in res[b])

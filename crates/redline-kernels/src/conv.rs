@@ -414,6 +414,14 @@ impl Geom {
     /// whose column is the receptive field of one output pixel (zero where
     /// the window hangs over the padding); rows in [`Geom::tap`] order.
     pub(super) fn im2col(&self, x: &[f32], cols: &mut [f32]) {
+        if self.gathers() {
+            return self.im2col_gather(x, cols);
+        }
+        self.im2col_copies(x, cols);
+    }
+
+    /// [`Geom::im2col`] by row copies (long output rows).
+    pub(super) fn im2col_copies(&self, x: &[f32], cols: &mut [f32]) {
         if self.stride > 1 {
             return self.im2col_strided(x, cols);
         }
@@ -460,6 +468,11 @@ impl Geom {
         let hw = self.h * self.w;
         let total = k * n * p;
         let mut cols: Vec<f32> = Vec::with_capacity(total);
+        let table = if self.gathers() {
+            self.gather_table()
+        } else {
+            Vec::new()
+        };
         if total > 0 {
             let rows = cols.spare_capacity_mut()[..total].par_chunks_mut(n * p);
             rows.enumerate().for_each(|(r, row)| {
@@ -472,7 +485,12 @@ impl Geom {
                 let row = unsafe { &mut *(std::ptr::from_mut(row) as *mut [f32]) };
                 let (ci, ky, kx) = self.tap(r);
                 for (seg, xs) in row.chunks_mut(p).zip(x.chunks(len.max(1))) {
-                    self.im2col_row(&xs[ci * hw..(ci + 1) * hw], (ky, kx), seg);
+                    let plane = &xs[ci * hw..(ci + 1) * hw];
+                    if table.is_empty() {
+                        self.im2col_row(plane, (ky, kx), seg);
+                    } else {
+                        crate::conv_gather::gather(plane, self.taps(&table, ky, kx), seg);
+                    }
                 }
             });
         }
@@ -501,6 +519,14 @@ impl Geom {
     /// The adjoint of [`Geom::im2col`]: adds each column entry back onto the
     /// input pixel it was read from (`dx` must start zeroed).
     pub(super) fn col2im(&self, cols: &[f32], dx: &mut [f32]) {
+        if self.gathers() {
+            return self.col2im_gather(cols, (0, 1), dx);
+        }
+        self.col2im_copies(cols, dx);
+    }
+
+    /// [`Geom::col2im`] by row segments (long output rows).
+    pub(super) fn col2im_copies(&self, cols: &[f32], dx: &mut [f32]) {
         if self.stride > 1 {
             return self.col2im_strided(cols, dx);
         }

@@ -95,9 +95,13 @@ impl Geom {
             false,
         )?;
         if self.in_len() > 0 {
+            let n = self.b;
             dx.par_chunks_mut(self.in_len())
                 .enumerate()
                 .for_each(|(s, dx)| {
+                    if self.gathers() {
+                        return self.col2im_gather(&dcols, (s, n), dx);
+                    }
                     let mut one = vec![0f32; k * p];
                     self.take_sample(&dcols, s, &mut one);
                     self.col2im(&one, dx);

@@ -18,6 +18,7 @@ mod conv_block;
 mod conv_direct;
 mod conv_direct_simd;
 mod conv_dx;
+mod conv_gather;
 mod conv_grouped;
 pub mod conv_igemm;
 mod conv_nhwc;

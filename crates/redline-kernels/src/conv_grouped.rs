@@ -5,7 +5,9 @@
 //! `g*Cout/G ..` alone. Each group's channels are gathered once into a
 //! contiguous batch and run through the plain convolution's forward and
 //! fused backward (every path of it: per-sample or whole-batch GEMMs,
-//! strided phases, 1x1 without im2col), and the results scattered back.
+//! strided phases, 1x1 without im2col), and the results scattered back;
+//! depthwise ones (one input channel a group) run directly on the planes
+//! ([`crate::conv_depthwise`]).
 //! Other devices and dtypes take candle's grouped convolution.
 
 use std::sync::Arc;
@@ -15,6 +17,7 @@ use redline_core::trace;
 
 use crate::conv::Geom;
 use crate::conv_backward::plain_grads;
+use crate::conv_depthwise::Depthwise;
 use crate::error::{Error, Result};
 use crate::grad::{grads_out, layer_buffers, Param, ParamBuffers};
 use crate::slices::{f32s, fused_cpu, unpack_grads};
@@ -36,19 +39,39 @@ pub fn conv2d_grouped_param(
         return crate::conv2d_strided_param(x, w, b, padding, stride);
     }
     let (wt, bt) = (w.as_tensor(), b.as_tensor());
-    let (_, cin, _, _) = x.dims4()?;
-    let (cout, cin_g, k, kw) = wt.dims4()?;
-    if groups == 0 || cin % groups != 0 || cout % groups != 0 || cin_g * groups != cin || k != kw {
-        return Err(Error::Shape(format!(
-            "conv2d: {groups} groups over input {:?} and weight {:?}: the input's and the \
-             output's channels must divide by the groups, and the weight must be (Cout, \
-             Cin/groups, k, k)",
-            x.dims(),
-            wt.dims()
-        )));
+    check_groups(x, wt, groups)?;
+    grouped(x, wt, bt, (padding, stride, groups), layer_buffers(w, b))
+}
+
+/// [`conv2d_grouped_param`] on plain tensors: CPU f32 ones take the fused
+/// kernel per group, dW and db coming back in candle's `GradStore` (what a
+/// 16-bit grouped convolution runs on its rounded operands); anything else
+/// candle's grouped convolution.
+pub fn conv2d_grouped(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    padding: usize,
+    stride: usize,
+    groups: usize,
+) -> Result<Tensor> {
+    if groups == 1 {
+        return crate::conv2d_strided(x, w, b, padding, stride);
     }
-    let buffers = layer_buffers(w, b);
-    if !(fused_cpu(x) && fused_cpu(wt) && fused_cpu(bt)) || buffers.is_none() {
+    check_groups(x, w, groups)?;
+    grouped(x, w, b, (padding, stride, groups), None)
+}
+
+/// The grouped convolution of checked shapes, fused on CPU f32 tensors.
+fn grouped(
+    x: &Tensor,
+    wt: &Tensor,
+    bt: &Tensor,
+    (padding, stride, groups): (usize, usize, usize),
+    buffers: Option<ParamBuffers>,
+) -> Result<Tensor> {
+    let (cout, cin_g, _, _) = wt.dims4()?;
+    if !(fused_cpu(x) && fused_cpu(wt) && fused_cpu(bt)) {
         let y = x.conv2d(wt, padding, stride, 1, groups)?;
         return Ok(y.broadcast_add(&bt.reshape((1, cout, 1, 1))?)?);
     }
@@ -66,6 +89,23 @@ pub fn conv2d_grouped_param(
     };
     Ok(x.contiguous()?
         .apply_op3(&wt.contiguous()?, &bt.contiguous()?, op)?)
+}
+
+/// The input's and the output's channels divide by `groups`, and the
+/// weight is `(Cout, Cin/groups, k, k)`.
+fn check_groups(x: &Tensor, wt: &Tensor, groups: usize) -> Result<()> {
+    let (_, cin, _, _) = x.dims4()?;
+    let (cout, cin_g, k, kw) = wt.dims4()?;
+    if groups == 0 || cin % groups != 0 || cout % groups != 0 || cin_g * groups != cin || k != kw {
+        return Err(Error::Shape(format!(
+            "conv2d: {groups} groups over input {:?} and weight {:?}: the input's and the \
+             output's channels must divide by the groups, and the weight must be (Cout, \
+             Cin/groups, k, k)",
+            x.dims(),
+            wt.dims()
+        )));
+    }
+    Ok(())
 }
 
 /// Group `g`'s channels of every sample of `v` (samples of `per` channels
@@ -126,6 +166,11 @@ impl CustomOp3 for GroupedConv {
             ],
         )?;
         let mut out = vec![0f32; g.b * n * g.out_len()];
+        if let Some(d) = Depthwise::of(g, n) {
+            d.forward(x, w, b, &mut out);
+            let shape = Shape::from((g.b, n * g.cout, g.oh, g.ow));
+            return Ok((CpuStorage::F32(out), shape));
+        }
         let mut part = vec![0f32; g.b * g.out_len()];
         for grp in 0..n {
             let xg = gather(x, (n * g.cin, hw), (grp, g.cin));
@@ -204,6 +249,13 @@ impl CustomOp3 for GroupedConvBackward {
         )?;
         let (mut dw, mut db) = (vec![0f32; n * wlen], vec![0f32; n * g.cout]);
         let mut dx = vec![0f32; if self.input_grad { x.len() } else { 0 }];
+        if let Some(d) = Depthwise::of(g, n) {
+            d.weight_grad(x, dy, &mut dw, &mut db);
+            if self.input_grad {
+                d.input_grad(w, dy, &mut dx);
+            }
+            return Ok(grads_out(self.buffers.as_ref(), dw, db, dx));
+        }
         for grp in 0..n {
             let xg = gather(x, (n * g.cin, hw), (grp, g.cin));
             let dyg = gather(dy, (n * g.cout, ohw), (grp, g.cout));

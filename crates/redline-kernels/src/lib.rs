@@ -15,6 +15,7 @@ pub mod cast16;
 pub mod conv;
 mod conv_backward;
 mod conv_block;
+mod conv_depthwise;
 mod conv_direct;
 mod conv_direct_simd;
 mod conv_dx;
@@ -75,7 +76,7 @@ pub use conv::{
     conv2d, conv2d_generic, conv2d_param, conv2d_strided, conv2d_strided_in, conv2d_strided_param,
 };
 pub use conv_block::{conv2d_pool_relu, conv2d_pool_relu_param};
-pub use conv_grouped::conv2d_grouped_param;
+pub use conv_grouped::{conv2d_grouped, conv2d_grouped_param};
 pub use error::{Error, Result};
 pub use gelu::gelu_tanh;
 pub use global_pool::global_avg_pool2d;

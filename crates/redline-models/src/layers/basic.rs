@@ -112,6 +112,16 @@ impl Layer for Conv2d {
                 let y = redline_kernels::conv2d_strided_in(&cast(x)?, &w, &b, geometry, gemm)?;
                 return Ok(redline_kernels::cast16::to_dtype(&y, self.dtype)?);
             }
+            if on16 {
+                // Grouped and depthwise (MobileNet): the fused fp32 kernel
+                // per group on the rounded operands, as fp32 runs them
+                // (candle's grouped convolution is per-group im2col with a
+                // generic backward).
+                let b = cast(self.b.as_tensor())?;
+                let (p, s, g) = (self.padding, self.stride, self.groups);
+                let y = redline_kernels::conv2d_grouped(&cast(x)?, &w, &b, p, s, g)?;
+                return Ok(redline_kernels::cast16::to_dtype(&y, self.dtype)?);
+            }
             let y = cast(x)?.conv2d(&w, self.padding, self.stride, 1, self.groups)?;
             let y = if self.has_bias {
                 let c = self.b.as_tensor().dim(0)?;

@@ -494,57 +494,91 @@ layers = [
     Ok(())
 }
 
-/// A strided 16-bit convolution on the CPU (bf16-true and bf16-mixed) is
-/// the fp32 convolution of the rounded operands, bias added, rounded once,
-/// now on Redline's fused kernels: the output is candle's fp32 convolution
-/// of the same operands to within one bf16 rounding, and the gradient
-/// reaches the weight.
+/// A strided 16-bit convolution on the CPU (bf16-true and bf16-mixed),
+/// plain or grouped (depthwise, two outputs a channel), is the fp32
+/// convolution of the rounded operands, bias added, rounded once, on
+/// Redline's fused kernels: the output is candle's fp32 convolution of the
+/// same operands to within one bf16 rounding, dx comes back in bf16 equal
+/// to candle's gradient of the same within bf16's rounding, and the
+/// gradient reaches the weight.
 #[test]
 fn strided_bf16_convolutions_are_the_fp32_convolution_of_rounded_operands() -> Result<()> {
-    let text = "[model]\nlayers = [{ type = \"conv2d\", out = 5, kernel = 3, padding = 1, \
-                stride = 2 }]";
-    for precision in [Precision::Bf16True, Precision::Bf16Mixed] {
-        let mut init = Initializer::new(0, &redline_core::Device::cpu(), precision);
-        let model = parse(text, &[3, 9, 8], 1)?.build(&mut init)?;
-        let get = |n: &str| -> Result<Tensor> {
-            let p = model.params().get(n).map(|v| v.as_tensor().clone());
-            p.ok_or_else(|| Error::Config(format!("no {n}")))
-        };
-        let round =
-            |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::BF16)?.to_dtype(DType::F32)?) };
-        let (w, b) = (round(&get("0.weight")?)?, round(&get("0.bias")?)?);
-        let x = Tensor::arange(0f32, 432.0, &Device::Cpu)?
-            .reshape((2, 3, 9, 8))?
-            .sin()?;
-        let x = x.to_dtype(DType::BF16)?;
-        let xv = candle_core::Var::from_tensor(&x)?;
-        let want = round(
-            &round(&x)?
-                .conv2d(&w, 1, 2, 1, 1)?
-                .broadcast_add(&b.reshape((1, 5, 1, 1))?)?,
-        )?;
-        let got = model.forward_t(xv.as_tensor(), true)?;
-        assert_eq!((got.dims(), got.dtype()), (&[2, 5, 5, 4][..], DType::BF16));
-        let got = got.to_dtype(DType::F32)?;
-        let (g, w8) = (
-            got.flatten_all()?.to_vec1::<f32>()?,
-            want.flatten_all()?.to_vec1::<f32>()?,
+    for (out, groups) in [(5, 1), (6, 3)] {
+        let text = format!(
+            "[model]\nlayers = [{{ type = \"conv2d\", out = {out}, kernel = 3, padding = 1, \
+             stride = 2, groups = {groups} }}]"
         );
-        for (i, (a, e)) in g.iter().zip(&w8).enumerate() {
-            assert!(
-                (a - e).abs() <= e.abs() / 128.0 + 1e-6,
-                "{precision:?} [{i}]: {a} vs {e}"
+        for precision in [Precision::Bf16True, Precision::Bf16Mixed] {
+            let what = format!("{precision:?}, {groups} groups");
+            let mut init = Initializer::new(0, &redline_core::Device::cpu(), precision);
+            // 9x9: candle's strided dx (the reference) has the input's size
+            // only where the windows end on its last row and column.
+            let model = parse(&text, &[3, 9, 9], 1)?.build(&mut init)?;
+            let get = |n: &str| -> Result<Tensor> {
+                let p = model.params().get(n).map(|v| v.as_tensor().clone());
+                p.ok_or_else(|| Error::Config(format!("no {n}")))
+            };
+            let round = |t: &Tensor| -> Result<Tensor> {
+                Ok(t.to_dtype(DType::BF16)?.to_dtype(DType::F32)?)
+            };
+            let (w, b) = (round(&get("0.weight")?)?, round(&get("0.bias")?)?);
+            let x = Tensor::arange(0f32, 486.0, &Device::Cpu)?
+                .reshape((2, 3, 9, 9))?
+                .sin()?;
+            let x = x.to_dtype(DType::BF16)?;
+            let xv = candle_core::Var::from_tensor(&x)?;
+            let xr = candle_core::Var::from_tensor(&round(&x)?)?;
+            let want32 = xr
+                .as_tensor()
+                .conv2d(&w, 1, 2, 1, groups)?
+                .broadcast_add(&b.reshape((1, out, 1, 1))?)?;
+            let want = round(&want32)?;
+            let got = model.forward_t(xv.as_tensor(), true)?;
+            assert_eq!(
+                (got.dims(), got.dtype()),
+                (&[2, out, 5, 5][..], DType::BF16)
             );
+            let got = got.to_dtype(DType::F32)?;
+            close(&what, &got, &want)?;
+            // bf16 values: the output's cast hands the layer its gradient
+            // rounded to bf16.
+            let up = round(
+                &Tensor::arange(0f32, (50 * out) as f32, &Device::Cpu)?
+                    .reshape((2, out, 5, 5))?
+                    .cos()?,
+            )?;
+            let grads = (&got * &up)?.sum_all()?.backward()?;
+            let dx = grads.get(xv.as_tensor());
+            assert_eq!(
+                dx.map(|t| t.dtype()),
+                Some(DType::BF16),
+                "{what}: dx in the input's dtype"
+            );
+            let want_dx = (&want32 * &up)?.sum_all()?.backward()?;
+            let want_dx = want_dx.get(xr.as_tensor()).map(round).transpose()?;
+            match (dx, want_dx) {
+                (Some(dx), Some(want_dx)) => close(&what, &dx.to_dtype(DType::F32)?, &want_dx)?,
+                _ => panic!("{what}: no dx"),
+            }
+            let dw = grads.get(&get("0.weight")?).map(|t| t.dims().to_vec());
+            assert_eq!(dw, Some(vec![out, 3 / groups, 3, 3]), "{what}: dW");
         }
-        let grads = got.sum_all()?.backward()?;
-        let dx = grads.get(xv.as_tensor()).map(|t| t.dtype());
-        assert_eq!(
-            dx,
-            Some(DType::BF16),
-            "{precision:?}: dx in the input's dtype"
+    }
+    Ok(())
+}
+
+/// `got` within one bf16 rounding of `want`, element by element.
+fn close(what: &str, got: &Tensor, want: &Tensor) -> Result<()> {
+    let (g, w8) = (
+        got.flatten_all()?.to_vec1::<f32>()?,
+        want.flatten_all()?.to_vec1::<f32>()?,
+    );
+    assert_eq!(g.len(), w8.len(), "{what}: sizes");
+    for (i, (a, e)) in g.iter().zip(&w8).enumerate() {
+        assert!(
+            (a - e).abs() <= e.abs() / 128.0 + 1e-5,
+            "{what} [{i}]: {a} vs {e}"
         );
-        let dw = grads.get(&get("0.weight")?).map(|t| t.dims().to_vec());
-        assert_eq!(dw, Some(vec![5, 3, 3, 3]), "{precision:?}: dW");
     }
     Ok(())
 }

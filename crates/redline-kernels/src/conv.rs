@@ -468,11 +468,7 @@ impl Geom {
         let hw = self.h * self.w;
         let total = k * n * p;
         let mut cols: Vec<f32> = Vec::with_capacity(total);
-        let table = if self.gathers() {
-            self.gather_table()
-        } else {
-            Vec::new()
-        };
+        let table = self.gathers().then(|| self.gather_table());
         if total > 0 {
             let rows = cols.spare_capacity_mut()[..total].par_chunks_mut(n * p);
             rows.enumerate().for_each(|(r, row)| {
@@ -486,10 +482,9 @@ impl Geom {
                 let (ci, ky, kx) = self.tap(r);
                 for (seg, xs) in row.chunks_mut(p).zip(x.chunks(len.max(1))) {
                     let plane = &xs[ci * hw..(ci + 1) * hw];
-                    if table.is_empty() {
-                        self.im2col_row(plane, (ky, kx), seg);
-                    } else {
-                        crate::conv_gather::gather(plane, self.taps(&table, ky, kx), seg);
+                    match &table {
+                        Some(t) => crate::conv_gather::gather(plane, self.taps(t, ky, kx), seg),
+                        None => self.im2col_row(plane, (ky, kx), seg),
                     }
                 }
             });
@@ -520,7 +515,7 @@ impl Geom {
     /// input pixel it was read from (`dx` must start zeroed).
     pub(super) fn col2im(&self, cols: &[f32], dx: &mut [f32]) {
         if self.gathers() {
-            return self.col2im_gather(cols, (0, 1), dx);
+            return self.col2im_gather(&self.gather_table(), cols, (0, 1), dx);
         }
         self.col2im_copies(cols, dx);
     }

@@ -47,14 +47,7 @@ impl Depthwise {
             g.each_segment(|t, (oy, lo, hi), (iy, ix)| {
                 let wt = w[co * kk + t];
                 let dst = &mut y[oy * g.ow + lo..oy * g.ow + hi];
-                let src = &plane[iy * g.w + ix..];
-                if g.stride == 1 {
-                    // Slices, not a step iterator: this loop vectorises.
-                    dst.iter_mut().zip(src).for_each(|(d, &v)| *d += wt * v);
-                } else {
-                    let src = src.iter().step_by(g.stride);
-                    dst.iter_mut().zip(src).for_each(|(d, &v)| *d += wt * v);
-                }
+                add_scaled_from(dst, (&plane[iy * g.w + ix..], g.stride), wt);
             });
             let bias = b[co];
             y.iter_mut().for_each(|v| *v += bias);
@@ -78,13 +71,7 @@ impl Depthwise {
                 g.each_segment(|t, (oy, lo, hi), (iy, ix)| {
                     let wt = w[co * kk + t];
                     let src = &up[oy * g.ow + lo..oy * g.ow + hi];
-                    let dst = &mut plane[iy * g.w + ix..];
-                    if g.stride == 1 {
-                        dst.iter_mut().zip(src).for_each(|(d, &v)| *d += wt * v);
-                    } else {
-                        let dst = dst.iter_mut().step_by(g.stride);
-                        dst.zip(src).for_each(|(d, &v)| *d += wt * v);
-                    }
+                    add_scaled_into((&mut plane[iy * g.w + ix..], g.stride), src, wt);
                 });
             }
         });
@@ -112,12 +99,7 @@ impl Depthwise {
                     let up = &dy[(s * n * m + co) * ohw..][..ohw];
                     g.each_segment(|t, (oy, lo, hi), (iy, ix)| {
                         let a = &up[oy * g.ow + lo..oy * g.ow + hi];
-                        let b = &plane[iy * g.w + ix..];
-                        dwc[t] += if g.stride == 1 {
-                            dot(a, &b[..a.len()])
-                        } else {
-                            dot_strided(a, b.iter().step_by(g.stride))
-                        };
+                        dwc[t] += dot(a, (&plane[iy * g.w + ix..], g.stride));
                     });
                     add_row_sums(std::slice::from_mut(dbc), up, ohw);
                 }
@@ -146,9 +128,38 @@ impl Geom {
     }
 }
 
-/// `sum(a[j] * b[j])` over equal lengths in eight partial sums (so that
-/// the loop vectorises), added in a fixed order.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+/// `dst[j] += wt * src[j * stride]`. At stride 1 as slices, not a step
+/// iterator, so that the loop vectorises.
+fn add_scaled_from(dst: &mut [f32], (src, stride): (&[f32], usize), wt: f32) {
+    if stride == 1 {
+        dst.iter_mut().zip(src).for_each(|(d, &v)| *d += wt * v);
+    } else {
+        let src = src.iter().step_by(stride);
+        dst.iter_mut().zip(src).for_each(|(d, &v)| *d += wt * v);
+    }
+}
+
+/// `dst[j * stride] += wt * src[j]` ([`add_scaled_from`]'s adjoint).
+fn add_scaled_into((dst, stride): (&mut [f32], usize), src: &[f32], wt: f32) {
+    if stride == 1 {
+        dst.iter_mut().zip(src).for_each(|(d, &v)| *d += wt * v);
+    } else {
+        let dst = dst.iter_mut().step_by(stride);
+        dst.zip(src).for_each(|(d, &v)| *d += wt * v);
+    }
+}
+
+/// `sum(a[j] * b[j * stride])`, added in a fixed order: at stride 1 in
+/// eight partial sums, so that the loop vectorises.
+fn dot(a: &[f32], (b, stride): (&[f32], usize)) -> f32 {
+    if stride != 1 {
+        return a
+            .iter()
+            .zip(b.iter().step_by(stride))
+            .map(|(x, y)| x * y)
+            .sum();
+    }
+    let b = &b[..a.len().min(b.len())];
     let mut lanes = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = ca
@@ -163,11 +174,6 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     lanes.iter().sum::<f32>() + tail
-}
-
-/// [`dot`] with `b` read through an iterator (a strided row).
-fn dot_strided<'a>(a: &[f32], b: impl Iterator<Item = &'a f32>) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 #[cfg(test)]

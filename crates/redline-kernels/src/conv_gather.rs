@@ -74,15 +74,22 @@ impl Geom {
         }
     }
 
-    /// [`Geom::col2im`] through the table: sample `s`'s columns of `cols`,
-    /// `(K, n * oh*ow)` with the `n` samples side by side (`n = 1`: one
-    /// sample's matrix), added into its input gradient `dx`.
-    pub(super) fn col2im_gather(&self, cols: &[f32], (s, n): (usize, usize), dx: &mut [f32]) {
-        let (table, hw, p) = (self.gather_table(), self.h * self.w, self.ohw());
+    /// [`Geom::col2im`] through `table` ([`Geom::gather_table`]): sample
+    /// `s`'s columns of `cols`, `(K, n * oh*ow)` with the `n` samples side
+    /// by side (`n = 1`: one sample's matrix), added into its input
+    /// gradient `dx`.
+    pub(super) fn col2im_gather(
+        &self,
+        table: &[u32],
+        cols: &[f32],
+        (s, n): (usize, usize),
+        dx: &mut [f32],
+    ) {
+        let (hw, p) = (self.h * self.w, self.ohw());
         for r in 0..self.k() {
             let (ci, ky, kx) = self.tap(r);
             let src = &cols[(r * n + s) * p..][..p];
-            scatter(src, self.taps(&table, ky, kx), &mut dx[ci * hw..][..hw]);
+            scatter(src, self.taps(table, ky, kx), &mut dx[ci * hw..][..hw]);
         }
     }
 }
@@ -160,7 +167,7 @@ mod tests {
                 let mut want = vec![0f32; g.in_len()];
                 g.col2im_copies(&one, &mut want);
                 let mut got = vec![0f32; g.in_len()];
-                g.col2im_gather(&all, (s, n), &mut got);
+                g.col2im_gather(&g.gather_table(), &all, (s, n), &mut got);
                 assert_eq!(got, want, "{shape:?} sample {s}");
             }
         }

@@ -95,12 +95,15 @@ impl Geom {
             false,
         )?;
         if self.in_len() > 0 {
+            // Short rows: each sample's columns read in place, through
+            // one table for the batch.
+            let table = self.gathers().then(|| self.gather_table());
             let n = self.b;
             dx.par_chunks_mut(self.in_len())
                 .enumerate()
                 .for_each(|(s, dx)| {
-                    if self.gathers() {
-                        return self.col2im_gather(&dcols, (s, n), dx);
+                    if let Some(table) = &table {
+                        return self.col2im_gather(table, &dcols, (s, n), dx);
                     }
                     let mut one = vec![0f32; k * p];
                     self.take_sample(&dcols, s, &mut one);

@@ -157,6 +157,28 @@ fn input_cols(
     )
 }
 
+/// dx of every sample as `w^T * dy` and col2im (`w` in im2col row order),
+/// the samples split across the compute threads.
+fn input_grad_per_sample(
+    g: Geom,
+    name: &str,
+    w: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+) -> candle_core::Result<()> {
+    let per = g.per_chunk();
+    dx.par_chunks_mut(per * g.in_len())
+        .zip(dy.par_chunks(per * g.out_len()))
+        .try_for_each(|(dx, dy)| {
+            let mut dcols = vec![0f32; g.k() * g.ohw()];
+            for (dx, dy) in dx.chunks_mut(g.in_len()).zip(dy.chunks(g.out_len())) {
+                input_cols(g, name, w, Mat::new(dy, g.cout, g.ohw()), &mut dcols)?;
+                g.col2im(&dcols, dx);
+            }
+            Ok(())
+        })
+}
+
 /// The backward kernel: `(x, w, dy) -> [dW | db | dx]` (dx only when asked),
 /// or only dx when dW and db go to the parameters' gradient buffers. With
 /// `unpool`, the third input is the pooled gradient instead of dy.
@@ -291,9 +313,16 @@ impl Conv2dBackward {
         if g.weight_grad_path() == Path::PixelMajor && self.unpool.is_none() {
             g.weight_grad_nhwc(self.name(), x, dy, dwb)?;
             if self.input_grad {
+                let name = self.name();
                 match g.transposed() {
-                    Some(t) => g.input_grad_as_conv(&t, self.name(), w, dy, dx)?,
-                    None => g.input_grad_whole(self.name(), &g.permute_taps(w, false), dy, dx)?,
+                    Some(t) => g.input_grad_as_conv(&t, name, w, dy, dx)?,
+                    None if g.batched() => {
+                        g.input_grad_whole(name, &g.permute_taps(w, false), dy, dx)?
+                    }
+                    // Strided bf16 convolutions on large maps: a whole-batch
+                    // `w^T * dy` would be a (K, B * oh*ow) matrix (58 MB on
+                    // ResNet-18's 56 -> 28 one at batch 32).
+                    None => input_grad_per_sample(g, name, &g.permute_taps(w, false), dy, dx)?,
                 }
             }
             return Ok(());

@@ -41,6 +41,12 @@ const ROWS: usize = 1024;
 /// blocks of 1024 pixels, 19 with 256, 19.4 with 128).
 const GRAD_PIXELS: usize = 256;
 
+/// Pixels per part of the weight gradient's reduction, each part summed by
+/// its own units of work: ResNet-18's bf16 stem at 224 px (batch 32) has
+/// 150 rows of one panel over 200,704 pixel pairs, and split by rows alone
+/// each of four pieces read the whole 51 MB output gradient.
+const PART_PIXELS: usize = 16384;
+
 /// Every tile of a pixel-major forward, in the order that keeps each block
 /// of a panel's rows in cache across the tiles: for each panel `q` of
 /// [`CO`] output channels, each block of `block` of its `rows` (`r`), each
@@ -84,8 +90,9 @@ impl Geom {
     /// as [`Geom::nhwc`], strided ones only under the direct kernels'
     /// [`MIN_PIXELS`] (ResNet-18's 28 -> 14 stride-2 weight gradient: 10.9
     /// ms direct, 12.3 pixel-major; `examples/conv_paths.rs`).
+    /// bf16 products: [`Geom::nhwc16_backward`].
     pub(super) fn nhwc_backward(&self) -> bool {
-        self.nhwc() && (self.stride == 1 || self.ohw() < MIN_PIXELS)
+        (self.nhwc() && (self.stride == 1 || self.ohw() < MIN_PIXELS)) || self.nhwc16_backward()
     }
 
     /// Whether the pixel-major kernels can run this convolution at all
@@ -303,6 +310,7 @@ impl Geom {
     /// a 64-channel layer's one panel split so that both cores work: its
     /// dW at 16x16 took 1.6 ms on one, the direct kernel 0.8 on two),
     /// reducing over every pixel of the batch in tiles of [`GR`] rows.
+    /// bf16 products take [`Geom::weight_grad_nhwc16`].
     pub(super) fn weight_grad_nhwc(
         &self,
         name: &str,
@@ -310,7 +318,10 @@ impl Geom {
         dy: &[f32],
         dwb: &mut [f32],
     ) -> candle_core::Result<()> {
-        let (k, cout, len) = (self.k(), self.cout, self.nhwc_len());
+        if self.gemm == DType::BF16 {
+            return self.weight_grad_nhwc16(name, x, dy, dwb);
+        }
+        let len = self.nhwc_len();
         let mut xp = vec![0f32; self.b * len];
         xp.par_chunks_mut(len.max(1))
             .zip(x.par_chunks(self.in_len().max(1)))
@@ -320,43 +331,94 @@ impl Geom {
             .zip(dy.par_chunks(self.out_len().max(1)))
             .for_each(|(t, d)| self.pixel_major(d, t));
         let px = Pixels::new(self.nhwc_pixels(self.b));
+        self.weight_grad_frame(name, (&xp, &px, &dyt), simd::grad_tile, dy, dwb)
+    }
+
+    /// The frame of the pixel-major weight gradients (f32 and bf16):
+    /// `xp` the inputs padded pixel-major with the pixels `px` that the
+    /// reduction runs over, `dyt` the output gradient pixel-major at the
+    /// same pixels (`(pixels, Cout)`); the threads take pieces of rows of
+    /// panels of [`CO`] output channels, each reducing over every pixel in
+    /// blocks of [`GRAD_PIXELS`] with `tile` ([`simd::grad_tile`]'s
+    /// contract); then dW is stored `(Cout, Cin, kh, kw)` and db summed
+    /// from `dy` as it lies.
+    pub(super) fn weight_grad_frame<T: Sync>(
+        &self,
+        name: &str,
+        (xp, px, dyt): (&[T], &Pixels, &[T]),
+        tile: impl Fn(
+                (&[T], &Pixels),
+                &[usize; GR],
+                (usize, usize),
+                (&[T], usize),
+                (&mut [f32], usize),
+            ) -> bool
+            + Sync,
+        dy: &[f32],
+        dwb: &mut [f32],
+    ) -> candle_core::Result<()> {
+        let (k, cout) = (self.k(), self.cout);
         // The rows padded to whole tiles with copies of the last: their sums
         // are computed and dropped.
         let (mut offs, _) = self.nhwc_offsets();
         let last = offs.last().copied().unwrap_or(0);
         offs.resize(k.next_multiple_of(GR), last);
         let (npx, kp) = (px.at().len(), offs.len());
-        // Units of work: each panel's rows in pieces, at least two units a
-        // thread (ResNet's 64-channel layers have one panel).
+        // The reduction in parts of at most PART_PIXELS pixels (a count
+        // that is the shape's, not the thread count's: the same sums in the
+        // same order on any machine), each summed into its own buffer and
+        // the buffers added in order. Then units of work: each part's
+        // panels' rows in pieces, at least two units a thread (ResNet's
+        // 64-channel layers have one panel).
         let panels = cout / CO;
         let groups = kp / GR;
+        let parts = match npx.div_ceil(PART_PIXELS) {
+            0 | 1 => 1,
+            n => n.next_multiple_of(4),
+        };
+        let span = npx.div_ceil(parts).next_multiple_of(GRAD_PIXELS);
         let pieces = (2 * crate::gemm::threads())
-            .div_ceil(panels.max(1))
+            .div_ceil(panels.max(1) * parts)
             .clamp(1, groups.max(1));
         let piece = groups.div_ceil(pieces).max(1) * GR;
-        let mut local = vec![0f32; panels * kp * CO];
+        let plen = (kp * CO).max(1);
+        let mut local = vec![0f32; parts * panels * plen];
         local
-            .par_chunks_mut((kp * CO).max(1))
+            .par_chunks_mut(panels * plen)
             .enumerate()
-            .flat_map(|(q, lp)| {
-                lp.par_chunks_mut(piece * CO)
+            .flat_map(|(p, lp)| {
+                lp.par_chunks_mut(plen)
                     .enumerate()
-                    .map(move |(i, part)| (q, i * piece, part))
+                    .map(move |(q, lq)| (p, q, lq))
             })
-            .try_for_each(|(q, r0, part)| {
-                for i0 in (0..npx).step_by(GRAD_PIXELS) {
-                    let n = GRAD_PIXELS.min(npx - i0);
+            .flat_map(|(p, q, lq)| {
+                lq.par_chunks_mut(piece * CO)
+                    .enumerate()
+                    .map(move |(i, part)| (p, q, i * piece, part))
+            })
+            .try_for_each(|(p, q, r0, part)| {
+                let end = npx.min((p + 1) * span);
+                for i0 in (p * span..end).step_by(GRAD_PIXELS) {
+                    let n = GRAD_PIXELS.min(end - i0);
                     let g = &dyt[i0 * cout + q * CO..];
                     let rows = offs[r0..].chunks_exact(GR);
                     for (rows, out) in rows.zip(part.chunks_mut(GR * CO)) {
                         let rows: [usize; GR] = std::array::from_fn(|r| rows[r]);
-                        if !simd::grad_tile((&xp, &px), &rows, (i0, n), (g, cout), (out, CO)) {
+                        if !tile((xp, px), &rows, (i0, n), (g, cout), (out, CO)) {
                             bail!("{name}: a pixel-major weight-gradient tile left its buffers ({self:?})");
                         }
                     }
                 }
                 Ok(())
             })?;
+        let (first, rest) = local.split_at_mut(panels * plen);
+        for other in rest.chunks(panels * plen) {
+            first
+                .par_chunks_mut(plen)
+                .zip(other.par_chunks(plen))
+                .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, s)| *d += s));
+        }
+        let local = first;
         let (dw, db) = dwb.split_at_mut(cout * k);
         dw.par_chunks_mut((CO * k).max(1))
             .zip(local.par_chunks((kp * CO).max(1)))
@@ -388,7 +450,7 @@ impl Geom {
     }
 
     /// One sample's `(Cout, oh*ow)` output gradient as `(oh*ow, Cout)`.
-    fn pixel_major(&self, dy: &[f32], dyt: &mut [f32]) {
+    pub(super) fn pixel_major(&self, dy: &[f32], dyt: &mut [f32]) {
         let cout = self.cout;
         channels_to_pixels(dy, (cout, self.ohw()), dyt, |i| i * cout);
     }
@@ -514,8 +576,9 @@ mod tests {
     }
 
     /// 1x1 kernels, bf16 products, output channels off the tiles and large
-    /// maps keep the other paths; strided maps of 100+ pixels keep the
-    /// direct backward.
+    /// maps keep the other paths (bf16 ones: the bf16 pixel-major
+    /// backward, [`Geom::nhwc16_backward`]); strided maps of 100+ pixels
+    /// keep the direct backward.
     #[test]
     fn other_convolutions_keep_their_paths() {
         let pointwise = Geom::sized(2, (8, 64), (9, 9), (1, 1, 0), 1);
@@ -526,8 +589,10 @@ mod tests {
         let odd = Geom::sized(2, (8, 48), (9, 9), (3, 3, 1), 1);
         let large = Geom::sized(2, (8, 64), (20, 20), (3, 3, 1), 1);
         for g in [pointwise, bf16, odd, large] {
-            assert!(!g.nhwc() && !g.nhwc_backward(), "{g:?}");
+            assert!(!g.nhwc(), "{g:?}");
+            assert_eq!(g.nhwc_backward(), g.nhwc16_backward(), "{g:?}");
         }
+        assert_eq!(bf16.nhwc16_backward(), crate::gemm_bf16::enabled());
         // A strided 14x14 output: the forward pixel-major, the backward not
         // (the direct weight gradient); a strided 7x7 one: both.
         let strided = Geom::sized(2, (8, 64), (28, 28), (3, 3, 1), 2);

@@ -44,7 +44,7 @@ const GROUP_PIXELS: usize = 1024;
 /// ms forward against 1.0-1.1 here; on its 7x7 maps at 224 px (batch 32)
 /// 15 against 13.5 here (`examples/conv_shapes.rs --bf16`, the threshold
 /// at 16, 32 and 100 in turn).
-const MIN_PIXELS: usize = 32;
+pub(super) const MIN_PIXELS: usize = 32;
 
 impl Geom {
     /// Whether the bf16 pixel-major kernels run this convolution's forward:

@@ -32,6 +32,7 @@ pub mod conv_paths;
 #[cfg(test)]
 mod conv_reference;
 mod conv_strided;
+mod conv_wgrad16;
 mod conv_whole;
 mod conv_wide;
 #[cfg(feature = "cuda")]

@@ -12,7 +12,9 @@
 //! weights in scratch memory, accumulates in fp32 and stores its output in
 //! 16 bits, so the step keeps 16-bit activations and no weight copies; a
 //! convolution is the fused fp32 kernel on operands rounded by cast ops,
-//! its output rounded back, then pooled (ties as autocast's). Both are a
+//! its output rounded back, then pooled (ties as autocast's), or, a bf16
+//! one on the bf16 pixel-major kernels, those kernels reading and writing
+//! the bf16 activations themselves ([`crate::conv_io16`]). Both are a
 //! 16-bit product with fp32 accumulation (how oneDNN's, AMX's and tensor
 //! cores' bf16 GEMMs accumulate, and so PyTorch's CPU autocast), and both
 //! round the weight gradients to the 16-bit type before the fp32 master
@@ -101,11 +103,17 @@ pub fn conv2d_in(
         // weight gradients pass back through them and are rounded to the
         // 16-bit type (fp16: inf above 65504, which the loss scaler sees),
         // as autocast's 16-bit weight gradients are.
-        let (xr, wr, br) = (
-            rounded(x, dtype)?,
+        let (wr, br) = (
             rounded(w.as_tensor(), dtype)?,
             rounded(b.as_tensor(), dtype)?,
         );
+        if pool_relu.is_none() && route(dtype) == DType::BF16 {
+            // A bf16 activation in and out of the bf16 kernels, no casts.
+            if let Some(y) = crate::conv_io16::conv2d_bf16(x, &wr, &br, padding)? {
+                return Ok(y);
+            }
+        }
+        let xr = rounded(x, dtype)?;
         // bf16 products on the native bf16 GEMM where the CPU has one.
         let y = conv2d_strided_in(&xr, &wr, &br, (padding, 1), route(dtype))?;
         let y = match pool_relu {

@@ -20,6 +20,7 @@ use crate::conv::Geom;
 use crate::conv_backward::add_row_sums;
 use crate::conv_direct::MIN_PIXELS;
 use crate::conv_nhwc_simd::{self as simd, Pixels, CO, GR, PX};
+use crate::half16::Act;
 use crate::transpose16::{channels_to_pixels, pixels_to_channels};
 
 /// Output pixels per channel at or above which the pixel-major path gives
@@ -280,12 +281,14 @@ impl Geom {
     /// samples packed padded and pixel-major by `pack`, in elements of
     /// `scale` f32 values each (1, or 2 for bf16 pairs); every tile of its
     /// output pixels run by `tiles` into a `(pixels, Cout)` buffer, then
-    /// transposed into `out` with the bias `b` added.
-    pub(super) fn pixel_major_forward<T: Send>(
+    /// transposed into `out` with the bias `b` added. `x` and `out` are
+    /// stored f32 or bf16 ([`Act`]): a bf16 sample is widened as `pack`
+    /// takes it, and an output sample rounded as it is transposed.
+    pub(super) fn pixel_major_forward<X: Act, O: Act, T: Send>(
         &self,
         (name, per, scale): (&str, usize, usize),
-        (x, b, out): (&[f32], &[f32], &mut [f32]),
-        pack: impl Fn(&[f32], usize) -> candle_core::Result<Vec<T>> + Sync,
+        (x, b, out): (&[X], &[f32], &mut [O]),
+        pack: impl Fn(&[X], usize) -> candle_core::Result<Vec<T>> + Sync,
         tiles: impl Fn(&[T], &[usize], &mut [f32]) -> bool + Sync,
     ) -> candle_core::Result<()> {
         out.par_chunks_mut(per * self.out_len())
@@ -342,7 +345,7 @@ impl Geom {
     /// blocks of [`GRAD_PIXELS`] with `tile` ([`simd::grad_tile`]'s
     /// contract); then dW is stored `(Cout, Cin, kh, kw)` and db summed
     /// from `dy` as it lies.
-    pub(super) fn weight_grad_frame<T: Sync>(
+    pub(super) fn weight_grad_frame<T: Sync, X: Act>(
         &self,
         name: &str,
         (xp, px, dyt): (&[T], &Pixels, &[T]),
@@ -354,7 +357,7 @@ impl Geom {
                 (&mut [f32], usize),
             ) -> bool
             + Sync,
-        dy: &[f32],
+        dy: &[X],
         dwb: &mut [f32],
     ) -> candle_core::Result<()> {
         let (k, cout) = (self.k(), self.cout);
@@ -424,8 +427,9 @@ impl Geom {
             .zip(local.par_chunks((kp * CO).max(1)))
             .for_each(|(dwq, lq)| self.store_weight_grad(lq, dwq));
         db.fill(0.0);
+        let mut scratch = Vec::new();
         for d in dy.chunks(self.out_len().max(1)) {
-            add_row_sums(db, d, self.ohw());
+            add_row_sums(db, X::read(d, &mut scratch), self.ohw());
         }
         Ok(())
     }
@@ -457,10 +461,13 @@ impl Geom {
 
     /// `(n * oh*ow, Cout)` pixel-major outputs into `(n, Cout, oh*ow)`, the
     /// bias added.
-    pub(super) fn untranspose_out(&self, yt: &[f32], b: &[f32], out: &mut [f32]) {
+    pub(super) fn untranspose_out<O: Act>(&self, yt: &[f32], b: &[f32], out: &mut [O]) {
         let (cout, p) = (self.cout, self.ohw());
+        let mut scratch = Vec::new();
         for (y, src) in out.chunks_mut(cout * p).zip(yt.chunks(p * cout)) {
-            pixels_to_channels(src, (cout, b), (cout, p), y);
+            O::write(y, &mut scratch, |y| {
+                pixels_to_channels(src, (cout, b), (cout, p), y)
+            });
         }
     }
 }

@@ -29,6 +29,7 @@ use crate::conv::Geom;
 use crate::conv_nhwc::each_tile;
 use crate::conv_nhwc_simd::{Pixels, CO, PX};
 use crate::gemm_bf16_pack::{interleaved, pairs};
+use crate::half16::Act;
 
 /// Pairs of input rows per block of a panel: 512 pairs of [`CO`] weights,
 /// 128 KB, stay in the L2 cache while every tile of the group reads them.
@@ -81,14 +82,15 @@ impl Geom {
     /// The outputs of all samples of `x` into `out` on bf16 products
     /// ([`Geom::nhwc16`]), the weights in f32 as
     /// [`Geom::nhwc_panels_from`] lays them out, the bias added last; the
-    /// samples split across the compute threads.
-    pub(super) fn forward_nhwc16(
+    /// samples split across the compute threads. `x` and `out` stored f32
+    /// or bf16 ([`Act`]).
+    pub(super) fn forward_nhwc16<X: Act, O: Act>(
         &self,
         name: &str,
         panels: &[f32],
         b: &[f32],
-        x: &[f32],
-        out: &mut [f32],
+        x: &[X],
+        out: &mut [O],
     ) -> candle_core::Result<()> {
         let (k, cout) = (self.k(), self.cout);
         let kp = k / 2;
@@ -99,11 +101,12 @@ impl Geom {
         let offs = Pixels::new(offs.iter().step_by(2).map(|o| o / 2).collect());
         let group = GROUP_PIXELS.div_ceil(self.ohw().max(1)).max(1);
         let len = self.nhwc_len();
-        let pack = |x: &[f32], n: usize| {
+        let pack = |x: &[X], n: usize| {
             let mut padded = vec![0f32; len];
             let mut xp = vec![0u32; n * len / 2];
+            let mut scratch = Vec::new();
             for (xs, xb) in x.chunks(self.in_len()).zip(xp.chunks_mut(len / 2)) {
-                self.pad_nhwc(xs, &mut padded);
+                self.pad_nhwc(X::read(xs, &mut scratch), &mut padded);
                 if !pairs(&padded, xb) {
                     bail!("{name}: bf16 pairs of the padded input ({self:?})");
                 }

@@ -28,6 +28,7 @@ use crate::conv::Geom;
 use crate::conv_nhwc16::MIN_PIXELS;
 use crate::conv_nhwc_simd::{Pixels, CO, GR};
 use crate::gemm_bf16_pack::interleaved;
+use crate::half16::Act;
 
 impl Geom {
     /// Whether this convolution's weight gradient runs here: bf16 products
@@ -47,11 +48,11 @@ impl Geom {
     /// `(Cout, Cin, kh, kw)`, on bf16 products: the samples padded
     /// pixel-major in pairs and the output gradient likewise, then
     /// [`Geom::weight_grad_frame`]'s tiles on the pairs.
-    pub(super) fn weight_grad_nhwc16(
+    pub(super) fn weight_grad_nhwc16<X: Act>(
         &self,
         name: &str,
-        x: &[f32],
-        dy: &[f32],
+        x: &[X],
+        dy: &[X],
         dwb: &mut [f32],
     ) -> candle_core::Result<()> {
         let fail = || candle_core::Error::Msg(format!("{name}: bf16 sample pairs ({self:?})"));
@@ -69,29 +70,29 @@ impl Geom {
         self.weight_grad_frame(name, (&xq, &px, &dyq), grad_tile16, dy, dwb)
     }
 
-    /// Samples `2i` and `2i + 1` of `src` (`len` values each; the second
-    /// zero past the last sample) laid out by `lay` into `out_len` values
+    /// Samples `2i` and `2i + 1` of `src` (`len` values each, f32 or bf16;
+    /// the second zero past the last sample) laid out by `lay` into `out_len` values
     /// each (`lay` writes what it lays out and leaves the rest zero), then
     /// as bf16 pairs, pair `i` at `i * out_len`. `None` without AVX-512
     /// BF16.
-    fn sample_pairs(
+    fn sample_pairs<X: Act>(
         &self,
-        src: &[f32],
+        src: &[X],
         (len, out_len): (usize, usize),
         lay: impl Fn(&[f32], &mut [f32]) + Sync,
     ) -> Option<Vec<u32>> {
         let (len, out_len) = (len.max(1), out_len.max(1));
         let mut out = vec![0u32; self.b.div_ceil(2) * out_len];
-        let scratch = || (vec![0f32; out_len], vec![0f32; out_len]);
+        let scratch = || (vec![0f32; out_len], vec![0f32; out_len], Vec::new());
         out.par_chunks_mut(out_len)
             .zip(src.par_chunks(2 * len))
-            .map_init(scratch, |(lo, hi), (dst, two)| {
+            .map_init(scratch, |(lo, hi, wide), (dst, two)| {
                 let (first, second) = two.split_at(len.min(two.len()));
-                lay(first, lo);
+                lay(X::read(first, wide), lo);
                 if second.is_empty() {
                     hi.fill(0.0);
                 } else {
-                    lay(second, hi);
+                    lay(X::read(second, wide), hi);
                 }
                 interleaved(lo, hi, dst)
             })

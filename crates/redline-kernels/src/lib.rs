@@ -22,6 +22,7 @@ mod conv_dx;
 mod conv_gather;
 mod conv_grouped;
 pub mod conv_igemm;
+mod conv_io16;
 mod conv_nhwc;
 mod conv_nhwc16;
 mod conv_nhwc_simd;

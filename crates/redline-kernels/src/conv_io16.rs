@@ -1,0 +1,311 @@
+//! A bf16 convolution whose activations stay bf16 (`bf16-mixed`,
+//! `bf16-true` on a CPU with AVX-512 BF16): the input and the output
+//! gradient are read as bf16, and the output and the input gradient written
+//! as bf16, by the pixel-major kernels themselves ([`crate::half16::Act`]).
+//!
+//! Before, a bf16 convolution was the fp32 op between two casts: the input
+//! widened into a whole f32 copy (kept for the backward), the f32 output
+//! rounded into a bf16 one, and in the backward the output gradient widened
+//! and the f32 input gradient rounded. Here each sample is widened or
+//! rounded while it is in cache, as the kernels pack or unpack it; the
+//! arithmetic is the same, so the values are the same to the bit.
+//!
+//! It takes the convolutions whose forward, weight gradient and input
+//! gradient (the transposed convolution) all run on the bf16 pixel-major
+//! kernels: ResNet's 3x3 stride-1 convolutions. The weights and bias come
+//! in as f32 tensors of bf16 values (the recorded casts of the parameters,
+//! through which their gradients are rounded back).
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::backend::BackendStorage;
+use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Shape, Tensor};
+use half::bf16;
+
+use redline_core::trace;
+
+use crate::conv::Geom;
+use crate::slices::f32s;
+use crate::Result;
+
+impl Geom {
+    /// Whether [`conv2d_bf16`] takes this (bf16) convolution: its forward,
+    /// weight gradient and transposed convolution all on the bf16
+    /// pixel-major kernels.
+    pub(super) fn io16(&self) -> bool {
+        self.nhwc16() && self.nhwc16_backward() && self.transposed().is_some_and(|t| t.nhwc16())
+    }
+}
+
+/// `conv2d(x, w, b, padding)` at stride 1 with `x` and the output bf16, on
+/// bf16 products (`w` and `b`: f32 tensors of bf16 values), when the CPU
+/// and the shape take it ([`Geom::io16`]); `None` otherwise (the caller
+/// takes the casts around the fp32 op).
+pub(crate) fn conv2d_bf16(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    padding: usize,
+) -> Result<Option<Tensor>> {
+    let on_cpu = [x, w, b].iter().all(|t| t.device().is_cpu());
+    if !on_cpu || x.dtype() != DType::BF16 || w.dtype() != DType::F32 || b.dtype() != DType::F32 {
+        return Ok(None);
+    }
+    let geom = Geom {
+        gemm: DType::BF16,
+        ..Geom::new(x, w, b, padding)?
+    };
+    if !geom.io16() {
+        return Ok(None);
+    }
+    let op = Conv16Op {
+        geom,
+        input_grad: x.track_op(),
+        layer: trace::current_layer(),
+    };
+    Ok(Some(x.contiguous()?.apply_op3(
+        &w.contiguous()?,
+        &b.contiguous()?,
+        op,
+    )?))
+}
+
+/// The contiguous bf16 elements of an operand.
+fn bf16s<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> candle_core::Result<&'a [bf16]> {
+    let CpuStorage::BF16(v) = s else {
+        bail!("{op}: expected bf16 storage, got {:?}", s.dtype())
+    };
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&v[a..b]),
+        None => bail!("{op}: operand is not contiguous ({:?})", l.shape()),
+    }
+}
+
+/// The forward op: `(x bf16, w, b) -> y bf16`.
+struct Conv16Op {
+    geom: Geom,
+    /// Whether `x` was tracked at forward time; if not, no dx is computed.
+    input_grad: bool,
+    /// The layer that built it, for the backward span (only while tracing).
+    layer: Option<Arc<str>>,
+}
+
+impl CustomOp3 for Conv16Op {
+    fn name(&self) -> &'static str {
+        "redline-conv2d-bf16"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (g, name) = (self.geom, self.name());
+        trace::count("conv2d.forward");
+        let (x, w, b) = (
+            bf16s(s1, l1, name)?,
+            f32s(s2, l2, name)?,
+            f32s(s3, l3, name)?,
+        );
+        g.check(
+            name,
+            &[
+                ("input", x.len(), g.b * g.in_len()),
+                ("weight", w.len(), g.cout * g.k()),
+                ("bias", b.len(), g.cout),
+            ],
+        )?;
+        let mut out = vec![bf16::ZERO; g.b * g.out_len()];
+        if g.b > 0 {
+            g.forward_nhwc16(name, &g.nhwc_panels_stored(w), b, x, &mut out)?;
+        }
+        Ok((
+            CpuStorage::BF16(out),
+            Shape::from((g.b, g.cout, g.oh, g.ow)),
+        ))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let _span = trace::backward(self.layer.as_ref(), "conv2d");
+        trace::count("conv2d.backward");
+        let back = Conv16Backward {
+            geom: self.geom,
+            input_grad: self.input_grad,
+            dwb: Mutex::new(None),
+        };
+        let grad = grad.to_dtype(DType::BF16)?.contiguous()?;
+        let dx = x.apply_op3_no_bwd(w, &grad, &back)?;
+        let held = back.dwb.lock().map(|mut d| d.take());
+        let Ok(Some(dwb)) = held else {
+            bail!("{}: the backward left no weight gradient", back.name())
+        };
+        let (dw, db) = dwb.split_at(w.elem_count());
+        let dw = Tensor::from_slice(dw, w.shape(), w.device())?;
+        let db = Tensor::from_slice(db, b.shape(), b.device())?;
+        Ok((self.input_grad.then_some(dx), Some(dw), Some(db)))
+    }
+}
+
+/// The backward op: `(x bf16, w, dy bf16) -> dx bf16` (empty when the
+/// input is untracked), `[dW | db]` (f32) left in `dwb`.
+struct Conv16Backward {
+    geom: Geom,
+    input_grad: bool,
+    dwb: Mutex<Option<Vec<f32>>>,
+}
+
+impl CustomOp3 for Conv16Backward {
+    fn name(&self) -> &'static str {
+        "redline-conv2d-bf16-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (g, name) = (self.geom, self.name());
+        let (x, w, dy) = (
+            bf16s(s1, l1, name)?,
+            f32s(s2, l2, name)?,
+            bf16s(s3, l3, name)?,
+        );
+        g.check(
+            name,
+            &[
+                ("input", x.len(), g.b * g.in_len()),
+                ("weight", w.len(), g.cout * g.k()),
+                ("output grad", dy.len(), g.b * g.out_len()),
+            ],
+        )?;
+        let mut dwb = vec![0f32; g.cout * g.k() + g.cout];
+        let mut dx = vec![bf16::ZERO; if self.input_grad { x.len() } else { 0 }];
+        if g.b > 0 {
+            g.weight_grad_nhwc16(name, x, dy, &mut dwb)?;
+            if self.input_grad {
+                let Some(t) = g.transposed() else {
+                    bail!("{name}: no transposed convolution for {g:?}")
+                };
+                let zeros = vec![0f32; t.cout];
+                t.forward_nhwc16(name, &g.nhwc_panels_flipped(w), &zeros, dy, &mut dx)?;
+            }
+        }
+        crate::slices::keep(&self.dwb, dwb);
+        let shape = if self.input_grad {
+            l1.shape().clone()
+        } else {
+            Shape::from(0)
+        };
+        Ok((CpuStorage::BF16(dx), shape))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use candle_core::{Device, Var};
+
+    use super::*;
+    use crate::cast16::{round_to, to_dtype};
+    use crate::conv::conv2d_strided_in;
+
+    fn data(dims: &[usize], seed: f32, scale: f32) -> Tensor {
+        let n: usize = dims.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|i| (i as f32 * 0.37 + seed).sin() * scale)
+            .collect();
+        Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        crate::half16::bits(t).unwrap()
+    }
+
+    /// The bf16-in, bf16-out convolution gives the bits of the casts
+    /// around the fp32 op that it replaces: y, dx, dW and db, on an odd
+    /// batch, with and without the input tracked.
+    #[test]
+    fn equals_the_casts_around_the_fp32_op_to_the_bit() -> Result<()> {
+        if !crate::gemm_bf16::enabled() {
+            eprintln!("no AVX-512 BF16 here: the bf16 convolution is not run");
+            return Ok(());
+        }
+        for (b, cin, cout, side, tracked) in [
+            (3, 64, 64, 8, true),
+            (2, 128, 64, 7, true),
+            (1, 64, 128, 9, false),
+        ] {
+            let what = format!("b{b} {cin}->{cout} {side}x{side}");
+            let x = data(&[b, cin, side, side], 0.0, 1.0).to_dtype(DType::BF16)?;
+            let x = Var::from_tensor(&x)?;
+            let w = Var::from_tensor(&data(&[cout, cin, 3, 3], 1.0, 0.05))?;
+            let bias = Var::from_tensor(&data(&[cout], 2.0, 0.5))?;
+            let xin = if tracked {
+                x.as_tensor().clone()
+            } else {
+                x.as_tensor().detach()
+            };
+            let (wr, br) = (round_to(&w, DType::BF16)?, round_to(&bias, DType::BF16)?);
+            let Some(got) = conv2d_bf16(&xin, &wr, &br, 1)? else {
+                panic!("{what}: not taken")
+            };
+            let want32 =
+                conv2d_strided_in(&round_to(&xin, DType::BF16)?, &wr, &br, (1, 1), DType::BF16)?;
+            let want = to_dtype(&want32, DType::BF16)?;
+            assert_eq!(got.dtype(), DType::BF16, "{what}");
+            assert_eq!(bits(&got), bits(&want), "{what}: y");
+            let up = data(got.dims(), 3.0, 1.0);
+            let gg = (got.to_dtype(DType::F32)? * &up)?.sum_all()?.backward()?;
+            let gw = (want.to_dtype(DType::F32)? * &up)?.sum_all()?.backward()?;
+            for (name, v) in [("dW", w.as_tensor()), ("db", bias.as_tensor())] {
+                let (Some(a), Some(e)) = (gg.get(v), gw.get(v)) else {
+                    panic!("{what}: {name} missing")
+                };
+                assert_eq!(bits(a), bits(e), "{what}: {name}");
+            }
+            match (gg.get(x.as_tensor()), gw.get(x.as_tensor())) {
+                (Some(a), Some(e)) => {
+                    assert!(tracked, "{what}: dx of an untracked input");
+                    assert_eq!(a.dtype(), DType::BF16, "{what}: dx");
+                    assert_eq!(a.dims(), x.as_tensor().dims(), "{what}: dx");
+                    assert_eq!(bits(a), bits(e), "{what}: dx");
+                }
+                (None, None) => assert!(!tracked, "{what}: dx missing"),
+                _ => panic!("{what}: dx in one path only"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Shapes off the bf16 pixel-major kernels, f32 inputs and strides
+    /// other than 1 are left to the caller.
+    #[test]
+    fn other_convolutions_are_left_to_the_caller() -> Result<()> {
+        let w = data(&[64, 64, 3, 3], 1.0, 0.05);
+        let b = data(&[64], 2.0, 0.5);
+        let x32 = data(&[2, 64, 8, 8], 0.0, 1.0);
+        assert!(conv2d_bf16(&x32, &w, &b, 1)?.is_none(), "f32 input");
+        let small = data(&[2, 64, 4, 4], 0.0, 1.0).to_dtype(DType::BF16)?;
+        assert!(conv2d_bf16(&small, &w, &b, 1)?.is_none(), "16-pixel maps");
+        let w48 = data(&[48, 64, 3, 3], 1.0, 0.05);
+        let x16 = x32.to_dtype(DType::BF16)?;
+        assert!(conv2d_bf16(&x16, &w48, &data(&[48], 2.0, 0.5), 1)?.is_none());
+        Ok(())
+    }
+}

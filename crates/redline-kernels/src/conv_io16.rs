@@ -18,14 +18,13 @@
 
 use std::sync::{Arc, Mutex};
 
-use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Shape, Tensor};
 use half::bf16;
 
 use redline_core::trace;
 
 use crate::conv::Geom;
-use crate::slices::f32s;
+use crate::slices::{bf16s, f32s};
 use crate::Result;
 
 impl Geom {
@@ -68,17 +67,6 @@ pub(crate) fn conv2d_bf16(
         &b.contiguous()?,
         op,
     )?))
-}
-
-/// The contiguous bf16 elements of an operand.
-fn bf16s<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> candle_core::Result<&'a [bf16]> {
-    let CpuStorage::BF16(v) = s else {
-        bail!("{op}: expected bf16 storage, got {:?}", s.dtype())
-    };
-    match l.contiguous_offsets() {
-        Some((a, b)) => Ok(&v[a..b]),
-        None => bail!("{op}: operand is not contiguous ({:?})", l.shape()),
-    }
 }
 
 /// The forward op: `(x bf16, w, b) -> y bf16`.

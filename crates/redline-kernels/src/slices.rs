@@ -181,6 +181,17 @@ pub fn u32s<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&'a [u32]> {
     }
 }
 
+/// The contiguous bf16 elements a layout addresses, or an error naming `op`.
+pub(crate) fn bf16s<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&'a [half::bf16]> {
+    let CpuStorage::BF16(v) = s else {
+        bail!("{op}: expected bf16 storage, got {:?}", s.dtype())
+    };
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&v[a..b]),
+        None => bail!("{op}: operand is not contiguous ({:?})", l.shape()),
+    }
+}
+
 /// Mutable contiguous f32 elements of an in-place destination.
 pub fn f32s_mut<'a>(s: &'a mut CpuStorage, l: &Layout, op: &str) -> Result<&'a mut [f32]> {
     let CpuStorage::F32(v) = s else {

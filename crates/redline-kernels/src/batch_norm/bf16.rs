@@ -64,10 +64,7 @@ impl Elem for bf16 {
         bf16_store(v)
     }
     fn slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> candle_core::Result<&'a [Self]> {
-        let CpuStorage::BF16(v) = s else {
-            candle_core::bail!("{op}: expected bf16 storage, got {:?}", s.dtype())
-        };
-        contiguous(v, l, op)
+        crate::slices::bf16s(s, l, op)
     }
 }
 
@@ -90,14 +87,6 @@ impl Elem for f32 {
 fn widen_channel<T: Elem>(d: Dims, src: &[T], ch: usize, dst: &mut [f32]) {
     for (dst, src) in dst.chunks_mut(d.hw.max(1)).zip(d.planes(src, ch)) {
         dst.iter_mut().zip(src).for_each(|(d, &s)| *d = s.to_f32());
-    }
-}
-
-/// The contiguous elements of `v` a layout addresses, or an error naming `op`.
-fn contiguous<'a, T>(v: &'a [T], l: &Layout, op: &str) -> candle_core::Result<&'a [T]> {
-    match l.contiguous_offsets() {
-        Some((a, b)) => Ok(&v[a..b]),
-        None => candle_core::bail!("{op}: operand is not contiguous ({:?})", l.shape()),
     }
 }
 

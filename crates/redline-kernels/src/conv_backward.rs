@@ -157,8 +157,25 @@ fn input_cols(
     )
 }
 
-/// dx of every sample as `w^T * dy` and col2im (`w` in im2col row order),
-/// the samples split across the compute threads.
+/// dx of each sample of `dy` as `w^T * dy` and col2im (`w` in im2col row
+/// order), one sample after another on this thread.
+fn input_grad_samples(
+    g: Geom,
+    name: &str,
+    w: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+) -> candle_core::Result<()> {
+    let mut dcols = vec![0f32; g.k() * g.ohw()];
+    for (dx, dy) in dx.chunks_mut(g.in_len()).zip(dy.chunks(g.out_len())) {
+        input_cols(g, name, w, Mat::new(dy, g.cout, g.ohw()), &mut dcols)?;
+        g.col2im(&dcols, dx);
+    }
+    Ok(())
+}
+
+/// [`input_grad_samples`] of the whole batch, the samples split across the
+/// compute threads.
 fn input_grad_per_sample(
     g: Geom,
     name: &str,
@@ -169,14 +186,7 @@ fn input_grad_per_sample(
     let per = g.per_chunk();
     dx.par_chunks_mut(per * g.in_len())
         .zip(dy.par_chunks(per * g.out_len()))
-        .try_for_each(|(dx, dy)| {
-            let mut dcols = vec![0f32; g.k() * g.ohw()];
-            for (dx, dy) in dx.chunks_mut(g.in_len()).zip(dy.chunks(g.out_len())) {
-                input_cols(g, name, w, Mat::new(dy, g.cout, g.ohw()), &mut dcols)?;
-                g.col2im(&dcols, dx);
-            }
-            Ok(())
-        })
+        .try_for_each(|(dx, dy)| input_grad_samples(g, name, w, dy, dx))
 }
 
 /// The backward kernel: `(x, w, dy) -> [dW | db | dx]` (dx only when asked),
@@ -215,12 +225,7 @@ impl Conv2dBackward {
             let acc = g.weight_grad_direct(name, x, dys)?;
             if let Some(dx) = dx {
                 // Only where dx is not the transposed forward (`accumulate`).
-                let mut dcols = vec![0f32; g.k() * g.ohw()];
-                let samples = dx.chunks_mut(g.in_len()).zip(dys.chunks(g.out_len()));
-                for (dx, dy) in samples {
-                    input_cols(g, name, w, Mat::new(dy, g.cout, g.ohw()), &mut dcols)?;
-                    g.col2im(&dcols, dx);
-                }
+                input_grad_samples(g, name, w, dys, dx)?;
             }
             return Ok(acc);
         }

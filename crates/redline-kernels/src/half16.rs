@@ -187,7 +187,8 @@ pub(crate) trait Act: Copy + Send + Sync {
     fn read<'a>(src: &'a [Self], scratch: &'a mut Vec<f32>) -> &'a [f32];
 
     /// `dst` written by `fill` as f32 values: directly, or filled in
-    /// `scratch` (zeroed first) and rounded into `dst`.
+    /// `scratch` and rounded into `dst`. `fill` writes every value (what it
+    /// is handed holds stale ones: no zero fill per sample).
     fn write(dst: &mut [Self], scratch: &mut Vec<f32>, fill: impl FnOnce(&mut [f32]));
 }
 
@@ -203,14 +204,13 @@ impl Act for f32 {
 
 impl Act for bf16 {
     fn read<'a>(src: &'a [bf16], scratch: &'a mut Vec<f32>) -> &'a [f32] {
-        scratch.clear();
+        // Every value is overwritten: only a length change writes zeros.
         scratch.resize(src.len(), 0.0);
         pulp::Arch::new().dispatch(WidenInto(src, scratch));
         scratch
     }
 
     fn write(dst: &mut [bf16], scratch: &mut Vec<f32>, fill: impl FnOnce(&mut [f32])) {
-        scratch.clear();
         scratch.resize(dst.len(), 0.0);
         fill(scratch);
         pulp::Arch::new().dispatch(StoreInto(scratch, dst));

@@ -2,7 +2,7 @@
 //! (dW, db, dx), and prints ms and GFLOP/s per shape; `bench/conv_shapes.py`
 //! runs PyTorch's on the same shapes beside it.
 //!
-//! `cargo run --release -p redline-kernels --example conv_shapes -- [--threads N] [--batch B] [--size S] [--reps R] [--no-dx] [--bf16] [--only TEXT] [--patch8 [--patch-cout N]]`
+//! `cargo run --release -p redline-kernels --example conv_shapes -- [--threads N] [--batch B] [--size S] [--reps R] [--no-dx] [--bf16] [--io16] [--resnet50] [--only TEXT] [--patch8 [--patch-cout N]]`
 
 use std::time::Instant;
 
@@ -18,6 +18,19 @@ fn shapes(s: usize) -> Vec<(&'static str, usize, usize, usize, usize, usize, usi
         return vec![("patch 8x8/8", 3, arg("--patch-cout", 8), 8, 8, 0, s)];
     }
     let (s1, s2, s3, s4) = (s / 4, s / 8, s / 16, s / 32);
+    if std::env::args().any(|a| a == "--resnet50") {
+        // ResNet-50's bottleneck 1x1 convolutions, into and out of each stage's width.
+        return vec![
+            ("layer1 1x1 in", 256, 64, 1, 1, 0, s1),
+            ("layer1 1x1 out", 64, 256, 1, 1, 0, s1),
+            ("layer2 1x1 in", 512, 128, 1, 1, 0, s2),
+            ("layer2 1x1 out", 128, 512, 1, 1, 0, s2),
+            ("layer3 1x1 in", 1024, 256, 1, 1, 0, s3),
+            ("layer3 1x1 out", 256, 1024, 1, 1, 0, s3),
+            ("layer4 1x1 in", 2048, 512, 1, 1, 0, s4),
+            ("layer4 1x1 out", 512, 2048, 1, 1, 0, s4),
+        ];
+    }
     vec![
         ("conv1 7x7/2", 3, 64, 7, 2, 3, s),
         ("layer1 3x3", 64, 64, 3, 1, 1, s1),
@@ -53,11 +66,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_default();
     // --bf16: bf16 products on the native bf16 GEMM (im2col).
     let bf16 = args.iter().any(|a| a == "--bf16");
+    // --io16: bf16 activations in and out (bf16-true's convolution,
+    // `conv2d_in`: cast-free where the kernels read bf16); stride 1 only.
+    let io16 = args.iter().any(|a| a == "--io16");
     for (name, cin, cout, k, stride, pad, side) in shapes(size) {
-        if !name.contains(only.as_str()) {
+        if !name.contains(only.as_str()) || (io16 && stride != 1) {
             continue;
         }
         let xt = Tensor::randn(0f32, 1.0, (batch, cin, side, side), &dev)?;
+        let xt = if io16 {
+            xt.to_dtype(candle_core::DType::BF16)?
+        } else {
+            xt
+        };
         let xv = Var::from_tensor(&xt)?;
         // --no-dx: the input untracked (a first layer), dW and db only.
         let x = if std::env::args().any(|a| a == "--no-dx") {
@@ -79,7 +100,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (mut fwd, mut bwd) = (Vec::new(), Vec::new());
         for _ in 0..reps + 1 {
             let t = Instant::now();
-            let y = if bf16 {
+            let y = if io16 {
+                let bf = candle_core::DType::BF16;
+                redline_kernels::conv2d_in(&x, &w, &b, pad, None, bf)?
+            } else if bf16 {
                 let (wt, bt) = (w.as_tensor(), b.as_tensor());
                 conv2d_strided_in(&x, wt, bt, (pad, stride), candle_core::DType::BF16)?
             } else {

@@ -15,6 +15,7 @@ use rayon::prelude::*;
 use crate::conv::{gemm_or_err, Geom, Path};
 use crate::gemm::Mat;
 use crate::grad::ParamBuffers;
+use crate::half16::Widen;
 use crate::slices::{unpack_grads, Grads3};
 
 /// Marks a pooled output the ReLU zeroed: no gradient flows back through it.
@@ -84,14 +85,15 @@ impl Unpool {
 /// sums per row so that the loop vectorises (a single running sum is one
 /// dependent add per element; on the CNN's bias gradients that was 10% of
 /// the conv backward).
-pub(crate) fn add_row_sums(acc: &mut [f32], rows: &[f32], len: usize) {
+/// Rows stored bf16 are widened as they are read ([`Widen`]).
+pub(crate) fn add_row_sums<T: Widen>(acc: &mut [f32], rows: &[T], len: usize) {
     for (d, row) in acc.iter_mut().zip(rows.chunks(len)) {
         let mut lanes = [0f32; 8];
         let mut it = row.chunks_exact(8);
         for c in &mut it {
-            lanes.iter_mut().zip(c).for_each(|(l, v)| *l += v);
+            lanes.iter_mut().zip(c).for_each(|(l, v)| *l += v.widen());
         }
-        let tail: f32 = it.remainder().iter().sum();
+        let tail: f32 = it.remainder().iter().map(|v| v.widen()).sum();
         *d += lanes.iter().sum::<f32>() + tail;
     }
 }

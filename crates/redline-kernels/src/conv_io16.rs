@@ -12,7 +12,8 @@
 //!
 //! It takes the convolutions whose forward, weight gradient and input
 //! gradient (the transposed convolution) all run on the bf16 pixel-major
-//! kernels: ResNet's 3x3 stride-1 convolutions. The weights and bias come
+//! kernels, ResNet's 3x3 stride-1 convolutions, and the 1x1 ones on the
+//! bf16 GEMM ([`crate::conv_pointwise16`]). The weights and bias come
 //! in as f32 tensors of bf16 values (the recorded casts of the parameters,
 //! through which their gradients are rounded back).
 
@@ -30,9 +31,13 @@ use crate::Result;
 impl Geom {
     /// Whether [`conv2d_bf16`] takes this (bf16) convolution: its forward,
     /// weight gradient and transposed convolution all on the bf16
-    /// pixel-major kernels.
+    /// pixel-major kernels, or a 1x1 one on the bf16 GEMM read from and
+    /// written to bf16 ([`crate::conv_pointwise16`]).
     pub(super) fn io16(&self) -> bool {
-        self.nhwc16() && self.nhwc16_backward() && self.transposed().is_some_and(|t| t.nhwc16())
+        self.pointwise16()
+            || (self.nhwc16()
+                && self.nhwc16_backward()
+                && self.transposed().is_some_and(|t| t.nhwc16()))
     }
 }
 
@@ -108,7 +113,9 @@ impl CustomOp3 for Conv16Op {
             ],
         )?;
         let mut out = vec![bf16::ZERO; g.b * g.out_len()];
-        if g.b > 0 {
+        if g.b > 0 && g.pointwise() {
+            g.forward_pointwise16(name, w, b, x, &mut out)?;
+        } else if g.b > 0 {
             g.forward_nhwc16(name, &g.nhwc_panels_stored(w), b, x, &mut out)?;
         }
         Ok((
@@ -183,7 +190,10 @@ impl CustomOp3 for Conv16Backward {
         )?;
         let mut dwb = vec![0f32; g.cout * g.k() + g.cout];
         let mut dx = vec![bf16::ZERO; if self.input_grad { x.len() } else { 0 }];
-        if g.b > 0 {
+        if g.b > 0 && g.pointwise() {
+            let dx = self.input_grad.then_some(&mut dx[..]);
+            g.backward_pointwise16(name, (x, w, dy), &mut dwb, dx)?;
+        } else if g.b > 0 {
             g.weight_grad_nhwc16(name, x, dy, &mut dwb)?;
             if self.input_grad {
                 let Some(t) = g.transposed() else {
@@ -234,15 +244,26 @@ mod tests {
             eprintln!("no AVX-512 BF16 here: the bf16 convolution is not run");
             return Ok(());
         }
-        for (b, cin, cout, side, tracked) in [
-            (3, 64, 64, 8, true),
-            (2, 128, 64, 7, true),
-            (1, 64, 128, 9, false),
+        // (batch, cin, cout, side, kernel, input tracked): 3x3 on the
+        // pixel-major kernels; 1x1 per sample (64 pixels and more: even and
+        // odd pixel counts, 16-column blocks and their tails) and side by
+        // side (49 and 16 pixels), odd channel counts.
+        for (b, cin, cout, side, kernel, tracked) in [
+            (3, 64, 64, 8, 3, true),
+            (2, 128, 64, 7, 3, true),
+            (1, 64, 128, 9, 3, false),
+            (3, 64, 256, 16, 1, true),
+            (3, 256, 64, 9, 1, true),
+            (2, 33, 40, 8, 1, true),
+            (1, 48, 32, 8, 1, false),
+            (3, 96, 64, 7, 1, true),
+            (2, 64, 24, 4, 1, true),
         ] {
-            let what = format!("b{b} {cin}->{cout} {side}x{side}");
+            let pad = kernel / 2;
+            let what = format!("b{b} {cin}->{cout} {side}x{side} {kernel}x{kernel}");
             let x = data(&[b, cin, side, side], 0.0, 1.0).to_dtype(DType::BF16)?;
             let x = Var::from_tensor(&x)?;
-            let w = Var::from_tensor(&data(&[cout, cin, 3, 3], 1.0, 0.05))?;
+            let w = Var::from_tensor(&data(&[cout, cin, kernel, kernel], 1.0, 0.05))?;
             let bias = Var::from_tensor(&data(&[cout], 2.0, 0.5))?;
             let xin = if tracked {
                 x.as_tensor().clone()
@@ -250,11 +271,11 @@ mod tests {
                 x.as_tensor().detach()
             };
             let (wr, br) = (round_to(&w, DType::BF16)?, round_to(&bias, DType::BF16)?);
-            let Some(got) = conv2d_bf16(&xin, &wr, &br, 1)? else {
+            let Some(got) = conv2d_bf16(&xin, &wr, &br, pad)? else {
                 panic!("{what}: not taken")
             };
-            let want32 =
-                conv2d_strided_in(&round_to(&xin, DType::BF16)?, &wr, &br, (1, 1), DType::BF16)?;
+            let xr = round_to(&xin, DType::BF16)?;
+            let want32 = conv2d_strided_in(&xr, &wr, &br, (pad, 1), DType::BF16)?;
             let want = to_dtype(&want32, DType::BF16)?;
             assert_eq!(got.dtype(), DType::BF16, "{what}");
             assert_eq!(bits(&got), bits(&want), "{what}: y");

@@ -14,18 +14,20 @@ use rayon::prelude::*;
 use crate::conv::{gemm_or_err, Geom};
 use crate::conv_backward::add_row_sums;
 use crate::gemm::Mat;
+use crate::half16::Widen;
 
 impl Geom {
     /// `(rows, n * oh*ow)`: the per-sample `(rows, oh*ow)` blocks of `v`
     /// (samples one after another) side by side, rows filled in parallel.
-    fn side_by_side_par(&self, v: &[f32], rows: usize) -> Vec<f32> {
+    /// Stored bf16, each value is widened as it is copied.
+    pub(super) fn side_by_side_par<T: Widen>(&self, v: &[T], rows: usize) -> Vec<f32> {
         let p = self.ohw();
         let n = v.len() / (rows * p).max(1);
         let mut out = vec![0f32; v.len()];
         if p > 0 {
             out.par_chunks_mut(n * p).enumerate().for_each(|(r, row)| {
                 for (s, seg) in row.chunks_mut(p).enumerate() {
-                    seg.copy_from_slice(&v[(s * rows + r) * p..][..p]);
+                    T::widen_into(&v[(s * rows + r) * p..][..p], seg);
                 }
             });
         }

@@ -87,7 +87,7 @@ impl PackedB {
     /// zeroed unless it held that shape already (whose padding is still
     /// zero): every pack writes exactly the pairs of columns below `n`, so
     /// the rest of a reused buffer needs no zero fill.
-    fn shape(&mut self, k: usize, n: usize) {
+    pub(crate) fn shape(&mut self, k: usize, n: usize) {
         let kp = k.div_ceil(2);
         let len = n.div_ceil(NR) * kp * NR;
         if (self.k, self.n) != (k, n) || self.data.len() != len {
@@ -309,9 +309,9 @@ unsafe fn panels_of_b(b: &Mat<'_>, k: usize, n: usize, out: &mut [u32]) {
 
 /// Pairs `p0..p0 + 16` of 16 stored rows (`src`: row `r` at `src[r * k..]`,
 /// its first 32 values read) transposed into `dst`: pair `t` of row `r` at
-/// `dst[t * NR + r]`. The 16 x 16 transpose of 32-bit lanes in three
-/// rounds: 32-bit and 64-bit unpacks within each 128-bit lane (4 x 4
-/// blocks), then two rounds of 128-bit lane shuffles.
+/// `dst[t * NR + r]` ([`transpose_store`]: the 16 x 16 transpose of 32-bit
+/// lanes in three rounds, 32-bit and 64-bit unpacks within each 128-bit
+/// lane (4 x 4 blocks), then two rounds of 128-bit lane shuffles).
 ///
 /// # Safety
 /// AVX-512F, AVX-512BW and AVX-512 BF16 present; `src` holds
@@ -332,6 +332,20 @@ unsafe fn transposed_block(src: &[f32], k: usize, dst: &mut [u32]) {
             ));
         }
     }
+    // SAFETY: the caller's features and `dst`'s length.
+    unsafe { transpose_store(&r, dst) };
+}
+
+/// Sixteen rows of 16 pairs, `r[i]` row `i`, transposed into `dst`: pair
+/// `t` of row `i` at `dst[t * NR + i]`.
+///
+/// # Safety
+/// AVX-512F and AVX-512BW present; `dst` holds `15 * NR + 16` pairs.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub(crate) unsafe fn transpose_store(r: &[std::arch::x86_64::__m512i; 16], dst: &mut [u32]) {
+    use std::arch::x86_64::*;
+    debug_assert!(dst.len() >= 15 * NR + 16);
     let mut a = [_mm512_setzero_si512(); 16];
     for i in 0..8 {
         a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);

@@ -55,6 +55,42 @@ pub(crate) fn bf16_store(x: f32) -> bf16 {
     bf16::from_bits((bf16_round(x).to_bits() >> 16) as u16)
 }
 
+/// A stored value read as f32: an f32 itself, a bf16 widened
+/// ([`bf16_widen`]); for the loops that read either storage.
+pub(crate) trait Widen: Copy + Send + Sync {
+    /// The value as f32.
+    fn widen(self) -> f32;
+
+    /// `src` widened into `dst` (equal lengths): a copy for f32.
+    fn widen_into(src: &[Self], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = s.widen();
+        }
+    }
+}
+
+impl Widen for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+
+    fn widen_into(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl Widen for bf16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        bf16_widen(self)
+    }
+
+    fn widen_into(src: &[bf16], dst: &mut [f32]) {
+        pulp::Arch::new().dispatch(WidenInto(src, dst));
+    }
+}
+
 /// `x` widened to f32: the bits shifted up (exact), a NaN quieted, as
 /// `half`'s `to_f32`.
 #[inline(always)]

@@ -30,6 +30,7 @@ mod conv_patch;
 mod conv_patch512;
 mod conv_patch_simd;
 pub mod conv_paths;
+mod conv_pointwise16;
 #[cfg(test)]
 mod conv_reference;
 mod conv_strided;
@@ -47,6 +48,7 @@ mod gelu;
 pub mod gemm;
 pub mod gemm_bf16;
 mod gemm_bf16_pack;
+mod gemm_bf16_pack16;
 pub mod gemm_plan;
 mod global_pool;
 pub mod grad;

@@ -1,0 +1,238 @@
+//! The bf16 GEMM's operands ([`crate::gemm_bf16`]) packed from bf16
+//! storage: the layouts of [`crate::gemm_bf16_pack`], whose pairs here are
+//! the stored values themselves (no conversion, half the bytes read), for
+//! the convolutions whose activations stay bf16 ([`crate::conv_pointwise16`]).
+//! A value packed from bf16 storage is the bits the f32 packers give the same
+//! value widened, so a product is the same to the bit either way.
+
+use half::bf16;
+
+use crate::gemm_bf16::{available, NR};
+use crate::gemm_bf16_pack::{PackedA, PackedB};
+
+/// The bf16 pair `(lo, hi)` as one u32, low half first.
+#[inline(always)]
+fn pair16(lo: bf16, hi: bf16) -> u32 {
+    u32::from(lo.to_bits()) | (u32::from(hi.to_bits()) << 16)
+}
+
+impl PackedA {
+    /// Packs the `m x k` matrix whose row `r` is the first `k` values of
+    /// `row(r)` (bf16), row-major: each pair is two stored neighbours. False
+    /// (and nothing packed) without AVX-512 BF16 or when a row is shorter
+    /// than `k`.
+    pub(crate) fn pack_rows16<'s>(
+        &mut self,
+        m: usize,
+        k: usize,
+        row: impl Fn(usize) -> &'s [bf16],
+    ) -> bool {
+        if !available() || (0..m).any(|r| row(r).len() < k) {
+            return false;
+        }
+        let kp = k.div_ceil(2);
+        self.data.resize(m * kp, 0);
+        (self.m, self.k, self.rs, self.ps) = (m, k, kp, 1);
+        for (r, dst) in self.data.chunks_exact_mut(kp.max(1)).take(m).enumerate() {
+            let src = &row(r)[..k];
+            let mut pairs = src.chunks_exact(2);
+            for (d, s) in dst.iter_mut().zip(&mut pairs) {
+                *d = pair16(s[0], s[1]);
+            }
+            if let (Some(&last), Some(d)) = (pairs.remainder().first(), dst.last_mut()) {
+                *d = pair16(last, bf16::ZERO);
+            }
+        }
+        true
+    }
+}
+
+impl PackedB {
+    /// Packs the `k x n` matrix whose row `p` is the first `n` values of
+    /// `row(p)` (bf16): rows 2p and 2p + 1 interleaved, [`NR`] columns a
+    /// panel. False (and nothing packed) without AVX-512 BF16 or when a row
+    /// is shorter than `n`.
+    pub(crate) fn pack_rows16<'s>(
+        &mut self,
+        k: usize,
+        n: usize,
+        row: impl Fn(usize) -> &'s [bf16],
+    ) -> bool {
+        if !available() || (0..k).any(|p| row(p).len() < n) {
+            return false;
+        }
+        self.shape(k, n);
+        let kp = k.div_ceil(2);
+        for p in 0..kp {
+            let lo = row(2 * p);
+            let hi = (2 * p + 1 < k).then(|| row(2 * p + 1));
+            for (panel, dst) in self.data.chunks_exact_mut(kp * NR).enumerate() {
+                let (j0, w) = (panel * NR, NR.min(n - panel * NR));
+                let dst = &mut dst[p * NR..][..w];
+                // SAFETY: `available()` said the CPU has AVX-512F/BW; both
+                // rows hold the panel's w values.
+                unsafe { interleave16(&lo[j0..j0 + w], hi.map(|h| &h[j0..j0 + w]), dst) };
+            }
+        }
+        true
+    }
+
+    /// Packs the `k x n` matrix stored transposed in `src` (`n x k`, bf16):
+    /// column `j`'s pairs are row `j`'s stored neighbours, spread over the
+    /// column; blocks of 16 columns by 16 pairs transposed in registers.
+    /// False (and nothing packed) without AVX-512 BF16 or when `src` does
+    /// not hold `n * k` values.
+    pub(crate) fn pack_transposed16(&mut self, k: usize, n: usize, src: &[bf16]) -> bool {
+        if !available() || src.len() != n * k {
+            return false;
+        }
+        self.shape(k, n);
+        let kp = k.div_ceil(2);
+        let (n16, p16) = (n / 16 * 16, k / 32 * 16);
+        for j0 in (0..n16).step_by(16) {
+            let base = (j0 / NR) * kp * NR + j0 % NR;
+            for p0 in (0..p16).step_by(16) {
+                // SAFETY: the features above; rows j0..j0 + 16 hold k values,
+                // of which 2 * p0 + 32 <= k are read; the stores land in
+                // pairs p0..p0 + 16 of columns j0..j0 + 16, inside the panel.
+                unsafe {
+                    transposed_block16(&src[j0 * k + 2 * p0..], k, &mut self.data[base + p0 * NR..])
+                };
+            }
+        }
+        // The pairs past the whole blocks, and the columns past them.
+        for j in 0..n {
+            let first = if j < n16 { p16 } else { 0 };
+            let row = &src[j * k..][..k];
+            let dst = &mut self.data[(j / NR) * kp * NR + j % NR..];
+            for p in first..kp {
+                let hi = row.get(2 * p + 1).copied().unwrap_or(bf16::ZERO);
+                dst[p * NR] = pair16(row[2 * p], hi);
+            }
+        }
+        true
+    }
+}
+
+/// `dst[i] = (lo[i], hi[i])` (`hi` missing: 0) for `dst.len()` values.
+///
+/// # Safety
+/// AVX-512F and AVX-512BW present; `lo` (and `hi`) hold `dst.len()` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn interleave16(lo: &[bf16], hi: Option<&[bf16]>, dst: &mut [u32]) {
+    use std::arch::x86_64::*;
+    let n = dst.len();
+    let whole = n / 16;
+    for c in 0..whole {
+        // SAFETY: 16 values of each row read, 16 u32 written.
+        unsafe {
+            let l = _mm512_cvtepu16_epi32(_mm256_loadu_si256(lo[16 * c..].as_ptr().cast()));
+            let v = match hi {
+                Some(h) => {
+                    let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(h[16 * c..].as_ptr().cast()));
+                    _mm512_or_si512(l, _mm512_slli_epi32::<16>(h))
+                }
+                None => l,
+            };
+            _mm512_storeu_si512(dst[16 * c..].as_mut_ptr().cast(), v);
+        }
+    }
+    for i in whole * 16..n {
+        dst[i] = pair16(lo[i], hi.map_or(half::bf16::ZERO, |h| h[i]));
+    }
+}
+
+/// Pairs `p0..p0 + 16` of 16 stored bf16 rows (`src`: row `r` at
+/// `src[r * k..]`, its first 32 values read) transposed into `dst`: pair
+/// `t` of row `r` at `dst[t * NR + r]`.
+///
+/// # Safety
+/// AVX-512F, AVX-512BW and AVX-512 BF16 present; `src` holds `15 * k + 32`
+/// values and `dst` `15 * NR + 16`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn transposed_block16(src: &[bf16], k: usize, dst: &mut [u32]) {
+    use std::arch::x86_64::*;
+    debug_assert!(src.len() >= 15 * k + 32 && dst.len() >= 15 * NR + 16);
+    let mut r = [_mm512_setzero_si512(); 16];
+    for (i, v) in r.iter_mut().enumerate() {
+        // SAFETY: row i's 32 values are inside `src` (asserted).
+        *v = unsafe { _mm512_loadu_si512(src.as_ptr().add(i * k).cast()) };
+    }
+    // SAFETY: the caller's features and `dst`'s length.
+    unsafe { crate::gemm_bf16_pack::transpose_store(&r, dst) };
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn interleave16(_: &[bf16], _: Option<&[bf16]>, _: &mut [u32]) {}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn transposed_block16(_: &[bf16], _: usize, _: &mut [u32]) {}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use crate::gemm::Mat;
+
+    fn values(n: usize, seed: f32) -> (Vec<bf16>, Vec<f32>) {
+        let v: Vec<bf16> = (0..n)
+            .map(|i| bf16::from_f32(((i as f32 + seed) * 0.37).sin() * 3.0))
+            .collect();
+        let w = v.iter().map(|x| x.to_f32()).collect();
+        (v, w)
+    }
+
+    /// Each bf16 packer gives the bits of its f32 twin on the widened
+    /// values: depths and widths around the 16- and 32-value blocks and
+    /// the panel's 32 columns, odd ones included, repacked into one buffer.
+    #[test]
+    fn bf16_packs_equal_the_f32_packs_of_the_same_values() {
+        if !available() {
+            eprintln!("skipped: this CPU has no AVX-512 BF16");
+            return;
+        }
+        let (mut a16, mut a32) = (PackedA::default(), PackedA::default());
+        let (mut b16, mut b32) = (PackedB::default(), PackedB::default());
+        for (k, n) in [
+            (1, 1),
+            (31, 15),
+            (32, 16),
+            (33, 17),
+            (64, 32),
+            (95, 48),
+            (70, 100),
+            (3, 40),
+        ] {
+            let (v16, v32) = values(k * n, k as f32);
+            let what = format!("k {k}, n {n}");
+            // b (k x n) stored k x n, and stored n x k (transposed).
+            assert!(b16.pack_rows16(k, n, |p| &v16[p * n..][..n]));
+            assert!(b32.pack(Mat::new(&v32, k, n)));
+            assert_eq!(b16.data, b32.data, "{what}: rows");
+            assert!(b16.pack_transposed16(k, n, &v16));
+            assert!(b32.pack(Mat::new(&v32, n, k).t()));
+            assert_eq!(b16.data, b32.data, "{what}: transposed");
+            // a (n x k) row-major.
+            assert!(a16.pack_rows16(n, k, |r| &v16[r * k..][..k]));
+            assert!(a32.pack(Mat::new(&v32, n, k)));
+            let len = n * k.div_ceil(2);
+            assert_eq!(a16.data[..len], a32.data[..len], "{what}: a");
+            assert_eq!((a16.rs, a16.ps), (a32.rs, a32.ps), "{what}: a's strides");
+        }
+    }
+
+    /// Short rows and a transposed source of the wrong length are refused.
+    #[test]
+    fn wrong_lengths_are_refused() {
+        if !available() {
+            return;
+        }
+        let (v, _) = values(10, 0.0);
+        assert!(!PackedB::default().pack_rows16(2, 6, |p| &v[p * 5..][..5]));
+        assert!(!PackedB::default().pack_transposed16(3, 4, &v));
+        assert!(!PackedA::default().pack_rows16(2, 6, |r| &v[r * 5..][..5]));
+    }
+}

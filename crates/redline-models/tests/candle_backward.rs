@@ -160,3 +160,30 @@ fn relu_gives_an_off_unit_zero_whatever_its_gradient() -> Result<()> {
     assert_eq!(bits, [0, 0, f32::INFINITY.to_bits(), 0], "{dx:?}");
     Ok(())
 }
+
+#[test]
+fn a_bf16_sum_on_the_cpu_is_each_pair_added_and_rounded_once() -> Result<()> {
+    // The fifth change's 16-lane add (vendor/candle-core/REDLINE.md): every
+    // length around its 32-value steps, each sum the f32 sum of the two
+    // values rounded to nearest even (normal values: the hardware and
+    // software roundings agree), NaN and infinities carried.
+    let value = |i: usize, s: f32| (i as f32 * 0.731 + s).sin() * 2f32.powi(i as i32 % 40 - 20);
+    for n in [0, 1, 15, 16, 31, 32, 33, 64, 100, 1000] {
+        let mut a: Vec<f32> = (0..n).map(|i| value(i, 0.3)).collect();
+        let b: Vec<f32> = (0..n).map(|i| value(i, 1.9)).collect();
+        if n > 40 {
+            (a[3], a[35], a[36]) = (f32::NAN, f32::INFINITY, f32::NEG_INFINITY);
+        }
+        let a16: Vec<half::bf16> = a.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        let b16: Vec<half::bf16> = b.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        let ta = Tensor::from_slice(&a16, n, &Device::Cpu)?;
+        let tb = Tensor::from_slice(&b16, n, &Device::Cpu)?;
+        let got = (ta + tb)?.to_vec1::<half::bf16>()?;
+        for (i, g) in got.iter().enumerate() {
+            let want = half::bf16::from_f32(a16[i].to_f32() + b16[i].to_f32());
+            let same = g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan());
+            assert!(same, "length {n}, value {i}: {g} against {want}");
+        }
+    }
+    Ok(())
+}

@@ -7,7 +7,8 @@
 //! packed them, and the f32 output rounded into a bf16 copy (in the
 //! backward, the output gradient widened and the input gradient rounded).
 //! Here the GEMM packs its operands straight from the bf16 tensors
-//! ([`crate::gemm_bf16_pack16`]), and each sample's f32 result is rounded
+//! (`PackedA::pack_rows` and `PackedB::pack_rows` of bf16 rows,
+//! [`crate::gemm_bf16_pack16`]), and each sample's f32 result is rounded
 //! while it is in cache. The operands, products and sums are those of the
 //! cast path, so are the bits (the tests of `conv_io16`).
 //!
@@ -79,7 +80,7 @@ impl Geom {
             .try_for_each(|(out, x)| {
                 let (mut packed, mut scratch) = (PackedB::default(), Vec::new());
                 for (o, x) in out.chunks_mut(m * hw).zip(x.chunks(k * hw)) {
-                    let mut done = packed.pack_rows16(k, hw, |p| &x[p * hw..][..hw]);
+                    let mut done = packed.pack_rows(k, hw, |p| &x[p * hw..][..hw]);
                     bf16::write(o, &mut scratch, |y| {
                         done = done && matmul_packed(y, a, &packed, false);
                         for (row, &bias) in y.chunks_mut(hw).zip(bias) {
@@ -151,7 +152,7 @@ impl Geom {
                 for (x, dy) in x.chunks(self.in_len()).zip(dy.chunks(self.out_len())) {
                     let (dw, db) = acc.split_at_mut(wlen);
                     // dW (Cout, Cin) += dy (Cout, oh*ow) * x^T (oh*ow, Cin)
-                    let done = a.pack_rows16(cout, hw, |r| &dy[r * hw..][..hw])
+                    let done = a.pack_rows(cout, hw, |r| &dy[r * hw..][..hw])
                         && packed.pack_transposed16(hw, cin, x)
                         && matmul_packed(dw, &a, &packed, true);
                     if !done {

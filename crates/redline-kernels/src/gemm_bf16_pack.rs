@@ -53,11 +53,11 @@ impl PackedA {
     /// Packs the `m x k` matrix whose row `r` is the first `k` values of
     /// `row(r)`, row-major. False (and nothing packed) without AVX-512 BF16
     /// or when a row is shorter than `k`.
-    pub(crate) fn pack_rows<'s>(
+    pub(crate) fn pack_rows<'s, T: Packable + 's>(
         &mut self,
         m: usize,
         k: usize,
-        row: impl Fn(usize) -> &'s [f32],
+        row: impl Fn(usize) -> &'s [T],
     ) -> bool {
         if !available() || (0..m).any(|r| row(r).len() < k) {
             return false;
@@ -67,7 +67,7 @@ impl PackedA {
         (self.m, self.k, self.rs, self.ps) = (m, k, kp, 1);
         for (r, dst) in self.data.chunks_exact_mut(kp.max(1)).take(m).enumerate() {
             // SAFETY: the features above; `dst` holds the row's kp pairs.
-            unsafe { pair_row(&row(r)[..k], dst) };
+            unsafe { T::pair_row(&row(r)[..k], dst) };
         }
         true
     }
@@ -119,11 +119,11 @@ impl PackedB {
     /// Packs the `k x n` matrix whose row `p` is the first `n` values of
     /// `row(p)`. False (and nothing packed) without AVX-512 BF16 or when a
     /// row is shorter than `n`.
-    pub(crate) fn pack_rows<'s>(
+    pub(crate) fn pack_rows<'s, T: Packable + 's>(
         &mut self,
         k: usize,
         n: usize,
-        row: impl Fn(usize) -> &'s [f32],
+        row: impl Fn(usize) -> &'s [T],
     ) -> bool {
         if !available() || (0..k).any(|p| row(p).len() < n) {
             return false;
@@ -132,6 +132,38 @@ impl PackedB {
         // SAFETY: the features above; the buffer is shaped for k x n.
         unsafe { panels_of_rows(k, n, |p| &row(p)[..n], &mut self.data) };
         true
+    }
+}
+
+/// A stored value the packers take: f32, rounded to bf16 (to nearest even)
+/// as it is packed, or bf16, whose bits are the pairs' halves
+/// ([`crate::gemm_bf16_pack16`]).
+pub(crate) trait Packable: Copy + Sync {
+    /// Pairs `(src[2p], src[2p + 1])` of a contiguous row into `dst` (the
+    /// last one `(x, 0)` when its length is odd).
+    ///
+    /// # Safety
+    /// AVX-512F, AVX-512BW and AVX-512 BF16 present; `dst` holds
+    /// `src.len().div_ceil(2)` pairs.
+    unsafe fn pair_row(src: &[Self], dst: &mut [u32]);
+
+    /// `dst[i] = (lo[i], hi[i])` (`hi` missing: 0) for `dst.len()` values.
+    ///
+    /// # Safety
+    /// AVX-512F, AVX-512BW and AVX-512 BF16 present; `lo` (and `hi`) hold
+    /// `dst.len()` values.
+    unsafe fn interleave(lo: &[Self], hi: Option<&[Self]>, dst: &mut [u32]);
+}
+
+impl Packable for f32 {
+    unsafe fn pair_row(src: &[f32], dst: &mut [u32]) {
+        // SAFETY: the caller's.
+        unsafe { pair_row(src, dst) }
+    }
+
+    unsafe fn interleave(lo: &[f32], hi: Option<&[f32]>, dst: &mut [u32]) {
+        // SAFETY: the caller's.
+        unsafe { interleave(lo, hi, dst) }
     }
 }
 
@@ -385,10 +417,10 @@ pub(crate) unsafe fn transpose_store(r: &[std::arch::x86_64::__m512i; 16], dst: 
 /// [`PackedB`] for `k x n`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn panels_of_rows<'s>(
+unsafe fn panels_of_rows<'s, T: Packable + 's>(
     k: usize,
     n: usize,
-    row: impl Fn(usize) -> &'s [f32],
+    row: impl Fn(usize) -> &'s [T],
     out: &mut [u32],
 ) {
     let kp = k.div_ceil(2);
@@ -399,7 +431,7 @@ unsafe fn panels_of_rows<'s>(
             let (j0, w) = (panel * NR, NR.min(n - panel * NR));
             let dst = &mut dst[p * NR..][..w];
             // SAFETY: the caller's features; w values of each row.
-            unsafe { interleave(&lo[j0..j0 + w], hi.map(|h| &h[j0..j0 + w]), dst) };
+            unsafe { T::interleave(&lo[j0..j0 + w], hi.map(|h| &h[j0..j0 + w]), dst) };
         }
     }
 }
@@ -411,7 +443,13 @@ unsafe fn pairs_of_a(_: &Mat<'_>, _: usize, _: usize, _: &mut [u32]) {}
 unsafe fn panels_of_b(_: &Mat<'_>, _: usize, _: usize, _: &mut [u32]) {}
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn panels_of_rows<'s>(_: usize, _: usize, _: impl Fn(usize) -> &'s [f32], _: &mut [u32]) {}
+unsafe fn panels_of_rows<'s, T: Packable + 's>(
+    _: usize,
+    _: usize,
+    _: impl Fn(usize) -> &'s [T],
+    _: &mut [u32],
+) {
+}
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn pair_row(_: &[f32], _: &mut [u32]) {}

@@ -1,6 +1,8 @@
 //! The bf16 GEMM's operands ([`crate::gemm_bf16`]) packed from bf16
-//! storage: the layouts of [`crate::gemm_bf16_pack`], whose pairs here are
-//! the stored values themselves (no conversion, half the bytes read), for
+//! storage (`PackedA::pack_rows` and `PackedB::pack_rows` of bf16 rows,
+//! [`PackedB::pack_transposed16`]): the layouts of
+//! [`crate::gemm_bf16_pack`], whose pairs here are the stored values
+//! themselves (no conversion, half the bytes read), for
 //! the convolutions whose activations stay bf16 ([`crate::conv_pointwise16`]).
 //! A value packed from bf16 storage is the bits the f32 packers give the same
 //! value widened, so a product is the same to the bit either way.
@@ -8,7 +10,7 @@
 use half::bf16;
 
 use crate::gemm_bf16::{available, NR};
-use crate::gemm_bf16_pack::{PackedA, PackedB};
+use crate::gemm_bf16_pack::{Packable, PackedB};
 
 /// The bf16 pair `(lo, hi)` as one u32, low half first.
 #[inline(always)]
@@ -16,67 +18,24 @@ fn pair16(lo: bf16, hi: bf16) -> u32 {
     u32::from(lo.to_bits()) | (u32::from(hi.to_bits()) << 16)
 }
 
-impl PackedA {
-    /// Packs the `m x k` matrix whose row `r` is the first `k` values of
-    /// `row(r)` (bf16), row-major: each pair is two stored neighbours. False
-    /// (and nothing packed) without AVX-512 BF16 or when a row is shorter
-    /// than `k`.
-    pub(crate) fn pack_rows16<'s>(
-        &mut self,
-        m: usize,
-        k: usize,
-        row: impl Fn(usize) -> &'s [bf16],
-    ) -> bool {
-        if !available() || (0..m).any(|r| row(r).len() < k) {
-            return false;
+impl Packable for bf16 {
+    unsafe fn pair_row(src: &[bf16], dst: &mut [u32]) {
+        let mut pairs = src.chunks_exact(2);
+        for (d, s) in dst.iter_mut().zip(&mut pairs) {
+            *d = pair16(s[0], s[1]);
         }
-        let kp = k.div_ceil(2);
-        self.data.resize(m * kp, 0);
-        (self.m, self.k, self.rs, self.ps) = (m, k, kp, 1);
-        for (r, dst) in self.data.chunks_exact_mut(kp.max(1)).take(m).enumerate() {
-            let src = &row(r)[..k];
-            let mut pairs = src.chunks_exact(2);
-            for (d, s) in dst.iter_mut().zip(&mut pairs) {
-                *d = pair16(s[0], s[1]);
-            }
-            if let (Some(&last), Some(d)) = (pairs.remainder().first(), dst.last_mut()) {
-                *d = pair16(last, bf16::ZERO);
-            }
+        if let (Some(&last), Some(d)) = (pairs.remainder().first(), dst.get_mut(src.len() / 2)) {
+            *d = pair16(last, bf16::ZERO);
         }
-        true
+    }
+
+    unsafe fn interleave(lo: &[bf16], hi: Option<&[bf16]>, dst: &mut [u32]) {
+        // SAFETY: the caller's.
+        unsafe { interleave16(lo, hi, dst) }
     }
 }
 
 impl PackedB {
-    /// Packs the `k x n` matrix whose row `p` is the first `n` values of
-    /// `row(p)` (bf16): rows 2p and 2p + 1 interleaved, [`NR`] columns a
-    /// panel. False (and nothing packed) without AVX-512 BF16 or when a row
-    /// is shorter than `n`.
-    pub(crate) fn pack_rows16<'s>(
-        &mut self,
-        k: usize,
-        n: usize,
-        row: impl Fn(usize) -> &'s [bf16],
-    ) -> bool {
-        if !available() || (0..k).any(|p| row(p).len() < n) {
-            return false;
-        }
-        self.shape(k, n);
-        let kp = k.div_ceil(2);
-        for p in 0..kp {
-            let lo = row(2 * p);
-            let hi = (2 * p + 1 < k).then(|| row(2 * p + 1));
-            for (panel, dst) in self.data.chunks_exact_mut(kp * NR).enumerate() {
-                let (j0, w) = (panel * NR, NR.min(n - panel * NR));
-                let dst = &mut dst[p * NR..][..w];
-                // SAFETY: `available()` said the CPU has AVX-512F/BW; both
-                // rows hold the panel's w values.
-                unsafe { interleave16(&lo[j0..j0 + w], hi.map(|h| &h[j0..j0 + w]), dst) };
-            }
-        }
-        true
-    }
-
     /// Packs the `k x n` matrix stored transposed in `src` (`n x k`, bf16):
     /// column `j`'s pairs are row `j`'s stored neighbours, spread over the
     /// column; blocks of 16 columns by 16 pairs transposed in registers.
@@ -176,6 +135,7 @@ mod tests {
 
     use super::*;
     use crate::gemm::Mat;
+    use crate::gemm_bf16_pack::PackedA;
 
     fn values(n: usize, seed: f32) -> (Vec<bf16>, Vec<f32>) {
         let v: Vec<bf16> = (0..n)
@@ -209,14 +169,14 @@ mod tests {
             let (v16, v32) = values(k * n, k as f32);
             let what = format!("k {k}, n {n}");
             // b (k x n) stored k x n, and stored n x k (transposed).
-            assert!(b16.pack_rows16(k, n, |p| &v16[p * n..][..n]));
+            assert!(b16.pack_rows(k, n, |p| &v16[p * n..][..n]));
             assert!(b32.pack(Mat::new(&v32, k, n)));
             assert_eq!(b16.data, b32.data, "{what}: rows");
             assert!(b16.pack_transposed16(k, n, &v16));
             assert!(b32.pack(Mat::new(&v32, n, k).t()));
             assert_eq!(b16.data, b32.data, "{what}: transposed");
             // a (n x k) row-major.
-            assert!(a16.pack_rows16(n, k, |r| &v16[r * k..][..k]));
+            assert!(a16.pack_rows(n, k, |r| &v16[r * k..][..k]));
             assert!(a32.pack(Mat::new(&v32, n, k)));
             let len = n * k.div_ceil(2);
             assert_eq!(a16.data[..len], a32.data[..len], "{what}: a");
@@ -231,8 +191,8 @@ mod tests {
             return;
         }
         let (v, _) = values(10, 0.0);
-        assert!(!PackedB::default().pack_rows16(2, 6, |p| &v[p * 5..][..5]));
+        assert!(!PackedB::default().pack_rows(2, 6, |p| &v[p * 5..][..5]));
         assert!(!PackedB::default().pack_transposed16(3, 4, &v));
-        assert!(!PackedA::default().pack_rows16(2, 6, |r| &v[r * 5..][..5]));
+        assert!(!PackedA::default().pack_rows(2, 6, |r| &v[r * 5..][..5]));
     }
 }

@@ -15,7 +15,7 @@ use rayon::prelude::*;
 use crate::conv::{gemm_or_err, Geom, Path};
 use crate::gemm::Mat;
 use crate::grad::ParamBuffers;
-use crate::half16::Widen;
+use crate::half16::Act;
 use crate::slices::{unpack_grads, Grads3};
 
 /// Marks a pooled output the ReLU zeroed: no gradient flows back through it.
@@ -85,8 +85,8 @@ impl Unpool {
 /// sums per row so that the loop vectorises (a single running sum is one
 /// dependent add per element; on the CNN's bias gradients that was 10% of
 /// the conv backward).
-/// Rows stored bf16 are widened as they are read ([`Widen`]).
-pub(crate) fn add_row_sums<T: Widen>(acc: &mut [f32], rows: &[T], len: usize) {
+/// Rows stored bf16 are widened as they are read ([`Act`]).
+pub(crate) fn add_row_sums<T: Act>(acc: &mut [f32], rows: &[T], len: usize) {
     for (d, row) in acc.iter_mut().zip(rows.chunks(len)) {
         let mut lanes = [0f32; 8];
         let mut it = row.chunks_exact(8);

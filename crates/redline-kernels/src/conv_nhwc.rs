@@ -427,9 +427,8 @@ impl Geom {
             .zip(local.par_chunks((kp * CO).max(1)))
             .for_each(|(dwq, lq)| self.store_weight_grad(lq, dwq));
         db.fill(0.0);
-        let mut scratch = Vec::new();
         for d in dy.chunks(self.out_len().max(1)) {
-            add_row_sums(db, X::read(d, &mut scratch), self.ohw());
+            add_row_sums(db, d, self.ohw());
         }
         Ok(())
     }

@@ -153,7 +153,7 @@ impl Geom {
                     let (dw, db) = acc.split_at_mut(wlen);
                     // dW (Cout, Cin) += dy (Cout, oh*ow) * x^T (oh*ow, Cin)
                     let done = a.pack_rows(cout, hw, |r| &dy[r * hw..][..hw])
-                        && packed.pack_transposed16(hw, cin, x)
+                        && packed.pack_transposed(hw, cin, x)
                         && matmul_packed(dw, &a, &packed, true);
                     if !done {
                         bail!("{name}: the weight gradient's product failed ({self:?})");

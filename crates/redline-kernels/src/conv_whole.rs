@@ -14,13 +14,13 @@ use rayon::prelude::*;
 use crate::conv::{gemm_or_err, Geom};
 use crate::conv_backward::add_row_sums;
 use crate::gemm::Mat;
-use crate::half16::Widen;
+use crate::half16::Act;
 
 impl Geom {
     /// `(rows, n * oh*ow)`: the per-sample `(rows, oh*ow)` blocks of `v`
     /// (samples one after another) side by side, rows filled in parallel.
     /// Stored bf16, each value is widened as it is copied.
-    pub(super) fn side_by_side_par<T: Widen>(&self, v: &[T], rows: usize) -> Vec<f32> {
+    pub(super) fn side_by_side_par<T: Act>(&self, v: &[T], rows: usize) -> Vec<f32> {
         let p = self.ohw();
         let n = v.len() / (rows * p).max(1);
         let mut out = vec![0f32; v.len()];

@@ -116,6 +116,19 @@ impl PackedB {
         true
     }
 
+    /// Packs the `k x n` matrix stored transposed in `src` (`n x k`, f32 or
+    /// bf16). False (and nothing packed) without AVX-512 BF16 or when `src`
+    /// does not hold `n * k` values.
+    pub(crate) fn pack_transposed<T: Packable>(&mut self, k: usize, n: usize, src: &[T]) -> bool {
+        if !available() || src.len() != n * k {
+            return false;
+        }
+        self.shape(k, n);
+        // SAFETY: the features above; the buffer is shaped for k x n.
+        unsafe { panels_of_transposed(src, k, n, &mut self.data) };
+        true
+    }
+
     /// Packs the `k x n` matrix whose row `p` is the first `n` values of
     /// `row(p)`. False (and nothing packed) without AVX-512 BF16 or when a
     /// row is shorter than `n`.
@@ -153,6 +166,15 @@ pub(crate) trait Packable: Copy + Sync {
     /// AVX-512F, AVX-512BW and AVX-512 BF16 present; `lo` (and `hi`) hold
     /// `dst.len()` values.
     unsafe fn interleave(lo: &[Self], hi: Option<&[Self]>, dst: &mut [u32]);
+
+    /// Pairs `p0..p0 + 16` of 16 stored rows (`src`: row `r` at
+    /// `src[r * k..]`, its first 32 values read) transposed into `dst`: pair
+    /// `t` of row `r` at `dst[t * NR + r]`.
+    ///
+    /// # Safety
+    /// AVX-512F, AVX-512BW and AVX-512 BF16 present; `src` holds
+    /// `15 * k + 32` values and `dst` `15 * NR + 16`.
+    unsafe fn transposed_block(src: &[Self], k: usize, dst: &mut [u32]);
 }
 
 impl Packable for f32 {
@@ -164,6 +186,11 @@ impl Packable for f32 {
     unsafe fn interleave(lo: &[f32], hi: Option<&[f32]>, dst: &mut [u32]) {
         // SAFETY: the caller's.
         unsafe { interleave(lo, hi, dst) }
+    }
+
+    unsafe fn transposed_block(src: &[f32], k: usize, dst: &mut [u32]) {
+        // SAFETY: the caller's.
+        unsafe { transposed_block(src, k, dst) }
     }
 }
 
@@ -306,10 +333,23 @@ unsafe fn panels_of_b(b: &Mat<'_>, k: usize, n: usize, out: &mut [u32]) {
         unsafe { panels_of_rows(k, n, |p| &b.data[p * n..][..n], out) };
         return;
     }
-    // Stored n x k: column j's pairs are row j's, contiguous. Blocks of 16
-    // columns by 16 pairs are converted and transposed in registers; the
-    // pairs past the last whole block of 32 values, and the columns past the
-    // last whole block of 16, one at a time.
+    // SAFETY: the caller's features; `b` is stored n x k.
+    unsafe { panels_of_transposed(b.data, k, n, out) };
+}
+
+/// The `k x n` matrix stored transposed in `src` (`n x k`) into panels of
+/// [`NR`] columns (`out`, shaped by [`PackedB`]): column `j`'s pairs are
+/// row `j`'s, contiguous. Blocks of 16 columns by 16 pairs are packed and
+/// transposed in registers ([`Packable::transposed_block`]); the pairs
+/// past the last whole block of 32 values, and the columns past the last
+/// whole block of 16, a row at a time.
+///
+/// # Safety
+/// AVX-512F, AVX-512BW and AVX-512 BF16 present; `src` holds `n * k`
+/// values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn panels_of_transposed<T: Packable>(src: &[T], k: usize, n: usize, out: &mut [u32]) {
     let kp = k.div_ceil(2);
     let (n16, p16) = (n / 16 * 16, k / 32 * 16);
     for j0 in (0..n16).step_by(16) {
@@ -318,23 +358,18 @@ unsafe fn panels_of_b(b: &Mat<'_>, k: usize, n: usize, out: &mut [u32]) {
             // SAFETY: the caller's features; rows j0..j0 + 16 hold k values,
             // of which 2 * p0 + 32 <= k are read; the 16 stores land in
             // pairs p0..p0 + 16 of columns j0..j0 + 16, inside the panel.
-            unsafe { transposed_block(&b.data[j0 * k + 2 * p0..], k, &mut out[base + p0 * NR..]) };
-        }
-        for j in j0..j0 + 16 {
-            let src = &b.data[j * k..][..k];
-            let dst = &mut out[(j / NR) * kp * NR + j % NR..];
-            for p in p16..kp {
-                dst[p * NR] = pair(src[2 * p], src.get(2 * p + 1).copied().unwrap_or(0.0));
-            }
+            unsafe { T::transposed_block(&src[j0 * k + 2 * p0..], k, &mut out[base + p0 * NR..]) };
         }
     }
     let mut row = vec![0u32; kp];
-    for (j, src) in b.data.chunks_exact(k).enumerate().skip(n16) {
-        // SAFETY: the caller's features.
-        unsafe { pair_row(src, &mut row) };
+    for (j, values) in src.chunks_exact(k.max(1)).take(n).enumerate() {
+        let first = if j < n16 { p16 } else { 0 };
+        let rest = &mut row[..kp - first];
+        // SAFETY: the caller's features; `rest` holds the remaining pairs.
+        unsafe { T::pair_row(&values[2 * first..], rest) };
         let dst = &mut out[(j / NR) * kp * NR + j % NR..];
-        for (p, v) in row.iter().enumerate() {
-            dst[p * NR] = *v;
+        for (p, v) in rest.iter().enumerate() {
+            dst[(first + p) * NR] = *v;
         }
     }
 }
@@ -441,6 +476,12 @@ unsafe fn pairs_of_a(_: &Mat<'_>, _: usize, _: usize, _: &mut [u32]) {}
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn panels_of_b(_: &Mat<'_>, _: usize, _: usize, _: &mut [u32]) {}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn panels_of_transposed<T: Packable>(_: &[T], _: usize, _: usize, _: &mut [u32]) {}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn transposed_block(_: &[f32], _: usize, _: &mut [u32]) {}
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn panels_of_rows<'s, T: Packable + 's>(

@@ -1,6 +1,6 @@
 //! The bf16 GEMM's operands ([`crate::gemm_bf16`]) packed from bf16
 //! storage (`PackedA::pack_rows` and `PackedB::pack_rows` of bf16 rows,
-//! [`PackedB::pack_transposed16`]): the layouts of
+//! `PackedB::pack_transposed`): the layouts of
 //! [`crate::gemm_bf16_pack`], whose pairs here are the stored values
 //! themselves (no conversion, half the bytes read), for
 //! the convolutions whose activations stay bf16 ([`crate::conv_pointwise16`]).
@@ -9,8 +9,8 @@
 
 use half::bf16;
 
-use crate::gemm_bf16::{available, NR};
-use crate::gemm_bf16_pack::{Packable, PackedB};
+use crate::gemm_bf16::NR;
+use crate::gemm_bf16_pack::Packable;
 
 /// The bf16 pair `(lo, hi)` as one u32, low half first.
 #[inline(always)]
@@ -33,43 +33,10 @@ impl Packable for bf16 {
         // SAFETY: the caller's.
         unsafe { interleave16(lo, hi, dst) }
     }
-}
 
-impl PackedB {
-    /// Packs the `k x n` matrix stored transposed in `src` (`n x k`, bf16):
-    /// column `j`'s pairs are row `j`'s stored neighbours, spread over the
-    /// column; blocks of 16 columns by 16 pairs transposed in registers.
-    /// False (and nothing packed) without AVX-512 BF16 or when `src` does
-    /// not hold `n * k` values.
-    pub(crate) fn pack_transposed16(&mut self, k: usize, n: usize, src: &[bf16]) -> bool {
-        if !available() || src.len() != n * k {
-            return false;
-        }
-        self.shape(k, n);
-        let kp = k.div_ceil(2);
-        let (n16, p16) = (n / 16 * 16, k / 32 * 16);
-        for j0 in (0..n16).step_by(16) {
-            let base = (j0 / NR) * kp * NR + j0 % NR;
-            for p0 in (0..p16).step_by(16) {
-                // SAFETY: the features above; rows j0..j0 + 16 hold k values,
-                // of which 2 * p0 + 32 <= k are read; the stores land in
-                // pairs p0..p0 + 16 of columns j0..j0 + 16, inside the panel.
-                unsafe {
-                    transposed_block16(&src[j0 * k + 2 * p0..], k, &mut self.data[base + p0 * NR..])
-                };
-            }
-        }
-        // The pairs past the whole blocks, and the columns past them.
-        for j in 0..n {
-            let first = if j < n16 { p16 } else { 0 };
-            let row = &src[j * k..][..k];
-            let dst = &mut self.data[(j / NR) * kp * NR + j % NR..];
-            for p in first..kp {
-                let hi = row.get(2 * p + 1).copied().unwrap_or(bf16::ZERO);
-                dst[p * NR] = pair16(row[2 * p], hi);
-            }
-        }
-        true
+    unsafe fn transposed_block(src: &[bf16], k: usize, dst: &mut [u32]) {
+        // SAFETY: the caller's.
+        unsafe { transposed_block16(src, k, dst) }
     }
 }
 
@@ -135,7 +102,8 @@ mod tests {
 
     use super::*;
     use crate::gemm::Mat;
-    use crate::gemm_bf16_pack::PackedA;
+    use crate::gemm_bf16::available;
+    use crate::gemm_bf16_pack::{PackedA, PackedB};
 
     fn values(n: usize, seed: f32) -> (Vec<bf16>, Vec<f32>) {
         let v: Vec<bf16> = (0..n)
@@ -172,7 +140,7 @@ mod tests {
             assert!(b16.pack_rows(k, n, |p| &v16[p * n..][..n]));
             assert!(b32.pack(Mat::new(&v32, k, n)));
             assert_eq!(b16.data, b32.data, "{what}: rows");
-            assert!(b16.pack_transposed16(k, n, &v16));
+            assert!(b16.pack_transposed(k, n, &v16));
             assert!(b32.pack(Mat::new(&v32, n, k).t()));
             assert_eq!(b16.data, b32.data, "{what}: transposed");
             // a (n x k) row-major.
@@ -192,7 +160,7 @@ mod tests {
         }
         let (v, _) = values(10, 0.0);
         assert!(!PackedB::default().pack_rows(2, 6, |p| &v[p * 5..][..5]));
-        assert!(!PackedB::default().pack_transposed16(3, 4, &v));
+        assert!(!PackedB::default().pack_transposed(3, 4, &v));
         assert!(!PackedA::default().pack_rows(2, 6, |r| &v[r * 5..][..5]));
     }
 }

@@ -55,42 +55,6 @@ pub(crate) fn bf16_store(x: f32) -> bf16 {
     bf16::from_bits((bf16_round(x).to_bits() >> 16) as u16)
 }
 
-/// A stored value read as f32: an f32 itself, a bf16 widened
-/// ([`bf16_widen`]); for the loops that read either storage.
-pub(crate) trait Widen: Copy + Send + Sync {
-    /// The value as f32.
-    fn widen(self) -> f32;
-
-    /// `src` widened into `dst` (equal lengths): a copy for f32.
-    fn widen_into(src: &[Self], dst: &mut [f32]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = s.widen();
-        }
-    }
-}
-
-impl Widen for f32 {
-    #[inline(always)]
-    fn widen(self) -> f32 {
-        self
-    }
-
-    fn widen_into(src: &[f32], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
-    }
-}
-
-impl Widen for bf16 {
-    #[inline(always)]
-    fn widen(self) -> f32 {
-        bf16_widen(self)
-    }
-
-    fn widen_into(src: &[bf16], dst: &mut [f32]) {
-        pulp::Arch::new().dispatch(WidenInto(src, dst));
-    }
-}
-
 /// `x` widened to f32: the bits shifted up (exact), a NaN quieted, as
 /// `half`'s `to_f32`.
 #[inline(always)]
@@ -219,6 +183,13 @@ impl pulp::WithSimd for Bf16Widen<'_> {
 /// copy of every activation and gradient: 7% of a bf16-true ResNet-18
 /// step at 224 px).
 pub(crate) trait Act: Copy + Send + Sync {
+    /// The value as f32: itself, or widened ([`bf16_widen`]), for the loops
+    /// that read either storage value by value.
+    fn widen(self) -> f32;
+
+    /// `src` widened into `dst` (equal lengths): a copy for f32.
+    fn widen_into(src: &[Self], dst: &mut [f32]);
+
     /// `src` as f32 values: itself, or widened into `scratch`.
     fn read<'a>(src: &'a [Self], scratch: &'a mut Vec<f32>) -> &'a [f32];
 
@@ -229,6 +200,15 @@ pub(crate) trait Act: Copy + Send + Sync {
 }
 
 impl Act for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+
+    fn widen_into(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+
     fn read<'a>(src: &'a [f32], _scratch: &'a mut Vec<f32>) -> &'a [f32] {
         src
     }
@@ -239,10 +219,19 @@ impl Act for f32 {
 }
 
 impl Act for bf16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        bf16_widen(self)
+    }
+
+    fn widen_into(src: &[bf16], dst: &mut [f32]) {
+        pulp::Arch::new().dispatch(WidenInto(src, dst));
+    }
+
     fn read<'a>(src: &'a [bf16], scratch: &'a mut Vec<f32>) -> &'a [f32] {
         // Every value is overwritten: only a length change writes zeros.
         scratch.resize(src.len(), 0.0);
-        pulp::Arch::new().dispatch(WidenInto(src, scratch));
+        Self::widen_into(src, scratch);
         scratch
     }
 

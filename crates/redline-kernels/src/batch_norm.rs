@@ -54,7 +54,10 @@ pub fn batch_norm2d_train(
     let (wt, bt) = (w.as_tensor(), b.as_tensor());
     if x.dtype() == DType::BF16 && x.device().is_cpu() && wt.dtype() == DType::F32 {
         // bf16-mixed: a bf16 activation under fp32 parameters, normalised
-        // as if cast to f32 (exactly), without the cast's copies.
+        // as if cast to f32 (exactly), without the cast's copies, and
+        // stored in the input's bf16, as PyTorch's CPU autocast's batch norm
+        // stores it (`native_batch_norm` of a bf16 input and fp32
+        // parameters: fp32 arithmetic, a bf16 output).
         if let Some(buffers) = layer_buffers(w, b).filter(|_| fused_cpu(wt) && fused_cpu(bt)) {
             return fused(x, (wt, bt), eps, relu, Some(buffers));
         }
@@ -499,7 +502,7 @@ impl CustomOp3 for BatchNormOp {
             );
         }
         let (y, st) = if matches!(s1, CpuStorage::BF16(_)) {
-            bf16::forward_storage(d, (s1, l1, s2), (&w, &b), self.eps, self.relu)?
+            bf16::forward_storage(d, (s1, l1), (&w, &b), self.eps, self.relu)?
         } else {
             let (y, st) = forward(d, (f32s(s1, l1, name)?, &w, &b), self.eps, self.relu);
             (CpuStorage::F32(y), st)
@@ -524,8 +527,8 @@ impl CustomOp3 for BatchNormOp {
             input_grad: self.input_grad,
             buffers: self.buffers.clone(),
         };
-        // A bf16 input's gradient comes in the parameters' dtype (its y's).
-        let grad = grad.to_dtype(w.dtype())?.contiguous()?;
+        // The gradient in y's dtype, the input's.
+        let grad = grad.to_dtype(x.dtype())?.contiguous()?;
         let flat = x.apply_op3_no_bwd(w, &grad, &op)?;
         unpack_grads(
             &flat,

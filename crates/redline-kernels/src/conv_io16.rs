@@ -41,10 +41,17 @@ impl Geom {
     }
 }
 
-/// `conv2d(x, w, b, padding)` at stride 1 with `x` and the output bf16, on
-/// bf16 products (`w` and `b`: f32 tensors of bf16 values), when the CPU
-/// and the shape take it ([`Geom::io16`]); `None` otherwise (the caller
-/// takes the casts around the fp32 op).
+/// `conv2d(x, w, b, padding)` at stride 1 with a bf16 output, on bf16
+/// products (`w` and `b`: f32 tensors of bf16 values), when the CPU and the
+/// shape take it ([`Geom::io16`]); `None` otherwise (the caller takes the
+/// casts around the fp32 op).
+///
+/// `x` is bf16 (`bf16-true`), or f32 (`bf16-mixed`, after an fp32 batch
+/// norm): then it is cast to a bf16 copy first, a recorded cast through
+/// which its gradient comes back widened. The cast path rounds it the same
+/// way (into an f32 copy) and rounds its gradient too (`round_to`'s
+/// backward), so the bits are the same, at half the copy's bytes and none
+/// of the f32 output's and output gradient's.
 pub(crate) fn conv2d_bf16(
     x: &Tensor,
     w: &Tensor,
@@ -52,7 +59,8 @@ pub(crate) fn conv2d_bf16(
     padding: usize,
 ) -> Result<Option<Tensor>> {
     let on_cpu = [x, w, b].iter().all(|t| t.device().is_cpu());
-    if !on_cpu || x.dtype() != DType::BF16 || w.dtype() != DType::F32 || b.dtype() != DType::F32 {
+    let input = matches!(x.dtype(), DType::BF16 | DType::F32);
+    if !on_cpu || !input || w.dtype() != DType::F32 || b.dtype() != DType::F32 {
         return Ok(None);
     }
     let geom = Geom {
@@ -62,6 +70,7 @@ pub(crate) fn conv2d_bf16(
     if !geom.io16() {
         return Ok(None);
     }
+    let x = &crate::cast16::to_dtype(x, DType::BF16)?;
     let op = Conv16Op {
         geom,
         input_grad: x.track_op(),
@@ -259,57 +268,61 @@ mod tests {
             (3, 96, 64, 7, 1, true),
             (2, 64, 24, 4, 1, true),
         ] {
-            let pad = kernel / 2;
-            let what = format!("b{b} {cin}->{cout} {side}x{side} {kernel}x{kernel}");
-            let x = data(&[b, cin, side, side], 0.0, 1.0).to_dtype(DType::BF16)?;
-            let x = Var::from_tensor(&x)?;
-            let w = Var::from_tensor(&data(&[cout, cin, kernel, kernel], 1.0, 0.05))?;
-            let bias = Var::from_tensor(&data(&[cout], 2.0, 0.5))?;
-            let xin = if tracked {
-                x.as_tensor().clone()
-            } else {
-                x.as_tensor().detach()
-            };
-            let (wr, br) = (round_to(&w, DType::BF16)?, round_to(&bias, DType::BF16)?);
-            let Some(got) = conv2d_bf16(&xin, &wr, &br, pad)? else {
-                panic!("{what}: not taken")
-            };
-            let xr = round_to(&xin, DType::BF16)?;
-            let want32 = conv2d_strided_in(&xr, &wr, &br, (pad, 1), DType::BF16)?;
-            let want = to_dtype(&want32, DType::BF16)?;
-            assert_eq!(got.dtype(), DType::BF16, "{what}");
-            assert_eq!(bits(&got), bits(&want), "{what}: y");
-            let up = data(got.dims(), 3.0, 1.0);
-            let gg = (got.to_dtype(DType::F32)? * &up)?.sum_all()?.backward()?;
-            let gw = (want.to_dtype(DType::F32)? * &up)?.sum_all()?.backward()?;
-            for (name, v) in [("dW", w.as_tensor()), ("db", bias.as_tensor())] {
-                let (Some(a), Some(e)) = (gg.get(v), gw.get(v)) else {
-                    panic!("{what}: {name} missing")
+            // bf16 inputs (bf16-true) and f32 ones (bf16-mixed: cast first).
+            for input in [DType::BF16, DType::F32] {
+                let pad = kernel / 2;
+                let what = format!("b{b} {cin}->{cout} {side}x{side} {kernel}x{kernel} {input:?}");
+                let x = data(&[b, cin, side, side], 0.0, 1.0).to_dtype(input)?;
+                let x = Var::from_tensor(&x)?;
+                let w = Var::from_tensor(&data(&[cout, cin, kernel, kernel], 1.0, 0.05))?;
+                let bias = Var::from_tensor(&data(&[cout], 2.0, 0.5))?;
+                let xin = if tracked {
+                    x.as_tensor().clone()
+                } else {
+                    x.as_tensor().detach()
                 };
-                assert_eq!(bits(a), bits(e), "{what}: {name}");
-            }
-            match (gg.get(x.as_tensor()), gw.get(x.as_tensor())) {
-                (Some(a), Some(e)) => {
-                    assert!(tracked, "{what}: dx of an untracked input");
-                    assert_eq!(a.dtype(), DType::BF16, "{what}: dx");
-                    assert_eq!(a.dims(), x.as_tensor().dims(), "{what}: dx");
-                    assert_eq!(bits(a), bits(e), "{what}: dx");
+                let (wr, br) = (round_to(&w, DType::BF16)?, round_to(&bias, DType::BF16)?);
+                let Some(got) = conv2d_bf16(&xin, &wr, &br, pad)? else {
+                    panic!("{what}: not taken")
+                };
+                let xr = round_to(&xin, DType::BF16)?;
+                let want32 = conv2d_strided_in(&xr, &wr, &br, (pad, 1), DType::BF16)?;
+                let want = to_dtype(&want32, DType::BF16)?;
+                assert_eq!(got.dtype(), DType::BF16, "{what}");
+                assert_eq!(bits(&got), bits(&want), "{what}: y");
+                let up = data(got.dims(), 3.0, 1.0);
+                let gg = (got.to_dtype(DType::F32)? * &up)?.sum_all()?.backward()?;
+                let gw = (want.to_dtype(DType::F32)? * &up)?.sum_all()?.backward()?;
+                for (name, v) in [("dW", w.as_tensor()), ("db", bias.as_tensor())] {
+                    let (Some(a), Some(e)) = (gg.get(v), gw.get(v)) else {
+                        panic!("{what}: {name} missing")
+                    };
+                    assert_eq!(bits(a), bits(e), "{what}: {name}");
                 }
-                (None, None) => assert!(!tracked, "{what}: dx missing"),
-                _ => panic!("{what}: dx in one path only"),
+                match (gg.get(x.as_tensor()), gw.get(x.as_tensor())) {
+                    (Some(a), Some(e)) => {
+                        assert!(tracked, "{what}: dx of an untracked input");
+                        assert_eq!(a.dtype(), input, "{what}: dx");
+                        assert_eq!(a.dims(), x.as_tensor().dims(), "{what}: dx");
+                        assert_eq!(bits(a), bits(e), "{what}: dx");
+                    }
+                    (None, None) => assert!(!tracked, "{what}: dx missing"),
+                    _ => panic!("{what}: dx in one path only"),
+                }
             }
         }
         Ok(())
     }
 
-    /// Shapes off the bf16 pixel-major kernels, f32 inputs and strides
-    /// other than 1 are left to the caller.
+    /// Shapes off the bf16 pixel-major kernels and inputs neither f32 nor
+    /// bf16 are left to the caller.
     #[test]
     fn other_convolutions_are_left_to_the_caller() -> Result<()> {
         let w = data(&[64, 64, 3, 3], 1.0, 0.05);
         let b = data(&[64], 2.0, 0.5);
         let x32 = data(&[2, 64, 8, 8], 0.0, 1.0);
-        assert!(conv2d_bf16(&x32, &w, &b, 1)?.is_none(), "f32 input");
+        let x64 = x32.to_dtype(DType::F64)?;
+        assert!(conv2d_bf16(&x64, &w, &b, 1)?.is_none(), "f64 input");
         let small = data(&[2, 64, 4, 4], 0.0, 1.0).to_dtype(DType::BF16)?;
         assert!(conv2d_bf16(&small, &w, &b, 1)?.is_none(), "16-pixel maps");
         let w48 = data(&[48, 64, 3, 3], 1.0, 0.05);

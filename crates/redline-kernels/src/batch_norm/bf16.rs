@@ -1,8 +1,9 @@
 //! The fused batch norm of a bf16 input: the f32 kernel's arithmetic, with
 //! each channel's bf16 planes widened into per-thread scratch as the
-//! channel is taken (so in cache). Under `bf16-true` the parameters and
-//! the output are bf16 (the output rounded as it is written); under
-//! `bf16-mixed` they are f32, as the norm ran on the input cast to f32.
+//! channel is taken (so in cache). The output is bf16, rounded as it is
+//! written; the parameters are bf16 under `bf16-true` and f32 under
+//! `bf16-mixed` (the norm of the input cast to f32, its output rounded to
+//! bf16: PyTorch's CPU autocast's).
 //!
 //! The casts around the f32 kernel it replaces each made a whole f32 copy
 //! of the activation or its gradient: a pass over memory each way, forward
@@ -44,64 +45,28 @@ fn with_scratch<R>(lens: [usize; 3], f: impl FnOnce(&mut [Vec<f32>; 3]) -> R) ->
     r
 }
 
-/// A storage element the kernels read and write: bf16 or f32.
-trait Elem: Copy + Default + Send + Sync + 'static {
-    /// The value in f32 (exact).
-    fn to_f32(self) -> f32;
-    /// An f32 value stored (rounded to nearest even for bf16).
-    fn of_f32(v: f32) -> Self;
-    /// The contiguous elements a layout addresses, or an error naming `op`.
-    fn slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> candle_core::Result<&'a [Self]>;
-}
-
-impl Elem for bf16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        bf16_widen(self)
-    }
-    #[inline(always)]
-    fn of_f32(v: f32) -> Self {
-        bf16_store(v)
-    }
-    fn slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> candle_core::Result<&'a [Self]> {
-        crate::slices::bf16s(s, l, op)
-    }
-}
-
-impl Elem for f32 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-    #[inline(always)]
-    fn of_f32(v: f32) -> Self {
-        v
-    }
-    fn slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> candle_core::Result<&'a [Self]> {
-        crate::slices::f32s(s, l, op)
-    }
-}
-
 /// The planes of channel `ch` of `src` widened into `dst` one after another.
 #[inline(always)]
-fn widen_channel<T: Elem>(d: Dims, src: &[T], ch: usize, dst: &mut [f32]) {
+fn widen_channel(d: Dims, src: &[bf16], ch: usize, dst: &mut [f32]) {
     for (dst, src) in dst.chunks_mut(d.hw.max(1)).zip(d.planes(src, ch)) {
-        dst.iter_mut().zip(src).for_each(|(d, &s)| *d = s.to_f32());
+        dst.iter_mut()
+            .zip(src)
+            .for_each(|(d, &s)| *d = bf16_widen(s));
     }
 }
 
 /// The forward: per channel, its planes widened, the statistics (two
 /// passes over the scratch), then `y = x * scale + shift` (and the ReLU)
 /// rounded into the bf16 output.
-fn forward<T: Elem>(
+fn forward(
     d: Dims,
     x: &[bf16],
     (w, b): (&[f32], &[f32]),
     eps: f64,
     relu: bool,
-) -> (Vec<T>, Stats) {
+) -> (Vec<bf16>, Stats) {
     let n = d.n();
-    let (y, per) = by_channel_of::<T, _>((d.b, d.c, d.hw), |ch, out| {
+    let (y, per) = by_channel_of::<bf16, _>((d.b, d.c, d.hw), |ch, out| {
         with_scratch([n, 0, 0], |[xs, _, _]| {
             let xs = &mut xs[..n];
             vectorised(
@@ -113,7 +78,7 @@ fn forward<T: Elem>(
                     let scale = invstd * w[ch];
                     let shift = b[ch] - mean * scale;
                     for (y, x) in out.zip(xs.chunks(d.hw.max(1))) {
-                        normalise(y, x, (scale, shift), relu, T::of_f32);
+                        normalise(y, x, (scale, shift), relu, bf16_store);
                     }
                     [mean, var, invstd, scale, shift]
                 },
@@ -124,32 +89,22 @@ fn forward<T: Elem>(
 }
 
 /// [`super::BatchNormOp`]'s forward of a bf16 input `x (s1)` under a
-/// weight and bias of one dtype, bf16 or f32 (`s2`, `s3`, already widened
-/// to `w` and `b` and checked): y in the parameters' dtype, and the
-/// batch's statistics.
+/// weight and bias `w` and `b` (bf16 or f32 parameters, widened and
+/// checked): y in bf16, and the batch's statistics.
 pub(super) fn forward_storage(
     d: Dims,
-    (s1, l1, s2): (&CpuStorage, &Layout, &CpuStorage),
+    (s1, l1): (&CpuStorage, &Layout),
     (w, b): (&[f32], &[f32]),
     eps: f64,
     relu: bool,
 ) -> candle_core::Result<(CpuStorage, Stats)> {
-    let x = bf16::slice(s1, l1, "redline-batch-norm2d (bf16)")?;
-    Ok(match s2.dtype() {
-        DType::F32 => {
-            let (y, st) = forward::<f32>(d, x, (w, b), eps, relu);
-            (CpuStorage::F32(y), st)
-        }
-        _ => {
-            let (y, st) = forward::<bf16>(d, x, (w, b), eps, relu);
-            (CpuStorage::BF16(y), st)
-        }
-    })
+    let x = crate::slices::bf16s(s1, l1, "redline-batch-norm2d (bf16)")?;
+    let (y, st) = forward(d, x, (w, b), eps, relu);
+    Ok((CpuStorage::BF16(y), st))
 }
 
 /// [`super::BatchNormBackward`]'s kernel for a bf16 input `x (s1)`: dx in
-/// bf16 (empty when `x` needs no gradient), dy (`s3`) in the parameters'
-/// dtype; dW and db into `buffers` (f32 values for f32 parameters, bf16
+/// bf16 (empty when `x` needs no gradient), from dy (`s3`) in bf16; dW and db into `buffers` (f32 values for f32 parameters, bf16
 /// tensors for bf16 ones).
 pub(super) fn backward_storage(
     (stats, relu, input_grad): (&Stats, bool, bool),
@@ -159,7 +114,8 @@ pub(super) fn backward_storage(
     (s3, l3): (&CpuStorage, &Layout),
 ) -> candle_core::Result<(CpuStorage, Shape)> {
     let name = "redline-batch-norm2d-backward (bf16)";
-    let x = bf16::slice(s1, l1, name)?;
+    let x = crate::slices::bf16s(s1, l1, name)?;
+    let dy = crate::slices::bf16s(s3, l3, name)?;
     let w = widen(s2, l2, name)?;
     let k = Backward16 {
         stats,
@@ -167,10 +123,7 @@ pub(super) fn backward_storage(
         input_grad,
         buffers,
     };
-    match s3.dtype() {
-        DType::F32 => k.run(Dims::of(l1)?, x, &w, f32::slice(s3, l3, name)?, s2.dtype()),
-        _ => k.run(Dims::of(l1)?, x, &w, bf16::slice(s3, l3, name)?, s2.dtype()),
-    }
+    k.run(Dims::of(l1)?, x, &w, dy, s2.dtype())
 }
 
 /// The backward's saved state, borrowed.
@@ -208,12 +161,12 @@ impl Backward16<'_> {
 
 impl Backward16<'_> {
     /// dx, with dW and db into the buffers in `param`'s dtype.
-    fn run<T: Elem>(
+    fn run(
         &self,
         d: Dims,
         x: &[bf16],
         w: &[f32],
-        dy: &[T],
+        dy: &[bf16],
         param: DType,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let name = "redline-batch-norm2d-backward (bf16)";

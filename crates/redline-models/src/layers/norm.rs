@@ -53,7 +53,8 @@ impl BatchNorm2d {
     /// from the batch's, detached.
     fn train_forward(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
         // Norms run in their parameters' dtype (fp32 under autocast): the
-        // kernel casts, or reads a bf16 input itself on the CPU.
+        // kernel casts, or reads a bf16 input itself on the CPU (and writes
+        // a bf16 output).
         let (b, _, h, w) = x.dims4()?;
         let out = batch_norm2d_train(x, &self.w, &self.b, self.eps, relu)?;
         let n = (b * h * w) as f64;
@@ -78,7 +79,14 @@ impl Layer for BatchNorm2d {
         if train {
             return self.train_forward(x, self.relu);
         }
-        // Norms run in their parameters' dtype: fp32 under autocast.
+        // Norms run in their parameters' dtype: fp32 under autocast. On the
+        // CPU a bf16 input's output is bf16, as in training (PyTorch's CPU
+        // autocast's batch norm).
+        let stored = if x.device().is_cpu() && x.dtype() == DType::BF16 {
+            DType::BF16
+        } else {
+            self.w.as_tensor().dtype()
+        };
         let x = &redline_kernels::cast16::to_dtype(x, self.w.as_tensor().dtype())?;
         let c = x.dim(1)?;
         let shape = (1, c, 1, 1);
@@ -90,7 +98,8 @@ impl Layer for BatchNorm2d {
         let y = normed
             .broadcast_mul(&self.w.as_tensor().reshape(shape)?)?
             .broadcast_add(&self.b.as_tensor().reshape(shape)?)?;
-        Ok(if self.relu { y.relu()? } else { y })
+        let y = if self.relu { y.relu()? } else { y };
+        Ok(redline_kernels::cast16::to_dtype(&y, stored)?)
     }
 }
 

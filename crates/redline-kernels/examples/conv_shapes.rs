@@ -2,7 +2,7 @@
 //! (dW, db, dx), and prints ms and GFLOP/s per shape; `bench/conv_shapes.py`
 //! runs PyTorch's on the same shapes beside it.
 //!
-//! `cargo run --release -p redline-kernels --example conv_shapes -- [--threads N] [--batch B] [--size S] [--reps R] [--no-dx] [--bf16] [--io16] [--resnet50] [--only TEXT] [--patch8 [--patch-cout N]]`
+//! `cargo run --release -p redline-kernels --example conv_shapes -- [--threads N] [--batch B] [--size S] [--reps R] [--no-dx] [--bf16] [--io16 [--io16-casts]] [--resnet50] [--only TEXT] [--patch8 [--patch-cout N]]`
 
 use std::time::Instant;
 
@@ -29,6 +29,9 @@ fn shapes(s: usize) -> Vec<(&'static str, usize, usize, usize, usize, usize, usi
             ("layer3 1x1 out", 256, 1024, 1, 1, 0, s3),
             ("layer4 1x1 in", 2048, 512, 1, 1, 0, s4),
             ("layer4 1x1 out", 512, 2048, 1, 1, 0, s4),
+            ("layer2 down 1x1/2", 256, 512, 1, 2, 0, s1),
+            ("layer3 down 1x1/2", 512, 1024, 1, 2, 0, s2),
+            ("layer4 down 1x1/2", 1024, 2048, 1, 2, 0, s3),
         ];
     }
     vec![
@@ -50,6 +53,27 @@ mod common;
 
 use common::{arg, median};
 
+/// A strided bf16 convolution as the layer set runs it under `bf16-true`:
+/// the parameters rounded by recorded casts, then the bf16-storage kernels
+/// (`conv2d_bf16`), or with `casts` the fp32 op between casts.
+fn strided16(
+    x: &Tensor,
+    (w, b): (&Param, &Param),
+    geometry: (usize, usize),
+    casts: bool,
+) -> Result<Tensor, Box<dyn std::error::Error>> {
+    use redline_kernels::cast16::{round_to, to_dtype};
+    let bf = candle_core::DType::BF16;
+    let (wr, br) = (round_to(w.as_tensor(), bf)?, round_to(b.as_tensor(), bf)?);
+    if !casts {
+        if let Some(y) = redline_kernels::conv2d_bf16(x, &wr, &br, geometry)? {
+            return Ok(y);
+        }
+    }
+    let y = conv2d_strided_in(&round_to(x, bf)?, &wr, &br, geometry, bf)?;
+    Ok(to_dtype(&y, bf)?)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (batch, size, reps) = common::setup();
     println!(
@@ -67,10 +91,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // --bf16: bf16 products on the native bf16 GEMM (im2col).
     let bf16 = args.iter().any(|a| a == "--bf16");
     // --io16: bf16 activations in and out (bf16-true's convolution,
-    // `conv2d_in`: cast-free where the kernels read bf16); stride 1 only.
+    // `conv2d_in`: cast-free where the kernels read bf16); stride 1, and
+    // strided 1x1 ones (`conv2d_bf16`, the layer set's route for them).
+    // --io16-casts: those strided 1x1 ones as the fp32 op between casts
+    // (their route before stop 72).
     let io16 = args.iter().any(|a| a == "--io16");
+    let casts = args.iter().any(|a| a == "--io16-casts");
     for (name, cin, cout, k, stride, pad, side) in shapes(size) {
-        if !name.contains(only.as_str()) || (io16 && stride != 1) {
+        if !name.contains(only.as_str()) || (io16 && stride != 1 && k != 1) {
             continue;
         }
         let xt = Tensor::randn(0f32, 1.0, (batch, cin, side, side), &dev)?;
@@ -100,7 +128,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (mut fwd, mut bwd) = (Vec::new(), Vec::new());
         for _ in 0..reps + 1 {
             let t = Instant::now();
-            let y = if io16 {
+            let y = if io16 && stride != 1 {
+                strided16(&x, (&w, &b), (pad, stride), casts)?
+            } else if io16 {
                 let bf = candle_core::DType::BF16;
                 redline_kernels::conv2d_in(&x, &w, &b, pad, None, bf)?
             } else if bf16 {

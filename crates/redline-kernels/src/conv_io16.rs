@@ -12,8 +12,9 @@
 //!
 //! It takes the convolutions whose forward, weight gradient and input
 //! gradient (the transposed convolution) all run on the bf16 pixel-major
-//! kernels, ResNet's 3x3 stride-1 convolutions, and the 1x1 ones on the
-//! bf16 GEMM ([`crate::conv_pointwise16`]). The weights and bias come
+//! kernels, ResNet's 3x3 stride-1 convolutions, and the unpadded 1x1 ones
+//! on the bf16 GEMM ([`crate::conv_pointwise16`]), strided ones (ResNet's
+//! downsampling shortcuts) as the stride-1 one over the input subsampled. The weights and bias come
 //! in as f32 tensors of bf16 values (the recorded casts of the parameters,
 //! through which their gradients are rounded back).
 
@@ -35,28 +36,32 @@ impl Geom {
     /// written to bf16 ([`crate::conv_pointwise16`]).
     pub(super) fn io16(&self) -> bool {
         self.pointwise16()
+            || self.strided_pointwise16().is_some()
             || (self.nhwc16()
                 && self.nhwc16_backward()
                 && self.transposed().is_some_and(|t| t.nhwc16()))
     }
 }
 
-/// `conv2d(x, w, b, padding)` at stride 1 with a bf16 output, on bf16
-/// products (`w` and `b`: f32 tensors of bf16 values), when the CPU and the
-/// shape take it ([`Geom::io16`]); `None` otherwise (the caller takes the
-/// casts around the fp32 op).
+/// `conv2d(x, w, b, padding, stride)` with a bf16 output, on bf16
+/// products (`w` and `b`: f32 tensors of bf16 values), when the CPU has
+/// AVX-512 BF16 and the shape is one the bf16-storage kernels take (a
+/// stride-1 3x3 one whose channels pair up on maps of 32 pixels or more, or
+/// an unpadded 1x1 one at any stride); `None` otherwise (the caller takes
+/// the casts around the fp32 op).
 ///
-/// `x` is bf16 (`bf16-true`), or f32 (`bf16-mixed`, after an fp32 batch
-/// norm): then it is cast to a bf16 copy first, a recorded cast through
+/// `x` is bf16 (the activations of both bf16 precisions), or f32 (the
+/// output of an fp32 layer, such as `LayerNorm`): then it is cast to a
+/// bf16 copy first, a recorded cast through
 /// which its gradient comes back widened. The cast path rounds it the same
 /// way (into an f32 copy) and rounds its gradient too (`round_to`'s
 /// backward), so the bits are the same, at half the copy's bytes and none
 /// of the f32 output's and output gradient's.
-pub(crate) fn conv2d_bf16(
+pub fn conv2d_bf16(
     x: &Tensor,
     w: &Tensor,
     b: &Tensor,
-    padding: usize,
+    (padding, stride): (usize, usize),
 ) -> Result<Option<Tensor>> {
     let on_cpu = [x, w, b].iter().all(|t| t.device().is_cpu());
     let input = matches!(x.dtype(), DType::BF16 | DType::F32);
@@ -65,7 +70,7 @@ pub(crate) fn conv2d_bf16(
     }
     let geom = Geom {
         gemm: DType::BF16,
-        ..Geom::new(x, w, b, padding)?
+        ..Geom::strided(x, w, b, padding, stride)?
     };
     if !geom.io16() {
         return Ok(None);
@@ -122,7 +127,9 @@ impl CustomOp3 for Conv16Op {
             ],
         )?;
         let mut out = vec![bf16::ZERO; g.b * g.out_len()];
-        if g.b > 0 && g.pointwise() {
+        if let Some(dense) = g.strided_pointwise16().filter(|_| g.b > 0) {
+            dense.forward_pointwise16(name, w, b, &g.subsample16(x), &mut out)?;
+        } else if g.b > 0 && g.pointwise() {
             g.forward_pointwise16(name, w, b, x, &mut out)?;
         } else if g.b > 0 {
             g.forward_nhwc16(name, &g.nhwc_panels_stored(w), b, x, &mut out)?;
@@ -199,7 +206,17 @@ impl CustomOp3 for Conv16Backward {
         )?;
         let mut dwb = vec![0f32; g.cout * g.k() + g.cout];
         let mut dx = vec![bf16::ZERO; if self.input_grad { x.len() } else { 0 }];
-        if g.b > 0 && g.pointwise() {
+        if let Some(dense) = g.strided_pointwise16().filter(|_| g.b > 0) {
+            // The stride-1 convolution of the subsampled input; its input
+            // gradient back onto the stride's grid.
+            let xs = g.subsample16(x);
+            let mut dsub = vec![bf16::ZERO; if self.input_grad { xs.len() } else { 0 }];
+            let dsub_out = self.input_grad.then_some(&mut dsub[..]);
+            dense.backward_pointwise16(name, (&xs, w, dy), &mut dwb, dsub_out)?;
+            if self.input_grad {
+                g.unsubsample16(&dsub, &mut dx);
+            }
+        } else if g.b > 0 && g.pointwise() {
             let dx = self.input_grad.then_some(&mut dx[..]);
             g.backward_pointwise16(name, (x, w, dy), &mut dwb, dx)?;
         } else if g.b > 0 {
@@ -257,21 +274,29 @@ mod tests {
         // pixel-major kernels; 1x1 per sample (64 pixels and more: even and
         // odd pixel counts, 16-column blocks and their tails) and side by
         // side (49 and 16 pixels), odd channel counts.
-        for (b, cin, cout, side, kernel, tracked) in [
-            (3, 64, 64, 8, 3, true),
-            (2, 128, 64, 7, 3, true),
-            (1, 64, 128, 9, 3, false),
-            (3, 64, 256, 16, 1, true),
-            (3, 256, 64, 9, 1, true),
-            (2, 33, 40, 8, 1, true),
-            (1, 48, 32, 8, 1, false),
-            (3, 96, 64, 7, 1, true),
-            (2, 64, 24, 4, 1, true),
+        // 1x1 at stride 2 (ResNet's downsampling): 64-pixel outputs per
+        // sample, 49 and 25 side by side, an odd input side.
+        for (b, cin, cout, side, (kernel, stride), tracked) in [
+            (3, 64, 64, 8, (3, 1), true),
+            (2, 128, 64, 7, (3, 1), true),
+            (1, 64, 128, 9, (3, 1), false),
+            (3, 64, 256, 16, (1, 1), true),
+            (3, 256, 64, 9, (1, 1), true),
+            (2, 33, 40, 8, (1, 1), true),
+            (1, 48, 32, 8, (1, 1), false),
+            (3, 96, 64, 7, (1, 1), true),
+            (2, 64, 24, 4, (1, 1), true),
+            (3, 64, 128, 16, (1, 2), true),
+            (2, 96, 64, 14, (1, 2), true),
+            (2, 33, 40, 9, (1, 2), true),
+            (1, 48, 32, 10, (1, 2), false),
         ] {
             // bf16 inputs (bf16-true) and f32 ones (bf16-mixed: cast first).
             for input in [DType::BF16, DType::F32] {
                 let pad = kernel / 2;
-                let what = format!("b{b} {cin}->{cout} {side}x{side} {kernel}x{kernel} {input:?}");
+                let what = format!(
+                    "b{b} {cin}->{cout} {side}x{side} {kernel}x{kernel} /{stride} {input:?}"
+                );
                 let x = data(&[b, cin, side, side], 0.0, 1.0).to_dtype(input)?;
                 let x = Var::from_tensor(&x)?;
                 let w = Var::from_tensor(&data(&[cout, cin, kernel, kernel], 1.0, 0.05))?;
@@ -282,11 +307,11 @@ mod tests {
                     x.as_tensor().detach()
                 };
                 let (wr, br) = (round_to(&w, DType::BF16)?, round_to(&bias, DType::BF16)?);
-                let Some(got) = conv2d_bf16(&xin, &wr, &br, pad)? else {
+                let Some(got) = conv2d_bf16(&xin, &wr, &br, (pad, stride))? else {
                     panic!("{what}: not taken")
                 };
                 let xr = round_to(&xin, DType::BF16)?;
-                let want32 = conv2d_strided_in(&xr, &wr, &br, (pad, 1), DType::BF16)?;
+                let want32 = conv2d_strided_in(&xr, &wr, &br, (pad, stride), DType::BF16)?;
                 let want = to_dtype(&want32, DType::BF16)?;
                 assert_eq!(got.dtype(), DType::BF16, "{what}");
                 assert_eq!(bits(&got), bits(&want), "{what}: y");
@@ -322,12 +347,24 @@ mod tests {
         let b = data(&[64], 2.0, 0.5);
         let x32 = data(&[2, 64, 8, 8], 0.0, 1.0);
         let x64 = x32.to_dtype(DType::F64)?;
-        assert!(conv2d_bf16(&x64, &w, &b, 1)?.is_none(), "f64 input");
+        assert!(conv2d_bf16(&x64, &w, &b, (1, 1))?.is_none(), "f64 input");
         let small = data(&[2, 64, 4, 4], 0.0, 1.0).to_dtype(DType::BF16)?;
-        assert!(conv2d_bf16(&small, &w, &b, 1)?.is_none(), "16-pixel maps");
+        assert!(
+            conv2d_bf16(&small, &w, &b, (1, 1))?.is_none(),
+            "16-pixel maps"
+        );
         let w48 = data(&[48, 64, 3, 3], 1.0, 0.05);
         let x16 = x32.to_dtype(DType::BF16)?;
-        assert!(conv2d_bf16(&x16, &w48, &data(&[48], 2.0, 0.5), 1)?.is_none());
+        assert!(conv2d_bf16(&x16, &w48, &data(&[48], 2.0, 0.5), (1, 1))?.is_none());
+        // A strided 3x3 (no transposed convolution on these kernels) and a
+        // padded strided 1x1.
+        assert!(conv2d_bf16(&x16, &w, &b, (1, 2))?.is_none(), "3x3 /2");
+        let w1 = data(&[64, 64, 1, 1], 1.0, 0.05);
+        assert!(
+            conv2d_bf16(&x16, &w1, &b, (1, 2))?.is_none(),
+            "padded 1x1 /2"
+        );
+        assert!(conv2d_bf16(&x16, &w1, &b, (0, 2))?.is_some(), "1x1 /2");
         Ok(())
     }
 }

@@ -41,6 +41,61 @@ impl Geom {
             && crate::gemm_bf16::enabled()
     }
 
+    /// A 1x1 unpadded convolution at stride `s > 1` (ResNet's
+    /// downsampling shortcuts) as the stride-1 one over its input
+    /// subsampled ([`Geom::subsample16`]): that geometry, when it takes the
+    /// bf16 pointwise kernels.
+    pub(super) fn strided_pointwise16(&self) -> Option<Geom> {
+        let dense = Geom {
+            h: self.oh,
+            w: self.ow,
+            stride: 1,
+            ..*self
+        };
+        let strided = self.kh == 1 && self.kw == 1 && self.pad == 0 && self.stride > 1;
+        (strided && dense.pointwise16()).then_some(dense)
+    }
+
+    /// `x (b, Cin, h, w)` at the stride's grid: `(b, Cin, oh, ow)`, value
+    /// `(i, j)` of a plane being input `(i * s, j * s)` (a 1x1 strided
+    /// convolution's im2col).
+    pub(super) fn subsample16(&self, x: &[bf16]) -> Vec<bf16> {
+        let (s, ohw) = (self.stride, self.ohw());
+        let mut out = vec![bf16::ZERO; self.b * self.cin * ohw];
+        if ohw > 0 {
+            out.par_chunks_mut(ohw)
+                .zip(x.par_chunks(self.h * self.w))
+                .for_each(|(o, plane)| {
+                    for (row, src) in o.chunks_mut(self.ow).zip(plane.chunks(self.w * s)) {
+                        row.iter_mut()
+                            .zip(src.iter().step_by(s))
+                            .for_each(|(o, &v)| *o = v);
+                    }
+                });
+        }
+        out
+    }
+
+    /// The adjoint of [`Geom::subsample16`]: `dx (b, Cin, h, w)` zero but
+    /// at the stride's grid, which takes `dsub`.
+    pub(super) fn unsubsample16(&self, dsub: &[bf16], dx: &mut [bf16]) {
+        let (s, ohw) = (self.stride, self.ohw());
+        if ohw == 0 {
+            return;
+        }
+        dx.par_chunks_mut(self.h * self.w)
+            .zip(dsub.par_chunks(ohw))
+            .for_each(|(plane, d)| {
+                plane.fill(bf16::ZERO);
+                for (dst, row) in plane.chunks_mut(self.w * s).zip(d.chunks(self.ow)) {
+                    dst.iter_mut()
+                        .step_by(s)
+                        .zip(row)
+                        .for_each(|(o, &v)| *o = v);
+                }
+            });
+    }
+
     /// The outputs of all samples of `x` into `out` (both bf16), `w`
     /// `(Cout, Cin)` and `b` f32 tensors of bf16 values, the bias added
     /// before the rounding.

@@ -81,6 +81,7 @@ pub use conv::{
 };
 pub use conv_block::{conv2d_pool_relu, conv2d_pool_relu_param};
 pub use conv_grouped::{conv2d_grouped, conv2d_grouped_param};
+pub use conv_io16::conv2d_bf16;
 pub use error::{Error, Result};
 pub use gelu::gelu_tanh;
 pub use global_pool::global_avg_pool2d;

@@ -109,6 +109,13 @@ impl Layer for Conv2d {
                 // bf16: im2col and the native bf16 GEMM where the CPU has it.
                 let gemm = redline_kernels::gemm_bf16::route(self.dtype);
                 let geometry = (self.padding, self.stride);
+                if gemm == DType::BF16 {
+                    // A 1x1 one (ResNet's downsampling) reads and writes the
+                    // bf16 activations itself, no casts around it.
+                    if let Some(y) = redline_kernels::conv2d_bf16(x, &w, &b, geometry)? {
+                        return Ok(y);
+                    }
+                }
                 let y = redline_kernels::conv2d_strided_in(&cast(x)?, &w, &b, geometry, gemm)?;
                 return Ok(redline_kernels::cast16::to_dtype(&y, self.dtype)?);
             }

@@ -22,6 +22,13 @@ fn channel_data(c: usize, seed: f32) -> Tensor {
     Tensor::from_vec(v, c, &Device::Cpu).unwrap()
 }
 
+/// Each value rounded to bf16 (to nearest even), kept in f32.
+fn bf16_rounded(v: Vec<f32>) -> Vec<f32> {
+    v.iter()
+        .map(|&x| half::bf16::from_f32(x).to_f32())
+        .collect()
+}
+
 fn flat(t: &Tensor) -> Vec<f32> {
     t.to_dtype(DType::F32)
         .unwrap()
@@ -205,12 +212,12 @@ fn bf16_tensors_take_the_f32_kernels_arithmetic() {
             let outf = batch_norm2d_train(xf.as_tensor(), &wf, &bf32, 1e-5, relu).unwrap();
             let upf = up.to_dtype(DType::F32).unwrap();
             let [y, dx, dw, db] = outputs_and_grads(&outf.y, &upf, &xf, &wf, &bf32).unwrap();
-            let round = |v: Vec<f32>| -> Vec<f32> {
-                v.iter()
-                    .map(|&x| half::bf16::from_f32(x).to_f32())
-                    .collect()
-            };
-            let want = [round(y), round(dx), round(dw), round(db)];
+            let want = [
+                bf16_rounded(y),
+                bf16_rounded(dx),
+                bf16_rounded(dw),
+                bf16_rounded(db),
+            ];
             for (name, (g, w)) in ["y", "dx", "dW", "db"].iter().zip(got.iter().zip(&want)) {
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert!(bits(g) == bits(w), "{what}: {name} differs");
@@ -291,12 +298,7 @@ fn bf16_input_under_f32_parameters_is_the_f32_kernel_on_the_widened_input() {
             let outf = batch_norm2d_train(xf.as_tensor(), &wf, &bf, 1e-5, relu).unwrap();
             let upf = up.to_dtype(DType::F32).unwrap();
             let [yf, dxf, dwf, dbf] = outputs_and_grads(&outf.y, &upf, &xf, &wf, &bf).unwrap();
-            let round = |v: Vec<f32>| -> Vec<f32> {
-                v.iter()
-                    .map(|&x| half::bf16::from_f32(x).to_f32())
-                    .collect()
-            };
-            let (yf, dxf) = (round(yf), round(dxf));
+            let (yf, dxf) = (bf16_rounded(yf), bf16_rounded(dxf));
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             for (name, got, want) in [
                 ("y", &y, &yf),

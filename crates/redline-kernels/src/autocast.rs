@@ -109,8 +109,8 @@ pub fn conv2d_in(
         );
         if pool_relu.is_none() && route(dtype) == DType::BF16 {
             // A bf16 activation in and out of the bf16 kernels, no casts
-            // (an f32 one, bf16-mixed's after its fp32 batch norm, cast to
-            // bf16 once: half the bytes of the rounded f32 copy).
+            // (an f32 one, such as a LayerNorm's output, cast to bf16 once:
+            // half the bytes of the rounded f32 copy).
             if let Some(y) = crate::conv_io16::conv2d_bf16(x, &wr, &br, (padding, 1))? {
                 return Ok(y);
             }

@@ -14,9 +14,10 @@
 //! gradient (the transposed convolution) all run on the bf16 pixel-major
 //! kernels, ResNet's 3x3 stride-1 convolutions, and the unpadded 1x1 ones
 //! on the bf16 GEMM ([`crate::conv_pointwise16`]), strided ones (ResNet's
-//! downsampling shortcuts) as the stride-1 one over the input subsampled. The weights and bias come
-//! in as f32 tensors of bf16 values (the recorded casts of the parameters,
-//! through which their gradients are rounded back).
+//! downsampling shortcuts) as the stride-1 one over the input subsampled.
+//! The weights and bias come in as f32 tensors of bf16 values (the
+//! recorded casts of the parameters, through which their gradients are
+//! rounded back).
 
 use std::sync::{Arc, Mutex};
 
@@ -52,11 +53,11 @@ impl Geom {
 ///
 /// `x` is bf16 (the activations of both bf16 precisions), or f32 (the
 /// output of an fp32 layer, such as `LayerNorm`): then it is cast to a
-/// bf16 copy first, a recorded cast through
-/// which its gradient comes back widened. The cast path rounds it the same
-/// way (into an f32 copy) and rounds its gradient too (`round_to`'s
-/// backward), so the bits are the same, at half the copy's bytes and none
-/// of the f32 output's and output gradient's.
+/// bf16 copy first, a recorded cast through which its gradient comes back
+/// widened. The cast path rounds it the same way (into an f32 copy) and
+/// rounds its gradient too (`round_to`'s backward), so the bits are the
+/// same, at half the copy's bytes and none of the f32 output's and output
+/// gradient's.
 pub fn conv2d_bf16(
     x: &Tensor,
     w: &Tensor,
@@ -208,7 +209,7 @@ impl CustomOp3 for Conv16Backward {
         let mut dx = vec![bf16::ZERO; if self.input_grad { x.len() } else { 0 }];
         if let Some(dense) = g.strided_pointwise16().filter(|_| g.b > 0) {
             // The stride-1 convolution of the subsampled input; its input
-            // gradient back onto the stride's grid.
+            // gradient back onto the stride's grid of the zeroed dx.
             let xs = g.subsample16(x);
             let mut dsub = vec![bf16::ZERO; if self.input_grad { xs.len() } else { 0 }];
             let dsub_out = self.input_grad.then_some(&mut dsub[..]);

@@ -76,8 +76,9 @@ impl Geom {
         out
     }
 
-    /// The adjoint of [`Geom::subsample16`]: `dx (b, Cin, h, w)` zero but
-    /// at the stride's grid, which takes `dsub`.
+    /// The adjoint of [`Geom::subsample16`]: `dsub` written onto the
+    /// stride's grid of `dx (b, Cin, h, w)`, which the caller hands in
+    /// zeroed (the values off the grid are left as they are).
     pub(super) fn unsubsample16(&self, dsub: &[bf16], dx: &mut [bf16]) {
         let (s, ohw) = (self.stride, self.ohw());
         if ohw == 0 {
@@ -86,7 +87,6 @@ impl Geom {
         dx.par_chunks_mut(self.h * self.w)
             .zip(dsub.par_chunks(ohw))
             .for_each(|(plane, d)| {
-                plane.fill(bf16::ZERO);
                 for (dst, row) in plane.chunks_mut(self.w * s).zip(d.chunks(self.ow)) {
                     dst.iter_mut()
                         .step_by(s)

@@ -11,7 +11,9 @@
 //! parameters' gradient buffers. The arithmetic is PyTorch's CPU kernel's:
 //! two-pass statistics, and
 //! `dx = w * invstd * (dy - mean(dy) - (x - mean) * invstd^2 * mean(dy * (x - mean)))`.
-//! Other devices and dtypes take the same formula from candle's ops.
+//! Other devices and dtypes take the same formula from candle's ops. On
+//! maps of 64 values and fewer (8x8 down to 1x1) both passes go by blocks
+//! of channels (`blocked.rs`), not channel by channel.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -311,6 +313,9 @@ fn forward(
     eps: f64,
     relu: bool,
 ) -> (Vec<f32>, Stats) {
+    if let Some(per) = blocked::block_channels(d) {
+        return blocked::forward(d, (x, w, b), eps, relu, per);
+    }
     let (y, per) = by_channel((d.b, d.c, d.hw), |ch, out| {
         vectorised(
             #[inline(always)]
@@ -598,7 +603,16 @@ impl CustomOp3 for BatchNormBackward {
         // dx channel by channel right after its sums, so that the second
         // read of the channel's `x` and `dy` comes from the cache.
         let n = d.n() as f32;
-        let (dx, sums) = if self.input_grad {
+        let (dx, sums) = if let Some(per) = blocked::block_channels(d) {
+            let k = blocked::Backward {
+                x,
+                dy,
+                w,
+                stats: st,
+                relu: self.relu,
+            };
+            k.run(d, self.input_grad, per)
+        } else if self.input_grad {
             by_channel((d.b, d.c, d.hw), |ch, out| {
                 let sums = sums_of(ch);
                 let (m, is) = (st.mean[ch], st.invstd[ch]);
@@ -624,5 +638,6 @@ impl CustomOp3 for BatchNormBackward {
 }
 
 mod bf16;
+mod blocked;
 #[cfg(test)]
 mod tests;

@@ -187,6 +187,9 @@ pub(crate) trait Act: Copy + Send + Sync {
     /// that read either storage value by value.
     fn widen(self) -> f32;
 
+    /// `v` stored: itself, or rounded to nearest even ([`bf16_store`]).
+    fn narrow(v: f32) -> Self;
+
     /// `src` widened into `dst` (equal lengths): a copy for f32.
     fn widen_into(src: &[Self], dst: &mut [f32]);
 
@@ -203,6 +206,11 @@ impl Act for f32 {
     #[inline(always)]
     fn widen(self) -> f32 {
         self
+    }
+
+    #[inline(always)]
+    fn narrow(v: f32) -> f32 {
+        v
     }
 
     fn widen_into(src: &[f32], dst: &mut [f32]) {
@@ -222,6 +230,11 @@ impl Act for bf16 {
     #[inline(always)]
     fn widen(self) -> f32 {
         bf16_widen(self)
+    }
+
+    #[inline(always)]
+    fn narrow(v: f32) -> bf16 {
+        bf16_store(v)
     }
 
     fn widen_into(src: &[bf16], dst: &mut [f32]) {

@@ -70,32 +70,49 @@ pub fn by_channel<R: Send>(
 /// [`by_channel`] for a buffer of any element type (bf16 for `bf16-true`'s
 /// batch norm).
 pub fn by_channel_of<T: Copy + Default + Send + Sync, R: Send>(
-    (b, c, hw): (usize, usize, usize),
+    dims: (usize, usize, usize),
     f: impl Fn(usize, &mut Planes<'_, T>) -> R + Sync,
+) -> (Vec<T>, Vec<R>) {
+    by_channel_blocks_of(dims, 1, |chans, planes| f(chans.start, planes))
+}
+
+/// [`by_channel_of`] by blocks of `per` channels (the last one shorter):
+/// `f(channels, segments)` gets, in sample order, each sample's values of
+/// those channels, one contiguous segment of `channels.len() * hw`, and the
+/// values come back in block order. On small maps (2x2: a plane is 4
+/// values) one loop over a block's segment replaces a loop per plane.
+pub fn by_channel_blocks_of<T: Copy + Default + Send + Sync, R: Send>(
+    (b, c, hw): (usize, usize, usize),
+    per: usize,
+    f: impl Fn(std::ops::Range<usize>, &mut Planes<'_, T>) -> R + Sync,
 ) -> (Vec<T>, Vec<R>) {
     use rayon::prelude::*;
     let n = b * c * hw;
+    let per = per.max(1);
+    let blocks = c.div_ceil(per);
     let mut v: Vec<T> = Vec::with_capacity(n);
     let mut groups: Vec<Vec<&mut [std::mem::MaybeUninit<T>]>> =
-        (0..c).map(|_| Vec::with_capacity(b)).collect();
-    if hw > 0 {
-        for (i, p) in v.spare_capacity_mut()[..n].chunks_mut(hw).enumerate() {
-            groups[i % c].push(p);
+        (0..blocks).map(|_| Vec::with_capacity(b)).collect();
+    if hw > 0 && c > 0 {
+        for sample in v.spare_capacity_mut()[..n].chunks_mut(c * hw) {
+            for (group, seg) in groups.iter_mut().zip(sample.chunks_mut(per * hw)) {
+                group.push(seg);
+            }
         }
     }
     let out = groups
         .into_par_iter()
         .enumerate()
-        .map(|(ch, planes)| {
-            let mut planes = Planes {
-                rest: planes.into_iter(),
+        .map(|(k, segs)| {
+            let mut segs = Planes {
+                rest: segs.into_iter(),
             };
-            let r = f(ch, &mut planes);
-            planes.for_each(drop);
+            let r = f(k * per..((k + 1) * per).min(c), &mut segs);
+            segs.for_each(drop);
             r
         })
         .collect();
-    // SAFETY: the capacity holds `n` elements, and every plane (together
+    // SAFETY: the capacity holds `n` elements, and every segment (together
     // all `n`) was initialised by `Planes::next`, by `f` or the drain after.
     unsafe { v.set_len(n) };
     (v, out)

@@ -65,6 +65,9 @@ fn forward(
     eps: f64,
     relu: bool,
 ) -> (Vec<bf16>, Stats) {
+    if let Some(per) = super::blocked::block_channels(d) {
+        return super::blocked::forward(d, (x, w, b), eps, relu, per);
+    }
     let n = d.n();
     let (y, per) = by_channel_of::<bf16, _>((d.b, d.c, d.hw), |ch, out| {
         with_scratch([n, 0, 0], |[xs, _, _]| {
@@ -183,7 +186,16 @@ impl Backward16<'_> {
                 },
             );
         };
-        let (dx, sums) = if self.input_grad {
+        let (dx, sums) = if let Some(per) = super::blocked::block_channels(d) {
+            let k = super::blocked::Backward {
+                x,
+                dy,
+                w,
+                stats: st,
+                relu: self.relu,
+            };
+            k.run(d, self.input_grad, per)
+        } else if self.input_grad {
             by_channel_of::<bf16, _>((d.b, d.c, hw), |ch, out| {
                 with_scratch([n, n, hw], |[xs, gs, plane]| {
                     let (xs, gs, plane) = (&mut xs[..n], &mut gs[..n], &mut plane[..hw]);

@@ -87,8 +87,18 @@ fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 fn fused_forward_backward_and_statistics_match_the_f64_formula() {
     // Planes of 1 (ResNet's last stage at small inputs), 7x7 (tails of the
     // eight-lane sums), 16x16 (whole lanes), one sample and several; alone
-    // and with the fused ReLU (a good share of the outputs stopped).
-    let shapes = [(4, 3, 1, 1), (2, 5, 7, 7), (3, 2, 16, 16), (1, 4, 3, 5)];
+    // and with the fused ReLU (a good share of the outputs stopped). Maps
+    // of 64 values and fewer go by blocks of channels (`blocked.rs`): 300
+    // channels of 2x2 make several blocks, the last one shorter; 9x9 goes
+    // channel by channel.
+    let shapes = [
+        (4, 3, 1, 1),
+        (2, 5, 7, 7),
+        (3, 2, 16, 16),
+        (1, 4, 3, 5),
+        (2, 300, 2, 2),
+        (2, 3, 9, 9),
+    ];
     for relu in [false, true] {
         for (i, dims) in shapes.into_iter().enumerate() {
             let seed = i as f32;
@@ -176,7 +186,14 @@ fn mismatched_parameters_are_refused_with_their_shapes() {
 /// the vectors) and 16x16, and one sample and several.
 #[test]
 fn bf16_tensors_take_the_f32_kernels_arithmetic() {
-    let shapes = [(2, 3, 4, 5), (4, 3, 1, 1), (3, 2, 7, 7), (2, 4, 16, 16)];
+    let shapes = [
+        (2, 3, 4, 5),
+        (4, 3, 1, 1),
+        (3, 2, 7, 7),
+        (2, 4, 16, 16),
+        (2, 300, 2, 2),
+        (2, 3, 9, 9),
+    ];
     for (i, dims) in shapes.into_iter().enumerate() {
         let seed = i as f32 * 0.7;
         let bf = |t: Tensor| t.to_dtype(DType::BF16).unwrap();
@@ -270,9 +287,15 @@ fn bf16_untracked_inputs_and_nans() {
 /// bit for bit, and y and dx its y and dx rounded to bf16, in bf16.
 #[test]
 fn bf16_input_under_f32_parameters_is_the_f32_kernel_on_the_widened_input() {
-    for (i, dims) in [(2, 3, 4, 5), (3, 2, 7, 7), (4, 3, 1, 1)]
-        .into_iter()
-        .enumerate()
+    for (i, dims) in [
+        (2, 3, 4, 5),
+        (3, 2, 7, 7),
+        (4, 3, 1, 1),
+        (2, 300, 2, 2),
+        (2, 3, 9, 9),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let seed = i as f32 * 0.3;
         let x16 = data(dims, 0.5 + seed).to_dtype(DType::BF16).unwrap();

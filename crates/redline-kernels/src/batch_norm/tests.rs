@@ -183,7 +183,8 @@ fn mismatched_parameters_are_refused_with_their_shapes() {
 /// widened values, rounded once to bf16, bit for bit (candle's bf16 ops,
 /// the path before the casts, round each intermediate and differ), and
 /// within bf16's rounding of the f64 formula. Planes of 1, 7x7 (tails of
-/// the vectors) and 16x16, and one sample and several.
+/// the vectors) and 16x16, and one sample and several; several blocks of
+/// channels (300 of 2x2) and a 9x9 map on the channel-by-channel path.
 #[test]
 fn bf16_tensors_take_the_f32_kernels_arithmetic() {
     let shapes = [

@@ -37,7 +37,9 @@ const PAIRS: usize = 512;
 
 /// Output pixels per group of samples taken together: whole samples, at
 /// least this many pixels (one 56x56 sample; twenty-one 7x7 ones), so that
-/// a group's padded input and output stay in the L2 cache.
+/// a group's padded input and output stay in the L2 cache, and at most a
+/// thread's share of the batch ([`Geom::per_chunk`]), so that every core
+/// has a group.
 const GROUP_PIXELS: usize = 1024;
 
 /// Output pixels per channel under which the im2col GEMMs stay: on
@@ -99,7 +101,12 @@ impl Geom {
         // Pair p's offset from a pixel's base, in pairs: row 2p's.
         let (offs, _) = self.nhwc_offsets();
         let offs = Pixels::new(offs.iter().step_by(2).map(|o| o / 2).collect());
-        let group = GROUP_PIXELS.div_ceil(self.ohw().max(1)).max(1);
+        // At most a thread's share of the batch: 16 samples of 8x8 are one
+        // group of 1024 pixels, which left the other cores idle (ResNet's
+        // 8x8 3x3 forward ran at half the 16x16 one's rate).
+        let group = GROUP_PIXELS
+            .div_ceil(self.ohw().max(1))
+            .clamp(1, self.per_chunk());
         let len = self.nhwc_len();
         let pack = |x: &[X], n: usize| {
             let mut padded = vec![0f32; len];

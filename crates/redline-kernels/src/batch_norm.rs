@@ -313,8 +313,8 @@ fn forward(
     eps: f64,
     relu: bool,
 ) -> (Vec<f32>, Stats) {
-    if let Some(per) = blocked::block_channels(d) {
-        return blocked::forward(d, (x, w, b), eps, relu, per);
+    if let Some(out) = blocked::forward(d, (x, w, b), eps, relu) {
+        return out;
     }
     let (y, per) = by_channel((d.b, d.c, d.hw), |ch, out| {
         vectorised(
@@ -603,15 +603,9 @@ impl CustomOp3 for BatchNormBackward {
         // dx channel by channel right after its sums, so that the second
         // read of the channel's `x` and `dy` comes from the cache.
         let n = d.n() as f32;
-        let (dx, sums) = if let Some(per) = blocked::block_channels(d) {
-            let k = blocked::Backward {
-                x,
-                dy,
-                w,
-                stats: st,
-                relu: self.relu,
-            };
-            k.run(d, self.input_grad, per)
+        let small = blocked::backward(d, (x, dy, w), (st, self.relu), self.input_grad);
+        let (dx, sums) = if let Some(small) = small {
+            small
         } else if self.input_grad {
             by_channel((d.b, d.c, d.hw), |ch, out| {
                 let sums = sums_of(ch);

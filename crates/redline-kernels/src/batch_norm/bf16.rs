@@ -65,8 +65,8 @@ fn forward(
     eps: f64,
     relu: bool,
 ) -> (Vec<bf16>, Stats) {
-    if let Some(per) = super::blocked::block_channels(d) {
-        return super::blocked::forward(d, (x, w, b), eps, relu, per);
+    if let Some(out) = super::blocked::forward(d, (x, w, b), eps, relu) {
+        return out;
     }
     let n = d.n();
     let (y, per) = by_channel_of::<bf16, _>((d.b, d.c, d.hw), |ch, out| {
@@ -186,15 +186,9 @@ impl Backward16<'_> {
                 },
             );
         };
-        let (dx, sums) = if let Some(per) = super::blocked::block_channels(d) {
-            let k = super::blocked::Backward {
-                x,
-                dy,
-                w,
-                stats: st,
-                relu: self.relu,
-            };
-            k.run(d, self.input_grad, per)
+        let small = super::blocked::backward(d, (x, dy, w), (st, self.relu), self.input_grad);
+        let (dx, sums) = if let Some(small) = small {
+            small
         } else if self.input_grad {
             by_channel_of::<bf16, _>((d.b, d.c, hw), |ch, out| {
                 with_scratch([n, n, hw], |[xs, gs, plane]| {

@@ -105,7 +105,7 @@ impl View<'_> {
 /// Channels per block for `d`, or `None` when its planes go channel by
 /// channel: about [`LANES`] values a segment, and enough blocks for every
 /// compute thread (the bits do not depend on it).
-pub(super) fn block_channels(d: Dims) -> Option<usize> {
+fn block_channels(d: Dims) -> Option<usize> {
     if d.hw == 0 || d.hw > MAX_HW {
         return None;
     }
@@ -121,7 +121,7 @@ thread_local! {
 }
 
 /// `f` with `k` lane arrays of `len` values each (stale contents) and
-/// two scratch vectors for [`Act::read`].
+/// two scratch vectors for [`Elem::view`].
 fn with_lanes<R>(k: usize, len: usize, f: impl FnOnce(&mut [f32], &mut [Vec<f32>; 2]) -> R) -> R {
     let [mut lanes, a, b] = SCRATCH.take();
     if lanes.len() < k * len {
@@ -218,9 +218,21 @@ fn forward_block<T: Elem, const RELU: bool>(
     })
 }
 
-/// The fused forward on maps of at most [`MAX_HW`] values, `per` channels
-/// a block ([`block_channels`]): y in `x`'s storage, and the statistics.
+/// The fused forward by blocks when `d`'s maps are at most [`MAX_HW`]
+/// values: y in `x`'s storage, and the statistics; `None` for larger maps
+/// (channel by channel, the caller's).
 pub(super) fn forward<T: Elem>(
+    d: Dims,
+    (x, w, b): (&[T], &[f32], &[f32]),
+    eps: f64,
+    relu: bool,
+) -> Option<(Vec<T>, Stats)> {
+    let per = block_channels(d)?;
+    Some(forward_blocks(d, (x, w, b), eps, relu, per))
+}
+
+/// The fused forward, `per` channels a block.
+fn forward_blocks<T: Elem>(
     d: Dims,
     (x, w, b): (&[T], &[f32], &[f32]),
     eps: f64,
@@ -244,14 +256,39 @@ pub(super) fn forward<T: Elem>(
     (y, Stats::from_rows(&rows))
 }
 
+/// The backward by blocks when `d`'s maps are at most [`MAX_HW`] values,
+/// from `x`, `dy`, the weight `w` and the forward's statistics and ReLU: dx
+/// in `x`'s storage (empty unless `input_grad`) and each channel's
+/// `(sum(g), sum(g * (x - mean)))`; `None` for larger maps.
+pub(super) fn backward<T: Elem>(
+    d: Dims,
+    (x, dy, w): (&[T], &[T], &[f32]),
+    (stats, relu): (&Stats, bool),
+    input_grad: bool,
+) -> Option<Grads<T>> {
+    let per = block_channels(d)?;
+    let k = Backward {
+        x,
+        dy,
+        w,
+        stats,
+        relu,
+    };
+    Some(k.run(d, input_grad, per))
+}
+
+/// dx (in the input's storage) and each channel's `(sum(g), sum(g * (x -
+/// mean)))`.
+type Grads<T> = (Vec<T>, Vec<(f32, f32)>);
+
 /// What the blocked backward reads: the input, the output gradient, the
 /// weight and the forward's statistics and ReLU.
-pub(super) struct Backward<'a, T> {
-    pub x: &'a [T],
-    pub dy: &'a [T],
-    pub w: &'a [f32],
-    pub stats: &'a Stats,
-    pub relu: bool,
+struct Backward<'a, T> {
+    x: &'a [T],
+    dy: &'a [T],
+    w: &'a [f32],
+    stats: &'a Stats,
+    relu: bool,
 }
 
 impl<T: Elem> Backward<'_, T> {
@@ -356,7 +393,7 @@ impl<T: Elem> Backward<'_, T> {
 
     /// dx in `x`'s storage (empty unless `input_grad`) and each channel's
     /// `(sum(g), sum(g * (x - mean)))`, `per` channels a block.
-    pub(super) fn run(&self, d: Dims, input_grad: bool, per: usize) -> (Vec<T>, Vec<(f32, f32)>)
+    fn run(&self, d: Dims, input_grad: bool, per: usize) -> Grads<T>
     where
         Self: Sync,
     {
@@ -406,7 +443,7 @@ mod tests {
             let (w, bias) = (values(c, 1.0), values(c, 2.0));
             for relu in [false, true] {
                 let run = |per: usize| {
-                    let (y, st) = forward(d, (&x[..], &w[..], &bias[..]), 1e-5, relu, per);
+                    let (y, st) = forward_blocks(d, (&x[..], &w[..], &bias[..]), 1e-5, relu, per);
                     let k = Backward {
                         x: &x[..],
                         dy: &dy[..],

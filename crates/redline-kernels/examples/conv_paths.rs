@@ -23,8 +23,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("layer4 3x3", 512, 512, 3, 1, 1, s4),
         ("5x5 at layer3's side", 128, 128, 5, 1, 2, s3),
     ];
-    println!("| conv | out px | pass | im2col ms | direct ms | pixel-major ms |");
-    println!("| --- | ---: | --- | ---: | ---: | ---: |");
+    println!("| conv | out px | pass | im2col ms | direct ms | pixel-major ms | winograd ms |");
+    println!("| --- | ---: | --- | ---: | ---: | ---: | ---: |");
     for (name, cin, cout, k, stride, pad, side) in shapes {
         let rows = time_paths(batch, (cin, cout), side, (k, stride, pad), reps)?;
         let o = (side + 2 * pad - k) / stride + 1;
@@ -37,14 +37,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     })
             };
             println!(
-                "| {name} | {} | {pass} | {} | {} | {} |",
+                "| {name} | {} | {pass} | {} | {} | {} | {} |",
                 o * o,
                 cell("im2col"),
                 cell("direct"),
-                cell("pixel-major")
+                cell("pixel-major"),
+                cell("winograd")
             );
         }
     }
-    println!("\n`*`: the path the rules choose (conv_nhwc, conv_direct, conv's batched).");
+    println!(
+        "\n`*`: the path the rules choose (conv_winograd, conv_nhwc, conv_direct, conv's batched)."
+    );
     Ok(())
 }

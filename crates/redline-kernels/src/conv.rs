@@ -174,6 +174,8 @@ pub(crate) enum Path {
     Direct,
     /// The pixel-major kernels ([`crate::conv_nhwc`]).
     PixelMajor,
+    /// Winograd's F(2x2, 3x3) ([`crate::conv_winograd`]).
+    Winograd,
 }
 
 impl Path {
@@ -183,6 +185,7 @@ impl Path {
             Path::Im2col => "im2col",
             Path::Direct => "direct",
             Path::PixelMajor => "pixel-major",
+            Path::Winograd => "winograd",
         }
     }
 }
@@ -612,10 +615,13 @@ impl Geom {
         Ok(())
     }
 
-    /// The kernels that run this convolution's forward: pixel-major
-    /// ([`Geom::nhwc`]), direct ([`Geom::direct`]) or im2col.
+    /// The kernels that run this convolution's forward: Winograd
+    /// ([`Geom::winograd`]), pixel-major ([`Geom::nhwc`]), direct
+    /// ([`Geom::direct`]) or im2col.
     pub(super) fn forward_path(&self) -> Path {
-        if self.nhwc() || self.nhwc16() {
+        if self.winograd() {
+            Path::Winograd
+        } else if self.nhwc() || self.nhwc16() {
             Path::PixelMajor
         } else if self.direct() {
             Path::Direct
@@ -625,11 +631,13 @@ impl Geom {
     }
 
     /// The kernels that run the weight gradient (fused backward, no conv
-    /// block): pixel-major ([`Geom::nhwc_backward`]), whole-batch GEMMs on
-    /// small maps, direct ([`Geom::direct_weight_grad`]) or per-sample
-    /// GEMMs.
+    /// block): Winograd ([`Geom::winograd`]), pixel-major
+    /// ([`Geom::nhwc_backward`]), whole-batch GEMMs on small maps, direct
+    /// ([`Geom::direct_weight_grad`]) or per-sample GEMMs.
     pub(super) fn weight_grad_path(&self) -> Path {
-        if self.nhwc_backward() {
+        if self.winograd() {
+            Path::Winograd
+        } else if self.nhwc_backward() {
             Path::PixelMajor
         } else if !self.batched() && self.direct_weight_grad() {
             Path::Direct
@@ -644,7 +652,9 @@ impl Geom {
     /// col2im.
     pub(super) fn input_grad_path(&self) -> Path {
         match self.transposed() {
-            Some(t) if !self.batched() || self.nhwc_backward() => t.forward_path(),
+            Some(t) if !self.batched() || self.nhwc_backward() || self.winograd() => {
+                t.forward_path()
+            }
             _ => Path::Im2col,
         }
     }
@@ -667,6 +677,13 @@ impl Geom {
                 let panels =
                     self.nhwc_panels_from(|co, ci, ky, kx| w[co * k + self.row(ci, ky, kx)]);
                 self.forward_nhwc(name, &panels, b, x, out)
+            }
+            Path::Winograd => {
+                let k = self.k();
+                let u = self.wino_weights(|ci, co| {
+                    std::array::from_fn(|t| w[co * k + self.row(ci, t / 3, t % 3)])
+                });
+                self.forward_winograd(name, &u, b, x, out)
             }
             Path::Direct => self.forward_direct(name, w, b, x, out),
             Path::Im2col => self.forward_im2col(name, w, b, x, out),
@@ -803,6 +820,8 @@ impl CustomOp3 for Conv2dOp {
         }
         if g.patch_forward() {
             g.forward_patch(w, b, x, &mut out);
+        } else if g.forward_path() == Path::Winograd {
+            g.forward_winograd(name, &g.wino_weights_stored(w), b, x, &mut out)?;
         } else if g.forward_path() == Path::PixelMajor {
             g.forward_nhwc(name, &g.nhwc_panels_stored(w), b, x, &mut out)?;
         } else if let Some(f) = g.direct16() {

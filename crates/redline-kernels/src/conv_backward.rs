@@ -317,8 +317,13 @@ impl Conv2dBackward {
         // w^T * dy: their Cout is large, so that GEMM is not thin, and
         // flipping their large weights costs more than it saves (ResNet-18's
         // last stage at 64 px: 2x2 maps under 512 x 4608 weights).
-        if g.weight_grad_path() == Path::PixelMajor && self.unpool.is_none() {
-            g.weight_grad_nhwc(self.name(), x, dy, dwb)?;
+        let path = g.weight_grad_path();
+        if matches!(path, Path::PixelMajor | Path::Winograd) && self.unpool.is_none() {
+            if path == Path::Winograd {
+                g.weight_grad_winograd(self.name(), x, dy, dwb)?;
+            } else {
+                g.weight_grad_nhwc(self.name(), x, dy, dwb)?;
+            }
             if self.input_grad {
                 let name = self.name();
                 match g.transposed() {

@@ -59,6 +59,9 @@ impl Geom {
         dx: &mut [f32],
     ) -> candle_core::Result<()> {
         let zeros = vec![0f32; t.cout];
+        if t.forward_path() == Path::Winograd {
+            return t.forward_winograd(name, &self.wino_weights_flipped(t, w), &zeros, dy, dx);
+        }
         if t.forward_path() == Path::PixelMajor {
             // Its panels read flipped straight from the stored weights.
             return t.forward_nhwc(name, &self.nhwc_panels_flipped(w), &zeros, dy, dx);

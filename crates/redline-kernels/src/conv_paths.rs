@@ -15,7 +15,7 @@ use crate::conv_direct_simd::{DC, MR};
 pub struct PathTime {
     /// `forward`, `weight grad` or `input grad`.
     pub pass: &'static str,
-    /// `im2col`, `direct` or `pixel-major`.
+    /// `im2col`, `direct`, `pixel-major` or `winograd`.
     pub path: &'static str,
     /// Median milliseconds.
     pub ms: f64,
@@ -86,6 +86,13 @@ pub fn time_paths(
         })?;
         push("forward", "pixel-major", ms, fwd == "pixel-major");
     }
+    if g.winograd_runs() {
+        let ms = median_ms(reps, || {
+            let u = g.wino_weights_stored(&w);
+            Ok(g.forward_winograd(name, &u, &bias, &x, &mut out)?)
+        })?;
+        push("forward", "winograd", ms, fwd == "winograd");
+    }
 
     // Weight gradient: Conv2dBackward::accumulate's order.
     let mut dwb = vec![0f32; g.cout * g.k() + g.cout];
@@ -115,6 +122,13 @@ pub fn time_paths(
         let ms = median_ms(reps, || Ok(g.weight_grad_nhwc(name, &x, &dy, &mut dwb)?))?;
         push("weight grad", "pixel-major", ms, dw == "pixel-major");
     }
+    if g.winograd_runs() {
+        let ms = median_ms(
+            reps,
+            || Ok(g.weight_grad_winograd(name, &x, &dy, &mut dwb)?),
+        )?;
+        push("weight grad", "winograd", ms, dw == "winograd");
+    }
 
     // Input gradient: w^T * dy and col2im, or the transposed convolution's
     // forward (stride 1) by its own rule.
@@ -141,6 +155,13 @@ pub fn time_paths(
             })?;
             push("input grad", "pixel-major", ms, dxp == "pixel-major");
         }
+        if t.winograd_runs() {
+            let ms = median_ms(reps, || {
+                let u = g.wino_weights_flipped(&t, &w);
+                Ok(t.forward_winograd(name, &u, &zeros, &dy, &mut dx)?)
+            })?;
+            push("input grad", "winograd", ms, dxp == "winograd");
+        }
     }
     Ok(rows)
 }
@@ -152,12 +173,14 @@ mod tests {
     use super::*;
 
     /// Every pass is timed on the im2col path, and the rules choose exactly
-    /// one path per pass among those timed: on a 7x7 map the pixel-major
-    /// one (with AVX-512), on a 20x20 map the direct one.
+    /// one path per pass among those timed: on a 7x7 map Winograd's, on a
+    /// 20x20 map the direct one (with AVX-512), with 5x5 kernels on a 7x7
+    /// map the pixel-major one.
     #[test]
     fn each_pass_has_one_chosen_path() {
-        for (side, want) in [(7, "pixel-major"), (20, "direct")] {
-            let rows = time_paths(2, (64, 64), side, (3, 1, 1), 1).unwrap();
+        let cases = [(7, 3, "winograd"), (20, 3, "direct"), (7, 5, "pixel-major")];
+        for (side, k, want) in cases {
+            let rows = time_paths(2, (64, 64), side, (k, 1, k / 2), 1).unwrap();
             for pass in ["forward", "weight grad", "input grad"] {
                 let of: Vec<&PathTime> = rows.iter().filter(|r| r.pass == pass).collect();
                 assert!(

@@ -123,6 +123,85 @@ pub fn matmul(dst: &mut [f32], a: Mat<'_>, b: Mat<'_>, accumulate: bool) -> bool
     true
 }
 
+/// A matrix read through explicit strides: element `(r, c)` at `data[r *
+/// rs + c * cs]` (a plane of an interleaved buffer, or a transpose).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct View<'a> {
+    /// The elements, from `(0, 0)` on.
+    pub(crate) data: &'a [f32],
+    /// Rows.
+    pub(crate) rows: usize,
+    /// Columns.
+    pub(crate) cols: usize,
+    /// Step between rows.
+    pub(crate) rs: usize,
+    /// Step between columns.
+    pub(crate) cs: usize,
+}
+
+impl View<'_> {
+    /// Whether every element lies inside `data` (an empty view always).
+    fn fits(&self) -> bool {
+        self.rows == 0
+            || self.cols == 0
+            || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// `dst (m x n, rows ldd apart) = [dst +] a (m x k) * b (k x n)` on the
+/// calling thread (for callers that split the work across threads
+/// themselves). Returns false (and leaves `dst` untouched) when the shapes
+/// disagree or an element would lie outside its slice.
+#[must_use]
+pub(crate) fn matmul_views(
+    (dst, ldd): (&mut [f32], usize),
+    a: View<'_>,
+    b: View<'_>,
+    accumulate: bool,
+) -> bool {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    let dst_fits = m == 0 || n == 0 || (n <= ldd && (m - 1) * ldd + n <= dst.len());
+    if b.rows != k || !a.fits() || !b.fits() || !dst_fits {
+        return false;
+    }
+    if m == 0 || n == 0 {
+        return true;
+    }
+    if k == 0 {
+        if !accumulate {
+            dst.chunks_mut(ldd).take(m).for_each(|r| r[..n].fill(0.0));
+        }
+        return true;
+    }
+    let s = |v: usize| v as isize;
+    // SAFETY: every element of a, b and dst was checked above to lie inside
+    // its slice; dst does not alias a or b (a &mut and two & borrows).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            s(ldd),
+            accumulate,
+            a.data.as_ptr(),
+            s(a.cs),
+            s(a.rs),
+            b.data.as_ptr(),
+            s(b.cs),
+            s(b.rs),
+            if accumulate { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+    }
+    true
+}
+
 /// A product's `(m, k, n)` to compute: `None` when shapes or lengths
 /// disagree (`dst` untouched), `Some(None)` when there is nothing to multiply
 /// (an empty `dst`, or `k = 0`: `dst` zeroed unless accumulating).
@@ -194,6 +273,55 @@ pub(crate) mod tests {
                 assert!((x - 2.0 * y).abs() < 1e-5);
             }
         }
+    }
+
+    #[test]
+    fn strided_views_match_naive() {
+        // a: plane 1 of a (5, 3 planes, 4) buffer; b: the transpose of a
+        // (3, 4) row-major matrix; dst rows 7 apart.
+        let (m, k, n) = (5, 4, 3);
+        let buf: Vec<f32> = (0..m * 3 * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| buf[(i / k) * 3 * k + k + i % k])
+            .collect();
+        let bt: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.21).cos()).collect();
+        let b = transpose(&bt, n, k);
+        let want = naive(&a, &b, m, k, n);
+        let mut dst = vec![1.0f32; (m - 1) * 7 + n];
+        let av = View {
+            data: &buf[k..],
+            rows: m,
+            cols: k,
+            rs: 3 * k,
+            cs: 1,
+        };
+        let bv = View {
+            data: &bt,
+            rows: k,
+            cols: n,
+            rs: 1,
+            cs: k,
+        };
+        assert!(matmul_views((&mut dst, 7), av, bv, false));
+        for i in 0..m {
+            for j in 0..n {
+                assert!(
+                    (dst[i * 7 + j] - want[i * n + j]).abs() < 1e-5,
+                    "({i}, {j})"
+                );
+            }
+            // The gaps between rows are left as they were.
+            if i + 1 < m {
+                assert_eq!(&dst[i * 7 + n..(i + 1) * 7], &[1.0; 4]);
+            }
+        }
+        // Accumulating adds the product again.
+        assert!(matmul_views((&mut dst, 7), av, bv, true));
+        assert!((dst[7 + 1] - 2.0 * want[n + 1]).abs() < 1e-5);
+        // A view reaching past its slice, or a dst too short, is refused.
+        let long = View { rows: m + 1, ..av };
+        assert!(!matmul_views((&mut dst, 7), long, bv, false));
+        assert!(!matmul_views((&mut dst[..20], 7), av, bv, false));
     }
 
     #[test]

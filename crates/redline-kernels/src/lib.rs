@@ -37,6 +37,7 @@ mod conv_strided;
 mod conv_wgrad16;
 mod conv_whole;
 mod conv_wide;
+mod conv_winograd;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(any(feature = "cuda", test))]

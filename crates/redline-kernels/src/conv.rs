@@ -631,11 +631,11 @@ impl Geom {
     }
 
     /// The kernels that run the weight gradient (fused backward, no conv
-    /// block): Winograd ([`Geom::winograd`]), pixel-major
+    /// block): Winograd ([`Geom::winograd_weight_grad`]), pixel-major
     /// ([`Geom::nhwc_backward`]), whole-batch GEMMs on small maps, direct
     /// ([`Geom::direct_weight_grad`]) or per-sample GEMMs.
     pub(super) fn weight_grad_path(&self) -> Path {
-        if self.winograd() {
+        if self.winograd_weight_grad() {
             Path::Winograd
         } else if self.nhwc_backward() {
             Path::PixelMajor

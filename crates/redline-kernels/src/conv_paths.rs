@@ -173,14 +173,18 @@ mod tests {
     use super::*;
 
     /// Every pass is timed on the im2col path, and the rules choose exactly
-    /// one path per pass among those timed: on a 7x7 map Winograd's, on a
-    /// 20x20 map the direct one (with AVX-512), with 5x5 kernels on a 7x7
-    /// map the pixel-major one.
+    /// one path per pass among those timed (with AVX-512): on a 7x7 map
+    /// Winograd's, on a 20x20 map from 32 channels the direct one, with
+    /// 5x5 kernels on a 7x7 map the pixel-major one.
     #[test]
     fn each_pass_has_one_chosen_path() {
-        let cases = [(7, 3, "winograd"), (20, 3, "direct"), (7, 5, "pixel-major")];
-        for (side, k, want) in cases {
-            let rows = time_paths(2, (64, 64), side, (k, 1, k / 2), 1).unwrap();
+        let cases = [
+            (7, 3, 64, "winograd"),
+            (20, 3, 32, "direct"),
+            (7, 5, 64, "pixel-major"),
+        ];
+        for (side, k, cin, want) in cases {
+            let rows = time_paths(2, (cin, 64), side, (k, 1, k / 2), 1).unwrap();
             for pass in ["forward", "weight grad", "input grad"] {
                 let of: Vec<&PathTime> = rows.iter().filter(|r| r.pass == pass).collect();
                 assert!(

@@ -25,8 +25,17 @@ use rayon::prelude::*;
 
 use crate::conv::Geom;
 use crate::conv_backward::add_row_sums;
+use crate::conv_nhwc_simd::{self as simd, CO, PX};
 use crate::gemm::{matmul_views, View};
 use crate::slices::zeros_par;
+
+/// `v` viewed as memory to overwrite (every value is initialised already,
+/// so the view is sound to write through and read back).
+fn init_as_uninit(v: &mut [f32]) -> &mut [std::mem::MaybeUninit<f32>] {
+    // SAFETY: MaybeUninit<f32> has f32's layout, and writing f32 values
+    // through the view leaves every element initialised.
+    unsafe { &mut *(v as *mut [f32] as *mut [std::mem::MaybeUninit<f32>]) }
+}
 use crate::transpose16::{channels_to_pixels, pixels_to_channels};
 
 use tiles::{wide, GradTiles, InputTiles, KernelGrads, KernelTiles, OutputTiles};
@@ -43,34 +52,52 @@ const L: usize = 16;
 /// kept in `bench/results`).
 const MIN_PIXELS: usize = 16;
 
-/// Output pixels per channel under which they run: at ResNet-18's 28x28
-/// stage they only tie with the direct kernels, at 56x56 (64 channels)
-/// they lose by 40-80%.
-const MAX_PIXELS: usize = 400;
+/// Output pixels per channel under which the forward and the input
+/// gradient run: on ResNet-18's 56x56 maps (64 channels) they are 15-20%
+/// faster than the direct kernels; larger maps are untried.
+const MAX_PIXELS: usize = 4096;
+
+/// Output pixels per channel under which the weight gradient runs: on
+/// 28x28 maps 20-25% faster than the direct kernels, on 56x56 ones
+/// (64 channels) 5-15% slower.
+const MAX_GRAD_PIXELS: usize = 1024;
+
+/// Tiles a unit of the forward's work takes at least (its samples'
+/// transformed inputs and products stay in the L2 and L3 caches, and each
+/// panel of weights is read from L2 by 16 of the product kernel's tiles).
+const UNIT_TILES: usize = 96;
 
 /// Input and output channels from which they run: under 64 the GEMMs are
 /// too thin to pay for the transforms.
 const MIN_CHANNELS: usize = 64;
 
 impl Geom {
-    /// Whether the Winograd kernels can run this convolution at all: f32
-    /// products, a 3x3 kernel, stride 1, padding of at most 2, channels in
-    /// multiples of [`L`].
+    /// Whether the Winograd kernels can run this convolution at all:
+    /// AVX-512 (the forward's products are the pixel-major kernel's
+    /// tiles), f32 products, a 3x3 kernel, stride 1, padding of at most 2,
+    /// output channels in multiples of [`CO`], input ones of [`L`].
     pub(super) fn winograd_runs(&self) -> bool {
-        self.gemm == DType::F32
+        simd::available()
+            && self.gemm == DType::F32
             && (self.kh, self.kw, self.stride) == (3, 3, 1)
             && self.pad <= 2
             && self.cin.is_multiple_of(L)
-            && self.cout.is_multiple_of(L)
+            && self.cout.is_multiple_of(CO)
     }
 
-    /// Whether the Winograd kernels run this convolution's forward and
-    /// weight gradient (and its input gradient, where the transposed
-    /// convolution is one): the measured table (`examples/conv_paths.rs`).
+    /// Whether the Winograd kernels run this convolution's forward (and
+    /// so the input gradient of the convolution it transposes): the
+    /// measured table (`examples/conv_paths.rs`).
     pub(super) fn winograd(&self) -> bool {
         self.winograd_runs()
             && (MIN_PIXELS..MAX_PIXELS).contains(&self.ohw())
             && self.cin.min(self.cout) >= MIN_CHANNELS
+    }
+
+    /// Whether they run its weight gradient: [`Geom::winograd`] on maps
+    /// under [`MAX_GRAD_PIXELS`].
+    pub(super) fn winograd_weight_grad(&self) -> bool {
+        self.winograd() && self.ohw() < MAX_GRAD_PIXELS
     }
 
     /// Tiles down and across (output rows and columns over 2, rounded up).
@@ -91,16 +118,18 @@ impl Geom {
         (2 * th + 2, 2 * tw + 2)
     }
 
-    /// The weights transformed: `U = G g G^T` of each channel pair, laid
-    /// `(Cin, XI, Cout)` (so that position `xi`'s `(Cin, Cout)` matrix is
-    /// a view with rows `XI * Cout` apart); `taps(ci, co)` gives the pair's
+    /// The weights transformed, `U = G g G^T` of each channel pair, as the
+    /// forward's panels: position `xi`'s panel `q` holds `(Cin, CO)`
+    /// values, output channels `q * CO..(q + 1) * CO` fastest, at
+    /// `((xi * Cout / CO + q) * Cin) * CO`; `taps(ci, co)` gives the pair's
     /// 3x3 kernel, row-major.
     pub(super) fn wino_weights(&self, taps: impl Fn(usize, usize) -> [f32; 9] + Sync) -> Vec<f32> {
-        let (cout, n) = (self.cout, self.cin * XI * self.cout);
+        let (cin, cout) = (self.cin, self.cout);
+        let n = cin * XI * cout;
         let mut u = Vec::with_capacity(n);
         // Sixteen input channels a unit of work (the kernels they read,
-        // stored or flipped, stay in the L2 cache across them), each
-        // written as sixteen rows in order.
+        // stored or flipped, stay in the L2 cache across them), laid
+        // `(Cin, XI, Cout)`, each written as sixteen rows in order.
         u.spare_capacity_mut()[..n]
             .par_chunks_mut(L * XI * cout)
             .enumerate()
@@ -116,7 +145,24 @@ impl Geom {
         // L` units wrote all `L * XI * cout` of its values (`cin` and
         // `cout` multiples of L: `winograd_runs`).
         unsafe { u.set_len(n) };
-        u
+        // Then into panels, one a unit of work.
+        let mut panels = Vec::with_capacity(n);
+        panels.spare_capacity_mut()[..n]
+            .par_chunks_mut(cin * CO)
+            .enumerate()
+            .for_each(|(p, panel)| {
+                let (xi, q) = (p / (cout / CO), p % (cout / CO));
+                for (ci, row) in panel.chunks_exact_mut(CO).enumerate() {
+                    let src = &u[(ci * XI + xi) * cout + q * CO..][..CO];
+                    for (d, &v) in row.iter_mut().zip(src) {
+                        d.write(v);
+                    }
+                }
+            });
+        // SAFETY: the `XI * cout / CO` panels of `cin * CO` values each
+        // (`cout` a multiple of CO: `winograd_runs`) were all written.
+        unsafe { panels.set_len(n) };
+        panels
     }
 
     /// [`Geom::wino_weights`] of weights stored `(Cout, Cin, 3, 3)`.
@@ -161,41 +207,21 @@ impl Geom {
         v
     }
 
-    /// The 16 GEMMs: position `xi`'s `(tiles, Cin)` inputs times its
-    /// `(Cin, Cout)` weights, into `(XI, tiles, Cout)`, one position per
-    /// unit of work.
-    fn wino_products(&self, name: &str, v: &[f32], u: &[f32]) -> candle_core::Result<Vec<f32>> {
-        let (cin, cout) = (self.cin, self.cout);
-        let tiles = self.b * self.wino_per_sample();
-        let mut m = zeros_par(XI * tiles * cout);
-        m.par_chunks_mut((tiles * cout).max(1))
-            .enumerate()
-            .try_for_each(|(xi, m)| {
-                let a = View {
-                    data: &v[xi * cin..],
-                    rows: tiles,
-                    cols: cin,
-                    rs: XI * cin,
-                    cs: 1,
-                };
-                let b = View {
-                    data: &u[xi * cout..],
-                    rows: cin,
-                    cols: cout,
-                    rs: XI * cout,
-                    cs: 1,
-                };
-                if !matmul_views((m, cout), a, b, false) {
-                    bail!("{name}: Winograd GEMM shapes disagree ({self:?})");
-                }
-                Ok(())
-            })?;
-        Ok(m)
+    /// Samples a unit of the forward's work takes: enough for
+    /// [`UNIT_TILES`] tiles, at most a thread's share of the batch.
+    fn wino_group(&self) -> usize {
+        UNIT_TILES
+            .div_ceil(self.wino_per_sample())
+            .clamp(1, self.per_chunk())
     }
 
     /// The outputs of all samples of `x` into `out` (`(B, Cout, oh, ow)`),
-    /// `u` the transformed weights ([`Geom::wino_weights`]), the bias `b`
-    /// added last.
+    /// `u` the transformed weights' panels ([`Geom::wino_weights`]), the
+    /// bias `b` added last. A unit of work takes [`Geom::wino_group`]
+    /// samples: their tiles transformed (`(tiles, XI, Cin)`), then at each
+    /// position and for each panel the pixel-major kernel's tiles of
+    /// [`PX`] tiles x [`CO`] channels (`(tiles, XI, Cout)`), then each
+    /// sample's outputs, all in the thread's scratch.
     pub(super) fn forward_winograd(
         &self,
         name: &str,
@@ -204,7 +230,7 @@ impl Geom {
         x: &[f32],
         out: &mut [f32],
     ) -> candle_core::Result<()> {
-        let (cin, cout) = (self.cin, self.cout);
+        let (cin, cout, per) = (self.cin, self.cout, self.wino_per_sample());
         self.check(
             name,
             &[
@@ -214,24 +240,59 @@ impl Geom {
                 ("output", out.len(), self.b * self.out_len()),
             ],
         )?;
-        let v = self.wino_inputs(x);
-        let m = self.wino_products(name, &v, u)?;
-        drop(v);
-        out.par_chunks_mut(self.out_len().max(1))
-            .enumerate()
-            .for_each_init(
-                || vec![0f32; self.ohw() * cout],
-                |yt, (s, out)| {
-                    wide(OutputTiles {
-                        g: self,
-                        m: &m,
-                        s,
-                        yt,
-                    });
-                    pixels_to_channels(yt, (cout, b), (cout, self.ohw()), out);
+        let (hq, wq) = self.wino_padded();
+        let (w, pad, group) = (self.w, self.pad, self.wino_group());
+        let offs: Vec<usize> = (0..cin).collect();
+        // Tiles XI * Cin apart (a gap of a cache line after each, to keep
+        // the product kernel's rows off one L1 set, was 10-30% slower).
+        let ts = XI * cin;
+        let panels = cout / CO;
+        out.par_chunks_mut((group * self.out_len()).max(1))
+            .zip(x.par_chunks((group * self.in_len()).max(1)))
+            .try_for_each_init(
+                || {
+                    let tiles = group * per;
+                    (
+                        vec![0f32; hq * wq * cin],
+                        vec![0f32; tiles * ts],
+                        vec![0f32; tiles * XI * cout],
+                        vec![0f32; self.ohw() * cout],
+                    )
                 },
-            );
-        Ok(())
+                |(xp, v, m, yt), (out, x)| {
+                    let n = x.len() / self.in_len().max(1);
+                    let tiles = n * per;
+                    for (x, v) in x.chunks(self.in_len()).zip(v.chunks_mut(per * ts)) {
+                        // The border stays zero: every sample writes the same interior.
+                        channels_to_pixels(x, (cin, self.h * w), xp, |p| {
+                            ((p / w + pad) * wq + p % w + pad) * cin
+                        });
+                        let v = init_as_uninit(v);
+                        wide(InputTiles { g: self, xp, v });
+                    }
+                    for xi in 0..XI {
+                        for q in 0..panels {
+                            let panel = &u[(xi * panels + q) * cin * CO..][..cin * CO];
+                            for t0 in (0..tiles).step_by(PX) {
+                                let k = PX.min(tiles - t0);
+                                let at: [usize; PX] =
+                                    std::array::from_fn(|j| (t0 + j.min(k - 1)) * ts + xi * cin);
+                                let y = &mut m[(t0 * XI + xi) * cout + q * CO..];
+                                let ops = (offs.as_slice(), cin - 1);
+                                if !simd::tile(panel, ops, (v, &at), (y, XI * cout), (k, false)) {
+                                    bail!("{name}: a Winograd product tile left its buffers ({self:?})");
+                                }
+                            }
+                        }
+                    }
+                    for (s, out) in out.chunks_mut(self.out_len()).enumerate() {
+                        let m = &m[s * per * XI * cout..][..per * XI * cout];
+                        wide(OutputTiles { g: self, m, yt });
+                        pixels_to_channels(yt, (cout, b), (cout, self.ohw()), out);
+                    }
+                    Ok(())
+                },
+            )
     }
 
     /// `[dW | db]` of the whole batch into `dwb` (overwritten), dW stored

@@ -103,28 +103,25 @@ impl Wide for InputTiles<'_> {
     }
 }
 
-/// Sample `s`'s outputs from the products `m` (`(XI, tiles, Cout)`) into
+/// One sample's outputs from its products `m` (`(tiles, XI, Cout)`) into
 /// `yt`, pixel-major `(oh*ow, Cout)`.
 pub(super) struct OutputTiles<'a> {
     pub(super) g: &'a Geom,
     pub(super) m: &'a [f32],
-    pub(super) s: usize,
     pub(super) yt: &'a mut [f32],
 }
 
 impl Wide for OutputTiles<'_> {
     #[inline(always)]
     fn run(self) {
-        let Self { g, m, s, yt } = self;
-        let (cout, ow, tw, per) = (g.cout, g.ow, g.wino_tiles().1, g.wino_per_sample());
-        let plane = g.b * per * cout;
-        for tl in 0..per {
-            let t = s * per + tl;
-            let (oy, ox) = (2 * (tl / tw), 2 * (tl % tw));
+        let Self { g, m, yt } = self;
+        let (cout, ow, tw) = (g.cout, g.ow, g.wino_tiles().1);
+        for (t, m) in m.chunks_exact(XI * cout).enumerate() {
+            let (oy, ox) = (2 * (t / tw), 2 * (t % tw));
             for c0 in (0..cout).step_by(L) {
                 let mut mm = [[0f32; L]; XI];
                 for (k, v) in mm.iter_mut().enumerate() {
-                    *v = lanes(&m[k * plane + t * cout + c0..]);
+                    *v = lanes(&m[k * cout + c0..]);
                 }
                 for (k, y) in tile_2x2(&mm).iter().enumerate() {
                     let (py, px) = (oy + k / 2, ox + k % 2);

@@ -38,6 +38,7 @@ CONVS = {
     "k3s2p1": (2, 3, 17, 16, 5, 3, 2, 1),  # strided 3x3
     "k7s2p3": (2, 3, 23, 22, 4, 7, 2, 3),  # ResNet's stem
     "k8s8": (2, 3, 32, 32, 4, 8, 8, 0),  # patches
+    "k3s1p1_wino": (2, 64, 7, 6, 64, 3, 1, 1),  # Winograd's F(2x2, 3x3), odd and even sides
 }
 # Grouped: name: (batch, cin, h, w, cout, kernel, stride, padding, groups).
 GROUPED = {

@@ -476,9 +476,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
-    use crate::conv::gemm_or_err;
     use crate::conv_reference::{close, forward_operands, vals};
-    use crate::gemm::Mat;
 
     /// Geometries the pixel-major kernel takes: tiles spanning rows and
     /// samples, a last tile cut short, strides 1-3, 1x3 and 5x5 kernels,
@@ -570,15 +568,7 @@ mod tests {
             // Winograd's through `input_grad_as_conv`).
             let zeros = vec![0f32; t.cout];
             t.forward_nhwc("test", &g.nhwc_panels_flipped(&w), &zeros, &dy, &mut got)?;
-            let wp = g.permute_taps(&w, false);
-            let (k, n) = (g.k(), g.ohw());
-            let mut want = vec![0f32; g.b * g.in_len()];
-            let mut dcols = vec![0f32; k * n];
-            for (dx, dy) in want.chunks_mut(g.in_len()).zip(dy.chunks(g.out_len())) {
-                let (wt, dym) = (Mat::new(&wp, g.cout, k).t(), Mat::new(dy, g.cout, n));
-                gemm_or_err(DType::F32, "test", &mut dcols, wt, dym, false)?;
-                g.col2im(&dcols, dx);
-            }
+            let want = g.reference_input_grad(&g.permute_taps(&w, false), &dy)?;
             close(&format!("{g:?} dx"), &got, &want);
         }
         Ok(())

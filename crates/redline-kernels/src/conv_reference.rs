@@ -51,6 +51,27 @@ impl Geom {
         Ok(want)
     }
 
+    /// Every sample's input gradient as `w^T * dy` followed by col2im, `w`
+    /// in im2col row order.
+    pub(crate) fn reference_input_grad(
+        &self,
+        w: &[f32],
+        dy: &[f32],
+    ) -> candle_core::Result<Vec<f32>> {
+        let (k, n) = (self.k(), self.ohw());
+        let mut want = vec![0f32; self.b * self.in_len()];
+        let mut dcols = vec![0f32; k * n];
+        for (dx, dy) in want
+            .chunks_mut(self.in_len())
+            .zip(dy.chunks(self.out_len()))
+        {
+            let (wt, dym) = (Mat::new(w, self.cout, k).t(), Mat::new(dy, self.cout, n));
+            gemm_or_err(DType::F32, "reference", &mut dcols, wt, dym, false)?;
+            self.col2im(&dcols, dx);
+        }
+        Ok(want)
+    }
+
     /// `[dW | db]` summed over the samples: `dy * cols^T` (dW in im2col row
     /// order) and the row sums of dy.
     pub(crate) fn reference_weight_grad(

@@ -68,7 +68,7 @@ fn check(g: &HashMap<String, Tensor>, key: &str, got: &Tensor) {
 }
 
 /// (name, [batch, cin, h, w, cout, kernel, stride, padding, groups]).
-const CONVS: [(&str, [usize; 9]); 10] = [
+const CONVS: [(&str, [usize; 9]); 11] = [
     ("k3s1p1", [2, 3, 10, 9, 4, 3, 1, 1, 1]),
     ("k3s1p1_small", [3, 4, 5, 5, 6, 3, 1, 1, 1]),
     ("k1s1", [2, 5, 9, 8, 3, 1, 1, 0, 1]),
@@ -76,6 +76,7 @@ const CONVS: [(&str, [usize; 9]); 10] = [
     ("k3s2p1", [2, 3, 17, 16, 5, 3, 2, 1, 1]),
     ("k7s2p3", [2, 3, 23, 22, 4, 7, 2, 3, 1]),
     ("k8s8", [2, 3, 32, 32, 4, 8, 8, 0, 1]),
+    ("k3s1p1_wino", [2, 64, 7, 6, 64, 3, 1, 1, 1]),
     ("g2", [2, 4, 9, 8, 6, 3, 1, 1, 2]),
     ("dw", [2, 6, 10, 9, 6, 3, 1, 1, 6]),
     ("dw2_s2", [2, 4, 11, 11, 8, 3, 2, 1, 4]),

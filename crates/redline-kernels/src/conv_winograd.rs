@@ -6,15 +6,17 @@
 //! With `B`, `G`, `A` Lavin and Gray's matrices, a tile's output is
 //! `A^T [(G g G^T) . (B^T d B)] A`: the weights `g` and the input tiles `d`
 //! are transformed into 16 positions each, and at every position the sum
-//! over input channels is one GEMM of `(tiles, Cin) x (Cin, Cout)`. The
-//! three passes each run on all cores: the input transform by samples, the
-//! 16 GEMMs by position (each on one thread, so that no sum depends on the
-//! thread count), the output transform by samples.
+//! over input channels is a product of `(tiles, Cin)` by `(Cin, Cout)`.
+//! The forward takes a group of samples at a time in its thread's scratch:
+//! their tiles transformed, the 16 products by the pixel-major kernel's
+//! register tiles ([`crate::conv_nhwc_simd::tile`]) against panels of
+//! transformed weights, the outputs transformed back.
 //!
 //! The weight gradient is the same identity read backwards: `dU = sum over
 //! tiles of (B^T d B) . (A dY A^T)`, 16 GEMMs of `(Cin, tiles) x (tiles,
-//! Cout)`, then `dW = G^T dU G`. The input gradient is the transposed
-//! convolution's forward ([`Geom::transposed`]).
+//! Cout)` over the whole batch, one position to a thread (so that no sum
+//! depends on the thread count), then `dW = G^T dU G`. The input gradient
+//! is the transposed convolution's forward ([`Geom::transposed`]).
 //!
 //! F(2x2, 3x3)'s matrices hold only 0, +-1 and 1/2: its rounding is within
 //! a few ulps of a direct sum's (the tests hold it to the im2col
@@ -28,17 +30,21 @@ use crate::conv_backward::add_row_sums;
 use crate::conv_nhwc_simd::{self as simd, CO, PX};
 use crate::gemm::{matmul_views, View};
 use crate::slices::zeros_par;
-
-/// `v` viewed as memory to overwrite (every value is initialised already,
-/// so the view is sound to write through and read back).
-fn init_as_uninit(v: &mut [f32]) -> &mut [std::mem::MaybeUninit<f32>] {
-    // SAFETY: MaybeUninit<f32> has f32's layout, and writing f32 values
-    // through the view leaves every element initialised.
-    unsafe { &mut *(v as *mut [f32] as *mut [std::mem::MaybeUninit<f32>]) }
-}
 use crate::transpose16::{channels_to_pixels, pixels_to_channels};
 
 use tiles::{wide, GradTiles, InputTiles, KernelGrads, KernelTiles, OutputTiles};
+
+/// `v` viewed as memory to overwrite, for the transforms that also fill
+/// fresh buffers.
+///
+/// # Safety
+/// The caller writes only initialised values through the view (`v` is
+/// read as `f32` afterwards).
+unsafe fn init_as_uninit(v: &mut [f32]) -> &mut [std::mem::MaybeUninit<f32>] {
+    // SAFETY: MaybeUninit<f32> has f32's layout; the caller keeps every
+    // element initialised.
+    unsafe { &mut *(v as *mut [f32] as *mut [std::mem::MaybeUninit<f32>]) }
+}
 
 /// Positions of a transformed tile (4 x 4).
 const XI: usize = 16;
@@ -267,7 +273,8 @@ impl Geom {
                         channels_to_pixels(x, (cin, self.h * w), xp, |p| {
                             ((p / w + pad) * wq + p % w + pad) * cin
                         });
-                        let v = init_as_uninit(v);
+                        // SAFETY: InputTiles writes only transformed values.
+                        let v = unsafe { init_as_uninit(v) };
                         wide(InputTiles { g: self, xp, v });
                     }
                     for xi in 0..XI {

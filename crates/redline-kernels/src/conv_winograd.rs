@@ -185,11 +185,20 @@ impl Geom {
         t.wino_weights(|ci, co| std::array::from_fn(|t| w[(ci * cin + co) * 9 + 8 - t]))
     }
 
+    /// Copies one `(Cin, H, W)` sample into the interior of its
+    /// `(hq, wq, Cin)` buffer ([`Geom::wino_padded`]); the border stays as
+    /// it is (zero: every sample writes the same interior).
+    fn wino_pad(&self, x: &[f32], xp: &mut [f32]) {
+        let (cin, w, pad, wq) = (self.cin, self.w, self.pad, self.wino_padded().1);
+        channels_to_pixels(x, (cin, self.h * w), xp, |p| {
+            ((p / w + pad) * wq + p % w + pad) * cin
+        });
+    }
+
     /// Every sample's tiles of `x` (`(B, Cin, H, W)`) transformed, `B^T d
     /// B`, laid `(tiles, XI, Cin)` with the batch's tiles in order.
     fn wino_inputs(&self, x: &[f32]) -> Vec<f32> {
         let (cin, (hq, wq)) = (self.cin, self.wino_padded());
-        let (w, pad) = (self.w, self.pad);
         let per = self.wino_per_sample() * XI * cin;
         let n = self.b * per;
         let mut v = Vec::with_capacity(n);
@@ -199,10 +208,7 @@ impl Geom {
             .for_each_init(
                 || vec![0f32; hq * wq * cin],
                 |xp, (v, x)| {
-                    // The border stays zero: every sample writes the same interior.
-                    channels_to_pixels(x, (cin, self.h * w), xp, |p| {
-                        ((p / w + pad) * wq + p % w + pad) * cin
-                    });
+                    self.wino_pad(x, xp);
                     wide(InputTiles { g: self, xp, v });
                 },
             );
@@ -247,7 +253,7 @@ impl Geom {
             ],
         )?;
         let (hq, wq) = self.wino_padded();
-        let (w, pad, group) = (self.w, self.pad, self.wino_group());
+        let group = self.wino_group();
         let offs: Vec<usize> = (0..cin).collect();
         // Tiles XI * Cin apart (a gap of a cache line after each, to keep
         // the product kernel's rows off one L1 set, was 10-30% slower).
@@ -269,10 +275,7 @@ impl Geom {
                     let n = x.len() / self.in_len().max(1);
                     let tiles = n * per;
                     for (x, v) in x.chunks(self.in_len()).zip(v.chunks_mut(per * ts)) {
-                        // The border stays zero: every sample writes the same interior.
-                        channels_to_pixels(x, (cin, self.h * w), xp, |p| {
-                            ((p / w + pad) * wq + p % w + pad) * cin
-                        });
+                        self.wino_pad(x, xp);
                         // SAFETY: InputTiles writes only transformed values.
                         let v = unsafe { init_as_uninit(v) };
                         wide(InputTiles { g: self, xp, v });

@@ -94,7 +94,7 @@ impl Wide for InputTiles<'_> {
                 for (k, d) in d.iter_mut().enumerate() {
                     *d = lanes(&xp[base + ((k / 4) * wq + k % 4) * cin + c0..]);
                 }
-                let out = tile_4x4(&d, bt_times);
+                let out = bt_tile(&d);
                 for (k, o) in out.iter().enumerate() {
                     put(&mut v[k * cin + c0..][..L], o);
                 }
@@ -275,25 +275,24 @@ fn bt_times(x: [&[f32; L]; 4]) -> [[f32; L]; 4] {
     ]
 }
 
-/// `M^T d M` of a 4x4 tile of lane vectors (row-major), `col(x)` being `M^T
-/// x` of one column of 4.
+/// `B^T d B` of a 4x4 input tile of lane vectors (row-major).
 #[inline(always)]
-fn tile_4x4(d: &[[f32; L]; XI], col: impl Fn([&[f32; L]; 4]) -> [[f32; L]; 4]) -> [[f32; L]; XI] {
-    // Down the columns: t[r][c] = (M^T d)[r][c].
+fn bt_tile(d: &[[f32; L]; XI]) -> [[f32; L]; XI] {
+    // Down the columns: t[r][c] = (B^T d)[r][c].
     let mut t = [[0f32; L]; XI];
     for c in 0..4 {
-        for (r, v) in col([&d[c], &d[4 + c], &d[8 + c], &d[12 + c]])
+        for (r, v) in bt_times([&d[c], &d[4 + c], &d[8 + c], &d[12 + c]])
             .into_iter()
             .enumerate()
         {
             t[4 * r + c] = v;
         }
     }
-    // Along the rows: out[r][c] = (t M)[r][c] = (M^T t^T)^T.
+    // Along the rows: out[r][c] = (t B)[r][c] = (B^T t^T)^T.
     let mut out = [[0f32; L]; XI];
     for r in 0..4 {
         let row = [&t[4 * r], &t[4 * r + 1], &t[4 * r + 2], &t[4 * r + 3]];
-        for (c, v) in col(row).into_iter().enumerate() {
+        for (c, v) in bt_times(row).into_iter().enumerate() {
             out[4 * r + c] = v;
         }
     }

@@ -22,7 +22,7 @@ use candle_core::{CudaDevice, CudaStorage, Storage, Tensor};
 
 use crate::dataset::{batch_shape, row, Dataset, TargetKind, TargetsMut};
 use crate::error::{Error, Result};
-use crate::stage::{Fence, Stage};
+use crate::stage::{byte_table, channels, Fence, Stage, Staged};
 
 fn cuda(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Candle(candle_core::Error::Msg(format!("CUDA {what}: {e:?}")))
@@ -48,9 +48,16 @@ impl Drop for CopyStream {
     }
 }
 
+/// A slot's pinned input buffer: values, or bytes that the device
+/// normalises ([`Staged::ready`]).
+enum PinnedX {
+    Values(PinnedHostSlice<f32>),
+    Bytes(PinnedHostSlice<u8>),
+}
+
 /// One staging slot: pinned buffers and the event of their last copy.
 struct Slot {
-    x: PinnedHostSlice<f32>,
+    x: PinnedX,
     y: PinnedTargets,
     /// Recorded on the copy stream after the slot's copies (the batch's
     /// fence event).
@@ -67,10 +74,14 @@ pub struct PinnedStage {
     allocated: CudaEvent,
     slots: Vec<Slot>,
     batch: usize,
+    /// With bytes: the device's table that normalises them ([`byte_table`]).
+    table: Option<Tensor>,
 }
 
 impl PinnedStage {
-    /// `slots` pinned buffers of `batch` samples for `device`.
+    /// `slots` pinned buffers of `batch` samples for `device`. Data of
+    /// 8-bit pixels (decoded images) crosses as bytes, a quarter of fp32's,
+    /// and is normalised on the device.
     pub fn new(
         device: &CudaDevice,
         data: &dyn Dataset,
@@ -83,13 +94,31 @@ impl PinnedStage {
             result::stream::create(result::stream::StreamKind::NonBlocking)
                 .map_err(|e| cuda("copy stream", e))?,
         );
+        let norm = data.byte_norm();
+        let table = match &norm {
+            Some(n) => Some(byte_table(
+                n,
+                channels(data),
+                batch,
+                &candle_core::Device::Cuda(device.clone()),
+            )?),
+            None => None,
+        };
         let mut bufs = Vec::with_capacity(slots.max(1));
         for _ in 0..slots.max(1) {
-            // SAFETY: every element is written by `gather` before it is copied
-            // (the tail of a partial batch is copied but never read: the tensor
-            // is narrowed to the batch).
-            let x = unsafe { ctx.alloc_pinned::<f32>(batch * row(data)) }
-                .map_err(|e| cuda("pinned allocation", e))?;
+            // SAFETY: every element is written by `gather` (or `gather_bytes`)
+            // before it is copied (the tail of a partial batch is copied but
+            // never read: the tensor is narrowed to the batch).
+            let x = match norm {
+                Some(_) => PinnedX::Bytes(
+                    unsafe { ctx.alloc_pinned::<u8>(batch * row(data)) }
+                        .map_err(|e| cuda("pinned allocation", e))?,
+                ),
+                None => PinnedX::Values(
+                    unsafe { ctx.alloc_pinned::<f32>(batch * row(data)) }
+                        .map_err(|e| cuda("pinned allocation", e))?,
+                ),
+            };
             let y = match data.target() {
                 TargetKind::Classes(_) | TargetKind::Tokens { .. } => PinnedTargets::Classes(
                     unsafe { ctx.alloc_pinned::<u32>(batch * data.target().width()) }
@@ -108,6 +137,7 @@ impl PinnedStage {
             allocated: ctx.new_event(None).map_err(|e| cuda("event", e))?,
             slots: bufs,
             batch,
+            table,
         })
     }
 }
@@ -159,12 +189,7 @@ fn wrap<T: candle_core::cuda_backend::CudaDType>(
 }
 
 impl Stage for PinnedStage {
-    fn stage(
-        &mut self,
-        slot: usize,
-        data: &dyn Dataset,
-        idx: &[u32],
-    ) -> Result<(Tensor, Tensor, Fence)> {
+    fn stage(&mut self, slot: usize, data: &dyn Dataset, idx: &[u32]) -> Result<Staged> {
         let n = self.slots.len();
         let compute = self.device.cuda_stream();
         let ctx = compute.context().clone();
@@ -174,7 +199,6 @@ impl Stage for PinnedStage {
             done.synchronize().map_err(|e| cuda("pinned slot", e))?;
         }
         {
-            let x = s.x.as_mut_slice().map_err(|e| cuda("pinned slot", e))?;
             let y = match &mut s.y {
                 PinnedTargets::Classes(v) => {
                     TargetsMut::Classes(v.as_mut_slice().map_err(|e| cuda("pinned slot", e))?)
@@ -183,14 +207,33 @@ impl Stage for PinnedStage {
                     TargetsMut::Values(v.as_mut_slice().map_err(|e| cuda("pinned slot", e))?)
                 }
             };
-            data.gather(idx, x, y)?;
+            match &mut s.x {
+                PinnedX::Values(h) => data.gather(
+                    idx,
+                    h.as_mut_slice().map_err(|e| cuda("pinned slot", e))?,
+                    y,
+                )?,
+                PinnedX::Bytes(h) => data.gather_bytes(
+                    idx,
+                    h.as_mut_slice().map_err(|e| cuda("pinned slot", e))?,
+                    y,
+                )?,
+            }
         }
         let (b, y_shape) = (idx.len(), data.target().batch_shape(self.batch));
-        let x = wrap(
-            &self.device,
-            upload(&compute, &self.copy, &self.allocated, &s.x)?,
-            batch_shape(data, self.batch),
-        );
+        let x_shape = batch_shape(data, self.batch);
+        let x = match &s.x {
+            PinnedX::Values(h) => wrap(
+                &self.device,
+                upload(&compute, &self.copy, &self.allocated, h)?,
+                x_shape,
+            ),
+            PinnedX::Bytes(h) => wrap(
+                &self.device,
+                upload(&compute, &self.copy, &self.allocated, h)?,
+                x_shape,
+            ),
+        };
         let y = match &s.y {
             PinnedTargets::Classes(h) => wrap(
                 &self.device,
@@ -208,8 +251,12 @@ impl Stage for PinnedStage {
         unsafe { result::event::record(event.cu_event(), self.copy.0) }
             .map_err(|e| cuda("event", e))?;
         s.copied = Some(event.clone());
-        let (x, y) = (x.narrow(0, 0, b)?, y.narrow(0, 0, b)?);
-        Ok((x, y, Fence::Cuda { event, compute }))
+        Ok(Staged {
+            x: x.narrow(0, 0, b)?,
+            y: y.narrow(0, 0, b)?,
+            fence: Fence::Cuda { event, compute },
+            values: self.table.clone(),
+        })
     }
 
     fn slots(&self) -> usize {

@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::stream::ChannelNorm;
 
 /// What a dataset's targets are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,6 +142,22 @@ pub trait Dataset: Send + Sync {
     fn gather(&self, idx: &[u32], x: &mut [f32], y: TargetsMut<'_>) -> Result<()>;
     /// Where the data came from, for messages.
     fn source(&self) -> &Path;
+    /// How [`Dataset::gather`] turns bytes into values, when the inputs are
+    /// 8-bit pixels normalised per channel (decoded images): then
+    /// [`Dataset::gather_bytes`] gives the bytes themselves, a quarter of
+    /// fp32's, and a GPU normalises them ([`crate::stage::Staged`]).
+    fn byte_norm(&self) -> Option<ChannelNorm> {
+        None
+    }
+    /// The inputs of samples `idx` as the bytes [`Dataset::gather`] would
+    /// normalise (same layout and order; `byte_norm()` maps them), and their
+    /// targets into `y`. Only where `byte_norm()` is `Some`.
+    fn gather_bytes(&self, _idx: &[u32], _x: &mut [u8], _y: TargetsMut<'_>) -> Result<()> {
+        Err(Error::Config(format!(
+            "{} has no 8-bit form of its inputs",
+            self.source().display()
+        )))
+    }
     /// Called by the loader before it gathers `epoch`'s batches (0-based),
     /// as PyTorch's `set_epoch`: a data set whose samples are random (an
     /// augmentation) draws from it, so that an epoch's samples do not depend

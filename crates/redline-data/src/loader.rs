@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::place::Placement;
 use crate::samples::Samples;
 use crate::split::Split;
-use crate::stage::{stage_for, Fence, Stage, StagePool};
+use crate::stage::{stage_for, Fence, Stage, StagePool, Staged};
 
 /// How batches are drawn from a split.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -486,16 +486,16 @@ struct BatchSource {
 }
 
 impl BatchSource {
-    fn batch(&mut self, b: usize) -> Result<(Batch, Fence)> {
+    fn batch(&mut self, b: usize) -> Result<(usize, Staged)> {
         let start = b * self.batch_size;
         let size = self.batch_size.min(self.len - start);
-        let (x, y, fence) = match &mut self.how {
+        let staged = match &mut self.how {
             // File order: a zero-copy view of consecutive rows.
             Source::Resident {
                 images,
                 labels,
                 perm: None,
-            } => (
+            } => Staged::new(
                 images.narrow(0, start, size)?,
                 labels.narrow(0, start, size)?,
                 Fence::Ready,
@@ -507,7 +507,7 @@ impl BatchSource {
             } => {
                 let idx = perm.narrow(0, start, size)?;
                 let order = &order[start..start + size];
-                (
+                Staged::new(
                     gather::rows(images, order, &idx)?,
                     gather::rows(labels, order, &idx)?,
                     Fence::Ready,
@@ -522,7 +522,7 @@ impl BatchSource {
                 stage.stage(b, host.as_ref(), &order[start..start + size])?
             }
         };
-        Ok((Batch { x, y, index: b }, fence))
+        Ok((b, staged))
     }
 }
 
@@ -544,7 +544,7 @@ enum Inner {
     Inline { source: BatchSource, next: usize },
     /// Batches built ahead on the prefetch thread; joined on drop.
     Threaded {
-        rx: Option<Receiver<Result<(Batch, Fence)>>>,
+        rx: Option<Receiver<Result<(usize, Staged)>>>,
         handle: Option<JoinHandle<()>>,
     },
     /// The epoch could not be started; yields this error once.
@@ -566,8 +566,9 @@ impl Iterator for EpochIter {
             Inner::Threaded { rx, .. } => rx.as_ref()?.recv().ok()?,
             Inner::Failed(e) => return e.take().map(Err),
         };
-        // The compute stream waits for this batch's copy, and only for it.
-        Some(staged.and_then(|(batch, fence)| fence.wait().map(|()| batch)))
+        // The compute stream waits for this batch's copy, and only for it;
+        // a batch of bytes is normalised after it, on the compute stream.
+        Some(staged.and_then(|(index, s)| s.ready().map(|(x, y)| Batch { x, y, index })))
     }
 }
 

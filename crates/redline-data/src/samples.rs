@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::dataset::{Dataset, HostData, TargetKind, Targets, TargetsMut};
 use crate::error::Result;
-use crate::stream::Streamed;
+use crate::stream::{ChannelNorm, Streamed};
 use crate::tokens::TokenWindows;
 use std::sync::Arc;
 
@@ -183,6 +183,21 @@ impl Dataset for Samples {
             Self::Host(d) => d.gather(idx, x, y),
             Self::Streamed(s) => s.gather(idx, x, y),
             Self::Tokens(t) => t.gather(idx, x, y),
+        }
+    }
+
+    fn byte_norm(&self) -> Option<ChannelNorm> {
+        match self {
+            Self::Streamed(s) => s.byte_norm(),
+            Self::Host(_) | Self::Tokens(_) => None,
+        }
+    }
+
+    fn gather_bytes(&self, idx: &[u32], x: &mut [u8], y: TargetsMut<'_>) -> Result<()> {
+        match self {
+            Self::Host(d) => d.gather_bytes(idx, x, y),
+            Self::Streamed(s) => s.gather_bytes(idx, x, y),
+            Self::Tokens(t) => t.gather_bytes(idx, x, y),
         }
     }
 

@@ -235,12 +235,7 @@ struct Recording {
 }
 
 impl Stage for Recording {
-    fn stage(
-        &mut self,
-        slot: usize,
-        data: &dyn Dataset,
-        idx: &[u32],
-    ) -> Result<(Tensor, Tensor, Fence)> {
+    fn stage(&mut self, slot: usize, data: &dyn Dataset, idx: &[u32]) -> Result<Staged> {
         let n = self.inner.slots();
         if let Ok(mut l) = self.log.lock() {
             l.push((slot, slot % n));
@@ -266,7 +261,7 @@ fn streaming_uses_slots_in_turn_and_runs_at_most_prefetch_ahead() -> Result<()> 
     let log = Arc::new(Mutex::new(Vec::new()));
     let produced = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let rec = Recording {
-        inner: PlainStage::new(&Device::Cpu, host.as_ref(), 4, prefetch + 1),
+        inner: PlainStage::new(&Device::Cpu, host.as_ref(), 4, prefetch + 1)?,
         log: log.clone(),
         produced: produced.clone(),
     };
@@ -299,7 +294,7 @@ fn streaming_uses_slots_in_turn_and_runs_at_most_prefetch_ahead() -> Result<()> 
 #[test]
 fn staging_refuses_a_batch_larger_than_its_slot() -> Result<()> {
     let host = split(10)?.to_host()?;
-    let mut st = PlainStage::new(&Device::Cpu, &host, 2, 1);
+    let mut st = PlainStage::new(&Device::Cpu, &host, 2, 1)?;
     let err = st.stage(0, &host, &[0, 1, 2]).err().map(|e| e.to_string());
     assert!(err.is_some_and(|m| m.contains("holds 2 samples, batch has 3")));
     Ok(())

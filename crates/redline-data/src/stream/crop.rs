@@ -4,6 +4,8 @@
 //! `Resize(size / 0.875)` + `CenterCrop(size)`, and a plain resize to a
 //! square; then `ToTensor` + `Normalize(mean, std)` into channel planes.
 
+use std::borrow::Cow;
+
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType as ResizeFilter, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use rand::Rng;
@@ -228,7 +230,7 @@ pub fn resized_crop(
     norm: &ChannelNorm,
     out: &mut [f32],
 ) {
-    planes(&crop_resize(px, b, size, size), norm, flip, out);
+    f32::planes(&crop_resize(px, b, size, size), norm, flip, out);
 }
 
 /// `px` resized to `w x h` (PIL's antialiased bilinear).
@@ -248,16 +250,41 @@ pub fn apply(
     out: &mut [f32],
     side: (u32, u32),
 ) -> Option<()> {
+    apply_to(px, t, norm, rng, out, side)
+}
+
+/// [`apply`] into any sample buffer: fp32 values normalised, or the bytes
+/// themselves for the device to normalise ([`Plane`]).
+pub fn apply_to<T: Plane>(
+    px: &Pixels,
+    t: Transform,
+    norm: &ChannelNorm,
+    rng: &mut ChaCha8Rng,
+    out: &mut [T],
+    side: (u32, u32),
+) -> Option<()> {
+    let (img, flip) = transformed(px, t, rng, side)?;
+    T::planes(&img, norm, flip, out);
+    Some(())
+}
+
+/// `px` through `t`: the image to write, and whether to mirror it.
+fn transformed<'a>(
+    px: &'a Pixels,
+    t: Transform,
+    rng: &mut ChaCha8Rng,
+    side: (u32, u32),
+) -> Option<(Cow<'a, Pixels>, bool)> {
     let full = (0, 0, px.height, px.width);
-    let (img, flip) = match t {
+    Some(match t {
         Transform::Resize(None) if (px.width, px.height) != side => return None,
-        Transform::Resize(None) => (px.clone(), false),
-        Transform::Resize(Some(s)) if (px.width, px.height) == (s, s) => (px.clone(), false),
-        Transform::Resize(Some(s)) => (crop_resize(px, full, s, s), false),
+        Transform::Resize(None) => (Cow::Borrowed(px), false),
+        Transform::Resize(Some(s)) if (px.width, px.height) == (s, s) => (Cow::Borrowed(px), false),
+        Transform::Resize(Some(s)) => (Cow::Owned(crop_resize(px, full, s, s)), false),
         Transform::RandomResizedCrop { size, hflip } => {
             let b = random_resized_box(px.width, px.height, rng);
             let img = crop_resize(px, b, size, size);
-            (img, hflip && rng.random_bool(0.5))
+            (Cow::Owned(img), hflip && rng.random_bool(0.5))
         }
         Transform::ResizeCenterCrop(size) => {
             let s = (f64::from(size) / 0.875) as u32;
@@ -274,22 +301,49 @@ pub fn apply(
                 f64::from(size) * sy,
                 f64::from(size) * sx,
             );
-            (resize_region(px, region, size, size), false)
+            (Cow::Owned(resize_region(px, region, size, size)), false)
         }
-    };
-    planes(&img, norm, flip, out);
-    Some(())
+    })
 }
 
-/// Interleaved bytes to normalised planes, mirrored left-right when `flip`.
-/// Each channel's 256 values are computed once, `(p / 255 - mean) / std`
-/// as torchvision computes it, and looked up.
-fn planes(img: &Pixels, norm: &ChannelNorm, flip: bool, out: &mut [f32]) {
+/// A value of a sample's channel planes: what [`apply_to`] writes.
+pub trait Plane: Copy + Send + Sync + 'static {
+    /// Interleaved bytes to channel planes `(C, H, W)`, mirrored left-right
+    /// when `flip`.
+    fn planes(img: &Pixels, norm: &ChannelNorm, flip: bool, out: &mut [Self]);
+}
+
+impl Plane for f32 {
+    /// Normalised: `(p / 255 - mean) / std`, as torchvision computes it.
+    fn planes(img: &Pixels, norm: &ChannelNorm, flip: bool, out: &mut [f32]) {
+        let luts = byte_values(norm);
+        map_planes(img, flip, out, |ch, p| luts[ch][usize::from(p)]);
+    }
+}
+
+impl Plane for u8 {
+    /// The bytes themselves (a quarter of fp32's): the device normalises
+    /// them with [`byte_values`].
+    fn planes(img: &Pixels, _norm: &ChannelNorm, flip: bool, out: &mut [u8]) {
+        map_planes(img, flip, out, |_, p| p);
+    }
+}
+
+/// Each channel's normalised value of each byte, `(p / 255 - mean) / std`
+/// as torchvision computes it (three channels; a grey image uses the first).
+pub fn byte_values(norm: &ChannelNorm) -> [[f32; 256]; 3] {
+    std::array::from_fn(|ch| {
+        let (mean, std) = (norm.mean[ch], norm.std[ch]);
+        std::array::from_fn(|p| (p as f32 / 255.0 - mean) / std)
+    })
+}
+
+/// Interleaved bytes to planes of `f(channel, byte)`, mirrored left-right
+/// when `flip`.
+fn map_planes<T: Copy>(img: &Pixels, flip: bool, out: &mut [T], f: impl Fn(usize, u8) -> T) {
     let (w, h, c) = (img.width as usize, img.height as usize, img.channels);
     let plane = w * h;
     for ch in 0..c {
-        let (mean, std) = (norm.mean[ch], norm.std[ch]);
-        let lut: [f32; 256] = std::array::from_fn(|p| (p as f32 / 255.0 - mean) / std);
         let dst = &mut out[ch * plane..(ch + 1) * plane];
         for y in 0..h {
             let row = &img.data[y * w * c..(y + 1) * w * c];
@@ -297,12 +351,12 @@ fn planes(img: &Pixels, norm: &ChannelNorm, flip: bool, out: &mut [f32]) {
             match flip {
                 false => {
                     for (v, px) in d.iter_mut().zip(row.chunks_exact(c)) {
-                        *v = lut[usize::from(px[ch])];
+                        *v = f(ch, px[ch]);
                     }
                 }
                 true => {
                     for (v, px) in d.iter_mut().zip(row.chunks_exact(c).rev()) {
-                        *v = lut[usize::from(px[ch])];
+                        *v = f(ch, px[ch]);
                     }
                 }
             }
@@ -356,11 +410,11 @@ mod tests {
             data: vec![255, 0, 0, 0, 255, 0],
         };
         let mut out = vec![0.0; 6];
-        planes(&img, &ChannelNorm::same(0.0, 1.0), false, &mut out);
+        f32::planes(&img, &ChannelNorm::same(0.0, 1.0), false, &mut out);
         assert_eq!(out, vec![1.0, 0.0, 0.0, 1.0, 0.0, 0.0]);
-        planes(&img, &ChannelNorm::same(0.0, 1.0), true, &mut out);
+        f32::planes(&img, &ChannelNorm::same(0.0, 1.0), true, &mut out);
         assert_eq!(out, vec![0.0, 1.0, 1.0, 0.0, 0.0, 0.0]);
-        planes(&img, &ChannelNorm::IMAGENET, false, &mut out);
+        f32::planes(&img, &ChannelNorm::IMAGENET, false, &mut out);
         assert!((out[0] - (1.0 - 0.485) / 0.229).abs() < 1e-6);
     }
 }

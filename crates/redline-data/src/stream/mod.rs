@@ -27,7 +27,7 @@ pub mod decode;
 pub mod shards;
 pub mod stats;
 
-pub use crop::{ChannelNorm, Transform};
+pub use crop::{ChannelNorm, Plane, Transform};
 use decode::Pixels;
 pub use stats::PipelineStats;
 
@@ -336,12 +336,12 @@ impl Streamed {
     }
 
     /// Decodes sample `i` of the listing into `out` with `rng` at its place.
-    fn one(&self, i: usize, rng: &mut ChaCha8Rng, out: &mut [f32]) -> Result<()> {
+    fn one<T: Plane>(&self, i: usize, rng: &mut ChaCha8Rng, out: &mut [T]) -> Result<()> {
         let what = self.list.name(i);
         let bytes = self.list.read(i)?;
         let px: Pixels = decode::decode(&bytes, self.view.channels, &what)?;
         let v = &self.view;
-        crop::apply(&px, v.transform, &v.norm, rng, out, v.side).ok_or_else(|| Error::Invalid {
+        crop::apply_to(&px, v.transform, &v.norm, rng, out, v.side).ok_or_else(|| Error::Invalid {
             path: what,
             msg: format!(
                 "is {}x{} while the first image is {}x{}\nHINT: pass --image-size N to \
@@ -354,7 +354,7 @@ impl Streamed {
     /// Sample `i` of this split for `epoch`: its pixels in `out`, its label
     /// returned. With `skip_bad`, an undecodable sample is replaced by the
     /// next one that decodes (counted in [`Streamed::skipped`]).
-    fn sample(&self, i: usize, epoch: u128, out: &mut [f32]) -> Result<u32> {
+    fn sample<T: Plane>(&self, i: usize, epoch: u128, out: &mut [T]) -> Result<u32> {
         let n = self.len();
         let total = self.list.items.len() as u128;
         let mut k = i;
@@ -386,6 +386,39 @@ impl Streamed {
                 }
             }
         }
+    }
+
+    /// Samples `idx` as planes of `T` in `x`, their labels in `y`, decoded
+    /// on the worker pool.
+    fn gather_planes<T: Plane>(&self, idx: &[u32], x: &mut [T], y: TargetsMut<'_>) -> Result<()> {
+        let row: usize = self.dims.iter().product();
+        let TargetsMut::Classes(y) = y else {
+            return Err(Error::Config("streamed images have class targets".into()));
+        };
+        if x.len() < idx.len() * row || y.len() < idx.len() {
+            return Err(Error::Config(format!(
+                "a batch of {} samples does not fit the buffers given",
+                idx.len()
+            )));
+        }
+        if let Some(&bad) = idx.iter().find(|&&i| i as usize >= self.len()) {
+            return Err(Error::Config(format!(
+                "sample {bad} asked of a split of {}",
+                self.len()
+            )));
+        }
+        let epoch = self.epoch.load(Ordering::Relaxed) as u128;
+        self.pool.install(|| {
+            x.par_chunks_mut(row)
+                .zip(y.par_iter_mut())
+                .zip(idx.par_iter())
+                .try_for_each(|((out, label), &i)| {
+                    let start = std::time::Instant::now();
+                    *label = self.sample(i as usize, epoch, out)?;
+                    self.stats.add(start.elapsed());
+                    Ok(())
+                })
+        })
     }
 
     /// Decodes every sample once into host memory (resident data), on the
@@ -430,34 +463,15 @@ impl Dataset for Streamed {
     }
 
     fn gather(&self, idx: &[u32], x: &mut [f32], y: TargetsMut<'_>) -> Result<()> {
-        let row: usize = self.dims.iter().product();
-        let TargetsMut::Classes(y) = y else {
-            return Err(Error::Config("streamed images have class targets".into()));
-        };
-        if x.len() < idx.len() * row || y.len() < idx.len() {
-            return Err(Error::Config(format!(
-                "a batch of {} samples does not fit the buffers given",
-                idx.len()
-            )));
-        }
-        if let Some(&bad) = idx.iter().find(|&&i| i as usize >= self.len()) {
-            return Err(Error::Config(format!(
-                "sample {bad} asked of a split of {}",
-                self.len()
-            )));
-        }
-        let epoch = self.epoch.load(Ordering::Relaxed) as u128;
-        self.pool.install(|| {
-            x.par_chunks_mut(row)
-                .zip(y.par_iter_mut())
-                .zip(idx.par_iter())
-                .try_for_each(|((out, label), &i)| {
-                    let start = std::time::Instant::now();
-                    *label = self.sample(i as usize, epoch, out)?;
-                    self.stats.add(start.elapsed());
-                    Ok(())
-                })
-        })
+        self.gather_planes(idx, x, y)
+    }
+
+    fn byte_norm(&self) -> Option<ChannelNorm> {
+        Some(self.view.norm)
+    }
+
+    fn gather_bytes(&self, idx: &[u32], x: &mut [u8], y: TargetsMut<'_>) -> Result<()> {
+        self.gather_planes(idx, x, y)
     }
 
     fn source(&self) -> &Path {

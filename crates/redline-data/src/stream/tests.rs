@@ -314,3 +314,98 @@ fn a_fifo_or_an_oversized_member_is_a_bad_sample_named_not_read() -> Result<()> 
     }
     Ok(())
 }
+
+/// Samples `idx` of `s` through a stage of values and a stage of bytes
+/// (normalised as a device would): the same values and labels, which are
+/// also the host's gather's. Returns the bytes that crossed.
+fn bytes_and_values_agree(s: &Streamed, batches: &[Vec<u32>]) -> Result<Vec<u8>> {
+    use crate::stage::{PlainStage, Stage};
+    let dev = candle_core::Device::Cpu;
+    let mut values = PlainStage::with_bytes(&dev, s, 4, 2, false)?;
+    let mut bytes = PlainStage::with_bytes(&dev, s, 4, 2, true)?;
+    let mut crossed = Vec::new();
+    for (slot, idx) in batches.iter().enumerate() {
+        let staged = bytes.stage(slot, s, idx)?;
+        assert_eq!(staged.x.dtype(), candle_core::DType::U8, "bytes cross");
+        crossed.extend(staged.x.flatten_all()?.to_vec1::<u8>()?);
+        let (xb, yb) = staged.ready()?;
+        let (xv, yv) = values.stage(slot, s, idx)?.ready()?;
+        let side = s.input_dims()[1];
+        assert_eq!(xb.dims(), &[idx.len(), 3, side, side]);
+        assert_eq!(xb.dtype(), candle_core::DType::F32);
+        assert_eq!(
+            xb.flatten_all()?.to_vec1::<f32>()?,
+            xv.flatten_all()?.to_vec1::<f32>()?
+        );
+        assert_eq!(yb.to_vec1::<u32>()?, yv.to_vec1::<u32>()?);
+        assert_eq!(xv.flatten_all()?.to_vec1::<f32>()?, all(s, idx)?.0);
+    }
+    Ok(crossed)
+}
+
+#[test]
+fn bytes_normalised_on_the_device_equal_the_hosts_values() -> Result<()> {
+    // Unequal channels, so a channel mixed up in the table shows.
+    let norm = ChannelNorm {
+        mean: [0.1, 0.5, 0.9],
+        std: [0.2, 0.3, 0.7],
+    };
+    // Every byte value in every channel, unresized: 0 and 255 cross too.
+    let tmp = tempfile::tempdir().map_err(io)?;
+    for (class, n) in [("a", 3u32), ("b", 2)] {
+        std::fs::create_dir_all(tmp.path().join(class)).map_err(io)?;
+        for i in 0..n {
+            let img = image::RgbImage::from_fn(16, 16, |x, y| {
+                let p = (y * 16 + x + i * 40) as u8;
+                image::Rgb([p, p.wrapping_add(85), p.wrapping_add(170)])
+            });
+            img.save(tmp.path().join(class).join(format!("{i}.png")))
+                .map_err(|e| Error::Config(e.to_string()))?;
+        }
+    }
+    let (list, _) = image_folder::listing(tmp.path(), None)?;
+    let mut v = view(Transform::Resize(None));
+    v.norm = norm;
+    let s = Streamed::new(Arc::new(list), v, worker_pool(2)?, 3)?;
+    assert_eq!(s.byte_norm(), Some(norm));
+    // A full batch and a partial one (the table narrowed to 3 samples).
+    let crossed = bytes_and_values_agree(&s, &[vec![4, 0, 3, 1], vec![2, 1, 0]])?;
+    assert!((0..=255u8).all(|p| crossed.contains(&p)));
+    // Random crops and flips of the photos: the same draws either way.
+    let tmp = tempfile::tempdir().map_err(io)?;
+    folder(tmp.path())?;
+    let (list, _) = image_folder::listing(tmp.path(), None)?;
+    let mut v = view(Transform::RandomResizedCrop {
+        size: 16,
+        hflip: true,
+    });
+    v.norm = norm;
+    let s = Streamed::new(Arc::new(list), v, worker_pool(2)?, 3)?;
+    s.set_epoch(2);
+    bytes_and_values_agree(&s, &[vec![8, 0, 3, 5], vec![1, 7, 2]])?;
+    Ok(())
+}
+
+#[test]
+fn a_grey_batch_of_bytes_takes_the_first_channels_table() -> Result<()> {
+    use crate::stage::{byte_table, normalise_bytes};
+    let dev = candle_core::Device::Cpu;
+    let norm = ChannelNorm {
+        mean: [0.5, 0.0, 0.0],
+        std: [0.25, 1.0, 1.0],
+    };
+    let table = byte_table(&norm, 1, 3, &dev)?;
+    assert_eq!(table.dims(), &[3, 1, 256]);
+    let x = candle_core::Tensor::from_vec(vec![0u8, 255, 51, 128], (2, 1, 2, 1), &dev)?;
+    let got = normalise_bytes(&x, &table)?;
+    assert_eq!(got.dims(), &[2, 1, 2, 1]);
+    let want: Vec<f32> = [0u8, 255, 51, 128]
+        .iter()
+        .map(|&p| (f32::from(p) / 255.0 - 0.5) / 0.25)
+        .collect();
+    assert_eq!(got.flatten_all()?.to_vec1::<f32>()?, want);
+    // A batch of bytes without channels is refused, not misread.
+    let flat = candle_core::Tensor::from_vec(vec![0u8, 1], 2, &dev)?;
+    assert!(normalise_bytes(&flat, &table).is_err());
+    Ok(())
+}

@@ -557,3 +557,65 @@ fn cuda_mlp_adam_matches_pytorch_with_the_fused_optimizer() {
         );
     }
 }
+
+/// Streamed images cross to the GPU as bytes (a quarter of fp32's) through
+/// the pinned slots and the copy stream, and are normalised there after the
+/// batch's fence: the batches equal the CPU's, whose gather normalises as
+/// it writes, bit for bit (issue 48's item 4). Random crops and flips, every
+/// byte value, a partial last batch.
+#[test]
+fn cuda_streamed_images_cross_as_bytes_and_equal_the_cpus() {
+    use redline_data::stage::stage_for;
+    use redline_data::stream::{worker_pool, ChannelNorm, Streamed, Transform, View};
+    let tmp = tempfile::tempdir().unwrap();
+    for (class, n) in [("a", 7u32), ("b", 6)] {
+        std::fs::create_dir_all(tmp.path().join(class)).unwrap();
+        for i in 0..n {
+            let img = image::RgbImage::from_fn(40 + i, 36, |x, y| {
+                let p = (y * 40 + x * 3 + i * 17) as u8;
+                image::Rgb([p, p.wrapping_add(85), 255 - p])
+            });
+            img.save(tmp.path().join(class).join(format!("{i}.png")))
+                .unwrap();
+        }
+    }
+    let (list, _) = redline_data::image_folder::listing(tmp.path(), None).unwrap();
+    let view = View {
+        transform: Transform::RandomResizedCrop {
+            size: 32,
+            hflip: true,
+        },
+        norm: ChannelNorm::IMAGENET,
+        channels: 3,
+        side: (32, 32),
+        skip_bad: false,
+    };
+    let s = Streamed::new(Arc::new(list), view, worker_pool(2).unwrap(), 5).unwrap();
+    let gpu = on(true).candle().clone();
+    let mut on_gpu = stage_for(&gpu, &s, 8, 2).unwrap();
+    let mut on_cpu = stage_for(&CDevice::Cpu, &s, 8, 2).unwrap();
+    let order: Vec<u32> = (0..13).rev().collect();
+    for (slot, idx) in order.chunks(8).enumerate() {
+        let staged = on_gpu.stage(slot, &s, idx).unwrap();
+        assert_eq!(staged.x.dtype(), candle_core::DType::U8, "bytes cross");
+        let (x, y) = staged.ready().unwrap();
+        let (cx, cy) = on_cpu.stage(slot, &s, idx).unwrap().ready().unwrap();
+        assert_eq!(x.dims(), cx.dims());
+        let flat = |t: &candle_core::Tensor| {
+            t.to_device(&CDevice::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        };
+        assert_eq!(flat(&x), flat(&cx), "batch {slot}");
+        assert_eq!(
+            y.to_device(&CDevice::Cpu)
+                .unwrap()
+                .to_vec1::<u32>()
+                .unwrap(),
+            cy.to_vec1::<u32>().unwrap()
+        );
+    }
+}

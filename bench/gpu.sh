@@ -17,7 +17,8 @@
 #      beside PyTorch autocast / GradScaler / model.to(bfloat16) on the same GPU.
 # One part at a time keeps each device call under its 10 minutes:
 #   bash bench/gpu.sh [all|tests|redline|torch|precision|steps|busy|stream|mfu|gpt]   (default all; the table ends each part)
-# Part `gpt` (issue 50): `redline sample` on cuda:0 against the transformers-written golden
+# Part `gpt` (issue 50): the attention kernels' times beside PyTorch's flash SDPA
+# (bench/attention.py --kernels), `redline sample` on cuda:0 against the transformers-written golden
 # folder's greedy ids, a GPT trained on token windows on cuda:0 (fp32 and bf16-mixed), and
 # bench/gpt_cpu.py --device cuda: Redline against nanoGPT's model eager and compiled.
 # Part `stream` (issue 48): ImageNet-like JPEGs made on the host (tools/datasets/make_imagelike.py),
@@ -223,6 +224,8 @@ for m in mlp cnn; do
 done
 fi
 if want gpt; then
+# The attention kernels (cuda/attention.cu) against PyTorch's flash SDPA on this GPU.
+"$py" bench/attention.py --kernels "$bin/kernels" | tee "$out/attention-gpu.md"
 $rl sample testdata/golden/hf-gpt2-tiny --device cuda:0 --temperature 0 --ids --tokens 16 \
     --prompt "def forward(self, x):" | tee "$out/gpt-sample-ids.txt"
 "$py" -c 'import json,sys; e=json.load(open("testdata/golden/hf_gpt2_tiny.json"))["greedy_ids"]; g=[int(v) for v in open(sys.argv[1]).read().split()]; print("sample greedy ids", "MATCH" if g == e else f"DIFFER {g} vs {e}")' "$out/gpt-sample-ids.txt"

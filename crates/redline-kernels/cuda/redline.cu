@@ -8,3 +8,4 @@
 #include "conv_mma.cu"
 #include "gather.cu"
 #include "tally.cu"
+#include "attention.cu"

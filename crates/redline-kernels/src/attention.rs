@@ -9,11 +9,16 @@
 //! log-sum-exp (`T` values per head) for the backward. Its memory grows
 //! with `T`, not `T^2`. Heads run in parallel on the compute threads.
 //!
+//! On a GPU (the `cuda` feature) the same blocked algorithm runs as
+//! Redline's own kernels (`cuda/attention.cu`), on f32, bf16 or f16 inputs
+//! in their own type, heads up to 64 wide; its backward sums in a fixed
+//! order (no atomics), so runs repeat bit for bit.
+//!
 //! The softmax is always computed in fp32: 16-bit inputs (`bf16-mixed`) are
-//! widened for the kernel and its output narrowed back, as autocast runs
-//! attention's softmax in fp32. Elsewhere (a GPU, other dtypes) the op is
-//! built from candle's ops (matmul, mask, softmax in fp32), which hold the
-//! score matrix.
+//! widened for the CPU kernel and its output narrowed back, as autocast runs
+//! attention's softmax in fp32. Elsewhere (other devices, other dtypes,
+//! wider heads) the op is built from candle's ops (matmul, mask, softmax in
+//! fp32), which hold the score matrix.
 
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Shape, Storage, Tensor};
 use rayon::prelude::*;
@@ -103,7 +108,27 @@ pub fn causal_attention_dropout(
         }
     }
     let drop = drop.filter(|d| d.p > 0.0);
-    if !q.device().is_cpu() || !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+    if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+        return generic_dropout(q, k, v, drop);
+    }
+    #[cfg(feature = "cuda")]
+    if q.device().is_cuda()
+        && (1..=crate::cuda::attention::MAX_HEAD_DIM).contains(&d)
+        && (1..=crate::cuda::attention::MAX_HEADS).contains(&(b * h))
+        && t > 0
+        && k.dtype() == dtype
+        && v.dtype() == dtype
+    {
+        let op = Attention {
+            dims: (b * h, t, d),
+            lse: std::sync::Mutex::new(None),
+            drop,
+        };
+        return Ok(q
+            .contiguous()?
+            .apply_op3(&k.contiguous()?, &v.contiguous()?, op)?);
+    }
+    if !q.device().is_cpu() {
         return generic_dropout(q, k, v, drop);
     }
     let wide = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(DType::F32)?.contiguous()?) };
@@ -164,8 +189,16 @@ fn softmax_last(x: &Tensor) -> Result<Tensor> {
 /// each row's log-sum-exp, left by the forward for the backward.
 struct Attention {
     dims: (usize, usize, usize),
-    lse: std::sync::Mutex<Option<Vec<f32>>>,
+    lse: std::sync::Mutex<Option<Lse>>,
     drop: Option<AttnDropout>,
+}
+
+/// Each row's log-sum-exp, where the forward ran.
+#[derive(Clone)]
+enum Lse {
+    Host(Vec<f32>),
+    #[cfg(feature = "cuda")]
+    Device(std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>>),
 }
 
 /// The dropout of one head: its mask's parameters and the head's index.
@@ -423,8 +456,25 @@ impl CustomOp3 for Attention {
                     drop,
                 )
             })?;
-        keep(&self.lse, lse);
+        keep(&self.lse, Lse::Host(lse));
         Ok((CpuStorage::F32(o), l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        trace::count("attention.forward");
+        let (o, lse) =
+            crate::cuda::attention::forward((s1, l1), (s2, l2), (s3, l3), self.dims, self.drop)?;
+        keep(&self.lse, Lse::Device(std::sync::Arc::new(lse)));
+        Ok((o, l1.shape().clone()))
     }
 
     fn bwd(
@@ -456,7 +506,7 @@ impl CustomOp3 for Attention {
 struct AttentionBwd {
     dims: (usize, usize, usize),
     drop: Option<AttnDropout>,
-    lse: Vec<f32>,
+    lse: Lse,
     v: Tensor,
     o: Tensor,
 }
@@ -488,13 +538,20 @@ impl CustomOp3 for AttentionBwd {
         let (vs, vl) = self.v.storage_and_layout();
         let (os, ol) = self.o.storage_and_layout();
         let (v, o) = (held(&vs, vl, op)?, held(&os, ol, op)?);
+        // One arm without the `cuda` feature.
+        #[allow(clippy::infallible_destructuring_match)]
+        let lse = match &self.lse {
+            Lse::Host(l) => l,
+            #[cfg(feature = "cuda")]
+            Lse::Device(_) => bail!("{op}: the forward ran on the GPU, the backward on the CPU"),
+        };
         let (heads, t, d) = self.dims;
         let n = t * d;
         let total = heads * n;
         if [go.len(), q.len(), k.len(), v.len(), o.len()]
             .iter()
             .any(|&l| l != total)
-            || self.lse.len() != heads * t
+            || lse.len() != heads * t
         {
             bail!("{op}: inputs do not hold {heads} heads of {t} x {d}")
         }
@@ -509,7 +566,7 @@ impl CustomOp3 for AttentionBwd {
                 let s = hd * n..(hd + 1) * n;
                 head_backward(
                     (&q[s.clone()], &k[s.clone()], &v[s.clone()]),
-                    (&o[s.clone()], &self.lse[hd * t..(hd + 1) * t], &go[s]),
+                    (&o[s.clone()], &lse[hd * t..(hd + 1) * t], &go[s]),
                     (dq, dk, dv),
                     (t, d),
                     sc,
@@ -517,6 +574,39 @@ impl CustomOp3 for AttentionBwd {
                 )
             })?;
         Ok((CpuStorage::F32(out), Shape::from(3 * total)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let op = "attention backward";
+        let Lse::Device(lse) = &self.lse else {
+            bail!("{op}: the forward ran on the CPU, the backward on the GPU")
+        };
+        let (vs, vl) = self.v.storage_and_layout();
+        let (os, ol) = self.o.storage_and_layout();
+        let (Storage::Cuda(vs), Storage::Cuda(os)) = (&*vs, &*os) else {
+            bail!("{op}: a saved tensor is not on the GPU")
+        };
+        let out = crate::cuda::attention::backward(
+            (s1, l1),
+            (s2, l2),
+            (s3, l3),
+            (vs, vl),
+            (os, ol),
+            lse,
+            self.dims,
+            self.drop,
+        )?;
+        let (heads, t, d) = self.dims;
+        Ok((out, Shape::from(3 * heads * t * d)))
     }
 }
 

@@ -67,6 +67,18 @@ const Entry KERNELS[] = {
     EMU_KERNEL(redline_conv_fwd_tf32),
     EMU_KERNEL(redline_conv_dx_tf32),
     EMU_KERNEL(redline_conv_dw_tf32),
+    EMU_KERNEL(redline_attn_fwd_f32),
+    EMU_KERNEL(redline_attn_dot_f32),
+    EMU_KERNEL(redline_attn_dkdv_f32),
+    EMU_KERNEL(redline_attn_dq_f32),
+    EMU_KERNEL(redline_attn_fwd_bf16),
+    EMU_KERNEL(redline_attn_dot_bf16),
+    EMU_KERNEL(redline_attn_dkdv_bf16),
+    EMU_KERNEL(redline_attn_dq_bf16),
+    EMU_KERNEL(redline_attn_fwd_f16),
+    EMU_KERNEL(redline_attn_dot_f16),
+    EMU_KERNEL(redline_attn_dkdv_f16),
+    EMU_KERNEL(redline_attn_dq_f16),
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 //! and its PTX), embedded here and loaded once per device, so no run
 //! compiles them.
 
+pub(crate) mod attention;
 pub(crate) mod conv;
 pub mod cudnn;
 mod gather;

@@ -83,9 +83,19 @@ def torch_cuda_times(shape, dtype):
 
 
 def gpu_table(kernels):
-    out = subprocess.run([kernels, "cuda_attention_timing", "--ignored", "--nocapture",
-                          "--test-threads", "1"], check=True, capture_output=True, text=True).stdout
-    rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    def timing(simt):
+        env = dict(os.environ, REDLINE_ATTENTION_SIMT="1" if simt else "0")
+        out = subprocess.run([kernels, "cuda_attention_timing", "--ignored", "--nocapture",
+                              "--test-threads", "1"], check=True, capture_output=True, text=True,
+                             env=env).stdout
+        return [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+
+    rows = timing(False)
+    # The same kernels with the 16-bit forward kept off the tensor cores.
+    for r in timing(True):
+        if r["path"] == "redline" and r["dtype"] != "F32":
+            rows.append(dict(r, path="redline, SIMT forward"))
+    rows.sort(key=lambda r: (r["shape"], r["dtype"]))
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}\n")
     print("| shape (B, H, T, D) | dtype | path | fwd ms | fwd+bwd ms | PyTorch SDPA fwd ms "
           "| PyTorch fwd+bwd ms | fwd+bwd ratio (PyTorch / this) |")

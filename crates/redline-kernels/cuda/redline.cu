@@ -9,3 +9,4 @@
 #include "gather.cu"
 #include "tally.cu"
 #include "attention.cu"
+#include "attention_mma.cu"

@@ -2,7 +2,9 @@
 //! forward in one launch (output and each row's log-sum-exp), the backward
 //! in three (`D = dO . O`, then dK and dV per key block, dQ per query
 //! block), on `(B*H, T, D)` inputs in f32, bf16 or f16 with `D` up to
-//! [`MAX_HEAD_DIM`].
+//! [`MAX_HEAD_DIM`]. The forward of 16-bit heads 32 or 64 wide runs on
+//! tensor cores (`cuda/attention_mma.cu`) unless `REDLINE_ATTENTION_SIMT=1`
+//! (for measuring one against the other).
 
 use std::sync::Arc;
 
@@ -105,6 +107,13 @@ fn check((heads, t, d): (usize, usize, usize)) -> candle_core::Result<()> {
     Ok(())
 }
 
+/// Whether `REDLINE_ATTENTION_SIMT=1` keeps 16-bit forwards off the tensor
+/// cores (read once).
+fn simt_only() -> bool {
+    static SIMT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SIMT.get_or_init(|| std::env::var("REDLINE_ATTENTION_SIMT").is_ok_and(|v| v == "1"))
+}
+
 /// Dropout's probability and seed as the kernels take them (`p = 0`: none).
 fn drop_args(drop: Option<AttnDropout>) -> (f32, u64) {
     drop.map_or((0.0, 0), |d| (d.p, d.seed))
@@ -125,8 +134,12 @@ pub(crate) fn forward(
     let dtype = q.0.dtype();
     let dev = q.0.device().clone();
     let stream = dev.cuda_stream();
-    let func = function(&dev, &format!("redline_attn_fwd_{}", suffix(dtype)?))
-        .map_err(|e| gpu("kernel", e))?;
+    let mma = matches!(dtype, DType::BF16 | DType::F16) && matches!(d, 32 | 64) && !simt_only();
+    let name = match mma {
+        true => format!("redline_attn_fwd_mma_{}_d{d}", suffix(dtype)?),
+        false => format!("redline_attn_fwd_{}", suffix(dtype)?),
+    };
+    let func = function(&dev, &name).map_err(|e| gpu("kernel", e))?;
     let (pq, pk, pv) = (
         operand(q, dtype, n, "the queries", &stream)?,
         operand(k, dtype, n, "the keys", &stream)?,
@@ -145,14 +158,16 @@ pub(crate) fn forward(
         .arg(&pv)
         .arg(&po)
         .arg(&mut lse)
-        .arg(&t32)
-        .arg(&d32)
-        .arg(&scale)
-        .arg(&p)
-        .arg(&seed);
+        .arg(&t32);
+    if !mma {
+        // The tensor-core kernels take the width as a template parameter.
+        b.arg(&d32);
+    }
+    b.arg(&scale).arg(&p).arg(&seed);
     // SAFETY: the arguments are the kernel's, in order; q, k, v and o hold
     // heads * t * d elements of the suffix's type (checked, allocated), lse
-    // heads * t f32; the grid covers every query block of every head.
+    // heads * t f32; the grid covers every query block (64 queries, both
+    // kernels) of every head.
     unsafe { b.launch(config((t.div_ceil(FWD_Q), heads))?) }.map_err(|e| gpu("forward", e))?;
     Ok((o, lse))
 }

@@ -165,6 +165,29 @@ fn cuda_attention_dropout_wide_heads_and_repeatable_bits() {
     }
 }
 
+/// 16-bit heads of 64 and 32 take the tensor-core forward
+/// (`cuda/attention_mma.cu`): output and gradients within the formats'
+/// rounding of the CPU's fp32 kernel on the same rounded inputs.
+#[test]
+fn cuda_tensor_core_forward_agrees_with_the_cpu() {
+    let gpu = super::gpu();
+    for (dtype, shape, tol) in [
+        (DType::BF16, (2, 2, 200, 64), 1e-2f32),
+        (DType::F16, (1, 2, 100, 32), 2e-3),
+    ] {
+        let c = grads_on(&Device::Cpu, dtype, shape, None);
+        let g = grads_on(&gpu, dtype, shape, None);
+        for (i, (a, b)) in g.iter().zip(&c).enumerate() {
+            let e = rel(a, b);
+            println!("cuda attention {dtype:?} {shape:?}: output/gradient {i} within {e:.2e}");
+            assert!(
+                e < tol,
+                "{dtype:?} {shape:?}: output/gradient {i} off the CPU by {e}"
+            );
+        }
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]

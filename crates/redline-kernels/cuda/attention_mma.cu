@@ -189,12 +189,236 @@ __device__ void attn_fwd_mma(const unsigned short *q, const unsigned short *k,
     }
 }
 
+// A warp's A fragments of rows r..r+15 of a shared tile, for the D / 16
+// steps over the head's width.
+template <int D>
+__device__ __forceinline__ void attn_mma_rows(unsigned int a[D / 16][4],
+                                              const unsigned short (*src)[D + ATT_MMA_PAD],
+                                              unsigned int r, unsigned int g, unsigned int tq) {
+#pragma unroll
+    for (int s = 0; s < D / 16; s++) {
+        const unsigned int c = 16 * s + 2 * tq;
+        a[s][0] = attn_pair(src[r + g][c], src[r + g][c + 1]);
+        a[s][1] = attn_pair(src[r + g + 8][c], src[r + g + 8][c + 1]);
+        a[s][2] = attn_pair(src[r + g][c + 8], src[r + g][c + 9]);
+        a[s][3] = attn_pair(src[r + g + 8][c + 8], src[r + g + 8][c + 9]);
+    }
+}
+
+// c[j] (8 C tiles, 16 x 64) = A (the warp's 16 rows) times the 64 rows of
+// `rows` transposed (row n of the tile is column n of the product).
+template <class Fmt, int D>
+__device__ __forceinline__ void attn_mma_by_rows(float c[8][4], const unsigned int a[D / 16][4],
+                                                 const unsigned short (*rows)[D + ATT_MMA_PAD],
+                                                 unsigned int g, unsigned int tq) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) c[j][e] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < D / 16; s++) {
+            const unsigned int n = 8 * j + g, k = 16 * s + 2 * tq;
+            const unsigned int b[2] = {attn_pair(rows[n][k], rows[n][k + 1]),
+                                       attn_pair(rows[n][k + 8], rows[n][k + 9])};
+            attn_mma<Fmt>(c[j], a[s], b);
+        }
+    }
+}
+
+// acc (16 x D) += X (16 x 64, the 8 C tiles `x`, rounded to the format) times
+// the 64 x D tile `b` (rows of b are X's columns).
+template <class Fmt, int D>
+__device__ __forceinline__ void attn_mma_times(float acc[D / 8][4], const float x[8][4],
+                                               const unsigned short (*b)[D + ATT_MMA_PAD],
+                                               unsigned int g, unsigned int tq) {
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        const unsigned int xa[4] = {
+            attn_pair(Fmt::down(x[2 * s][0]), Fmt::down(x[2 * s][1])),
+            attn_pair(Fmt::down(x[2 * s][2]), Fmt::down(x[2 * s][3])),
+            attn_pair(Fmt::down(x[2 * s + 1][0]), Fmt::down(x[2 * s + 1][1])),
+            attn_pair(Fmt::down(x[2 * s + 1][2]), Fmt::down(x[2 * s + 1][3]))};
+        const unsigned int kr = 16 * s + 2 * tq;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+            const unsigned int n = 8 * j + g;
+            const unsigned int bb[2] = {attn_pair(b[kr][n], b[kr + 1][n]),
+                                        attn_pair(b[kr + 8][n], b[kr + 9][n])};
+            attn_mma<Fmt>(acc[j], xa, bb);
+        }
+    }
+}
+
+// Rows r0..r0+64 of the log-sum-exps and D of head hd into shared arrays
+// (0 past the end, where nothing is read).
+__device__ __forceinline__ void attn_mma_stats(float *ls, float *dd, const float *lse,
+                                               const float *dvec, unsigned int hd,
+                                               unsigned int r0, unsigned int t) {
+    if (threadIdx.x < 64) {
+        const bool in = r0 + threadIdx.x < t;
+        ls[threadIdx.x] = in ? lse[(size_t)hd * t + r0 + threadIdx.x] : 0.0f;
+        dd[threadIdx.x] = in ? dvec[(size_t)hd * t + r0 + threadIdx.x] : 0.0f;
+    }
+}
+
+// Stores a warp's 16 x D f32 tile (rows r, r + 8 by h) of head `base` for rows < t.
+template <class Fmt, int D>
+__device__ __forceinline__ void attn_mma_store(unsigned short *out, const float acc[D / 8][4],
+                                               size_t base, unsigned int r, unsigned int g,
+                                               unsigned int tq, unsigned int t) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const unsigned int row = r + g + 8 * h;
+        if (row >= t) continue;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+            const size_t at = base + (size_t)row * D + 8 * j + 2 * tq;
+            out[at] = Fmt::down(acc[j][2 * h]);
+            out[at + 1] = Fmt::down(acc[j][2 * h + 1]);
+        }
+    }
+}
+
+// grid (ceil(t / 64), heads): dK and dV of 64 keys (16 a warp), summed over
+// the query tiles from the keys' own on, in order. Computed transposed (keys
+// as rows: S^T = K Q^T, dP^T = V dO^T), so that P^T and dS^T are already the
+// A fragments of dV += P^T dO and dK += dS^T Q.
+template <class Fmt, int D>
+__device__ void attn_dkdv_mma(const unsigned short *q, const unsigned short *k,
+                              const unsigned short *v, const unsigned short *go, const float *lse,
+                              const float *dvec, unsigned short *dk, unsigned short *dv,
+                              unsigned int t, float scale, float drop_p,
+                              unsigned long long seed) {
+    __shared__ unsigned short qs[64][D + ATT_MMA_PAD];
+    __shared__ unsigned short gs[64][D + ATT_MMA_PAD];
+    __shared__ unsigned short ks[64][D + ATT_MMA_PAD];
+    __shared__ unsigned short vs[64][D + ATT_MMA_PAD];
+    __shared__ float ls[64], dd[64];
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const unsigned int g = lane >> 2, tq = lane & 3u;
+    const unsigned int hd = blockIdx.y, k0 = blockIdx.x * 64, wr = 16 * warp;
+    const size_t base = (size_t)hd * t * D;
+    attn_mma_load<D, 64>(ks, k, base, k0, t);
+    attn_mma_load<D, 64>(vs, v, base, k0, t);
+    __syncthreads();
+    unsigned int ka[D / 16][4], va[D / 16][4];
+    attn_mma_rows<D>(ka, ks, wr, g, tq);
+    attn_mma_rows<D>(va, vs, wr, g, tq);
+    float gk[D / 8][4], gv[D / 8][4];
+#pragma unroll
+    for (int j = 0; j < D / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) gk[j][e] = gv[j][e] = 0.0f;
+    for (unsigned int q0 = k0; q0 < t; q0 += 64) {
+        __syncthreads();  // the previous query tile is read
+        attn_mma_load<D, 64>(qs, q, base, q0, t);
+        attn_mma_load<D, 64>(gs, go, base, q0, t);
+        attn_mma_stats(ls, dd, lse, dvec, hd, q0, t);
+        __syncthreads();
+        float st[8][4], dpt[8][4];
+        attn_mma_by_rows<Fmt, D>(st, ka, qs, g, tq);
+        attn_mma_by_rows<Fmt, D>(dpt, va, gs, g, tq);
+        // Element (j, e): key k0 + wr + g + 8 (e >> 1), query q0 + 8j + 2tq + (e & 1).
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const unsigned int key = k0 + wr + g + 8 * (e >> 1);
+                const unsigned int qi = 8 * j + 2 * tq + (e & 1), query = q0 + qi;
+                float pd = 0.0f, ds = 0.0f;
+                if (query < t && key <= query) {
+                    const float p = expf(st[j][e] * scale - ls[qi]);
+                    const float f = attn_factor(seed, drop_p, hd, t, query, key);
+                    pd = p * f;
+                    ds = scale * p * (dpt[j][e] * f - dd[qi]);
+                }
+                st[j][e] = pd;
+                dpt[j][e] = ds;
+            }
+        attn_mma_times<Fmt, D>(gv, st, gs, g, tq);
+        attn_mma_times<Fmt, D>(gk, dpt, qs, g, tq);
+    }
+    attn_mma_store<Fmt, D>(dk, gk, base, k0 + wr, g, tq, t);
+    attn_mma_store<Fmt, D>(dv, gv, base, k0 + wr, g, tq, t);
+}
+
+// grid (ceil(t / 64), heads): dQ of 64 queries (16 a warp), summed over the
+// key tiles up to them, in order: S = Q K^T, dP = dO V^T, dQ += dS K.
+template <class Fmt, int D>
+__device__ void attn_dq_mma(const unsigned short *q, const unsigned short *k,
+                            const unsigned short *v, const unsigned short *go, const float *lse,
+                            const float *dvec, unsigned short *dq, unsigned int t, float scale,
+                            float drop_p, unsigned long long seed) {
+    __shared__ unsigned short qs[64][D + ATT_MMA_PAD];
+    __shared__ unsigned short gs[64][D + ATT_MMA_PAD];
+    __shared__ unsigned short ks[64][D + ATT_MMA_PAD];
+    __shared__ unsigned short vs[64][D + ATT_MMA_PAD];
+    __shared__ float ls[64], dd[64];
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const unsigned int g = lane >> 2, tq = lane & 3u;
+    const unsigned int hd = blockIdx.y, q0 = blockIdx.x * 64, wr = 16 * warp;
+    const size_t base = (size_t)hd * t * D;
+    attn_mma_load<D, 64>(qs, q, base, q0, t);
+    attn_mma_load<D, 64>(gs, go, base, q0, t);
+    attn_mma_stats(ls, dd, lse, dvec, hd, q0, t);
+    __syncthreads();
+    unsigned int qa[D / 16][4], ga[D / 16][4];
+    attn_mma_rows<D>(qa, qs, wr, g, tq);
+    attn_mma_rows<D>(ga, gs, wr, g, tq);
+    const float rl[2] = {ls[wr + g], ls[wr + g + 8]}, rd[2] = {dd[wr + g], dd[wr + g + 8]};
+    float acc[D / 8][4];
+#pragma unroll
+    for (int j = 0; j < D / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
+    const unsigned int kend = min(t, q0 + 64);
+    for (unsigned int k0 = 0; k0 < kend; k0 += 64) {
+        __syncthreads();
+        attn_mma_load<D, 64>(ks, k, base, k0, t);
+        attn_mma_load<D, 64>(vs, v, base, k0, t);
+        __syncthreads();
+        float sc[8][4], dp[8][4];
+        attn_mma_by_rows<Fmt, D>(sc, qa, ks, g, tq);
+        attn_mma_by_rows<Fmt, D>(dp, ga, vs, g, tq);
+        // Element (j, e): query q0 + wr + g + 8 (e >> 1), key k0 + 8j + 2tq + (e & 1).
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const unsigned int query = q0 + wr + g + 8 * (e >> 1);
+                const unsigned int key = k0 + 8 * j + 2 * tq + (e & 1);
+                float ds = 0.0f;
+                if (query < t && key <= query) {
+                    const float p = expf(sc[j][e] * scale - rl[e >> 1]);
+                    const float f = attn_factor(seed, drop_p, hd, t, query, key);
+                    ds = scale * p * (dp[j][e] * f - rd[e >> 1]);
+                }
+                sc[j][e] = ds;
+            }
+        attn_mma_times<Fmt, D>(acc, sc, ks, g, tq);
+    }
+    attn_mma_store<Fmt, D>(dq, acc, base, q0 + wr, g, tq, t);
+}
+
 #define REDLINE_ATTN_MMA(SUFFIX, FMT, D)                                                         \
     extern "C" __global__ void redline_attn_fwd_mma_##SUFFIX##_d##D(                             \
         const unsigned short *q, const unsigned short *k, const unsigned short *v,               \
         unsigned short *o, float *lse, unsigned int t, float scale, float drop_p,                \
         unsigned long long seed) {                                                               \
         attn_fwd_mma<FMT, D>(q, k, v, o, lse, t, scale, drop_p, seed);                           \
+    }                                                                                            \
+    extern "C" __global__ void redline_attn_dkdv_mma_##SUFFIX##_d##D(                            \
+        const unsigned short *q, const unsigned short *k, const unsigned short *v,               \
+        const unsigned short *go, const float *lse, const float *dvec, unsigned short *dk,       \
+        unsigned short *dv, unsigned int t, float scale, float drop_p,                           \
+        unsigned long long seed) {                                                               \
+        attn_dkdv_mma<FMT, D>(q, k, v, go, lse, dvec, dk, dv, t, scale, drop_p, seed);           \
+    }                                                                                            \
+    extern "C" __global__ void redline_attn_dq_mma_##SUFFIX##_d##D(                              \
+        const unsigned short *q, const unsigned short *k, const unsigned short *v,               \
+        const unsigned short *go, const float *lse, const float *dvec, unsigned short *dq,       \
+        unsigned int t, float scale, float drop_p, unsigned long long seed) {                    \
+        attn_dq_mma<FMT, D>(q, k, v, go, lse, dvec, dq, t, scale, drop_p, seed);                 \
     }
 
 REDLINE_ATTN_MMA(bf16, Bf16Fmt, 64)

@@ -69,8 +69,9 @@ fn run<T: Elem>(inputs: [&[T]; 4], dims: (usize, usize, usize), drop: Option<Att
     run_with::<T>(inputs, dims, drop, false)
 }
 
-/// [`run`], the forward on tensor cores (`cuda/attention_mma.cu`) when
-/// `mma`, as `src/cuda/attention.rs` picks it for 16-bit heads of 32 or 64.
+/// [`run`] on tensor cores (`cuda/attention_mma.cu`: the forward and the
+/// dK/dV and dQ kernels) when `mma`, as `src/cuda/attention.rs` picks them
+/// for 16-bit heads of 32 or 64.
 fn run_with<T: Elem>(
     [q, k, v, go]: [&[T]; 4],
     (heads, t, d): (usize, usize, usize),
@@ -115,8 +116,22 @@ fn run_with<T: Elem>(
     let (dk, dv) = rest.split_at_mut(n);
     let (pdq, pdk, pdv) = (dq.as_mut_ptr(), dk.as_mut_ptr(), dv.as_mut_ptr());
     let (pl, pdvec) = (lse.as_ptr(), dvec.as_ptr());
-    let grid = (t.div_ceil(32) as u32, heads as u32, 1);
-    let mut args = [
+    // The tensor-core kernels: 64 keys or queries a block, the width in
+    // their name; the others: 32 a block, the width an argument.
+    type Name = fn(&str, &str, usize) -> String;
+    let (grid, name, width): (_, Name, Vec<_>) = match mma {
+        true => (
+            (t.div_ceil(64) as u32, heads as u32, 1),
+            |k: &str, sfx: &str, d: usize| format!("redline_attn_{k}_mma_{sfx}_d{d}"),
+            vec![],
+        ),
+        false => (
+            (t.div_ceil(32) as u32, heads as u32, 1),
+            |k: &str, sfx: &str, _: usize| format!("redline_attn_{k}_{sfx}"),
+            vec![arg(&d32)],
+        ),
+    };
+    let mut args = vec![
         arg(&pq),
         arg(&pk),
         arg(&pv),
@@ -126,13 +141,11 @@ fn run_with<T: Elem>(
         arg(&pdk),
         arg(&pdv),
         arg(&t32),
-        arg(&d32),
-        arg(&scale),
-        arg(&p),
-        arg(&seed),
     ];
-    launch(&format!("redline_attn_dkdv_{sfx}"), grid, 128, &mut args);
-    let mut args = [
+    args.extend(width.iter().copied());
+    args.extend([arg(&scale), arg(&p), arg(&seed)]);
+    launch(&name("dkdv", sfx, d), grid, 128, &mut args);
+    let mut args = vec![
         arg(&pq),
         arg(&pk),
         arg(&pv),
@@ -141,12 +154,10 @@ fn run_with<T: Elem>(
         arg(&pdvec),
         arg(&pdq),
         arg(&t32),
-        arg(&d32),
-        arg(&scale),
-        arg(&p),
-        arg(&seed),
     ];
-    launch(&format!("redline_attn_dq_{sfx}"), grid, 128, &mut args);
+    args.extend(width.iter().copied());
+    args.extend([arg(&scale), arg(&p), arg(&seed)]);
+    launch(&name("dq", sfx, d), grid, 128, &mut args);
 
     let up = |v: &[T]| -> Vec<f32> { v.iter().map(|x| x.up()).collect() };
     Run {
@@ -302,13 +313,13 @@ fn emulated_attention_takes_bf16_and_f16_with_an_f32_softmax() {
 }
 
 #[test]
-fn emulated_tensor_core_forward_matches_the_cpu_op() {
-    // Heads of 64 and 32, sequences across query blocks (64) and key tiles
-    // (64), not multiples of either; then the backward from its output and
-    // log-sum-exp. P is rounded to the format for P V (as FlashAttention
-    // does), so the bounds are the SIMT kernel's with room for that.
-    check_with::<Bf16>((2, 150, 64), None, 8e-3, true);
+fn emulated_tensor_core_kernels_match_the_cpu_op() {
+    // Heads of 64 and 32, sequences across blocks and tiles of 64, not
+    // multiples of them. P and dS are rounded to the format for their
+    // products (as FlashAttention does), so the bounds are the SIMT
+    // kernels' with room for that.
+    check_with::<Bf16>((2, 150, 64), None, 1e-2, true);
     check_with::<F16>((1, 130, 32), None, 1e-3, true);
     let drop = AttnDropout { p: 0.25, seed: 5 };
-    check_with::<Bf16>((1, 100, 64), Some(drop), 8e-3, true);
+    check_with::<Bf16>((1, 100, 64), Some(drop), 1e-2, true);
 }

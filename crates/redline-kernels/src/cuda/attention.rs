@@ -2,9 +2,9 @@
 //! forward in one launch (output and each row's log-sum-exp), the backward
 //! in three (`D = dO . O`, then dK and dV per key block, dQ per query
 //! block), on `(B*H, T, D)` inputs in f32, bf16 or f16 with `D` up to
-//! [`MAX_HEAD_DIM`]. The forward of 16-bit heads 32 or 64 wide runs on
-//! tensor cores (`cuda/attention_mma.cu`) unless `REDLINE_ATTENTION_SIMT=1`
-//! (for measuring one against the other).
+//! [`MAX_HEAD_DIM`]. For 16-bit heads 32 or 64 wide the forward and the
+//! dK/dV and dQ kernels run on tensor cores (`cuda/attention_mma.cu`) unless
+//! `REDLINE_ATTENTION_SIMT=1` (for measuring one against the other).
 
 use std::sync::Arc;
 
@@ -25,6 +25,8 @@ const THREADS: u32 = 128;
 /// Queries per forward block; queries or keys per backward block.
 const FWD_Q: usize = 64;
 const BLOCK: usize = 32;
+/// Keys or queries per block of the tensor-core backward.
+const MMA_BLOCK: usize = 64;
 
 fn gpu(what: &str, e: impl std::fmt::Display) -> candle_core::Error {
     candle_core::Error::Msg(format!("attention on the GPU: {what}: {e}"))
@@ -107,6 +109,12 @@ fn check((heads, t, d): (usize, usize, usize)) -> candle_core::Result<()> {
     Ok(())
 }
 
+/// Whether the kernels on tensor cores take heads of `d` in `dtype`: 16-bit
+/// heads of 32 or 64, unless `REDLINE_ATTENTION_SIMT=1`.
+fn tensor_cores(dtype: DType, d: usize) -> bool {
+    matches!(dtype, DType::BF16 | DType::F16) && matches!(d, 32 | 64) && !simt_only()
+}
+
 /// Whether `REDLINE_ATTENTION_SIMT=1` keeps 16-bit forwards off the tensor
 /// cores (read once).
 fn simt_only() -> bool {
@@ -134,7 +142,7 @@ pub(crate) fn forward(
     let dtype = q.0.dtype();
     let dev = q.0.device().clone();
     let stream = dev.cuda_stream();
-    let mma = matches!(dtype, DType::BF16 | DType::F16) && matches!(d, 32 | 64) && !simt_only();
+    let mma = tensor_cores(dtype, d);
     let name = match mma {
         true => format!("redline_attn_fwd_mma_{}_d{d}", suffix(dtype)?),
         false => format!("redline_attn_fwd_{}", suffix(dtype)?),
@@ -198,8 +206,15 @@ pub(crate) fn backward(
     let sfx = suffix(dtype)?;
     let dev = q.0.device().clone();
     let stream = dev.cuda_stream();
+    let mma = tensor_cores(dtype, d);
+    // The tensor-core kernels' names end in their width (a template
+    // parameter there).
     let kernel = |name: &str| {
-        function(&dev, &format!("redline_attn_{name}_{sfx}")).map_err(|e| gpu("kernel", e))
+        let full = match (mma, name) {
+            (true, "dkdv" | "dq") => format!("redline_attn_{name}_mma_{sfx}_d{d}"),
+            _ => format!("redline_attn_{name}_{sfx}"),
+        };
+        function(&dev, &full).map_err(|e| gpu("kernel", e))
     };
     let (pgo, pq, pk, pv, po) = (
         operand(go, dtype, n, "the output's gradient", &stream)?,
@@ -229,6 +244,11 @@ pub(crate) fn backward(
     // SAFETY: o and go hold heads * t rows of d, dvec heads * t f32.
     unsafe { b.launch(cfg) }.map_err(|e| gpu("backward (D)", e))?;
 
+    // The tensor-core kernels take 64 keys or queries a block and the width
+    // in their name; the others 32 a block and the width as an argument.
+    let rows_per_block = if mma { MMA_BLOCK } else { BLOCK };
+    let grid = config((t.div_ceil(rows_per_block), heads))?;
+
     let f = kernel("dkdv")?;
     let mut b = stream.launch_builder(&f);
     b.arg(&pq)
@@ -239,15 +259,14 @@ pub(crate) fn backward(
         .arg(&dvec)
         .arg(&pdk)
         .arg(&pdv)
-        .arg(&t32)
-        .arg(&d32)
-        .arg(&scale)
-        .arg(&p)
-        .arg(&seed);
+        .arg(&t32);
+    if !mma {
+        b.arg(&d32);
+    }
+    b.arg(&scale).arg(&p).arg(&seed);
     // SAFETY: the kernel's arguments in order; dk and dv are the second and
     // third n elements of `out` (3 n); the grid covers every key block.
-    unsafe { b.launch(config((t.div_ceil(BLOCK), heads))?) }
-        .map_err(|e| gpu("backward (dK, dV)", e))?;
+    unsafe { b.launch(grid) }.map_err(|e| gpu("backward (dK, dV)", e))?;
 
     let f = kernel("dq")?;
     let mut b = stream.launch_builder(&f);
@@ -258,14 +277,13 @@ pub(crate) fn backward(
         .arg(lse)
         .arg(&dvec)
         .arg(&pdq)
-        .arg(&t32)
-        .arg(&d32)
-        .arg(&scale)
-        .arg(&p)
-        .arg(&seed);
+        .arg(&t32);
+    if !mma {
+        b.arg(&d32);
+    }
+    b.arg(&scale).arg(&p).arg(&seed);
     // SAFETY: as above; dq is the first n elements of `out`; the grid covers
     // every query block.
-    unsafe { b.launch(config((t.div_ceil(BLOCK), heads))?) }
-        .map_err(|e| gpu("backward (dQ)", e))?;
+    unsafe { b.launch(grid) }.map_err(|e| gpu("backward (dQ)", e))?;
     Ok(out)
 }

@@ -82,6 +82,46 @@ __device__ __forceinline__ float attn_row_sum(float v) {
     return v;
 }
 
+// acc[i][j] += sum over x < ATT_KB of A(r0 + i, x) B(x, tx + 16 j), for the
+// thread's ROWS rows and its columns below d; A(r, x) = a[r][x], or a[x][r]
+// when TRANSPOSED.
+template <int ROWS, bool TRANSPOSED>
+__device__ __forceinline__ void attn_acc(float acc[ROWS][4], const float (*a)[ATT_KB + 1],
+                                         const float (*b)[ATT_DMAX + 1], unsigned int r0,
+                                         unsigned int tx, unsigned int d) {
+#pragma unroll
+    for (int i = 0; i < ROWS; i++) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const unsigned int c = tx + 16 * j;
+            if (c >= d) continue;
+            float s = acc[i][j];
+            for (int x = 0; x < ATT_KB; x++)
+                s = fmaf(TRANSPOSED ? a[x][r0 + i] : a[r0 + i][x], b[x][c], s);
+            acc[i][j] = s;
+        }
+    }
+}
+
+// Rows r0 + i (those before t) of the thread's ROWS x 4 tile, columns below
+// d, each times its row's factor in `by` (none: 1), into head `base` of out.
+template <class E, int ROWS>
+__device__ __forceinline__ void attn_store(typename E::T *out, const float acc[ROWS][4],
+                                           const float *by, size_t base, unsigned int r0,
+                                           unsigned int tx, unsigned int t, unsigned int d) {
+#pragma unroll
+    for (int i = 0; i < ROWS; i++) {
+        const unsigned int r = r0 + i;
+        if (r >= t) continue;
+        const float f = by ? by[i] : 1.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const unsigned int c = tx + 16 * j;
+            if (c < d) out[base + (size_t)r * d + c] = E::down(acc[i][j] * f);
+        }
+    }
+}
+
 // grid (ceil(t / 64), heads); o (heads, t, d) in E; lse (heads, t) f32.
 template <class E>
 __device__ void attn_fwd(const typename E::T *q, const typename E::T *k, const typename E::T *v,
@@ -135,31 +175,16 @@ __device__ void attn_fwd(const typename E::T *q, const typename E::T *k, const t
                 ps[r][tx + 16 * j] = p[j] * attn_factor(seed, drop_p, hd, t, q0 + r, k0 + tx + 16 * j);
         }
         __syncthreads();
-        #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const unsigned int r = ty * 8 + i;
-            #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const unsigned int c = tx + 16 * j;
-                if (c >= d) continue;
-                float a = acc[i][j];
-                for (int x = 0; x < ATT_KB; x++) a = fmaf(ps[r][x], vs[x][c], a);
-                acc[i][j] = a;
-            }
-        }
+        attn_acc<8, false>(acc, ps, vs, ty * 8, tx, d);
     }
+    float inv[8];
     #pragma unroll
     for (int i = 0; i < 8; i++) {
+        inv[i] = 1.0f / l[i];
         const unsigned int r = q0 + ty * 8 + i;
-        if (r >= t) continue;
-        const float inv = 1.0f / l[i];
-        #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const unsigned int c = tx + 16 * j;
-            if (c < d) o[base + (size_t)r * d + c] = E::down(acc[i][j] * inv);
-        }
-        if (tx == 0) lse[(size_t)hd * t + r] = m[i] + logf(l[i]);
+        if (r < t && tx == 0) lse[(size_t)hd * t + r] = m[i] + logf(l[i]);
     }
+    attn_store<E, 8>(o, acc, inv, base, q0 + ty * 8, tx, t, d);
 }
 
 // D_i = dO_i . O_i for each of `rows` rows of d: grid ceil(rows / 128).
@@ -191,6 +216,20 @@ __device__ __forceinline__ float attn_ds(const float *qr, const float *gr, const
     return scale * p * (attn_dot(gr, vr, d) * f - dd);
 }
 
+// Rows r0..r0+ROWS of head hd's log-sum-exps and D into shared arrays (0
+// past the end, where nothing is read). ROWS <= ATT_THREADS.
+template <int ROWS>
+__device__ __forceinline__ void attn_stats(float *ls, float *dd, const float *lse,
+                                           const float *dvec, unsigned int hd, unsigned int r0,
+                                           unsigned int t) {
+    const unsigned int i = threadIdx.x;
+    if (i < ROWS) {
+        const bool in = r0 + i < t;
+        ls[i] = in ? lse[(size_t)hd * t + r0 + i] : 0.0f;
+        dd[i] = in ? dvec[(size_t)hd * t + r0 + i] : 0.0f;
+    }
+}
+
 // grid (ceil(t / 32), heads): dk and dv of a block of 32 keys, summed over
 // the query blocks from the key block's own on, in order.
 template <class E>
@@ -219,11 +258,7 @@ __device__ void attn_dkdv(const typename E::T *q, const typename E::T *k, const 
         __syncthreads();
         attn_load<E, ATT_KB>(qs, q, base, q0, t, d);
         attn_load<E, ATT_KB>(gs, go, base, q0, t, d);
-        if (tid < ATT_KB) {
-            const bool in = q0 + tid < t;
-            ls[tid] = in ? lse[(size_t)hd * t + q0 + tid] : 0.0f;
-            ds[tid] = in ? dvec[(size_t)hd * t + q0 + tid] : 0.0f;
-        }
+        attn_stats<ATT_KB>(ls, ds, lse, dvec, hd, q0, t);
         __syncthreads();
         // Entries (query r, key c) of the 32 x 32 tile.
         #pragma unroll
@@ -240,35 +275,11 @@ __device__ void attn_dkdv(const typename E::T *q, const typename E::T *k, const 
         }
         __syncthreads();
         // dV_c += sum_r P_dropped(r, c) dO_r; dK_c += sum_r dS(r, c) Q_r.
-        #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const unsigned int c = ty * 4 + i;
-            #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const unsigned int x = tx + 16 * j;
-                if (x >= d) continue;
-                float a = gv[i][j], b = gk[i][j];
-                for (int r = 0; r < ATT_KB; r++) {
-                    a = fmaf(ps[r][c], gs[r][x], a);
-                    b = fmaf(dss[r][c], qs[r][x], b);
-                }
-                gv[i][j] = a;
-                gk[i][j] = b;
-            }
-        }
+        attn_acc<4, true>(gv, ps, gs, ty * 4, tx, d);
+        attn_acc<4, true>(gk, dss, qs, ty * 4, tx, d);
     }
-    #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const unsigned int c = k0 + ty * 4 + i;
-        if (c >= t) continue;
-        #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const unsigned int x = tx + 16 * j;
-            if (x >= d) continue;
-            dk[base + (size_t)c * d + x] = E::down(gk[i][j]);
-            dv[base + (size_t)c * d + x] = E::down(gv[i][j]);
-        }
-    }
+    attn_store<E, 4>(dk, gk, nullptr, base, k0 + ty * 4, tx, t, d);
+    attn_store<E, 4>(dv, gv, nullptr, base, k0 + ty * 4, tx, t, d);
 }
 
 // grid (ceil(t / 32), heads): dq of a block of 32 queries, summed over the
@@ -289,11 +300,7 @@ __device__ void attn_dq(const typename E::T *q, const typename E::T *k, const ty
     const size_t base = (size_t)hd * t * d;
     attn_load<E, ATT_KB>(qs, q, base, q0, t, d);
     attn_load<E, ATT_KB>(gs, go, base, q0, t, d);
-    if (tid < ATT_KB) {
-        const bool in = q0 + tid < t;
-        ls[tid] = in ? lse[(size_t)hd * t + q0 + tid] : 0.0f;
-        ds[tid] = in ? dvec[(size_t)hd * t + q0 + tid] : 0.0f;
-    }
+    attn_stats<ATT_KB>(ls, ds, lse, dvec, hd, q0, t);
     float gq[4][4];
     #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -318,29 +325,9 @@ __device__ void attn_dq(const typename E::T *q, const typename E::T *k, const ty
         }
         __syncthreads();
         // dQ_r += sum_c dS(r, c) K_c.
-        #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const unsigned int r = ty * 4 + i;
-            #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const unsigned int x = tx + 16 * j;
-                if (x >= d) continue;
-                float a = gq[i][j];
-                for (int c = 0; c < ATT_KB; c++) a = fmaf(dss[r][c], ks[c][x], a);
-                gq[i][j] = a;
-            }
-        }
+        attn_acc<4, false>(gq, dss, ks, ty * 4, tx, d);
     }
-    #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const unsigned int r = q0 + ty * 4 + i;
-        if (r >= t) continue;
-        #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const unsigned int x = tx + 16 * j;
-            if (x < d) dq[base + (size_t)r * d + x] = E::down(gq[i][j]);
-        }
-    }
+    attn_store<E, 4>(dq, gq, nullptr, base, q0 + ty * 4, tx, t, d);
 }
 
 #define REDLINE_ATTN_KERNELS(SUFFIX, E)                                                          \

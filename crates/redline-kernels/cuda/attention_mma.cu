@@ -249,18 +249,6 @@ __device__ __forceinline__ void attn_mma_times(float acc[D / 8][4], const float 
     }
 }
 
-// Rows r0..r0+64 of the log-sum-exps and D of head hd into shared arrays
-// (0 past the end, where nothing is read).
-__device__ __forceinline__ void attn_mma_stats(float *ls, float *dd, const float *lse,
-                                               const float *dvec, unsigned int hd,
-                                               unsigned int r0, unsigned int t) {
-    if (threadIdx.x < 64) {
-        const bool in = r0 + threadIdx.x < t;
-        ls[threadIdx.x] = in ? lse[(size_t)hd * t + r0 + threadIdx.x] : 0.0f;
-        dd[threadIdx.x] = in ? dvec[(size_t)hd * t + r0 + threadIdx.x] : 0.0f;
-    }
-}
-
 // Stores a warp's 16 x D f32 tile (rows r, r + 8 by h) of head `base` for rows < t.
 template <class Fmt, int D>
 __device__ __forceinline__ void attn_mma_store(unsigned short *out, const float acc[D / 8][4],
@@ -313,7 +301,7 @@ __device__ void attn_dkdv_mma(const unsigned short *q, const unsigned short *k,
         __syncthreads();  // the previous query tile is read
         attn_mma_load<D, 64>(qs, q, base, q0, t);
         attn_mma_load<D, 64>(gs, go, base, q0, t);
-        attn_mma_stats(ls, dd, lse, dvec, hd, q0, t);
+        attn_stats<64>(ls, dd, lse, dvec, hd, q0, t);
         __syncthreads();
         float st[8][4], dpt[8][4];
         attn_mma_by_rows<Fmt, D>(st, ka, qs, g, tq);
@@ -360,7 +348,7 @@ __device__ void attn_dq_mma(const unsigned short *q, const unsigned short *k,
     const size_t base = (size_t)hd * t * D;
     attn_mma_load<D, 64>(qs, q, base, q0, t);
     attn_mma_load<D, 64>(gs, go, base, q0, t);
-    attn_mma_stats(ls, dd, lse, dvec, hd, q0, t);
+    attn_stats<64>(ls, dd, lse, dvec, hd, q0, t);
     __syncthreads();
     unsigned int qa[D / 16][4], ga[D / 16][4];
     attn_mma_rows<D>(qa, qs, wr, g, tq);

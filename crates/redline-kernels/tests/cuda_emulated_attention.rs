@@ -131,33 +131,24 @@ fn run_with<T: Elem>(
             vec![arg(&d32)],
         ),
     };
-    let mut args = vec![
-        arg(&pq),
-        arg(&pk),
-        arg(&pv),
-        arg(&pgo),
-        arg(&pl),
-        arg(&pdvec),
-        arg(&pdk),
-        arg(&pdv),
-        arg(&t32),
-    ];
-    args.extend(width.iter().copied());
-    args.extend([arg(&scale), arg(&p), arg(&seed)]);
-    launch(&name("dkdv", sfx, d), grid, 128, &mut args);
-    let mut args = vec![
-        arg(&pq),
-        arg(&pk),
-        arg(&pv),
-        arg(&pgo),
-        arg(&pl),
-        arg(&pdvec),
-        arg(&pdq),
-        arg(&t32),
-    ];
-    args.extend(width.iter().copied());
-    args.extend([arg(&scale), arg(&p), arg(&seed)]);
-    launch(&name("dq", sfx, d), grid, 128, &mut args);
+    // dK and dV, then dQ: the same inputs, their outputs, the same sizes.
+    let run = |kernel: &str, outputs: &[*mut std::ffi::c_void]| {
+        let mut args = vec![
+            arg(&pq),
+            arg(&pk),
+            arg(&pv),
+            arg(&pgo),
+            arg(&pl),
+            arg(&pdvec),
+        ];
+        args.extend_from_slice(outputs);
+        args.push(arg(&t32));
+        args.extend(width.iter().copied());
+        args.extend([arg(&scale), arg(&p), arg(&seed)]);
+        launch(&name(kernel, sfx, d), grid, 128, &mut args);
+    };
+    run("dkdv", &[arg(&pdk), arg(&pdv)]);
+    run("dq", &[arg(&pdq)]);
 
     let up = |v: &[T]| -> Vec<f32> { v.iter().map(|x| x.up()).collect() };
     Run {

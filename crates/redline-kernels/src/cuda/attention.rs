@@ -249,41 +249,26 @@ pub(crate) fn backward(
     let rows_per_block = if mma { MMA_BLOCK } else { BLOCK };
     let grid = config((t.div_ceil(rows_per_block), heads))?;
 
-    let f = kernel("dkdv")?;
-    let mut b = stream.launch_builder(&f);
-    b.arg(&pq)
-        .arg(&pk)
-        .arg(&pv)
-        .arg(&pgo)
-        .arg(lse)
-        .arg(&dvec)
-        .arg(&pdk)
-        .arg(&pdv)
-        .arg(&t32);
-    if !mma {
-        b.arg(&d32);
-    }
-    b.arg(&scale).arg(&p).arg(&seed);
-    // SAFETY: the kernel's arguments in order; dk and dv are the second and
-    // third n elements of `out` (3 n); the grid covers every key block.
-    unsafe { b.launch(grid) }.map_err(|e| gpu("backward (dK, dV)", e))?;
-
-    let f = kernel("dq")?;
-    let mut b = stream.launch_builder(&f);
-    b.arg(&pq)
-        .arg(&pk)
-        .arg(&pv)
-        .arg(&pgo)
-        .arg(lse)
-        .arg(&dvec)
-        .arg(&pdq)
-        .arg(&t32);
-    if !mma {
-        b.arg(&d32);
-    }
-    b.arg(&scale).arg(&p).arg(&seed);
-    // SAFETY: as above; dq is the first n elements of `out`; the grid covers
-    // every query block.
-    unsafe { b.launch(grid) }.map_err(|e| gpu("backward (dQ)", e))?;
+    // dK and dV, then dQ: the same inputs, their outputs, the same sizes.
+    let run = |name: &str, outputs: &[&u64], what: &str| -> candle_core::Result<()> {
+        let f = kernel(name)?;
+        let mut b = stream.launch_builder(&f);
+        b.arg(&pq).arg(&pk).arg(&pv).arg(&pgo).arg(lse).arg(&dvec);
+        for o in outputs {
+            b.arg(*o);
+        }
+        b.arg(&t32);
+        if !mma {
+            b.arg(&d32);
+        }
+        b.arg(&scale).arg(&p).arg(&seed);
+        // SAFETY: the kernel's arguments in order; dq, dk and dv are the
+        // first, second and third n elements of `out` (3 n); the grid covers
+        // every block of keys (dK, dV) or queries (dQ).
+        unsafe { b.launch(grid) }.map_err(|e| gpu(what, e))?;
+        Ok(())
+    };
+    run("dkdv", &[&pdk, &pdv], "backward (dK, dV)")?;
+    run("dq", &[&pdq], "backward (dQ)")?;
     Ok(out)
 }

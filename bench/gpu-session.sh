@@ -5,9 +5,12 @@
 # returns at most 8 files of at most 16 MB, so each part's logs, summaries and
 # run folders (less checkpoints and HTML reports) are packed into $OUT/PART.tgz
 # as the part ends (kept even if the call is cut off later):
-#   device tool: run(command="COMMIT=<sha> GPU_EPOCHS=3 bash bench/gpu-session.sh tests:60 redline:150", carry=[".gpu"])
-# Each argument is PART:SECONDS; PART is tests, ties, precision, redline, torch, steps, busy,
-# stream, mfu, gpt (issue 50: sample on cuda:0, GPT training beside nanoGPT) or cpu.
+#   device tool: run(command="COMMIT=<sha> GPU_EPOCHS=3 bash bench/gpu-session.sh redline:150 mfu:120",
+#                    carry=[".gpu/cli.tar.xz", ".gpu/commit"])
+# Each argument is PART:SECONDS; PART is tests, attention, ties, precision, redline, torch, steps,
+# busy, stream, mfu, gpt (issue 50: sample on cuda:0, GPT training beside nanoGPT) or cpu.
+# Parts tests and attention need the test binaries (carry .gpu/tests.tar.xz instead; the tree
+# and both archives pass the device tool's 64 MiB: scripts/gpu-bundle.sh).
 # bench/gpu-results.sh then files the archives under bench/results/ for committing.
 set -uo pipefail
 final="${OUT:?the device tool sets OUT}"
@@ -24,7 +27,7 @@ py="$(command -v python3)"
 cpu_part() { # the CNN on the host's cores, Redline beside PyTorch, 4 and 16 threads
     local bin t
     bin="$(mktemp -d)"
-    tar -C "$bin" -xJf .gpu/bundle.tar.xz redline
+    tar -C "$bin" -xJf .gpu/cli.tar.xz redline
     for t in 4 16; do
         "$bin/redline" train --device cpu --model cnn --threads "$t" --epochs "${CPU_EPOCHS:-1}" \
             --run-dir "$work/cpu-cnn-t$t" --monitor-interval 0

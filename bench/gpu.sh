@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check of issue 5, run ON a GPU machine from the repository root with
-# the bundle of scripts/gpu-bundle.sh carried as .gpu/:
-#   device tool: run(command="bash bench/gpu.sh", carry=[".gpu"])
+# the archives of scripts/gpu-bundle.sh carried under .gpu/. The tracked tree and both
+# archives pass the device tool's 64 MiB, so each call carries the one its part needs:
+# part `tests` and part `attention` the test binaries, every other part the CLI:
+#   device tool: run(command="bash bench/gpu.sh tests", carry=[".gpu/tests.tar.xz", ".gpu/commit"])
+#   device tool: run(command="bash bench/gpu.sh redline", carry=[".gpu/cli.tar.xz", ".gpu/commit"])
+# (An older single .gpu/bundle.tar.xz is unpacked too.)
 # Writes raw logs to $OUT (or bench/results/gpu-raw/) for bench/results/<gpu-name>/:
 #   1. nvidia-smi, `redline devices`;
 #   2. the golden MLP/CNN checks against PyTorch on cuda:0 (fp32, CPU tolerances),
@@ -17,8 +21,9 @@
 #      beside PyTorch autocast / GradScaler / model.to(bfloat16) on the same GPU.
 # One part at a time keeps each device call under its 10 minutes:
 #   bash bench/gpu.sh [all|tests|redline|torch|precision|steps|busy|stream|mfu|gpt]   (default all; the table ends each part)
-# Part `gpt` (issue 50): the attention kernels' times beside PyTorch's flash SDPA
-# (bench/attention.py --kernels), `redline sample` on cuda:0 against the transformers-written golden
+# Part `attention` (issue 50; the test binaries): the attention kernels' times beside
+# PyTorch's flash SDPA (bench/attention.py --kernels).
+# Part `gpt` (issue 50): `redline sample` on cuda:0 against the transformers-written golden
 # folder's greedy ids, a GPT trained on token windows on cuda:0 (fp32 and bf16-mixed), and
 # bench/gpt_cpu.py --device cuda: Redline against nanoGPT's model eager and compiled.
 # Part `stream` (issue 48): ImageNet-like JPEGs made on the host (tools/datasets/make_imagelike.py),
@@ -38,7 +43,7 @@
 # bench/gpu-session.sh runs several parts in one device call, each under its own time limit.
 set -uo pipefail
 part="${1:-all}"
-case "$part" in all|tests|redline|torch|precision|steps|busy|stream|mfu|gpt) ;; *) echo "usage: bash bench/gpu.sh [all|tests|redline|torch|precision|steps|busy|stream|mfu|gpt]" >&2; exit 2 ;; esac
+case "$part" in all|tests|attention|redline|torch|precision|steps|busy|stream|mfu|gpt) ;; *) echo "usage: bash bench/gpu.sh [all|tests|attention|redline|torch|precision|steps|busy|stream|mfu|gpt]" >&2; exit 2 ;; esac
 out="${OUT:-bench/results/gpu-raw}"
 mkdir -p "$out"
 exec > >(tee -a "$out/gpu-$part.log") 2>&1
@@ -48,21 +53,35 @@ libs="$("$py" -c 'import nvidia, pathlib; print(":".join(str(p) for p in pathlib
 export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export REDLINE_REPO_ROOT="$PWD"
 bin="$(mktemp -d)"
-tar -C "$bin" -xJf .gpu/bundle.tar.xz
+for a in .gpu/cli.tar.xz .gpu/tests.tar.xz .gpu/bundle.tar.xz; do
+    [ -f "$a" ] && tar -C "$bin" -xJf "$a"
+done
 rl="$bin/redline"
 epochs="${GPU_EPOCHS:-5}"
 want() { [ "$part" = all ] || [ "$part" = "$1" ]; }
+# A part's binaries, or a line saying which archive to carry.
+need() {
+    local b
+    for b in "$@"; do
+        [ -x "$bin/$b" ] || { echo "bench/gpu.sh $part: no $b here: carry .gpu/$( [ "$b" = redline ] && echo cli || echo tests).tar.xz" >&2; exit 3; }
+    done
+}
+case "$part" in tests|attention) need golden kernels ;; all) need redline golden kernels ;; *) need redline ;; esac
 set -x
 nvidia-smi
 uptime
-$rl devices
+[ -x "$rl" ] && $rl devices
 if want tests; then
 "$bin/kernels" cuda_ --test-threads 1 --nocapture
 "$bin/golden" cuda_ --test-threads 1 --nocapture
 # Issue 24: the NCCL backend with a world of one (a real communicator and
 # all-reduce), then --strategy ddp through the CLI (one rank: nothing to reduce).
 [ -x "$bin/nccl" ] && "$bin/nccl" --test-threads 1 --nocapture
-$rl train --device cuda:0 --strategy ddp --max-steps 50 --run-dir "$out/run-ddp-one" --monitor-interval 0
+# (The CLI comes with .gpu/cli.tar.xz: part `redline` when only the test binaries came.)
+[ -x "$rl" ] && $rl train --device cuda:0 --strategy ddp --max-steps 50 --run-dir "$out/run-ddp-one" --monitor-interval 0
+fi
+if want attention; then
+"$py" bench/attention.py --kernels "$bin/kernels" | tee "$out/attention-gpu.md"
 fi
 run() { # name, then redline train flags
     local name="$1"; shift
@@ -224,8 +243,6 @@ for m in mlp cnn; do
 done
 fi
 if want gpt; then
-# The attention kernels (cuda/attention.cu) against PyTorch's flash SDPA on this GPU.
-"$py" bench/attention.py --kernels "$bin/kernels" | tee "$out/attention-gpu.md"
 $rl sample testdata/golden/hf-gpt2-tiny --device cuda:0 --temperature 0 --ids --tokens 16 \
     --prompt "def forward(self, x):" | tee "$out/gpt-sample-ids.txt"
 "$py" -c 'import json,sys; e=json.load(open("testdata/golden/hf_gpt2_tiny.json"))["greedy_ids"]; g=[int(v) for v in open(sys.argv[1]).read().split()]; print("sample greedy ids", "MATCH" if g == e else f"DIFFER {g} vs {e}")' "$out/gpt-sample-ids.txt"

@@ -5,8 +5,10 @@
 //! A [`Stage`] owns `slots` staging buffers used in turn (batch `b` goes
 //! through slot `b % slots`). On a GPU the buffers are pinned and the copy runs
 //! on its own stream; the batch comes with a [`Fence`] that makes the compute
-//! stream wait for that batch's copy only. The plain stage, used on the CPU and
-//! any device without a faster path, copies synchronously.
+//! stream wait for that batch's copy only. Decoded images cross to a device
+//! other than the CPU as their bytes, a quarter of fp32's, and are normalised
+//! there after the fence ([`Staged::ready`]). The plain stage, used on the CPU
+//! and any device without a faster path, copies synchronously.
 
 use std::sync::Arc;
 

@@ -52,143 +52,6 @@ __device__ __forceinline__ void attn_mma_load(unsigned short (*dst)[D + ATT_MMA_
     }
 }
 
-// grid (ceil(t / 64), heads); as attn_fwd with d = D.
-template <class Fmt, int D>
-__device__ void attn_fwd_mma(const unsigned short *q, const unsigned short *k,
-                             const unsigned short *v, unsigned short *o, float *lse,
-                             unsigned int t, float scale, float drop_p, unsigned long long seed) {
-    __shared__ unsigned short qs[ATT_MMA_Q][D + ATT_MMA_PAD];
-    __shared__ unsigned short ks[ATT_MMA_K][D + ATT_MMA_PAD];
-    __shared__ unsigned short vs[ATT_MMA_K][D + ATT_MMA_PAD];
-    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    const unsigned int g = lane >> 2, tq = lane & 3u;
-    const unsigned int hd = blockIdx.y, q0 = blockIdx.x * ATT_MMA_Q;
-    const size_t base = (size_t)hd * t * D;
-    attn_mma_load<D, ATT_MMA_Q>(qs, q, base, q0, t);
-    __syncthreads();
-    // This warp's rows of the block: 16 * warp + g and + 8; its Q fragments
-    // for the D / 16 steps over the head's width.
-    const unsigned int wr = 16 * warp;
-    unsigned int qa[D / 16][4];
-#pragma unroll
-    for (int s = 0; s < D / 16; s++) {
-        const unsigned int c = 16 * s + 2 * tq;
-        qa[s][0] = attn_pair(qs[wr + g][c], qs[wr + g][c + 1]);
-        qa[s][1] = attn_pair(qs[wr + g + 8][c], qs[wr + g + 8][c + 1]);
-        qa[s][2] = attn_pair(qs[wr + g][c + 8], qs[wr + g][c + 9]);
-        qa[s][3] = attn_pair(qs[wr + g + 8][c + 8], qs[wr + g + 8][c + 9]);
-    }
-    // Rows g (h = 0) and g + 8 (h = 1): max, sum, and the output's D / 8 C tiles.
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    float acc[D / 8][4];
-#pragma unroll
-    for (int j = 0; j < D / 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
-    const unsigned int kend = min(t, q0 + ATT_MMA_Q);
-    for (unsigned int k0 = 0; k0 < kend; k0 += ATT_MMA_K) {
-        __syncthreads();  // the previous tiles are read
-        attn_mma_load<D, ATT_MMA_K>(ks, k, base, k0, t);
-        attn_mma_load<D, ATT_MMA_K>(vs, v, base, k0, t);
-        __syncthreads();
-        // S = Q K^T: 8 tiles of 8 keys.
-        float sc[8][4];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) sc[j][e] = 0.0f;
-#pragma unroll
-            for (int s = 0; s < D / 16; s++) {
-                const unsigned int n = 8 * j + g, c = 16 * s + 2 * tq;
-                const unsigned int b[2] = {attn_pair(ks[n][c], ks[n][c + 1]),
-                                           attn_pair(ks[n][c + 8], ks[n][c + 9])};
-                attn_mma<Fmt>(sc[j], qa[s], b);
-            }
-        }
-        // Scale and mask: key k0 + 8j + 2tq + (e & 1) after query
-        // q0 + wr + g + 8 (e >> 1) is out.
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const unsigned int key = k0 + 8 * j + 2 * tq + (e & 1);
-                const unsigned int query = q0 + wr + g + 8 * (e >> 1);
-                sc[j][e] = key > query ? -INFINITY : sc[j][e] * scale;
-                mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
-            }
-        float alpha[2], sum[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            // The four lanes of a row (tq = 0..3).
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            // Every row sees key 0 in the first tile, so the max is finite.
-            const float mnew = fmaxf(m[h], mx[h]);
-            alpha[h] = expf(m[h] - mnew);
-            m[h] = mnew;
-        }
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                sc[j][e] = expf(sc[j][e] - m[e >> 1]);
-                sum[e >> 1] += sc[j][e];
-            }
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
-            sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
-            l[h] = l[h] * alpha[h] + sum[h];
-        }
-#pragma unroll
-        for (int j = 0; j < D / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[j][e] *= alpha[e >> 1];
-        // The sum normalises all probabilities; only kept ones (scaled)
-        // reach the output.
-        if (drop_p > 0.0f) {
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    sc[j][e] *= attn_factor(seed, drop_p, hd, t, q0 + wr + g + 8 * (e >> 1),
-                                            k0 + 8 * j + 2 * tq + (e & 1));
-        }
-        // O += P V: P's A fragments from the score tiles 2s and 2s + 1 (keys
-        // 16s..16s+15); V's B fragments (key pairs of one column) from shared.
-#pragma unroll
-        for (int s = 0; s < 4; s++) {
-            const unsigned int pa[4] = {
-                attn_pair(Fmt::down(sc[2 * s][0]), Fmt::down(sc[2 * s][1])),
-                attn_pair(Fmt::down(sc[2 * s][2]), Fmt::down(sc[2 * s][3])),
-                attn_pair(Fmt::down(sc[2 * s + 1][0]), Fmt::down(sc[2 * s + 1][1])),
-                attn_pair(Fmt::down(sc[2 * s + 1][2]), Fmt::down(sc[2 * s + 1][3]))};
-            const unsigned int kr = 16 * s + 2 * tq;
-#pragma unroll
-            for (int j = 0; j < D / 8; j++) {
-                const unsigned int n = 8 * j + g;
-                const unsigned int b[2] = {attn_pair(vs[kr][n], vs[kr + 1][n]),
-                                           attn_pair(vs[kr + 8][n], vs[kr + 9][n])};
-                attn_mma<Fmt>(acc[j], pa, b);
-            }
-        }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const unsigned int r = q0 + wr + g + 8 * h;
-        if (r >= t) continue;
-        const float inv = 1.0f / l[h];
-#pragma unroll
-        for (int j = 0; j < D / 8; j++) {
-            const size_t at = base + (size_t)r * D + 8 * j + 2 * tq;
-            o[at] = Fmt::down(acc[j][2 * h] * inv);
-            o[at + 1] = Fmt::down(acc[j][2 * h + 1] * inv);
-        }
-        if (tq == 0) lse[(size_t)hd * t + r] = m[h] + logf(l[h]);
-    }
-}
-
 // A warp's A fragments of rows r..r+15 of a shared tile, for the D / 16
 // steps over the head's width.
 template <int D>
@@ -265,6 +128,109 @@ __device__ __forceinline__ void attn_mma_store(unsigned short *out, const float 
             out[at + 1] = Fmt::down(acc[j][2 * h + 1]);
         }
     }
+}
+
+// grid (ceil(t / 64), heads); as attn_fwd with d = D.
+template <class Fmt, int D>
+__device__ void attn_fwd_mma(const unsigned short *q, const unsigned short *k,
+                             const unsigned short *v, unsigned short *o, float *lse,
+                             unsigned int t, float scale, float drop_p, unsigned long long seed) {
+    __shared__ unsigned short qs[ATT_MMA_Q][D + ATT_MMA_PAD];
+    __shared__ unsigned short ks[ATT_MMA_K][D + ATT_MMA_PAD];
+    __shared__ unsigned short vs[ATT_MMA_K][D + ATT_MMA_PAD];
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const unsigned int g = lane >> 2, tq = lane & 3u;
+    const unsigned int hd = blockIdx.y, q0 = blockIdx.x * ATT_MMA_Q;
+    const size_t base = (size_t)hd * t * D;
+    attn_mma_load<D, ATT_MMA_Q>(qs, q, base, q0, t);
+    __syncthreads();
+    // This warp's rows of the block: 16 * warp + g and + 8; its Q fragments
+    // for the D / 16 steps over the head's width.
+    const unsigned int wr = 16 * warp;
+    unsigned int qa[D / 16][4];
+    attn_mma_rows<D>(qa, qs, wr, g, tq);
+    // Rows g (h = 0) and g + 8 (h = 1): max, sum, and the output's D / 8 C tiles.
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float acc[D / 8][4];
+#pragma unroll
+    for (int j = 0; j < D / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
+    const unsigned int kend = min(t, q0 + ATT_MMA_Q);
+    for (unsigned int k0 = 0; k0 < kend; k0 += ATT_MMA_K) {
+        __syncthreads();  // the previous tiles are read
+        attn_mma_load<D, ATT_MMA_K>(ks, k, base, k0, t);
+        attn_mma_load<D, ATT_MMA_K>(vs, v, base, k0, t);
+        __syncthreads();
+        // S = Q K^T: 8 tiles of 8 keys.
+        float sc[8][4];
+        attn_mma_by_rows<Fmt, D>(sc, qa, ks, g, tq);
+        // Scale and mask: key k0 + 8j + 2tq + (e & 1) after query
+        // q0 + wr + g + 8 (e >> 1) is out.
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const unsigned int key = k0 + 8 * j + 2 * tq + (e & 1);
+                const unsigned int query = q0 + wr + g + 8 * (e >> 1);
+                sc[j][e] = key > query ? -INFINITY : sc[j][e] * scale;
+                mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
+            }
+        float alpha[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            // The four lanes of a row (tq = 0..3).
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            // Every row sees key 0 in the first tile, so the max is finite.
+            const float mnew = fmaxf(m[h], mx[h]);
+            alpha[h] = expf(m[h] - mnew);
+            m[h] = mnew;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                sc[j][e] = expf(sc[j][e] - m[e >> 1]);
+                sum[e >> 1] += sc[j][e];
+            }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
+            sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
+            l[h] = l[h] * alpha[h] + sum[h];
+        }
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[j][e] *= alpha[e >> 1];
+        // The sum normalises all probabilities; only kept ones (scaled)
+        // reach the output.
+        if (drop_p > 0.0f) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sc[j][e] *= attn_factor(seed, drop_p, hd, t, q0 + wr + g + 8 * (e >> 1),
+                                            k0 + 8 * j + 2 * tq + (e & 1));
+        }
+        // O += P V: P's A fragments from the score tiles 2s and 2s + 1 (keys
+        // 16s..16s+15); V's B fragments (key pairs of one column) from shared.
+        attn_mma_times<Fmt, D>(acc, sc, vs, g, tq);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const float inv = 1.0f / l[h];
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+            acc[j][2 * h] *= inv;
+            acc[j][2 * h + 1] *= inv;
+        }
+        const unsigned int r = q0 + wr + g + 8 * h;
+        if (r < t && tq == 0) lse[(size_t)hd * t + r] = m[h] + logf(l[h]);
+    }
+    attn_mma_store<Fmt, D>(o, acc, base, q0 + wr, g, tq, t);
 }
 
 // grid (ceil(t / 64), heads): dK and dV of 64 keys (16 a warp), summed over

@@ -188,6 +188,38 @@ fn wrap<T: candle_core::cuda_backend::CudaDType>(
     Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
 }
 
+/// A pinned slot buffer that can be sent to the device as a tensor.
+trait Upload {
+    /// Queues the copy of the whole buffer ([`upload`]) and wraps the device
+    /// memory as a tensor of `shape`.
+    fn send(
+        &self,
+        device: &CudaDevice,
+        compute: &Arc<CudaStream>,
+        copy: &CopyStream,
+        allocated: &CudaEvent,
+        shape: Vec<usize>,
+    ) -> Result<Tensor>;
+}
+
+impl<T> Upload for PinnedHostSlice<T>
+where
+    T: candle_core::cuda_backend::CudaDType
+        + candle_core::cuda_backend::cudarc::driver::DeviceRepr
+        + candle_core::cuda_backend::cudarc::driver::ValidAsZeroBits,
+{
+    fn send(
+        &self,
+        device: &CudaDevice,
+        compute: &Arc<CudaStream>,
+        copy: &CopyStream,
+        allocated: &CudaEvent,
+        shape: Vec<usize>,
+    ) -> Result<Tensor> {
+        Ok(wrap(device, upload(compute, copy, allocated, self)?, shape))
+    }
+}
+
 impl Stage for PinnedStage {
     fn stage(&mut self, slot: usize, data: &dyn Dataset, idx: &[u32]) -> Result<Staged> {
         let n = self.slots.len();
@@ -222,29 +254,16 @@ impl Stage for PinnedStage {
         }
         let (b, y_shape) = (idx.len(), data.target().batch_shape(self.batch));
         let x_shape = batch_shape(data, self.batch);
+        let send = |host: &dyn Upload, shape| {
+            host.send(&self.device, &compute, &self.copy, &self.allocated, shape)
+        };
         let x = match &s.x {
-            PinnedX::Values(h) => wrap(
-                &self.device,
-                upload(&compute, &self.copy, &self.allocated, h)?,
-                x_shape,
-            ),
-            PinnedX::Bytes(h) => wrap(
-                &self.device,
-                upload(&compute, &self.copy, &self.allocated, h)?,
-                x_shape,
-            ),
+            PinnedX::Values(h) => send(h, x_shape)?,
+            PinnedX::Bytes(h) => send(h, x_shape)?,
         };
         let y = match &s.y {
-            PinnedTargets::Classes(h) => wrap(
-                &self.device,
-                upload(&compute, &self.copy, &self.allocated, h)?,
-                y_shape,
-            ),
-            PinnedTargets::Values(h) => wrap(
-                &self.device,
-                upload(&compute, &self.copy, &self.allocated, h)?,
-                y_shape,
-            ),
+            PinnedTargets::Classes(h) => send(h, y_shape)?,
+            PinnedTargets::Values(h) => send(h, y_shape)?,
         };
         let event = Arc::new(ctx.new_event(None).map_err(|e| cuda("event", e))?);
         // SAFETY: the event and the stream belong to this context.

@@ -183,6 +183,10 @@ fn fuzz_images_decoded_and_cropped() {
             let mut out = vec![0f32; 75];
             let done = crop::apply(&px, t, &ChannelNorm::IMAGENET, &mut rng, &mut out, (5, 5));
             assert!(done.is_some() && out.iter().all(|v| v.is_finite()));
+            // The bytes a GPU batch takes, from the same code.
+            let mut bytes = vec![0u8; 75];
+            let done = crop::apply(&px, t, &ChannelNorm::IMAGENET, &mut rng, &mut bytes, (5, 5));
+            assert!(done.is_some());
         }
     });
 }

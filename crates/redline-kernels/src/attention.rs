@@ -111,19 +111,13 @@ pub fn causal_attention_dropout(
     if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
         return generic_dropout(q, k, v, drop);
     }
-    #[cfg(feature = "cuda")]
-    if q.device().is_cuda()
-        && (1..=crate::cuda::attention::MAX_HEAD_DIM).contains(&d)
-        && (1..=crate::cuda::attention::MAX_HEADS).contains(&(b * h))
-        && t > 0
-        && k.dtype() == dtype
-        && v.dtype() == dtype
-    {
-        let op = Attention {
-            dims: (b * h, t, d),
-            lse: std::sync::Mutex::new(None),
-            drop,
-        };
+    let op = Attention {
+        dims: (b * h, t, d),
+        lse: std::sync::Mutex::new(None),
+        drop,
+    };
+    if gpu_kernels_take(q, k, v) {
+        // Redline's GPU kernels take the inputs in their own type.
         return Ok(q
             .contiguous()?
             .apply_op3(&k.contiguous()?, &v.contiguous()?, op)?);
@@ -131,14 +125,34 @@ pub fn causal_attention_dropout(
     if !q.device().is_cpu() {
         return generic_dropout(q, k, v, drop);
     }
+    // The CPU kernel is fp32: 16-bit inputs widened, the output narrowed back.
     let wide = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(DType::F32)?.contiguous()?) };
-    let op = Attention {
-        dims: (b * h, t, d),
-        lse: std::sync::Mutex::new(None),
-        drop,
-    };
     let out = wide(q)?.apply_op3(&wide(k)?, &wide(v)?, op)?;
     Ok(out.to_dtype(dtype)?)
+}
+
+/// Whether Redline's GPU kernels take `(B, H, T, D)` inputs of one dtype:
+/// the `cuda` build, a CUDA device, heads up to 64 wide and at most 65,535
+/// of them.
+fn gpu_kernels_take(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        use crate::cuda::attention::{MAX_HEADS, MAX_HEAD_DIM};
+        let Ok((b, h, t, d)) = q.dims4() else {
+            return false;
+        };
+        q.device().is_cuda()
+            && (1..=MAX_HEAD_DIM).contains(&d)
+            && (1..=MAX_HEADS).contains(&(b * h))
+            && t > 0
+            && k.dtype() == q.dtype()
+            && v.dtype() == q.dtype()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (q, k, v);
+        false
+    }
 }
 
 /// The op built from candle's ops: the reference the fused kernel is held

@@ -239,23 +239,11 @@ pub fn resize(px: &Pixels, w: u32, h: u32) -> Pixels {
 }
 
 /// Applies `t` to `px` (its random draws from `rng`) and writes the result
-/// as normalised channel planes `(C, size, size)` into `out`. `None` when
-/// the image is not of the size `t` needs (a plain resize of images of
-/// their own size).
-pub fn apply(
-    px: &Pixels,
-    t: Transform,
-    norm: &ChannelNorm,
-    rng: &mut ChaCha8Rng,
-    out: &mut [f32],
-    side: (u32, u32),
-) -> Option<()> {
-    apply_to(px, t, norm, rng, out, side)
-}
-
-/// [`apply`] into any sample buffer: fp32 values normalised, or the bytes
-/// themselves for the device to normalise ([`Plane`]).
-pub fn apply_to<T: Plane>(
+/// as channel planes `(C, size, size)` into `out`: fp32 values normalised by
+/// `norm`, or the bytes themselves for a device to normalise ([`Plane`]).
+/// `None` when the image is not of the size `t` needs (a plain resize of
+/// images of their own size).
+pub fn apply<T: Plane>(
     px: &Pixels,
     t: Transform,
     norm: &ChannelNorm,
@@ -306,7 +294,7 @@ fn transformed<'a>(
     })
 }
 
-/// A value of a sample's channel planes: what [`apply_to`] writes.
+/// A value of a sample's channel planes: what [`apply`] writes.
 pub trait Plane: Copy + Send + Sync + 'static {
     /// Interleaved bytes to channel planes `(C, H, W)`, mirrored left-right
     /// when `flip`.

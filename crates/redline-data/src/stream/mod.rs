@@ -341,7 +341,7 @@ impl Streamed {
         let bytes = self.list.read(i)?;
         let px: Pixels = decode::decode(&bytes, self.view.channels, &what)?;
         let v = &self.view;
-        crop::apply_to(&px, v.transform, &v.norm, rng, out, v.side).ok_or_else(|| Error::Invalid {
+        crop::apply(&px, v.transform, &v.norm, rng, out, v.side).ok_or_else(|| Error::Invalid {
             path: what,
             msg: format!(
                 "is {}x{} while the first image is {}x{}\nHINT: pass --image-size N to \

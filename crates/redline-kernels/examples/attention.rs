@@ -24,7 +24,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build_global()?;
-    for (b, h, t, d) in [(4usize, 6usize, 256usize, 64usize), (1, 12, 1024, 64)] {
+    for (b, h, t, d) in [
+        (4usize, 6usize, 256usize, 64usize),
+        (1, 12, 1024, 64),
+        (16, 4, 256, 32),
+    ] {
         let x = |s: f32| -> Result<Var, candle_core::Error> {
             let n = b * h * t * d;
             let v: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37 + s).sin()).collect();

@@ -42,6 +42,7 @@ mod conv_winograd;
 pub mod cuda;
 #[cfg(any(feature = "cuda", test))]
 pub mod cudnn_ffi;
+pub mod dropout;
 mod error;
 mod fast_exp;
 pub mod fused_gpu;
@@ -83,6 +84,7 @@ pub use conv::{
 pub use conv_block::{conv2d_pool_relu, conv2d_pool_relu_param};
 pub use conv_grouped::{conv2d_grouped, conv2d_grouped_param};
 pub use conv_io16::conv2d_bf16;
+pub use dropout::{dropout, dropout_add, DropDraw};
 pub use error::{Error, Result};
 pub use gelu::gelu_tanh;
 pub use global_pool::global_avg_pool2d;

@@ -1,5 +1,6 @@
 //! Fully connected layer `y = x W^T + b`, optionally followed by ReLU, as one
-//! fused CPU kernel: the GEMM writes `y`, one pass adds the bias and clamps.
+//! fused CPU kernel: the GEMM adds `x W^T` to rows of the bias (and one pass
+//! clamps for the ReLU).
 //!
 //! The backward is one kernel too: it masks the incoming gradient by the ReLU,
 //! sums the bias gradient, runs the dW GEMM and, only when the input needs a
@@ -72,22 +73,23 @@ pub(crate) fn forward_f32(
     (bsz, fan_in, fan_out): (usize, usize, usize),
     relu: bool,
 ) -> candle_core::Result<Vec<f32>> {
-    let mut y = vec![0f32; bsz * fan_out];
+    // `y` starts as the bias rows and the GEMM adds `x W^T` into them
+    // (PyTorch's `addmm`): no pass of its own over `y` for the bias.
+    let mut y = crate::slices::rows_par(b, bsz);
     // (B, in) x (in, out) -> (B, out)
     if !matmul_in(
         gemm,
         &mut y,
         Mat::new(x, bsz, fan_in),
         Mat::new(w, fan_out, fan_in).t(),
-        false,
+        true,
     ) {
         bail!("linear: gemm shapes do not fit")
     }
-    for row in y.chunks_exact_mut(fan_out) {
-        for (v, bias) in row.iter_mut().zip(b) {
-            let s = *v + bias;
-            *v = if relu && s < 0.0 { 0.0 } else { s };
-        }
+    if relu {
+        use rayon::prelude::*;
+        y.par_chunks_mut(1 << 16)
+            .for_each(|c| c.iter_mut().for_each(|v| *v = v.max(0.0)));
     }
     Ok(y)
 }

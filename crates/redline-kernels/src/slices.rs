@@ -34,6 +34,32 @@ pub fn zeros_par<T: Copy + Default + Send + Sync>(n: usize) -> Vec<T> {
     v
 }
 
+/// `rows` copies of `row`, one after another, written by the compute
+/// threads when the buffer is large (as [`zeros_par`]).
+pub fn rows_par<T: Copy + Send + Sync>(row: &[T], rows: usize) -> Vec<T> {
+    use rayon::prelude::*;
+    // Rows a thread writes at a time: about 256 KiB of f32.
+    let per = (1usize << 16).div_ceil(row.len().max(1));
+    let n = row.len() * rows;
+    if rows <= per {
+        return row.repeat(rows);
+    }
+    let mut v = Vec::with_capacity(n);
+    v.spare_capacity_mut()[..n]
+        .par_chunks_mut(per * row.len())
+        .for_each(|c| {
+            for r in c.chunks_exact_mut(row.len()) {
+                for (d, s) in r.iter_mut().zip(row) {
+                    *d = std::mem::MaybeUninit::new(*s);
+                }
+            }
+        });
+    // SAFETY: the capacity holds `n` elements, and the chunks (whole rows,
+    // as `n` is a multiple of the row's length) initialised all of them.
+    unsafe { v.set_len(n) };
+    v
+}
+
 /// One channel's planes of a new `(B, C, H, W)` buffer (f32 unless
 /// named), yielded in sample order, each zero-filled as it is taken (by
 /// the thread that is about to write it, so in cache: no pass of its own

@@ -385,7 +385,7 @@ impl Gpt {
             Some(kv) => blk.attn.forward_cached(&x, kv)?,
             None => blk.attn.forward_t(&x, train)?,
         };
-        let h = (&h + drop(d1, a.to_dtype(stream)?, train)?)?;
+        let h = residual(d1, &h, &a.to_dtype(stream)?, train)?;
         let m = linear_rows(
             &blk.ln_2.forward_t(&h, train)?,
             (&blk.c_fc.0, &blk.c_fc.1),
@@ -394,7 +394,7 @@ impl Gpt {
         )?;
         let m = redline_kernels::gelu_tanh(&m)?;
         let m = linear_rows(&m, (&blk.c_proj.0, &blk.c_proj.1), false, self.dtype)?;
-        Ok((&h + drop(d2, m.to_dtype(stream)?, train)?)?)
+        residual(d2, &h, &m.to_dtype(stream)?, train)
     }
 
     /// The final norm and the head tied to the token embedding on rows
@@ -483,6 +483,14 @@ impl Gpt {
             }
         }
         out
+    }
+}
+
+/// `h + dropout(x)` (`h + x` without a dropout layer).
+fn residual(d: Option<&Dropout>, h: &Tensor, x: &Tensor, train: bool) -> Result<Tensor> {
+    match d {
+        Some(d) => d.add_to(h, x, train),
+        None => Ok((h + x)?),
     }
 }
 

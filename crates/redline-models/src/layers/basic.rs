@@ -4,7 +4,6 @@
 use std::sync::{Mutex, PoisonError};
 
 use candle_core::{DType, Tensor};
-use rand::distr::{Distribution, Uniform};
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use redline_kernels::grad::Param;
@@ -253,13 +252,31 @@ impl Dropout {
         self.p
     }
 
-    /// A seed drawn from its stream, for a mask made elsewhere (the fused
-    /// attention's): the stream moves on as a drawn mask would move it.
+    /// A seed drawn from its stream, for a mask made from it (the fused
+    /// attention's, and [`redline_kernels::dropout`]'s): one draw a call.
     pub(crate) fn next_seed(&self) -> u64 {
         self.rng
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .next_u64()
+    }
+
+    /// This call's mask (a fresh seed), or `None` where nothing is dropped
+    /// (evaluation, or `p` 0).
+    fn draw(&self, train: bool) -> Option<redline_kernels::DropDraw> {
+        (train && self.p > 0.0).then(|| redline_kernels::DropDraw {
+            p: self.p as f32,
+            seed: self.next_seed(),
+        })
+    }
+
+    /// `h + self(x)`: a residual connection after a dropped branch, one
+    /// fused pass each way on the CPU.
+    pub(crate) fn add_to(&self, h: &Tensor, x: &Tensor, train: bool) -> Result<Tensor> {
+        match self.draw(train) {
+            Some(d) => Ok(redline_kernels::dropout_add(h, x, d)?),
+            None => Ok((h + x)?),
+        }
     }
 }
 
@@ -296,26 +313,10 @@ impl Layer for Dropout {
     }
 
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        if !train || self.p == 0.0 {
-            return Ok(x.clone());
+        match self.draw(train) {
+            Some(d) => Ok(redline_kernels::dropout(x, d)?),
+            None => Ok(x.clone()),
         }
-        let unit = Uniform::new(0.0f32, 1.0).map_err(|e| Error::Config(format!("dropout: {e}")))?;
-        let scale = (1.0 / (1.0 - self.p)) as f32;
-        let p = self.p as f32;
-        let mask: Vec<f32> = {
-            let mut rng = self.rng.lock().unwrap_or_else(PoisonError::into_inner);
-            (0..x.elem_count())
-                .map(|_| {
-                    if unit.sample(&mut *rng) < p {
-                        0.0
-                    } else {
-                        scale
-                    }
-                })
-                .collect()
-        };
-        let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
-        Ok((x * mask)?)
     }
 }
 

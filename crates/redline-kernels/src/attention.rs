@@ -28,6 +28,9 @@ use crate::gemm::Mat;
 use crate::slices::{f32s, keep, saved};
 use redline_core::trace;
 
+mod packed;
+pub use packed::causal_self_attention;
+
 /// `softmax(q k^T / sqrt(D) + causal mask) v` for `q, k, v (B, H, T, D)`:
 /// `(B, H, T, D)`. Query `i` attends to keys `0..=i`.
 pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {

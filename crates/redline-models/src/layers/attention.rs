@@ -1,11 +1,12 @@
 //! Causal multi-head self-attention as nanoGPT's `CausalSelfAttention`
 //! writes it: one linear layer makes the queries, keys and values
 //! (`c_attn`, C -> 3C), the heads attend causally (the fused kernel of
-//! `redline_kernels::attention`), and a linear layer projects them back
+//! `redline_kernels::attention`, which takes the queries, keys and values
+//! side by side as `c_attn` makes them), and a linear layer projects them back
 //! (`c_proj`, C -> C). On `(B, T, C)`.
 
 use candle_core::Tensor;
-use redline_kernels::attention::{causal_attention_dropout, AttnDropout};
+use redline_kernels::attention::{causal_self_attention, AttnDropout};
 use redline_kernels::causal_attention;
 use redline_kernels::grad::Param;
 
@@ -110,7 +111,7 @@ fn attend_after(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
 
 impl Layer for Attention {
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let [q, k, v] = self.heads(x)?;
+        let qkv = linear_rows(x, (&self.c_attn.0, &self.c_attn.1), false, self.dtype)?;
         // In training the fused kernel drops probabilities by a mask of a
         // seed drawn from the layer's stream.
         let drop = match (&self.dropout, train) {
@@ -120,7 +121,8 @@ impl Layer for Attention {
             }),
             _ => None,
         };
-        self.project(&causal_attention_dropout(&q, &k, &v, drop)?)
+        let y = causal_self_attention(&qkv, self.heads, drop)?;
+        linear_rows(&y, (&self.c_proj.0, &self.c_proj.1), false, self.dtype)
     }
 
     fn capture_safe(&self) -> std::result::Result<(), String> {

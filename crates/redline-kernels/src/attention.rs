@@ -303,18 +303,16 @@ fn head_forward(
             )?;
             for r in 0..rows {
                 let row = &mut s[r * cols..(r + 1) * cols];
-                let mut max = m[r];
-                for (c, x) in row.iter_mut().enumerate() {
-                    // Key k0 + c after query q0 + r is masked out.
-                    *x = if k0 + c > q0 + r {
-                        f32::NEG_INFINITY
-                    } else {
-                        *x * scale
-                    };
-                    max = max.max(*x);
-                }
+                // Keys k0 + c after query q0 + r are masked out: 0 after
+                // the exponential.
+                let seen = (q0 + r + 1).saturating_sub(k0).min(cols);
+                let (live, masked) = row.split_at_mut(seen);
+                masked.fill(0.0);
+                // The largest scaled score (scaling by a positive factor
+                // keeps the order, so this is the max of the scaled row).
+                let max = m[r].max(crate::fast_exp::row_max(live) * scale);
                 let alpha = (m[r] - max).exp();
-                let sum = crate::fast_exp::exp_row(row, 1.0, max);
+                let sum = crate::fast_exp::exp_row(live, scale, max);
                 l[r] = l[r] * alpha + sum;
                 m[r] = max;
                 acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= alpha);

@@ -67,6 +67,28 @@ pub(crate) fn exp_row(row: &mut [f32], scale: f32, shift: f32) -> f32 {
     pulp::Arch::new().dispatch(Row { row, scale, shift })
 }
 
+/// The largest value of `row` (`-inf` when empty), vectorised with 16
+/// partial maxima.
+pub(crate) fn row_max(row: &[f32]) -> f32 {
+    struct Max<'a>(&'a [f32]);
+    impl pulp::WithSimd for Max<'_> {
+        type Output = f32;
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _simd: S) -> f32 {
+            let mut acc = [f32::NEG_INFINITY; 16];
+            let mut chunks = self.0.chunks_exact(16);
+            for c in &mut chunks {
+                for (a, x) in acc.iter_mut().zip(c) {
+                    *a = a.max(*x);
+                }
+            }
+            let max = acc.iter().fold(f32::NEG_INFINITY, |m, x| m.max(*x));
+            chunks.remainder().iter().fold(max, |m, x| m.max(*x))
+        }
+    }
+    pulp::Arch::new().dispatch(Max(row))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,5 +105,17 @@ mod tests {
         assert_eq!(row[5], 0.0);
         let total: f32 = want.iter().sum();
         assert!((sum - total).abs() < 1e-5 * total, "{sum} vs {total}");
+    }
+
+    #[test]
+    fn row_max_takes_the_largest_across_lanes_and_the_tail() {
+        assert_eq!(row_max(&[]), f32::NEG_INFINITY);
+        for n in [1usize, 15, 16, 17, 40] {
+            for at in 0..n {
+                let mut row: Vec<f32> = (0..n).map(|i| -(i as f32) - 1.0).collect();
+                row[at] = 3.5;
+                assert_eq!(row_max(&row), 3.5, "n {n}, largest at {at}");
+            }
+        }
     }
 }

@@ -29,7 +29,7 @@ use crate::slices::{f32s, keep, saved};
 use redline_core::trace;
 
 mod packed;
-pub use packed::causal_self_attention;
+pub use packed::{causal_self_attention, split_heads};
 
 /// `softmax(q k^T / sqrt(D) + causal mask) v` for `q, k, v (B, H, T, D)`:
 /// `(B, H, T, D)`. Query `i` attends to keys `0..=i`.
@@ -102,14 +102,7 @@ pub fn causal_attention_dropout(
         )));
     }
     let dtype = q.dtype();
-    if let Some(dr) = drop {
-        if !(0.0..1.0).contains(&dr.p) {
-            return Err(crate::Error::Shape(format!(
-                "attention dropout {}: must be in [0, 1)",
-                dr.p
-            )));
-        }
-    }
+    check_dropout(drop)?;
     let drop = drop.filter(|d| d.p > 0.0);
     if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
         return generic_dropout(q, k, v, drop);
@@ -132,6 +125,17 @@ pub fn causal_attention_dropout(
     let wide = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(DType::F32)?.contiguous()?) };
     let out = wide(q)?.apply_op3(&wide(k)?, &wide(v)?, op)?;
     Ok(out.to_dtype(dtype)?)
+}
+
+/// An error unless `drop`'s chance is in `[0, 1)`.
+fn check_dropout(drop: Option<AttnDropout>) -> Result<()> {
+    match drop {
+        Some(dr) if !(0.0..1.0).contains(&dr.p) => Err(crate::Error::Shape(format!(
+            "attention dropout {}: must be in [0, 1)",
+            dr.p
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Whether Redline's GPU kernels take `(B, H, T, D)` inputs of one dtype:

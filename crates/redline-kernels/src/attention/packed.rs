@@ -19,7 +19,8 @@ use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, 
 use rayon::prelude::*;
 
 use super::{
-    causal_attention_dropout, head_backward, head_forward, AttnDropout, HeadDrop, Scratch,
+    causal_attention_dropout, check_dropout, head_backward, head_forward, AttnDropout, HeadDrop,
+    Scratch,
 };
 use crate::error::Result;
 use crate::slices::{f32s, fused_cpu, half_cpu, keep, saved};
@@ -41,14 +42,7 @@ pub fn causal_self_attention(
     }
     let c = c3 / 3;
     let d = c / heads;
-    if let Some(dr) = drop {
-        if !(0.0..1.0).contains(&dr.p) {
-            return Err(crate::Error::Shape(format!(
-                "attention dropout {}: must be in [0, 1)",
-                dr.p
-            )));
-        }
-    }
+    check_dropout(drop)?;
     let op = || SelfAttention {
         dims: Dims { b, h: heads, t, d },
         lse: std::sync::Mutex::new(None),
@@ -61,6 +55,17 @@ pub fn causal_self_attention(
         let wide = qkv.to_dtype(DType::F32)?.contiguous()?;
         return Ok(wide.apply_op1(op())?.to_dtype(qkv.dtype())?);
     }
+    let [q, k, v] = split_heads(qkv, heads)?;
+    let y = causal_attention_dropout(&q, &k, &v, drop)?;
+    Ok(y.transpose(1, 2)?.contiguous()?.reshape((b, t, c))?)
+}
+
+/// The queries, keys and values of `qkv (B, T, 3C)`, each `(B, heads, T,
+/// C / heads)`, contiguous (candle's ops: the path off the CPU, and
+/// generation's).
+pub fn split_heads(qkv: &Tensor, heads: usize) -> Result<[Tensor; 3]> {
+    let (b, t, c3) = qkv.dims3()?;
+    let (c, d) = (c3 / 3, c3 / 3 / heads.max(1));
     let part = |i: usize| -> Result<Tensor> {
         Ok(qkv
             .narrow(2, i * c, c)?
@@ -68,8 +73,7 @@ pub fn causal_self_attention(
             .transpose(1, 2)?
             .contiguous()?)
     };
-    let y = causal_attention_dropout(&part(0)?, &part(1)?, &part(2)?, drop)?;
-    Ok(y.transpose(1, 2)?.contiguous()?.reshape((b, t, c))?)
+    Ok([part(0)?, part(1)?, part(2)?])
 }
 
 /// Batch, heads, positions and head width.

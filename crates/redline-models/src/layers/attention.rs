@@ -6,7 +6,7 @@
 //! (`c_proj`, C -> C). On `(B, T, C)`.
 
 use candle_core::Tensor;
-use redline_kernels::attention::{causal_self_attention, AttnDropout};
+use redline_kernels::attention::{causal_self_attention, split_heads, AttnDropout};
 use redline_kernels::causal_attention;
 use redline_kernels::grad::Param;
 
@@ -31,17 +31,8 @@ impl Attention {
     /// `c_attn` on `x (B, T, C)`: the queries, keys and values, each
     /// `(B, H, T, C / H)`.
     fn heads(&self, x: &Tensor) -> Result<[Tensor; 3]> {
-        let (b, t, c) = x.dims3()?;
-        let (h, d) = (self.heads, c / self.heads);
         let qkv = linear_rows(x, (&self.c_attn.0, &self.c_attn.1), false, self.dtype)?;
-        let head = |i: usize| -> Result<Tensor> {
-            Ok(qkv
-                .narrow(2, i * c, c)?
-                .reshape((b, t, h, d))?
-                .transpose(1, 2)?
-                .contiguous()?)
-        };
-        Ok([head(0)?, head(1)?, head(2)?])
+        Ok(split_heads(&qkv, self.heads)?)
     }
 
     /// The heads' outputs `y (B, H, T, d)` joined and projected by `c_proj`.

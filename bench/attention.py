@@ -2,8 +2,8 @@
 """Causal attention on the CPU (issue 50's measure): Redline's fused kernel
 (crates/redline-kernels/examples/attention.rs) beside PyTorch's
 `F.scaled_dot_product_attention(is_causal=True)` on the same threads, forward and backward,
-median ms of 7 runs after 2 warm-ups, at shakespeare-char's shape (4, 6, 256, 64) and GPT-2's
-(1, 12, 1024, 64). The markdown table goes to stdout.
+median ms of 7 runs after 2 warm-ups, at shakespeare-char's shape (4, 6, 256, 64), GPT-2's
+(1, 12, 1024, 64) and the small GPT of bench/gpt_cpu.py (16, 4, 256, 32). The markdown table goes to stdout.
 
     cargo build --release -p redline-kernels --example attention
     ~/.venvs/redline-ref/bin/python bench/attention.py [--threads N]

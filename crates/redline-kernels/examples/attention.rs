@@ -1,6 +1,6 @@
 //! The fused causal attention's forward and backward on the CPU, median
 //! milliseconds of 7 runs after 2 warm-ups, at nanoGPT's shakespeare-char
-//! shape and GPT-2's; one line of JSON per shape for `bench/attention.py`,
+//! shape, GPT-2's and bench/gpt_cpu.py's small GPT's (16, 4, 256, 32); one line of JSON per shape for `bench/attention.py`,
 //! which runs PyTorch's SDPA beside it on the same threads.
 //!
 //! `cargo run --release -p redline-kernels --example attention -- THREADS`

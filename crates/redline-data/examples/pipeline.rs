@@ -15,6 +15,12 @@ use redline_data::{
     prepare, DataOptions, Dataset, Loader, LoaderConfig, StreamMode, StreamOptions,
 };
 
+/// The CLI's allocator: a batch's buffers come back from its cache of
+/// mappings instead of being faulted in afresh each batch, as in `redline
+/// train`.
+#[global_allocator]
+static ALLOC: redline_core::host_alloc::HostAlloc = redline_core::host_alloc::HostAlloc;
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize, d: usize| -> anyhow::Result<usize> {

@@ -87,9 +87,13 @@ pub(crate) fn forward_f32(
         bail!("linear: gemm shapes do not fit")
     }
     if relu {
-        use rayon::prelude::*;
-        y.par_chunks_mut(1 << 16)
-            .for_each(|c| c.iter_mut().for_each(|v| *v = v.max(0.0)));
+        // Not `max(0.0)`, which turns NaN into 0: PyTorch's ReLU keeps it.
+        // The ReLU layers are classifier-sized; one thread clamps.
+        for v in &mut y {
+            if *v < 0.0 {
+                *v = 0.0;
+            }
+        }
     }
     Ok(y)
 }
@@ -418,6 +422,21 @@ mod tests {
                 check(relu, x_is_var)?;
             }
         }
+        Ok(())
+    }
+
+    /// A NaN input stays NaN through the bias and the ReLU, as PyTorch's
+    /// `relu(linear(x))` keeps it (a diverged run must show as NaN, not 0).
+    #[test]
+    fn nan_survives_the_bias_and_the_relu() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Tensor::new(&[[f32::NAN, 1.0], [1.0, 1.0]], &dev)?;
+        let w = Tensor::new(&[[1f32, 0.0], [0.0, -1.0]], &dev)?;
+        let b = Tensor::new(&[-5f32, 0.5], &dev)?;
+        let y = linear(&x, &w, &b, true)?.to_vec2::<f32>()?;
+        // Row 0 holds the NaN (0 x NaN is NaN too); row 1 is negative.
+        assert!(y[0].iter().all(|v| v.is_nan()), "{y:?}");
+        assert_eq!(y[1], vec![0.0, 0.0]);
         Ok(())
     }
 

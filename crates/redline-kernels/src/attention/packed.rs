@@ -194,7 +194,8 @@ impl CustomOp1 for SelfAttention {
                             &mut w.sc,
                             head_drop(self.drop, self.dims, bi, hi),
                         )?;
-                        Ok(w.o.clone())
+                        // Handed out whole (no copy); the next head allocates.
+                        Ok(std::mem::take(&mut w.o))
                     })
                     .collect::<candle_core::Result<Vec<_>>>()?;
                 for (hi, o) in outs.iter().enumerate() {

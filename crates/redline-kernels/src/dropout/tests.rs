@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use super::*;
-use candle_core::{Device, Var};
+use candle_core::{DType, Device, Var};
 
 fn values(n: usize, f: f32) -> Vec<f32> {
     (0..n).map(|i| (i as f32 * f).sin() + 0.1).collect()

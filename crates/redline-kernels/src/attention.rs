@@ -38,23 +38,17 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
 }
 
 /// Dropout of attention probabilities (PyTorch's `dropout_p` of
-/// `scaled_dot_product_attention` in training): each probability is kept
-/// with chance `1 - p` and scaled by `1 / (1 - p)`, after the softmax. The
-/// mask is a function of `seed` and the (head, query, key) position
-/// ([`keeps`]), so the backward makes the same mask again and nothing of
-/// size `T x T` is stored.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AttnDropout {
-    /// The chance of dropping, in `[0, 1)`.
-    pub p: f32,
-    /// The mask's seed (a fresh one each step).
-    pub seed: u64,
-}
+/// `scaled_dot_product_attention` in training) is a [`DropDraw`]: each
+/// probability is kept with chance `1 - p` and scaled by `1 / (1 - p)`,
+/// after the softmax. The mask is a function of `seed` and the (head,
+/// query, key) position ([`keeps`]), so the backward makes the same mask
+/// again and nothing of size `T x T` is stored.
+pub use crate::dropout::DropDraw;
 
 /// Whether dropout `drop` keeps the probability of query `i` on key `j` in
 /// head `hd` (of the flattened `B * H`) of sequences of `t`.
 #[inline]
-pub fn keeps(drop: AttnDropout, hd: usize, t: usize, i: usize, j: usize) -> bool {
+pub fn keeps(drop: DropDraw, hd: usize, t: usize, i: usize, j: usize) -> bool {
     let at = ((hd as u64).wrapping_mul(t as u64) + i as u64)
         .wrapping_mul(t as u64)
         .wrapping_add(j as u64);
@@ -69,7 +63,7 @@ pub fn keeps(drop: AttnDropout, hd: usize, t: usize, i: usize, j: usize) -> bool
 /// The keep mask of `drop` for `heads` heads of `t` positions, scaled by
 /// `1 / (1 - p)`: `(heads, t, t)` fp32 (the reference path's, and tests').
 pub fn dropout_mask(
-    drop: AttnDropout,
+    drop: DropDraw,
     heads: usize,
     t: usize,
     device: &candle_core::Device,
@@ -90,7 +84,7 @@ pub fn causal_attention_dropout(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    drop: Option<AttnDropout>,
+    drop: Option<DropDraw>,
 ) -> Result<Tensor> {
     let (b, h, t, d) = q.dims4()?;
     if k.dims() != q.dims() || v.dims() != q.dims() {
@@ -128,7 +122,7 @@ pub fn causal_attention_dropout(
 }
 
 /// An error unless `drop`'s chance is in `[0, 1)`.
-fn check_dropout(drop: Option<AttnDropout>) -> Result<()> {
+fn check_dropout(drop: Option<DropDraw>) -> Result<()> {
     match drop {
         Some(dr) if !(0.0..1.0).contains(&dr.p) => Err(crate::Error::Shape(format!(
             "attention dropout {}: must be in [0, 1)",
@@ -173,7 +167,7 @@ pub fn generic_dropout(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    drop: Option<AttnDropout>,
+    drop: Option<DropDraw>,
 ) -> Result<Tensor> {
     let (b, h, t, d) = q.dims4()?;
     let dtype = q.dtype();
@@ -211,7 +205,7 @@ fn softmax_last(x: &Tensor) -> Result<Tensor> {
 struct Attention {
     dims: (usize, usize, usize),
     lse: std::sync::Mutex<Option<Lse>>,
-    drop: Option<AttnDropout>,
+    drop: Option<DropDraw>,
 }
 
 /// Each row's log-sum-exp, where the forward ran.
@@ -225,7 +219,7 @@ enum Lse {
 /// The dropout of one head: its mask's parameters and the head's index.
 #[derive(Clone, Copy)]
 struct HeadDrop {
-    drop: AttnDropout,
+    drop: DropDraw,
     hd: usize,
 }
 
@@ -524,7 +518,7 @@ impl CustomOp3 for Attention {
 /// log-sum-exp held; output `[dq | dk | dv]` flat.
 struct AttentionBwd {
     dims: (usize, usize, usize),
-    drop: Option<AttnDropout>,
+    drop: Option<DropDraw>,
     lse: Lse,
     v: Tensor,
     o: Tensor,

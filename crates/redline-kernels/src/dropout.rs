@@ -25,7 +25,9 @@ use redline_core::trace;
 const CHUNK: usize = 1 << 15;
 
 /// One dropout draw: each element is kept with chance `1 - p` and scaled
-/// by `1 / (1 - p)`; which ones is a function of `seed` ([`keeps`]).
+/// by `1 / (1 - p)`; which ones is a function of `seed` and the place:
+/// [`keeps`] for a tensor's elements, [`crate::attention::keeps`] for
+/// attention probabilities.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DropDraw {
     /// The chance of dropping, in `[0, 1)`.

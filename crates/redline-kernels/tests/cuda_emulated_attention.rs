@@ -11,7 +11,7 @@ mod emulated;
 
 use candle_core::{Device, Tensor, Var};
 use emulated::{arg, flat, launch, max_rel, values};
-use redline_kernels::attention::{causal_attention_dropout, AttnDropout};
+use redline_kernels::attention::{causal_attention_dropout, DropDraw};
 
 /// What the kernels wrote, widened to f32.
 struct Run {
@@ -65,7 +65,7 @@ impl Elem for F16 {
 
 /// The forward and the three backward kernels, launched as
 /// `src/cuda/attention.rs` launches them, on `(heads, t, d)` inputs.
-fn run<T: Elem>(inputs: [&[T]; 4], dims: (usize, usize, usize), drop: Option<AttnDropout>) -> Run {
+fn run<T: Elem>(inputs: [&[T]; 4], dims: (usize, usize, usize), drop: Option<DropDraw>) -> Run {
     run_with::<T>(inputs, dims, drop, false)
 }
 
@@ -75,7 +75,7 @@ fn run<T: Elem>(inputs: [&[T]; 4], dims: (usize, usize, usize), drop: Option<Att
 fn run_with<T: Elem>(
     [q, k, v, go]: [&[T]; 4],
     (heads, t, d): (usize, usize, usize),
-    drop: Option<AttnDropout>,
+    drop: Option<DropDraw>,
     mma: bool,
 ) -> Run {
     let n = heads * t * d;
@@ -165,7 +165,7 @@ fn run_with<T: Elem>(
 fn reference(
     [q, k, v, go]: [&[f32]; 4],
     (heads, t, d): (usize, usize, usize),
-    drop: Option<AttnDropout>,
+    drop: Option<DropDraw>,
 ) -> [Vec<f32>; 4] {
     let var = |x: &[f32]| {
         Var::from_tensor(&Tensor::from_vec(x.to_vec(), (1, heads, t, d), &Device::Cpu).unwrap())
@@ -209,14 +209,14 @@ fn lse64(q: &[f32], k: &[f32], (heads, t, d): (usize, usize, usize)) -> Vec<f64>
 /// Runs the kernels on inputs made from `seed`, rounded to `T`, against the
 /// CPU op on the rounded values; each error under `tol` (relative to the
 /// largest reference value). Returns the largest error.
-fn check<T: Elem>(dims: (usize, usize, usize), drop: Option<AttnDropout>, tol: f32) -> f32 {
+fn check<T: Elem>(dims: (usize, usize, usize), drop: Option<DropDraw>, tol: f32) -> f32 {
     check_with::<T>(dims, drop, tol, false)
 }
 
 /// [`check`], the forward on tensor cores when `mma`.
 fn check_with<T: Elem>(
     dims: (usize, usize, usize),
-    drop: Option<AttnDropout>,
+    drop: Option<DropDraw>,
     tol: f32,
     mma: bool,
 ) -> f32 {
@@ -278,10 +278,10 @@ fn emulated_attention_matches_the_cpu_op_forward_and_backward() {
 
 #[test]
 fn emulated_attention_drops_the_cpu_kernels_probabilities() {
-    let drop = AttnDropout { p: 0.3, seed: 99 };
+    let drop = DropDraw { p: 0.3, seed: 99 };
     check::<f32>((2, 70, 16), Some(drop), 1e-5);
     // Another seed is another mask: far off the first's outputs.
-    let other = AttnDropout { p: 0.3, seed: 100 };
+    let other = DropDraw { p: 0.3, seed: 100 };
     let n = 2 * 70 * 16;
     let x: Vec<Vec<f32>> = [0.3f32, 1.1, 2.3, 0.7]
         .iter()
@@ -311,6 +311,6 @@ fn emulated_tensor_core_kernels_match_the_cpu_op() {
     // kernels' with room for that.
     check_with::<Bf16>((2, 150, 64), None, 1e-2, true);
     check_with::<F16>((1, 130, 32), None, 1e-3, true);
-    let drop = AttnDropout { p: 0.25, seed: 5 };
+    let drop = DropDraw { p: 0.25, seed: 5 };
     check_with::<Bf16>((1, 100, 64), Some(drop), 1e-2, true);
 }

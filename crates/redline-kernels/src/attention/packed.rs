@@ -19,7 +19,7 @@ use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, 
 use rayon::prelude::*;
 
 use super::{
-    causal_attention_dropout, check_dropout, head_backward, head_forward, AttnDropout, HeadDrop,
+    causal_attention_dropout, check_dropout, head_backward, head_forward, DropDraw, HeadDrop,
     Scratch,
 };
 use crate::error::Result;
@@ -29,11 +29,7 @@ use redline_core::trace;
 /// `softmax(q k^T / sqrt(d) + causal mask) v` for the `heads` heads of
 /// `qkv (B, T, 3C)` (queries, keys, values side by side, each `C` wide
 /// and split into heads of `C / heads`), joined back to `(B, T, C)`.
-pub fn causal_self_attention(
-    qkv: &Tensor,
-    heads: usize,
-    drop: Option<AttnDropout>,
-) -> Result<Tensor> {
+pub fn causal_self_attention(qkv: &Tensor, heads: usize, drop: Option<DropDraw>) -> Result<Tensor> {
     let (b, t, c3) = qkv.dims3()?;
     if heads == 0 || c3 == 0 || c3 % 3 != 0 || (c3 / 3) % heads != 0 {
         return Err(crate::Error::Shape(format!(
@@ -143,12 +139,12 @@ impl Work {
 struct SelfAttention {
     dims: Dims,
     lse: std::sync::Mutex<Option<Vec<f32>>>,
-    drop: Option<AttnDropout>,
+    drop: Option<DropDraw>,
 }
 
 /// The dropout of head `hi` of sample `bi` (heads flattened `B * H`, as
 /// the split path's).
-fn head_drop(drop: Option<AttnDropout>, dims: Dims, bi: usize, hi: usize) -> Option<HeadDrop> {
+fn head_drop(drop: Option<DropDraw>, dims: Dims, bi: usize, hi: usize) -> Option<HeadDrop> {
     drop.map(|drop| HeadDrop {
         drop,
         hd: bi * dims.h + hi,
@@ -222,7 +218,7 @@ impl CustomOp1 for SelfAttention {
 /// `(dY, qkv) -> dqkv`, with the forward's output and log-sum-exp held.
 struct SelfAttentionBwd {
     dims: Dims,
-    drop: Option<AttnDropout>,
+    drop: Option<DropDraw>,
     lse: Vec<f32>,
     y: Tensor,
 }

@@ -67,7 +67,7 @@ fn mismatched_shapes_are_refused_by_name() -> Result<()> {
 
 #[test]
 fn dropout_in_the_fused_kernel_matches_the_masked_reference_both_ways() -> Result<()> {
-    let drop = AttnDropout { p: 0.3, seed: 11 };
+    let drop = DropDraw { p: 0.3, seed: 11 };
     for shape in [(1, 2, 9, 4), (2, 1, 130, 8)] {
         let [q, k, v] = inputs(shape, 5)?;
         let go = Tensor::randn(0f32, 1.0, shape, &Device::Cpu)?;
@@ -91,7 +91,7 @@ fn dropout_in_the_fused_kernel_matches_the_masked_reference_both_ways() -> Resul
 #[test]
 fn the_dropout_mask_drops_about_p_and_follows_its_seed() -> Result<()> {
     let (heads, t) = (4, 64);
-    let mask = |seed| dropout_mask(AttnDropout { p: 0.2, seed }, heads, t, &Device::Cpu);
+    let mask = |seed| dropout_mask(DropDraw { p: 0.2, seed }, heads, t, &Device::Cpu);
     let a = mask(1)?.flatten_all()?.to_vec1::<f32>()?;
     let dropped = a.iter().filter(|&&x| x == 0.0).count() as f64 / a.len() as f64;
     assert!((dropped - 0.2).abs() < 0.02, "{dropped}");
@@ -99,7 +99,7 @@ fn the_dropout_mask_drops_about_p_and_follows_its_seed() -> Result<()> {
     assert_eq!(a, mask(1)?.flatten_all()?.to_vec1::<f32>()?);
     assert_ne!(a, mask(2)?.flatten_all()?.to_vec1::<f32>()?);
     let [q, k, v] = inputs((1, 1, 4, 2), 1)?;
-    let bad = causal_attention_dropout(&q, &k, &v, Some(AttnDropout { p: 1.0, seed: 0 }));
+    let bad = causal_attention_dropout(&q, &k, &v, Some(DropDraw { p: 1.0, seed: 0 }));
     assert!(bad.is_err());
     Ok(())
 }

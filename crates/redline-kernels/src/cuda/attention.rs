@@ -15,7 +15,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::{bail, CudaStorage, DType, Layout};
 
 use super::{address, function};
-use crate::attention::AttnDropout;
+use crate::attention::DropDraw;
 
 /// The widest head the kernels take (their shared tiles hold rows of 64).
 pub const MAX_HEAD_DIM: usize = 64;
@@ -123,7 +123,7 @@ fn simt_only() -> bool {
 }
 
 /// Dropout's probability and seed as the kernels take them (`p = 0`: none).
-fn drop_args(drop: Option<AttnDropout>) -> (f32, u64) {
+fn drop_args(drop: Option<DropDraw>) -> (f32, u64) {
     drop.map_or((0.0, 0), |d| (d.p, d.seed))
 }
 
@@ -134,7 +134,7 @@ pub(crate) fn forward(
     k: (&CudaStorage, &Layout),
     v: (&CudaStorage, &Layout),
     dims: (usize, usize, usize),
-    drop: Option<AttnDropout>,
+    drop: Option<DropDraw>,
 ) -> candle_core::Result<(CudaStorage, CudaSlice<f32>)> {
     check(dims)?;
     let (heads, t, d) = dims;
@@ -191,7 +191,7 @@ pub(crate) fn backward(
     o: (&CudaStorage, &Layout),
     lse: &CudaSlice<f32>,
     dims: (usize, usize, usize),
-    drop: Option<AttnDropout>,
+    drop: Option<DropDraw>,
 ) -> candle_core::Result<CudaStorage> {
     check(dims)?;
     let (heads, t, d) = dims;

@@ -6,7 +6,7 @@
 //! median milliseconds per shape.
 
 use candle_core::{DType, Device, Tensor, Var};
-use redline_kernels::attention::{causal_attention_dropout, generic, AttnDropout};
+use redline_kernels::attention::{causal_attention_dropout, generic, DropDraw};
 use redline_kernels::causal_attention;
 
 fn inputs(dev: &Device, dtype: DType) -> [Var; 3] {
@@ -96,7 +96,7 @@ fn grads_on(
     dev: &Device,
     dtype: DType,
     shape: (usize, usize, usize, usize),
-    drop: Option<AttnDropout>,
+    drop: Option<DropDraw>,
 ) -> Vec<Tensor> {
     let x = shaped(dev, dtype, shape);
     let o = causal_attention_dropout(&x[0], &x[1], &x[2], drop).unwrap();
@@ -136,7 +136,7 @@ fn grads_on(
 #[test]
 fn cuda_attention_dropout_wide_heads_and_repeatable_bits() {
     let gpu = super::gpu();
-    let drop = Some(AttnDropout { p: 0.2, seed: 42 });
+    let drop = Some(DropDraw { p: 0.2, seed: 42 });
     for (shape, drop) in [
         ((2, 2, 150, 64), drop),
         ((1, 2, 300, 64), None),

@@ -6,7 +6,7 @@
 //! (`c_proj`, C -> C). On `(B, T, C)`.
 
 use candle_core::Tensor;
-use redline_kernels::attention::{causal_self_attention, split_heads, AttnDropout};
+use redline_kernels::attention::{causal_self_attention, split_heads};
 use redline_kernels::causal_attention;
 use redline_kernels::grad::Param;
 
@@ -105,13 +105,7 @@ impl Layer for Attention {
         let qkv = linear_rows(x, (&self.c_attn.0, &self.c_attn.1), false, self.dtype)?;
         // In training the fused kernel drops probabilities by a mask of a
         // seed drawn from the layer's stream.
-        let drop = match (&self.dropout, train) {
-            (Some(d), true) => Some(AttnDropout {
-                p: d.p() as f32,
-                seed: d.next_seed(),
-            }),
-            _ => None,
-        };
+        let drop = self.dropout.as_ref().and_then(|d| d.draw(train));
         let y = causal_self_attention(&qkv, self.heads, drop)?;
         linear_rows(&y, (&self.c_proj.0, &self.c_proj.1), false, self.dtype)
     }

@@ -247,26 +247,18 @@ impl Dropout {
 }
 
 impl Dropout {
-    /// The probability of dropping.
-    pub(crate) fn p(&self) -> f64 {
-        self.p
-    }
-
-    /// A seed drawn from its stream, for a mask made from it (the fused
-    /// attention's, and [`redline_kernels::dropout`]'s): one draw a call.
-    pub(crate) fn next_seed(&self) -> u64 {
-        self.rng
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .next_u64()
-    }
-
-    /// This call's mask (a fresh seed), or `None` where nothing is dropped
-    /// (evaluation, or `p` 0).
-    fn draw(&self, train: bool) -> Option<redline_kernels::DropDraw> {
+    /// This call's mask: a fresh seed, one draw from the layer's stream
+    /// (the fused attention's mask and [`redline_kernels::dropout`]'s are
+    /// functions of it); `None` where nothing is dropped (evaluation, or
+    /// `p` 0).
+    pub(crate) fn draw(&self, train: bool) -> Option<redline_kernels::DropDraw> {
         (train && self.p > 0.0).then(|| redline_kernels::DropDraw {
             p: self.p as f32,
-            seed: self.next_seed(),
+            seed: self
+                .rng
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .next_u64(),
         })
     }
 

@@ -14,7 +14,7 @@ fn qkv(b: usize, t: usize, c: usize, seed: u64) -> Var {
 
 /// What the model did before: the heads split with candle's ops, the
 /// fused kernel, the heads joined.
-fn split_path(qkv: &Tensor, heads: usize, drop: Option<AttnDropout>) -> Tensor {
+fn split_path(qkv: &Tensor, heads: usize, drop: Option<DropDraw>) -> Tensor {
     let (b, t, c3) = qkv.dims3().unwrap();
     let (c, d) = (c3 / 3, c3 / 3 / heads);
     let part = |i: usize| {
@@ -48,7 +48,7 @@ fn equals_the_split_heads_bit_for_bit_both_ways() {
     ] {
         let c = heads * d;
         let x = qkv(b, t, c, (t + d) as u64);
-        let drop = Some(AttnDropout { p, seed: 11 });
+        let drop = Some(DropDraw { p, seed: 11 });
         let packed = causal_self_attention(x.as_tensor(), heads, drop).unwrap();
         let split = split_path(x.as_tensor(), heads, drop);
         assert_eq!(packed.dims(), &[b, t, c]);

@@ -22,6 +22,7 @@ use redline_data::{
 static ALLOC: redline_core::host_alloc::HostAlloc = redline_core::host_alloc::HostAlloc;
 
 fn main() -> anyhow::Result<()> {
+    redline_core::host_alloc::reuse_freed_memory();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize, d: usize| -> anyhow::Result<usize> {
         Ok(args.get(i).map(|s| s.parse()).transpose()?.unwrap_or(d))

@@ -234,9 +234,12 @@ impl HeadDrop {
     }
 }
 
-/// Query and key rows per block: a block's scores (64 x 64 fp32, 16 KiB)
-/// and its products stay in cache, and each product is a GEMM.
+/// Query rows per block.
 const BLOCK: usize = 64;
+/// Key rows per block: a block's scores (64 x 256 fp32, 64 KiB) and its
+/// products stay in L2, each product is one GEMM, and up to T = 256 a
+/// query block's softmax runs once over its whole row (no rescaling).
+const KEYS: usize = 256;
 
 /// `dst (m x n) [+]= a (m x k) b (k x n)` on the fp32 GEMM; the shapes are
 /// this file's own, so a refusal is a bug, said as one.
@@ -261,9 +264,9 @@ struct Scratch {
 impl Scratch {
     fn new() -> Self {
         Self {
-            s: vec![0.0; BLOCK * BLOCK],
-            dp: vec![0.0; BLOCK * BLOCK],
-            pd: vec![0.0; BLOCK * BLOCK],
+            s: vec![0.0; BLOCK * KEYS],
+            dp: vec![0.0; BLOCK * KEYS],
+            pd: vec![0.0; BLOCK * KEYS],
             m: vec![0.0; BLOCK],
             l: vec![0.0; BLOCK],
         }
@@ -290,8 +293,8 @@ fn head_forward(
         acc.fill(0.0);
         let qb = Mat::new(&q[q0 * d..(q0 + rows) * d], rows, d);
         // Keys up to the block's last query.
-        for k0 in (0..q0 + rows).step_by(BLOCK) {
-            let cols = BLOCK.min(q0 + rows - k0);
+        for k0 in (0..q0 + rows).step_by(KEYS) {
+            let cols = KEYS.min(q0 + rows - k0);
             let s = &mut sc.s[..rows * cols];
             gemm(
                 s,
@@ -339,11 +342,10 @@ fn head_forward(
     Ok(())
 }
 
-/// One head's backward in FlashAttention-2's order: for each block of
-/// keys, the blocks of queries at or after it; the probabilities
-/// recomputed from `lse`, `dq` summed across key blocks, `dk` and `dv`
-/// across query blocks. Scratch: a block of probabilities and one of
-/// their gradients.
+/// One head's backward, FlashAttention's: for each block of queries, the
+/// blocks of keys up to its last query; the probabilities recomputed
+/// from `lse`, `dq` summed across key blocks, `dk` and `dv` across query
+/// blocks. Scratch: a block of probabilities and one of their gradients.
 fn head_backward(
     (q, k, v): (&[f32], &[f32], &[f32]),
     (o, lse, go): (&[f32], &[f32], &[f32]),
@@ -363,15 +365,15 @@ fn head_backward(
             g.iter().zip(oi).map(|(a, b)| a * b).sum()
         })
         .collect();
-    for k0 in (0..t).step_by(BLOCK) {
-        let cols = BLOCK.min(t - k0);
-        let kb = Mat::new(&k[k0 * d..(k0 + cols) * d], cols, d);
-        let vb = Mat::new(&v[k0 * d..(k0 + cols) * d], cols, d);
-        // Query blocks from the one holding key k0 on.
-        for q0 in ((k0 / BLOCK) * BLOCK..t).step_by(BLOCK) {
-            let rows = BLOCK.min(t - q0);
-            let qb = Mat::new(&q[q0 * d..(q0 + rows) * d], rows, d);
-            let gb = Mat::new(&go[q0 * d..(q0 + rows) * d], rows, d);
+    for q0 in (0..t).step_by(BLOCK) {
+        let rows = BLOCK.min(t - q0);
+        let qb = Mat::new(&q[q0 * d..(q0 + rows) * d], rows, d);
+        let gb = Mat::new(&go[q0 * d..(q0 + rows) * d], rows, d);
+        // Key blocks up to the block's last query.
+        for k0 in (0..q0 + rows).step_by(KEYS) {
+            let cols = KEYS.min(q0 + rows - k0);
+            let kb = Mat::new(&k[k0 * d..(k0 + cols) * d], cols, d);
+            let vb = Mat::new(&v[k0 * d..(k0 + cols) * d], cols, d);
             let p = &mut sc.s[..rows * cols];
             gemm(p, qb, kb.t(), false)?;
             for r in 0..rows {

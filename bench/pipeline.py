@@ -33,6 +33,7 @@ import sys
 import time
 
 import functools
+import importlib.metadata
 
 import torch
 import torchvision
@@ -206,7 +207,7 @@ def main():
     print(f"# torch {torch.__version__}, torchvision {torchvision.__version__}, "
           f"{os.cpu_count()} cores; load {os.getloadavg()[0]:.2f}"
           + (f"; litdata {lit[2]}" if lit else "; litdata not run")
-          + ("; ffcv" if beton else "; ffcv not run"))
+          + (f"; ffcv {importlib.metadata.version('ffcv')}" if beton else "; ffcv not run"))
     print("| workers | redline | tv-pil | tv-decode | litdata | ffcv | redline / best torchvision "
           "| redline / litdata | redline / ffcv |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -3,11 +3,12 @@
 //! backward, on `(B, H, T, D)` queries, keys and values.
 //!
 //! The CPU kernel never holds a `T x T` score matrix: it works in blocks of
-//! 64 queries against 64 keys (FlashAttention's online softmax, and its
-//! second version's order for the backward), each block's products on the
-//! fp32 GEMM, keeping a block of scores per thread and each row's
-//! log-sum-exp (`T` values per head) for the backward. Its memory grows
-//! with `T`, not `T^2`. Heads run in parallel on the compute threads.
+//! 64 queries against blocks of up to 256 keys (FlashAttention's online
+//! softmax across key blocks; the backward also a query block at a time,
+//! keys cut at the diagonal), each block's products on the fp32 GEMM,
+//! keeping a block of scores per thread and each row's log-sum-exp (`T`
+//! values per head) for the backward. Its memory grows with `T`, not
+//! `T^2`. Heads run in parallel on the compute threads.
 //!
 //! On a GPU (the `cuda` feature) the same blocked algorithm runs as
 //! Redline's own kernels (`cuda/attention.cu`), on f32, bf16 or f16 inputs

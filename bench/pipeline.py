@@ -113,6 +113,18 @@ if litdata is not None:
             return self.tf(s["image"]), s["class"]
 
 
+def rate(dl, batch, batches):
+    """Images/s over `batches` batches of a loader, after two warm-up batches (epochs repeat)."""
+    seen, t0, s0 = 0, None, 0
+    while True:
+        for x, _ in dl:
+            seen += x.shape[0]
+            if t0 is None and seen >= 2 * batch:
+                t0, s0 = time.perf_counter(), seen
+            if seen >= (batches + 2) * batch:
+                return (seen - s0) / (time.perf_counter() - t0)
+
+
 class _PilFolder(torch.utils.data.Dataset):
     """(PIL image, label) pairs of an image folder, for FFCV's writer."""
 
@@ -146,14 +158,7 @@ def ffcv_rate(beton, workers, size, batch, batches):
                                   RandomHorizontalFlip(), NormalizeImage(mean, std, np.float32),
                                   ToTensor(), ToTorchImage()],
                         "label": [IntDecoder(), ToTensor()]})
-    seen, t0, s0 = 0, None, 0
-    while True:
-        for x, _ in dl:
-            seen += x.shape[0]
-            if t0 is None and seen >= 2 * batch:
-                t0, s0 = time.perf_counter(), seen
-            if seen >= (batches + 2) * batch:
-                return (seen - s0) / (time.perf_counter() - t0)
+    return rate(dl, batch, batches)
 
 
 def torch_rate(ds, workers, batch, batches, loader=torch.utils.data.DataLoader):
@@ -163,14 +168,7 @@ def torch_rate(ds, workers, batch, batches, loader=torch.utils.data.DataLoader):
                     persistent_workers=False)
     else:
         dl = loader(ds, batch_size=batch, num_workers=workers, drop_last=True)
-    seen, t0, s0 = 0, None, 0
-    while True:
-        for x, _ in dl:
-            seen += x.shape[0]
-            if t0 is None and seen >= 2 * batch:
-                t0, s0 = time.perf_counter(), seen
-            if seen >= (batches + 2) * batch:
-                return (seen - s0) / (time.perf_counter() - t0)
+    return rate(dl, batch, batches)
 
 
 def main():

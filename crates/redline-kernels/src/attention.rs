@@ -230,35 +230,19 @@ impl HeadDrop {
     /// in one vectorised pass (its 64-bit multiplies take AVX-512DQ's
     /// lanes where present).
     fn row(self, t: usize, i: usize, j0: usize, out: &mut [f32]) {
-        struct Row<'a> {
-            hd: HeadDrop,
-            t: usize,
-            i: usize,
-            j0: usize,
-            out: &'a mut [f32],
-        }
-        impl pulp::WithSimd for Row<'_> {
-            type Output = ();
+        let scale = 1.0 / (1.0 - self.drop.p);
+        crate::slices::vectorised(
             #[inline(always)]
-            fn with_simd<S: pulp::Simd>(self, _simd: S) {
-                let Self { hd, t, i, j0, out } = self;
-                let scale = 1.0 / (1.0 - hd.drop.p);
+            || {
                 for (c, o) in out.iter_mut().enumerate() {
-                    *o = if keeps(hd.drop, hd.hd, t, i, j0 + c) {
+                    *o = if keeps(self.drop, self.hd, t, i, j0 + c) {
                         scale
                     } else {
                         0.0
                     };
                 }
-            }
-        }
-        pulp::Arch::new().dispatch(Row {
-            hd: self,
-            t,
-            i,
-            j0,
-            out,
-        });
+            },
+        );
     }
 }
 

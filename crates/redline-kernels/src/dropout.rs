@@ -73,22 +73,15 @@ pub fn keeps(drop: DropDraw, i: usize) -> bool {
 /// The multipliers (`1 / (1 - p)` or 0) of elements `first..first +
 /// out.len()`, `first` even.
 fn fill_mask(drop: DropDraw, first: usize, out: &mut [f32]) {
-    /// The loop inside a `pulp` dispatch, where splitmix64's 64-bit
-    /// multiplies take AVX-512DQ's lanes.
-    struct Fill<'a> {
-        drop: DropDraw,
-        first: usize,
-        out: &'a mut [f32],
-    }
-    impl pulp::WithSimd for Fill<'_> {
-        type Output = ();
+    let (thr, scale) = (drop.threshold(), drop.scale());
+    let j0 = (first / 2) as u64;
+    let tail = j0 + (out.len() / 2) as u64;
+    // Inside pulp's dispatch, splitmix64's 64-bit multiplies take
+    // AVX-512DQ's lanes (compiled for the baseline, they stayed scalar).
+    crate::slices::vectorised(
         #[inline(always)]
-        fn with_simd<S: pulp::Simd>(self, _simd: S) {
-            let Self { drop, first, out } = self;
-            let (thr, scale) = (drop.threshold(), drop.scale());
+        || {
             let pick = |bits: u64| if bits >= thr { scale } else { 0.0 };
-            let j0 = (first / 2) as u64;
-            let tail = j0 + (out.len() / 2) as u64;
             let mut pairs = out.chunks_exact_mut(2);
             for (j, pair) in (j0..).zip(&mut pairs) {
                 let z = pair_bits(drop.seed, j);
@@ -98,9 +91,8 @@ fn fill_mask(drop: DropDraw, first: usize, out: &mut [f32]) {
             if let [last] = pairs.into_remainder() {
                 *last = pick(pair_bits(drop.seed, tail) & 0xFFFF_FFFF);
             }
-        }
-    }
-    pulp::Arch::new().dispatch(Fill { drop, first, out });
+        },
+    );
 }
 
 /// `drop`'s multipliers for `n` elements, f32, on the host: what every

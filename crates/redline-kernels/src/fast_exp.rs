@@ -11,7 +11,8 @@
 /// mantissa bits (to nearest, ties to even), and `2^n` is built from those
 /// bits. No float-to-int conversion: Rust's `as i32` saturates, which LLVM
 /// cannot vectorise, and it made every lane a scalar conversion and branch
-/// (a fifth of the attention's time was that).
+/// (the softmax rows were a fifth of the attention's time; without the
+/// conversion the attention is 16-19% faster).
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_145_75;

@@ -263,7 +263,9 @@ fn gemm(dst: &mut [f32], a: Mat<'_>, b: Mat<'_>, accumulate: bool) -> candle_cor
     }
 }
 
-/// Scratch of one thread: a block of scores and one of their gradients.
+/// Scratch of one thread: a block of scores and one of their gradients,
+/// each grown to what the thread's blocks take (the forward never touches
+/// the gradients', runs without dropout never the dropout's).
 struct Scratch {
     s: Vec<f32>,
     dp: Vec<f32>,
@@ -278,14 +280,22 @@ struct Scratch {
 impl Scratch {
     fn new() -> Self {
         Self {
-            s: vec![0.0; BLOCK * KEYS],
-            dp: vec![0.0; BLOCK * KEYS],
-            pd: vec![0.0; BLOCK * KEYS],
-            f: vec![0.0; BLOCK * KEYS],
+            s: Vec::new(),
+            dp: Vec::new(),
+            pd: Vec::new(),
+            f: Vec::new(),
             m: vec![0.0; BLOCK],
             l: vec![0.0; BLOCK],
         }
     }
+}
+
+/// The first `n` elements of `buf`, grown to hold them.
+fn room(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if buf.len() < n {
+        buf.resize(n, 0.0);
+    }
+    &mut buf[..n]
 }
 
 /// One head's forward, a block of queries at a time against the key
@@ -310,7 +320,7 @@ fn head_forward(
         // Keys up to the block's last query.
         for k0 in (0..q0 + rows).step_by(KEYS) {
             let cols = KEYS.min(q0 + rows - k0);
-            let s = &mut sc.s[..rows * cols];
+            let s = room(&mut sc.s, rows * cols);
             gemm(
                 s,
                 qb,
@@ -335,7 +345,7 @@ fn head_forward(
                 // The sum normalises all probabilities; only kept ones
                 // (scaled) reach the output.
                 if let Some(hd) = drop {
-                    let f = &mut sc.f[..seen];
+                    let f = room(&mut sc.f, seen);
                     hd.row(t, q0 + r, k0, f);
                     live.iter_mut().zip(&*f).for_each(|(x, f)| *x *= f);
                 }
@@ -389,7 +399,7 @@ fn head_backward(
             let cols = KEYS.min(q0 + rows - k0);
             let kb = Mat::new(&k[k0 * d..(k0 + cols) * d], cols, d);
             let vb = Mat::new(&v[k0 * d..(k0 + cols) * d], cols, d);
-            let p = &mut sc.s[..rows * cols];
+            let p = room(&mut sc.s, rows * cols);
             gemm(p, qb, kb.t(), false)?;
             for r in 0..rows {
                 // Keys k0 + c up to query q0 + r are seen; the rest are 0.
@@ -402,7 +412,7 @@ fn head_backward(
             let pd: &[f32] = match drop {
                 None => p,
                 Some(hd) => {
-                    let (f, pd) = (&mut sc.f[..rows * cols], &mut sc.pd[..rows * cols]);
+                    let (f, pd) = (room(&mut sc.f, rows * cols), room(&mut sc.pd, rows * cols));
                     for (r, f) in f.chunks_exact_mut(cols).enumerate() {
                         hd.row(t, q0 + r, k0, f);
                     }
@@ -421,7 +431,7 @@ fn head_backward(
             )?;
             // dP = mask (dO_block V_block^T); dS = P (dP - D), scaled for
             // dQ and dK (D = dO . O holds with dropout too: O = P_dropped V)
-            let ds = &mut sc.dp[..rows * cols];
+            let ds = room(&mut sc.dp, rows * cols);
             gemm(ds, gb, vb.t(), false)?;
             for r in 0..rows {
                 let base = di[q0 + r];
